@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what kivi.cpp needs to build and test, from Debian's packages only.
+# Idempotent: packages already present are skipped, and nothing else is fetched.
+set -euo pipefail
+
+packages=(
+  g++ cmake make pkg-config
+  libhwy-dev            # Highway: SIMD kernels with run-time dispatch
+  libgtest-dev googletest
+  libbenchmark-dev
+  clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
+  python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all build and test dependencies are installed"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+echo "setup: done"

@@ -1,0 +1,125 @@
+#include "attn/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "attn/kernels.h"
+
+namespace kivi::attn {
+
+const char* precision_name(Precision p) { return p == Precision::kExact ? "exact" : "fast"; }
+
+Precision parse_precision(const std::string& s) {
+  if (s == "exact") return Precision::kExact;
+  if (s == "fast") return Precision::kFast;
+  fail("--attn-precision: unknown value '%s' (valid: exact, fast)", s.c_str());
+}
+
+std::vector<float> alibi_slopes(int n) {
+  // Press et al. 2022, and the extension used by BLOOM/MPT for non-powers of two.
+  std::vector<float> s(n);
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const double base = std::pow(2.0, -8.0 / p2);
+  for (int i = 0; i < p2; ++i) s[i] = static_cast<float>(std::pow(base, i + 1));
+  if (p2 < n) {
+    const double base2 = std::pow(2.0, -4.0 / p2);
+    for (int i = 0; i < n - p2; ++i) s[p2 + i] = static_cast<float>(std::pow(base2, 2 * i + 1));
+  }
+  return s;
+}
+
+void merge(State& a, const State& b, int D) {
+  if (b.d == 0.0f) return;
+  if (a.d == 0.0f) {
+    a.m = b.m;
+    a.d = b.d;
+    std::copy(b.o, b.o + D, a.o);
+    return;
+  }
+  const float m = std::max(a.m, b.m);
+  const float ca = std::exp(a.m - m), cb = std::exp(b.m - m);
+  for (int i = 0; i < D; ++i) a.o[i] = a.o[i] * ca + b.o[i] * cb;
+  a.d = a.d * ca + b.d * cb;
+  a.m = m;
+}
+
+int chunk_tokens(int block) {
+  // 512 tokens rounded up to whole blocks: long enough to amortize a task, short
+  // enough that one sequence at batch 1 yields several tasks per core.
+  return std::max(1, (512 + block - 1) / block) * block;
+}
+
+Workspace::Workspace(int n_threads, int n_heads, int n_kv_heads, int head_dim, int block, int ctx) {
+  const int rep = n_heads / n_kv_heads;
+  const int chunks = (ctx + chunk_tokens(block) - 1) / chunk_tokens(block);
+  max_tasks_ = n_kv_heads * chunks;
+  task_stride_ = static_cast<size_t>(rep) * (head_dim + 2);
+  task_stride_ = (task_stride_ + 15) / 16 * 16;
+  partial_.reset(task_stride_ * max_tasks_);
+  scratch_stride_ = kernel_scratch_floats(rep, head_dim, block);
+  scratch_stride_ = (scratch_stride_ + 15) / 16 * 16;
+  scratch_.reset(scratch_stride_ * std::max(1, n_threads));
+}
+
+void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p,
+            ThreadPool* pool, Workspace& ws) {
+  const int n = kv.n_tokens, D = kv.k.head_dim, Hkv = kv.k.n_heads;
+  const int rep = p.n_heads / Hkv;
+  if (n == 0) {
+    std::fill(out, out + static_cast<size_t>(p.n_heads) * D, 0.0f);
+    return;
+  }
+  const int start = p.window > 0 ? std::max(0, n - p.window) : 0;
+  const int C = chunk_tokens(kv.k.block);
+  const int c_first = start / C, c_last = (n - 1) / C;
+  const int n_chunks = c_last - c_first + 1;
+  const int n_tasks = Hkv * n_chunks;
+  auto task = [&](int ti, int thread) {
+    const int h = ti / n_chunks, c = c_first + ti % n_chunks;
+    const int t0 = std::max(start, c * C), t1 = std::min(n, (c + 1) * C);
+    float* part = ws.partial(ti);  // [rep][D + 2]: o, then m, d
+    TaskArgs a;
+    a.kv = &kv;
+    a.h = h;
+    a.t0 = t0;
+    a.t1 = t1;
+    a.q = q + static_cast<size_t>(h) * rep * D;
+    a.rep = rep;
+    a.scale = p.scale;
+    a.slopes = p.alibi_slopes ? p.alibi_slopes + h * rep : nullptr;
+    a.q_pos = n - 1;
+    a.out = part;
+    a.out_stride = D + 2;
+    a.scratch = ws.thread_scratch(thread);
+    a.precision = p.precision;
+    attend_range(a);
+  };
+  if (pool && pool->size() > 1 && n_tasks > 1) {
+    pool->run(n_tasks, task);
+  } else {
+    for (int t = 0; t < n_tasks; ++t) task(t, 0);
+  }
+  // Merge chunk states in chunk order, per head.
+  for (int h = 0; h < Hkv; ++h) {
+    for (int r = 0; r < rep; ++r) {
+      float* o = out + (static_cast<size_t>(h) * rep + r) * D;
+      const float* first = ws.partial(h * n_chunks) + r * (D + 2);
+      std::copy(first, first + D, o);
+      State acc{first[D], first[D + 1], o};
+      for (int c = 1; c < n_chunks; ++c) {
+        float* b = ws.partial(h * n_chunks + c) + r * (D + 2);
+        merge(acc, State{b[D], b[D + 1], b}, D);
+      }
+      const float d = acc.d;
+      const float inv = 1.0f / d;
+      for (int i = 0; i < D; ++i) o[i] *= inv;
+    }
+  }
+}
+
+}  // namespace kivi::attn

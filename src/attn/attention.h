@@ -1,0 +1,87 @@
+// Decode attention: one query token (all its heads) over a layer's KV cache, reading
+// every cache format in place. Dequantization is fused into the dot products and
+// the weighted sum of values; no full-precision copy of the history is made.
+//
+// Work is split into tasks of (KV head, chunk of the sequence). All query heads of
+// a KV head (GQA/MQA) are processed together, so each cached byte is read once per
+// step. Each task keeps an online-softmax state (m, d, o) (Milakov & Gimelshein 2018;
+// FlashAttention); chunk states are merged in a fixed order. Chunks have a fixed
+// length, so results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/aligned.h"
+#include "kv/kv_cache.h"
+
+namespace kivi {
+class ThreadPool;
+}
+
+namespace kivi::attn {
+
+// How quantized formats are read.
+//   kExact: float arithmetic on dequantized codes; matches dequantize-then-attend to
+//           float rounding (tests: relative error < 1e-5).
+//   kFast:  integer dot products for KIVI and int8 keys on a query rounded to int8
+//           per group (llama.cpp's q8 "vec_dot_type" idea); stated error bound in
+//           docs/KERNELS.md.
+enum class Precision : uint8_t { kExact = 0, kFast = 1 };
+const char* precision_name(Precision p);
+Precision parse_precision(const std::string& s);
+
+struct Params {
+  int n_heads = 0;                      // query heads (a multiple of the KV heads)
+  float scale = 1.0f;                   // softmax scale, usually 1/sqrt(head_dim)
+  const float* alibi_slopes = nullptr;  // [n_heads] ALiBi slopes, or null
+  int window = 0;                       // attend to the last `window` tokens only; 0 = all
+  Precision precision = Precision::kExact;
+};
+
+// ALiBi slopes (Press et al. 2022): 2^(-8 i / n) for a power-of-two n, with the
+// interleaved extension for other head counts.
+std::vector<float> alibi_slopes(int n_heads);
+
+// The mergeable softmax state of one query head: running max m, denominator d and
+// unnormalized output o[D].
+struct State {
+  float m;
+  float d;
+  float* o;
+};
+// a <- a (+) b over the same query; exact up to float rounding.
+void merge(State& a, const State& b, int head_dim);
+
+// Scratch memory, allocated once per session.
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(int n_threads, int n_heads, int n_kv_heads, int head_dim, int block, int ctx);
+  float* partial(int task) { return partial_.data() + static_cast<size_t>(task) * task_stride_; }
+  float* thread_scratch(int thread) { return scratch_.data() + static_cast<size_t>(thread) * scratch_stride_; }
+  int max_tasks() const { return max_tasks_; }
+  size_t task_stride() const { return task_stride_; }
+
+ private:
+  AlignedBuffer<float> partial_, scratch_;
+  size_t task_stride_ = 0, scratch_stride_ = 0;
+  int max_tasks_ = 0;
+};
+
+// Tokens per sequence chunk (a multiple of the block size).
+int chunk_tokens(int block);
+
+// out[n_heads, D] = softmax(q K^T * scale + alibi) V over the tokens in `kv`.
+// q: [n_heads, D]. The query sits at position kv.n_tokens - 1.
+void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p,
+            ThreadPool* pool, Workspace& ws);
+
+// Reference: dequantizes every token with kv/codec.h, then attends in double.
+void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p);
+
+// Dequantized key / value rows of token t, head h (reference path and tests).
+void dequantize_key(const kv::StreamView& s, int t, int h, float* out);
+void dequantize_value(const kv::StreamView& s, int t, int h, float* out);
+
+}  // namespace kivi::attn

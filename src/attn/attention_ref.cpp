@@ -1,0 +1,107 @@
+// The reference attention: dequantize with the codec's scalar rules, attend in double.
+// Written for clarity; the kernels in attention_kernels.cpp are tested against it.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attn/attention.h"
+#include "core/f16.h"
+#include "kv/codec.h"
+
+namespace kivi::attn {
+
+using kv::Format;
+using kv::Int8Granularity;
+
+static size_t param_index(const kv::StreamView& s, int t, int h, int d, bool key) {
+  const size_t pb = static_cast<size_t>(s.block_table[t / s.block]);
+  const size_t slot = t % s.block;
+  const size_t H = s.n_heads, D = s.head_dim;
+  const size_t base = pb * s.block_param_count;
+  if (kv::is_kivi(s.fmt.format)) {
+    if (key) return base + (h * (s.block / s.group) + slot / s.group) * D + d;
+    return base + (h * s.block + slot) * (D / s.group) + d / s.group;
+  }
+  switch (s.fmt.granularity) {
+    case Int8Granularity::kToken: return base + slot;
+    case Int8Granularity::kHead: return base + slot * H + h;
+    case Int8Granularity::kGroup: return base + (slot * H + h) * (D / s.group) + d / s.group;
+    default: return 0;
+  }
+}
+
+static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bool key) {
+  const int D = s.head_dim;
+  if (t >= s.n_stored) {
+    const float* r = s.residual_row(t, h);
+    std::copy(r, r + D, out);
+    return;
+  }
+  const uint8_t* row = s.row(t, h);
+  switch (s.fmt.format) {
+    case Format::kF32: {
+      const float* r = reinterpret_cast<const float*>(row);
+      std::copy(r, r + D, out);
+      return;
+    }
+    case Format::kF16: {
+      const f16_t* r = reinterpret_cast<const f16_t*>(row);
+      for (int d = 0; d < D; ++d) out[d] = f16_to_f32(r[d]);
+      return;
+    }
+    case Format::kInt8: {
+      const int8_t* r = reinterpret_cast<const int8_t*>(row);
+      for (int d = 0; d < D; ++d) {
+        const float sc = s.fmt.granularity == Int8Granularity::kTensor
+                             ? s.tensor_scale
+                             : kv::load_param(s.scales, param_index(s, t, h, d, key), s.param_type);
+        out[d] = r[d] * sc;
+      }
+      return;
+    }
+    default: {
+      const int bits = kv::format_bits(s.fmt.format);
+      for (int d = 0; d < D; ++d) {
+        const size_t pi = param_index(s, t, h, d, key);
+        out[d] = kv::unpack_code(row, d, bits) * kv::load_param(s.scales, pi, s.param_type) +
+                 kv::load_param(s.zeros, pi, s.param_type);
+      }
+      return;
+    }
+  }
+}
+
+void dequantize_key(const kv::StreamView& s, int t, int h, float* out) { dequantize_row(s, t, h, out, true); }
+void dequantize_value(const kv::StreamView& s, int t, int h, float* out) { dequantize_row(s, t, h, out, false); }
+
+void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p) {
+  const int n = kv.n_tokens, D = kv.k.head_dim, Hkv = kv.k.n_heads;
+  const int rep = p.n_heads / Hkv;
+  const int start = p.window > 0 ? std::max(0, n - p.window) : 0;
+  const int q_pos = n - 1;
+  std::vector<float> kr(D), vr(D);
+  std::vector<double> s(n), o(D);
+  for (int hq = 0; hq < p.n_heads; ++hq) {
+    const int h = hq / rep;
+    const float* qh = q + static_cast<size_t>(hq) * D;
+    double mx = -INFINITY;
+    for (int t = start; t < n; ++t) {
+      dequantize_key(kv.k, t, h, kr.data());
+      double dot = 0.0;
+      for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kr[d];
+      s[t] = dot * p.scale + (p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0);
+      mx = std::max(mx, s[t]);
+    }
+    double den = 0.0;
+    std::fill(o.begin(), o.end(), 0.0);
+    for (int t = start; t < n; ++t) {
+      const double w = std::exp(s[t] - mx);
+      den += w;
+      dequantize_value(kv.v, t, h, vr.data());
+      for (int d = 0; d < D; ++d) o[d] += w * vr[d];
+    }
+    for (int d = 0; d < D; ++d) out[static_cast<size_t>(hq) * D + d] = static_cast<float>(o[d] / den);
+  }
+}
+
+}  // namespace kivi::attn

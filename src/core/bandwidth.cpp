@@ -1,0 +1,78 @@
+#include "core/bandwidth.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/bandwidth.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/threadpool.h"
+#include "core/timer.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kivi::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Sums 32-bit words with four independent accumulators so loads, not adds, limit speed.
+uint64_t ReadSum(const uint32_t* p, size_t n) {
+  const hn::ScalableTag<uint32_t> d;
+  const size_t N = hn::Lanes(d);
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    a0 = hn::Add(a0, hn::Load(d, p + i));
+    a1 = hn::Add(a1, hn::Load(d, p + i + N));
+    a2 = hn::Add(a2, hn::Load(d, p + i + 2 * N));
+    a3 = hn::Add(a3, hn::Load(d, p + i + 3 * N));
+  }
+  auto s = hn::Add(hn::Add(a0, a1), hn::Add(a2, a3));
+  uint64_t total = hn::GetLane(hn::SumOfLanes(d, s));
+  for (; i < n; ++i) total += p[i];
+  return total;
+}
+
+}  // namespace kivi::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kivi {
+HWY_EXPORT(ReadSum);
+
+BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+  const size_t n = bytes / sizeof(uint32_t);
+  AlignedBuffer<uint32_t> buf(n, false);
+  // Touch every page from the thread that will read it, so first-touch placement and
+  // page faults are out of the timed region.
+  pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint32_t>(i);
+  });
+  std::vector<uint64_t> sink(pool.size());
+  std::vector<double> gbps;
+  for (int r = 0; r < reps + 1; ++r) {
+    const double t0 = now_seconds();
+    pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int thread) {
+      // Round the split to 64-byte lines so every thread reads aligned vectors.
+      const int64_t b16 = b / 16 * 16, e16 = (e == static_cast<int64_t>(n)) ? e : e / 16 * 16;
+      sink[thread] += HWY_DYNAMIC_DISPATCH(ReadSum)(buf.data() + b16, static_cast<size_t>(e16 - b16));
+    });
+    const double dt = now_seconds() - t0;
+    if (r > 0) gbps.push_back(static_cast<double>(n * sizeof(uint32_t)) / dt / 1e9);  // r=0 warms up
+  }
+  volatile uint64_t keep = 0;
+  for (auto s : sink) keep = keep + s;
+  (void)keep;
+  BandwidthResult res;
+  res.gbps_median = median(gbps);
+  res.gbps_best = *std::max_element(gbps.begin(), gbps.end());
+  res.bytes = n * sizeof(uint32_t);
+  res.threads = pool.size();
+  res.reps = reps;
+  return res;
+}
+
+}  // namespace kivi
+#endif  // HWY_ONCE

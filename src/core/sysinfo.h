@@ -1,0 +1,21 @@
+// What the machine offers: memory, disk, terminals.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kivi::sys {
+
+// MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
+uint64_t available_memory_bytes();
+
+// Free bytes on the file system holding `path` (or its parent directory), 0 if unknown.
+uint64_t free_disk_bytes(const std::string& path);
+
+// True if the file descriptor is a terminal.
+bool is_tty(int fd);
+
+// "1.50 GiB", "512.0 KiB", ...
+std::string human_bytes(double bytes);
+
+}  // namespace kivi::sys

@@ -1,0 +1,34 @@
+// A read-only memory map of a whole file. Model weights are used straight from the
+// map; nothing is copied.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kivi::io {
+
+class MappedFile {
+ public:
+  // Throws kivi::Error naming the path for a missing file, a directory, an empty or
+  // unreadable file.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Throws a kivi::Error if `path` is not a readable regular file; used before
+// a reader starts so the message is the same for every format.
+void check_regular_file(const std::string& path, const char* what);
+
+}  // namespace kivi::io

@@ -1,0 +1,261 @@
+#include "kv/format.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace kivi::kv {
+
+const char* format_name(Format f) {
+  switch (f) {
+    case Format::kF32: return "f32";
+    case Format::kF16: return "f16";
+    case Format::kInt8: return "int8";
+    case Format::kKivi2: return "kivi2";
+    case Format::kKivi4: return "kivi4";
+    case Format::kKivi8: return "kivi8";
+  }
+  return "?";
+}
+
+const char* granularity_name(Int8Granularity g) {
+  switch (g) {
+    case Int8Granularity::kTensor: return "tensor";
+    case Int8Granularity::kToken: return "token";
+    case Int8Granularity::kHead: return "head";
+    case Int8Granularity::kGroup: return "group";
+  }
+  return "?";
+}
+
+const char* key_flush_name(KeyFlush k) { return k == KeyFlush::kBatch ? "batch" : "group"; }
+const char* param_type_name(ParamType p) { return p == ParamType::kF16 ? "f16" : "f32"; }
+
+void check_bits(int bits) {
+  if (bits != 2 && bits != 4 && bits != 8) {
+    fail("quantization bits = %d is not supported (valid: 2, 4, 8)", bits);
+  }
+}
+
+Format parse_format(const std::string& s, const char* option) {
+  if (s == "f32" || s == "fp32") return Format::kF32;
+  if (s == "f16" || s == "fp16") return Format::kF16;
+  if (s == "int8" || s == "q8") return Format::kInt8;
+  if (s.rfind("kivi", 0) == 0 && s.size() > 4) {
+    const std::string b = s.substr(4);
+    int bits = -1;
+    if (b.find_first_not_of("0123456789") == std::string::npos && b.size() <= 3) bits = std::stoi(b);
+    if (bits == 2) return Format::kKivi2;
+    if (bits == 4) return Format::kKivi4;
+    if (bits == 8) return Format::kKivi8;
+    fail("%s %s: KIVI bits '%s' not in {2, 4, 8}", option, s.c_str(), b.c_str());
+  }
+  fail("%s: unknown KV cache format '%s' (valid: f32, f16, int8, kivi2, kivi4, kivi8)", option,
+       s.c_str());
+}
+
+Int8Granularity parse_granularity(const std::string& s) {
+  if (s == "tensor") return Int8Granularity::kTensor;
+  if (s == "token") return Int8Granularity::kToken;
+  if (s == "head") return Int8Granularity::kHead;
+  if (s == "group") return Int8Granularity::kGroup;
+  fail("--int8-granularity: unknown value '%s' (valid: tensor, token, head, group)", s.c_str());
+}
+
+KeyFlush parse_key_flush(const std::string& s) {
+  if (s == "batch") return KeyFlush::kBatch;
+  if (s == "group") return KeyFlush::kGroup;
+  fail("--key-flush: unknown value '%s' (valid: batch, group)", s.c_str());
+}
+
+ParamType parse_param_type(const std::string& s) {
+  if (s == "f16") return ParamType::kF16;
+  if (s == "f32") return ParamType::kF32;
+  fail("--scale-dtype: unknown value '%s' (valid: f16, f32)", s.c_str());
+}
+
+int format_bits(Format f) {
+  switch (f) {
+    case Format::kF32: return 32;
+    case Format::kF16: return 16;
+    case Format::kInt8: return 8;
+    case Format::kKivi2: return 2;
+    case Format::kKivi4: return 4;
+    case Format::kKivi8: return 8;
+  }
+  return 32;
+}
+
+std::string describe(const StreamFormat& s) {
+  if (s.format == Format::kInt8) return std::string("int8/") + granularity_name(s.granularity);
+  return format_name(s.format);
+}
+
+int CacheConfig::block() const {
+  if (block_tokens > 0) return block_tokens;
+  const int g = std::max(1, group_size);
+  return (128 + g - 1) / g * g;
+}
+
+int CacheConfig::channel_group() const { return std::min(group_size, head_dim); }
+
+void CacheConfig::validate() const {
+  if (n_layers < 1) fail("KV cache: n_layers = %d, expected >= 1", n_layers);
+  if (n_kv_heads < 1) fail("KV cache: n_kv_heads = %d, expected >= 1", n_kv_heads);
+  if (head_dim < 1) fail("KV cache: head_dim = %d, expected >= 1", head_dim);
+  if (ctx < 1) fail("--ctx = %d, expected >= 1", ctx);
+  const bool kivi = is_kivi(k.format) || is_kivi(v.format);
+  const bool grouped = kivi || (k.format == Format::kInt8 && k.granularity == Int8Granularity::kGroup) ||
+                       (v.format == Format::kInt8 && v.granularity == Int8Granularity::kGroup);
+  if (group_size < 1 || group_size > 65536) {
+    fail("--group-size = %d, expected 1 to 65536", group_size);
+  }
+  if (grouped && group_size > ctx) {
+    fail("--group-size = %d is larger than the context (%d tokens); valid range: 1 to %d",
+         group_size, ctx, ctx);
+  }
+  if (kivi) {
+    if (residual < 0 || residual > ctx) {
+      fail("--residual = %d, expected 0 to the context length %d", residual, ctx);
+    }
+    if (residual % group_size != 0) {
+      fail("--residual = %d must be a multiple of --group-size = %d (valid: 0, %d, %d, ...)",
+           residual, group_size, group_size, 2 * group_size);
+    }
+  }
+  const int cg = channel_group();
+  auto check_stream = [&](const StreamFormat& s, const char* which) {
+    if (is_kivi(s.format)) {
+      const int per_byte = 8 / format_bits(s.format);
+      if (head_dim % per_byte != 0) {
+        fail("%s format %s packs %d values per byte but head_dim = %d is not a multiple of %d",
+             which, format_name(s.format), per_byte, head_dim, per_byte);
+      }
+    }
+    const bool channel_grouped = (is_kivi(s.format) && which[0] == 'v') ||
+                                 (s.format == Format::kInt8 && s.granularity == Int8Granularity::kGroup);
+    if (channel_grouped && head_dim % cg != 0) {
+      fail("--group-size = %d: the %s channel group min(G, head_dim) = %d must divide head_dim = %d",
+           group_size, which, cg, head_dim);
+    }
+  };
+  check_stream(k, "key");
+  check_stream(v, "value");
+  if (block_tokens < 0 || (block_tokens > 0 && block_tokens % group_size != 0)) {
+    fail("KV block size = %d must be a positive multiple of --group-size = %d", block_tokens,
+         group_size);
+  }
+}
+
+// Parameter bytes per token per head (amortized for per-channel key groups).
+static double param_bytes_per_token_head(const CacheConfig& c, Stream s) {
+  const StreamFormat& f = s == Stream::kKey ? c.k : c.v;
+  const double ps = static_cast<double>(param_size(c.param_type));
+  if (f.format == Format::kInt8) {
+    switch (f.granularity) {
+      case Int8Granularity::kTensor: return 0.0;
+      case Int8Granularity::kToken: return ps / c.n_kv_heads;
+      case Int8Granularity::kHead: return ps;
+      case Int8Granularity::kGroup: return ps * (c.head_dim / c.channel_group());
+    }
+  }
+  if (is_kivi(f.format)) {
+    if (s == Stream::kKey) return 2.0 * ps * c.head_dim / c.group_size;
+    return 2.0 * ps * (c.head_dim / c.channel_group());
+  }
+  return 0.0;
+}
+
+double stream_bytes_per_token(const CacheConfig& c, Stream s) {
+  const StreamFormat& f = s == Stream::kKey ? c.k : c.v;
+  const double codes = static_cast<double>(c.head_dim) * format_bits(f.format) / 8.0;
+  return c.n_kv_heads * (codes + param_bytes_per_token_head(c, s));
+}
+
+double layer_bytes_per_token(const CacheConfig& c) {
+  return stream_bytes_per_token(c, Stream::kKey) + stream_bytes_per_token(c, Stream::kValue);
+}
+
+double bits_per_element(const CacheConfig& c, Stream s) {
+  return stream_bytes_per_token(c, s) * 8.0 / (static_cast<double>(c.n_kv_heads) * c.head_dim);
+}
+
+int keys_quantized_after(const CacheConfig& c, int n) {
+  if (!is_kivi(c.k.format)) return n;
+  const int G = c.group_size, R = c.residual;
+  if (c.key_flush == KeyFlush::kBatch) {
+    const int r = std::max(R, G);
+    return n / r * r;
+  }
+  const int t = std::max(R + 1, G);  // residual size that triggers a flush of G keys
+  if (n < t) return 0;
+  return ((n - t) / G + 1) * G;
+}
+
+int values_quantized_after(const CacheConfig& c, int n) {
+  if (!is_kivi(c.v.format)) return n;
+  return std::max(0, n - c.residual);
+}
+
+int key_ring_capacity(const CacheConfig& c) {
+  if (!is_kivi(c.k.format)) return 0;
+  const int G = c.group_size, R = c.residual;
+  if (c.key_flush == KeyFlush::kBatch) return std::max(R, G);
+  const int t = std::max(R + 1, G);
+  return (t + G - 1) / G * G;
+}
+
+int value_ring_capacity(const CacheConfig& c) { return is_kivi(c.v.format) ? c.residual : 0; }
+
+// Bytes of stored (non-residual) data for `nq` tokens of one stream, one layer.
+static uint64_t stream_stored_bytes(const CacheConfig& c, Stream s, int nq) {
+  const StreamFormat& f = s == Stream::kKey ? c.k : c.v;
+  const uint64_t H = c.n_kv_heads, D = c.head_dim, ps = param_size(c.param_type);
+  const uint64_t codes = H * static_cast<uint64_t>(nq) * D * format_bits(f.format) / 8;
+  uint64_t params = 0;
+  if (f.format == Format::kInt8) {
+    switch (f.granularity) {
+      case Int8Granularity::kTensor: params = 0; break;
+      case Int8Granularity::kToken: params = static_cast<uint64_t>(nq) * ps; break;
+      case Int8Granularity::kHead: params = H * nq * ps; break;
+      case Int8Granularity::kGroup: params = H * nq * (D / c.channel_group()) * ps; break;
+    }
+  } else if (is_kivi(f.format)) {
+    if (s == Stream::kKey) {
+      params = 2 * H * static_cast<uint64_t>(nq / c.group_size) * D * ps;
+    } else {
+      params = 2 * H * static_cast<uint64_t>(nq) * (D / c.channel_group()) * ps;
+    }
+  }
+  return codes + params;
+}
+
+uint64_t expected_bytes_used(const CacheConfig& c, int n) {
+  const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
+  const int nkq = keys_quantized_after(c, n), nvq = values_quantized_after(c, n);
+  uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, nkq) +
+                       stream_stored_bytes(c, Stream::kValue, nvq) +
+                       static_cast<uint64_t>(n - nkq) * row + static_cast<uint64_t>(n - nvq) * row;
+  // int8 per-tensor scales: one per stream per layer once calibrated.
+  if (n > 0) {
+    if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
+    if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
+  }
+  return per_layer * c.n_layers;
+}
+
+uint64_t expected_bytes_reserved(const CacheConfig& c) {
+  const int B = c.block();
+  const int n_blocks = (c.ctx + B - 1) / B;
+  const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
+  uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, n_blocks * B) +
+                       stream_stored_bytes(c, Stream::kValue, n_blocks * B) +
+                       static_cast<uint64_t>(key_ring_capacity(c)) * row +
+                       static_cast<uint64_t>(value_ring_capacity(c)) * row +
+                       n_blocks * sizeof(int32_t);  // block table
+  if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
+  if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
+  return per_layer * c.n_layers;
+}
+
+}  // namespace kivi::kv

@@ -1,0 +1,105 @@
+// KV cache number formats and the cache's configuration. A format is chosen per
+// stream (keys, values) at run time; src/kv/codec.h holds the quantizers and
+// src/kv/kv_cache.h the storage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kivi::kv {
+
+enum class Format : uint8_t {
+  kF32 = 0,    // full precision
+  kF16 = 1,    // IEEE half
+  kInt8 = 2,   // symmetric absmax int8, scale per tensor/token/head/group
+  kKivi2 = 3,  // KIVI asymmetric 2-bit (keys per channel, values per token) + residual
+  kKivi4 = 4,  // KIVI asymmetric 4-bit
+  kKivi8 = 5,  // KIVI asymmetric 8-bit (same scheme, for comparison)
+};
+inline constexpr int kNumFormats = 6;
+
+enum class Int8Granularity : uint8_t { kTensor = 0, kToken = 1, kHead = 2, kGroup = 3 };
+enum class KeyFlush : uint8_t { kBatch = 0, kGroup = 1 };
+// Storage type of quantization parameters (scales and zero points).
+enum class ParamType : uint8_t { kF16 = 0, kF32 = 1 };
+enum class Stream : uint8_t { kKey = 0, kValue = 1 };
+// Where keys are quantized relative to RoPE. KIVI quantizes after RoPE; KVQuant
+// (Hooper et al. 2024) quantizes before and rotates on read. Only kPostRope is
+// implemented; the cache records the choice so a pre-RoPE path can be added.
+enum class KeyPosition : uint8_t { kPostRope = 0 };
+
+const char* format_name(Format f);
+const char* granularity_name(Int8Granularity g);
+const char* key_flush_name(KeyFlush k);
+const char* param_type_name(ParamType p);
+inline size_t param_size(ParamType p) { return p == ParamType::kF16 ? 2 : 4; }
+
+// Parsers throw kivi::Error naming the option and listing the valid values.
+Format parse_format(const std::string& s, const char* option = "--kv-cache");
+Int8Granularity parse_granularity(const std::string& s);
+KeyFlush parse_key_flush(const std::string& s);
+ParamType parse_param_type(const std::string& s);
+
+inline bool is_kivi(Format f) {
+  return f == Format::kKivi2 || f == Format::kKivi4 || f == Format::kKivi8;
+}
+// Bits per stored element (before parameters).
+int format_bits(Format f);
+// Throws unless bits is 2, 4 or 8 (the packings the codecs implement).
+void check_bits(int bits);
+
+// One stream's format.
+struct StreamFormat {
+  Format format = Format::kF32;
+  Int8Granularity granularity = Int8Granularity::kHead;  // int8 only
+  bool operator==(const StreamFormat&) const = default;
+};
+std::string describe(const StreamFormat& s);
+
+struct CacheConfig {
+  // Shape.
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int ctx = 0;  // tokens the cache holds
+  // Formats.
+  StreamFormat k, v;
+  int group_size = 32;   // G: KIVI key groups (tokens), value and int8 groups (channels)
+  int residual = 128;    // R: recent tokens kept in full precision (KIVI formats)
+  KeyFlush key_flush = KeyFlush::kBatch;
+  ParamType param_type = ParamType::kF16;
+  int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G
+  KeyPosition key_position = KeyPosition::kPostRope;
+
+  // Throws kivi::Error naming the parameter and its valid range.
+  void validate() const;
+  // Effective values.
+  int block() const;
+  // Channel group for value / int8-group quantization: min(G, head_dim).
+  int channel_group() const;
+  bool has_residual() const { return is_kivi(k.format) || is_kivi(v.format); }
+};
+
+// Asymptotic stored bytes per token for one stream of one layer (codes plus
+// quantization parameters, every KV head), excluding the full-precision residual.
+double stream_bytes_per_token(const CacheConfig& c, Stream s);
+// Same for K + V of one layer.
+double layer_bytes_per_token(const CacheConfig& c);
+// Bits per element including parameters (for quality tables).
+double bits_per_element(const CacheConfig& c, Stream s);
+
+// Exact bytes the cache uses after n tokens (every layer), residual included.
+uint64_t expected_bytes_used(const CacheConfig& c, int n_tokens);
+// Exact bytes the cache reserves for c.ctx tokens.
+uint64_t expected_bytes_reserved(const CacheConfig& c);
+
+// Residual sizes after n appended tokens (KIVI formats; 0 otherwise): the number of
+// keys/values held in full precision and the number quantized.
+int keys_quantized_after(const CacheConfig& c, int n_tokens);
+int values_quantized_after(const CacheConfig& c, int n_tokens);
+// Ring capacities of the residual buffers.
+int key_ring_capacity(const CacheConfig& c);
+int value_ring_capacity(const CacheConfig& c);
+
+}  // namespace kivi::kv

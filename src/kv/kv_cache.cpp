@@ -1,0 +1,348 @@
+#include "kv/kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "kv/codec.h"
+#include "ops/ops.h"
+
+namespace kivi::kv {
+
+static bool is_row_format(Format f) { return !is_kivi(f); }
+static size_t row_elem_bytes(Format f) {
+  return f == Format::kF32 ? 4 : f == Format::kF16 ? 2 : 1;
+}
+
+KvCache::KvCache(const CacheConfig& config, bool block_summaries)
+    : cfg_(config), summaries_(block_summaries) {
+  cfg_.validate();
+  block_ = cfg_.block();
+  cgroup_ = cfg_.channel_group();
+  n_blocks_ = (cfg_.ctx + block_ - 1) / block_;
+  layers_.resize(cfg_.n_layers);
+  for (auto& L : layers_) {
+    L.block_table.resize(n_blocks_);
+    for (int b = 0; b < n_blocks_; ++b) L.block_table[b] = b;  // identity until blocks are shared
+    init_stream(L.k, cfg_.k, Stream::kKey, n_blocks_);
+    init_stream(L.v, cfg_.v, Stream::kValue, n_blocks_);
+    if (summaries_) L.summaries.reset(static_cast<size_t>(n_blocks_) * cfg_.n_kv_heads * 2 * cfg_.head_dim);
+  }
+  clear();
+}
+
+void KvCache::init_stream(StreamStore& s, const StreamFormat& f, Stream which, int n_blocks) {
+  const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, B = block_;
+  const size_t ps = param_size(cfg_.param_type);
+  s.fmt = f;
+  if (is_row_format(f.format)) {
+    const size_t eb = row_elem_bytes(f.format);
+    s.code_row_bytes = D * eb;
+    s.head_stride = D * eb;
+    s.token_stride = H * D * eb;
+    s.block_code_bytes = B * H * D * eb;
+    s.block_param_count = 0;
+    if (f.format == Format::kInt8) {
+      switch (f.granularity) {
+        case Int8Granularity::kTensor: break;
+        case Int8Granularity::kToken: s.block_param_count = B; break;
+        case Int8Granularity::kHead: s.block_param_count = B * H; break;
+        case Int8Granularity::kGroup: s.block_param_count = B * H * (D / cgroup_); break;
+      }
+    }
+    s.ring_cap = 0;
+  } else {
+    const int bits = format_bits(f.format);
+    s.code_row_bytes = packed_row_bytes(static_cast<int>(D), bits);
+    s.token_stride = s.code_row_bytes;
+    s.head_stride = B * s.code_row_bytes;
+    s.block_code_bytes = H * B * s.code_row_bytes;
+    s.block_param_count = which == Stream::kKey ? H * (B / cfg_.group_size) * D : H * B * (D / cgroup_);
+    s.ring_cap = which == Stream::kKey ? key_ring_capacity(cfg_) : value_ring_capacity(cfg_);
+  }
+  s.codes.reset(s.block_code_bytes * n_blocks);
+  const size_t np = s.block_param_count * n_blocks;
+  const bool has_zero = is_kivi(f.format);
+  s.scales.reset(np * ps);
+  if (has_zero) s.zeros.reset(np * ps);
+  s.ring.reset(static_cast<size_t>(s.ring_cap) * H * D);
+}
+
+void KvCache::clear() {
+  for (auto& L : layers_) {
+    L.n = 0;
+    for (StreamStore* s : {&L.k, &L.v}) {
+      s->n_stored = 0;
+      s->tensor_scale = 0.0f;
+      s->calibrated = false;
+      s->clamped = 0;
+    }
+    if (summaries_) {
+      const size_t D = cfg_.head_dim;
+      for (size_t i = 0; i < L.summaries.size(); i += 2 * D) {
+        std::fill(L.summaries.data() + i, L.summaries.data() + i + D, std::numeric_limits<float>::infinity());
+        std::fill(L.summaries.data() + i + D, L.summaries.data() + i + 2 * D, -std::numeric_limits<float>::infinity());
+      }
+    }
+  }
+}
+
+void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
+  Layer& L = layers_.at(layer);
+  const size_t count = static_cast<size_t>(n) * cfg_.n_kv_heads * cfg_.head_dim;
+  auto cal = [&](StreamStore& s, const float* x) {
+    if (s.fmt.format != Format::kInt8 || s.fmt.granularity != Int8Granularity::kTensor || s.calibrated) return;
+    float m = 0.0f;
+    for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(x[i]));
+    s.tensor_scale = int8_scale(m, cfg_.param_type);
+    s.calibrated = true;
+  };
+  cal(L.k, k);
+  cal(L.v, v);
+}
+
+void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+  const int32_t pb = L.block_table[pos / block_];
+  const int slot = pos % block_;
+  uint8_t* dst = s.codes.data() + pb * s.block_code_bytes + slot * s.token_stride;
+  switch (s.fmt.format) {
+    case Format::kF32:
+      std::memcpy(dst, x, static_cast<size_t>(H) * D * sizeof(float));
+      break;
+    case Format::kF16:
+      ops::f32_to_f16_n(x, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(H) * D);
+      break;
+    case Format::kInt8: {
+      if (s.fmt.granularity == Int8Granularity::kTensor && !s.calibrated) {
+        // Decoding into an empty cache: the first token calibrates.
+        float m = 0.0f;
+        for (int i = 0; i < H * D; ++i) m = std::max(m, std::fabs(x[i]));
+        s.tensor_scale = int8_scale(m, cfg_.param_type);
+        s.calibrated = true;
+      }
+      size_t pi = pb * s.block_param_count;
+      switch (s.fmt.granularity) {
+        case Int8Granularity::kTensor: break;
+        case Int8Granularity::kToken: pi += slot; break;
+        case Int8Granularity::kHead: pi += static_cast<size_t>(slot) * H; break;
+        case Int8Granularity::kGroup: pi += static_cast<size_t>(slot) * H * (D / cgroup_); break;
+      }
+      uint8_t* sp = s.scales.data() + pi * param_size(cfg_.param_type);
+      s.clamped += quantize_int8(x, 1, H, D, s.fmt.granularity, cgroup_, cfg_.param_type,
+                                 reinterpret_cast<int8_t*>(dst), sp, s.tensor_scale);
+      break;
+    }
+    default:
+      break;
+  }
+  s.n_stored = pos + 1;
+}
+
+void KvCache::flush_keys(Layer& L, int first, int count) {
+  StreamStore& s = L.k;
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim, G = cfg_.group_size;
+  const int bits = format_bits(s.fmt.format);
+  const size_t ps = param_size(cfg_.param_type);
+  for (int g0 = first; g0 < first + count; g0 += G) {
+    const int32_t pb = L.block_table[g0 / block_];
+    const int slot = g0 % block_;
+    for (int h = 0; h < H; ++h) {
+      const float* src = s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + g0 % s.ring_cap) * D;
+      uint8_t* codes = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot * s.token_stride;
+      const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * (block_ / G) + slot / G) * D;
+      quantize_keys(src, 1, G, D, G, bits, cfg_.param_type, codes, s.scales.data() + pi * ps,
+                    s.zeros.data() + pi * ps);
+      if (summaries_) {
+        float* sm = L.summaries.data() + ((static_cast<size_t>(pb) * H + h) * 2) * D;
+        for (int t = 0; t < G; ++t) {
+          for (int d = 0; d < D; ++d) {
+            sm[d] = std::min(sm[d], src[t * D + d]);
+            sm[D + d] = std::max(sm[D + d], src[t * D + d]);
+          }
+        }
+      }
+    }
+  }
+  s.n_stored = first + count;
+}
+
+void KvCache::flush_value(Layer& L, int pos) {
+  StreamStore& s = L.v;
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+  const int bits = format_bits(s.fmt.format);
+  const size_t ps = param_size(cfg_.param_type);
+  const int32_t pb = L.block_table[pos / block_];
+  const int slot = pos % block_;
+  for (int h = 0; h < H; ++h) {
+    const float* src = s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D;
+    uint8_t* codes = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot * s.token_stride;
+    const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_);
+    quantize_values(src, 1, 1, D, cgroup_, bits, cfg_.param_type, codes, s.scales.data() + pi * ps,
+                    s.zeros.data() + pi * ps);
+  }
+  s.n_stored = pos + 1;
+}
+
+void KvCache::append(int layer, const float* k, const float* v) {
+  Layer& L = layers_.at(layer);
+  const int pos = L.n;
+  if (pos >= cfg_.ctx) fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim, G = cfg_.group_size, R = cfg_.residual;
+
+  // Keys.
+  if (is_kivi(L.k.fmt.format)) {
+    StreamStore& s = L.k;
+    for (int h = 0; h < H; ++h) {
+      std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D,
+                  k + static_cast<size_t>(h) * D, D * sizeof(float));
+    }
+    const int n_res = pos + 1 - s.n_stored;
+    if (cfg_.key_flush == KeyFlush::kBatch) {
+      const int r = std::max(R, G);
+      if (n_res == r) flush_keys(L, s.n_stored, r);
+    } else {
+      const int t = std::max(R + 1, G);
+      if (n_res == t) flush_keys(L, s.n_stored, G);
+    }
+  } else {
+    store_rows(L, L.k, pos, k);
+    if (summaries_) {
+      const int32_t pb = L.block_table[pos / block_];
+      for (int h = 0; h < H; ++h) {
+        float* sm = L.summaries.data() + ((static_cast<size_t>(pb) * H + h) * 2) * D;
+        const float* kh = k + static_cast<size_t>(h) * D;
+        for (int d = 0; d < D; ++d) {
+          sm[d] = std::min(sm[d], kh[d]);
+          sm[D + d] = std::max(sm[D + d], kh[d]);
+        }
+      }
+    }
+  }
+
+  // Values.
+  if (is_kivi(L.v.fmt.format)) {
+    StreamStore& s = L.v;
+    if (R == 0) {
+      // No residual: quantize the new value directly.
+      const int bits = format_bits(s.fmt.format);
+      const size_t ps = param_size(cfg_.param_type);
+      const int32_t pb = L.block_table[pos / block_];
+      const int slot = pos % block_;
+      for (int h = 0; h < H; ++h) {
+        uint8_t* codes = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot * s.token_stride;
+        const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_);
+        quantize_values(v + static_cast<size_t>(h) * D, 1, 1, D, cgroup_, bits, cfg_.param_type,
+                        codes, s.scales.data() + pi * ps, s.zeros.data() + pi * ps);
+      }
+      s.n_stored = pos + 1;
+    } else {
+      if (pos - s.n_stored == R) flush_value(L, s.n_stored);  // ring full: oldest goes first
+      for (int h = 0; h < H; ++h) {
+        std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D,
+                    v + static_cast<size_t>(h) * D, D * sizeof(float));
+      }
+    }
+  } else {
+    store_rows(L, L.v, pos, v);
+  }
+  L.n = pos + 1;
+}
+
+StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream which) const {
+  StreamView v;
+  v.fmt = s.fmt;
+  v.param_type = cfg_.param_type;
+  v.n_heads = cfg_.n_kv_heads;
+  v.head_dim = cfg_.head_dim;
+  v.block = block_;
+  v.per_channel = is_kivi(s.fmt.format) && which == Stream::kKey;
+  v.group = v.per_channel ? cfg_.group_size : cgroup_;
+  v.n_stored = is_kivi(s.fmt.format) ? s.n_stored : L.n;
+  v.codes = s.codes.data();
+  v.scales = s.scales.data();
+  v.zeros = s.zeros.data();
+  v.block_table = L.block_table.data();
+  v.block_code_bytes = s.block_code_bytes;
+  v.block_param_count = s.block_param_count;
+  v.code_row_bytes = s.code_row_bytes;
+  v.head_stride = s.head_stride;
+  v.token_stride = s.token_stride;
+  v.tensor_scale = s.tensor_scale;
+  v.ring = s.ring.data();
+  v.ring_capacity = s.ring_cap;
+  return v;
+}
+
+LayerView KvCache::view(int layer) const {
+  const Layer& L = layers_.at(layer);
+  LayerView v;
+  v.k = stream_view(L, L.k, Stream::kKey);
+  v.v = stream_view(L, L.v, Stream::kValue);
+  v.n_tokens = L.n;
+  v.summaries = summaries_ ? L.summaries.data() : nullptr;
+  return v;
+}
+
+uint64_t KvCache::stream_bytes_used(const StreamStore& s, Stream which, int n) const {
+  const uint64_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
+  const uint64_t stored = is_kivi(s.fmt.format) ? s.n_stored : static_cast<uint64_t>(n);
+  // Codes and parameters of stored tokens: the per-block sizes of the buffers scaled
+  // to the filled part of the blocks.
+  uint64_t bytes = stored * s.block_code_bytes / block_;
+  uint64_t params = 0;
+  if (s.block_param_count) {
+    if (is_kivi(s.fmt.format) && which == Stream::kKey) {
+      params = (stored / cfg_.group_size) * (s.block_param_count / (block_ / cfg_.group_size));
+    } else {
+      params = stored * s.block_param_count / block_;
+    }
+  }
+  bytes += params * ps * (s.zeros.size() ? 2 : 1);
+  bytes += (static_cast<uint64_t>(n) - stored) * H * D * sizeof(float);  // residual rows held
+  if (s.calibrated) bytes += sizeof(float);
+  return bytes;
+}
+
+uint64_t KvCache::bytes_used(int layer) const {
+  const Layer& L = layers_.at(layer);
+  return stream_bytes_used(L.k, Stream::kKey, L.n) + stream_bytes_used(L.v, Stream::kValue, L.n);
+}
+
+uint64_t KvCache::bytes_used() const {
+  uint64_t t = 0;
+  for (int l = 0; l < cfg_.n_layers; ++l) t += bytes_used(l);
+  return t;
+}
+
+uint64_t KvCache::bytes_reserved(int layer) const {
+  const Layer& L = layers_.at(layer);
+  uint64_t t = L.block_table.size() * sizeof(int32_t) + L.summaries.bytes();
+  for (const StreamStore* s : {&L.k, &L.v}) {
+    t += s->codes.bytes() + s->scales.bytes() + s->zeros.bytes() + s->ring.bytes();
+    if (s->fmt.format == Format::kInt8 && s->fmt.granularity == Int8Granularity::kTensor) t += sizeof(float);
+  }
+  return t;
+}
+
+uint64_t KvCache::bytes_reserved() const {
+  uint64_t t = 0;
+  for (int l = 0; l < cfg_.n_layers; ++l) t += bytes_reserved(l);
+  return t;
+}
+
+int64_t KvCache::clamped() const {
+  int64_t c = 0;
+  for (const auto& L : layers_) c += L.k.clamped + L.v.clamped;
+  return c;
+}
+
+KvCache::RawStream KvCache::raw(int layer, Stream s) const {
+  const Layer& L = layers_.at(layer);
+  const StreamStore& st = s == Stream::kKey ? L.k : L.v;
+  return {&st.codes, &st.scales, &st.zeros, &st.ring, st.n_stored, st.tensor_scale};
+}
+
+}  // namespace kivi::kv

@@ -1,0 +1,153 @@
+// The KV cache: every layer's keys and values in their configured formats, stored
+// in fixed-size blocks of tokens described by a block table, with KIVI's
+// full-precision residual window in a ring buffer. All storage is allocated by the
+// constructor; append() allocates nothing and never copies or re-quantizes history.
+//
+// Streaming (KIVI Algorithm 1 / seed 001), applied on every append, before the
+// step's attention reads the cache:
+//   keys,   --key-flush batch: when the key residual reaches max(R, G) tokens, all of
+//           them are quantized, in groups of G.
+//   keys,   --key-flush group: when the key residual exceeds R (and holds at least G),
+//           the oldest G keys are quantized.
+//   values: when the value residual would exceed R, the oldest value is quantized.
+// Key groups therefore always cover tokens [gG, (g+1)G): both policies produce the
+// same codes, they differ only in when. Formats without a residual (f32, f16, int8)
+// store each token directly.
+//
+// Storage per layer and stream (B tokens per block, H KV heads, D = head_dim):
+//   row formats (f32, f16, int8): codes [n_blocks][B][H][D * bytes]   (token-major)
+//                                 int8 scales: token [n_blocks][B], head [n_blocks][B][H],
+//                                 group [n_blocks][B][H][D/Gc]; tensor: one per layer
+//   KIVI keys:   codes [n_blocks][H][B][D*bits/8], scale/zero [n_blocks][H][B/G][D]
+//   KIVI values: codes [n_blocks][H][B][D*bits/8], scale/zero [n_blocks][H][B][D/Gc]
+//   residual:    f32 ring [H][capacity][D], token p in slot p % capacity
+// Block summaries (optional): per block and head, the per-channel min and max of the
+// keys (Quest, Tang et al. 2024), [n_blocks][H][2][D] f32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/aligned.h"
+#include "kv/format.h"
+
+namespace kivi::kv {
+
+// How attention finds one stream's data. Plain pointers and strides so that a
+// kernel (or a later GPU backend) needs nothing else.
+struct StreamView {
+  StreamFormat fmt;
+  ParamType param_type = ParamType::kF16;
+  int n_heads = 0, head_dim = 0, block = 0, group = 0;  // group: G (keys) or Gc (values/int8)
+  bool per_channel = false;  // KIVI keys: params per (group of tokens, channel)
+  // Stored segment: tokens [0, n_stored).
+  int n_stored = 0;
+  const uint8_t* codes = nullptr;  // base of the pool
+  const uint8_t* scales = nullptr;
+  const uint8_t* zeros = nullptr;
+  const int32_t* block_table = nullptr;  // logical block -> physical block
+  size_t block_code_bytes = 0;           // bytes of codes per physical block
+  size_t block_param_count = 0;          // parameters per physical block (each of scale, zero)
+  size_t code_row_bytes = 0;             // bytes of one token's codes for one head
+  size_t head_stride = 0;                // bytes between heads' rows within a block
+  size_t token_stride = 0;               // bytes between tokens' rows within a block
+  float tensor_scale = 0.0f;             // int8 tensor granularity
+  // Residual segment: tokens [n_stored, n_tokens) in full precision.
+  const float* ring = nullptr;  // [H][ring_capacity][D]
+  int ring_capacity = 0;
+
+  // Pointer to the codes of token t (< n_stored), head h.
+  const uint8_t* row(int t, int h) const {
+    const int32_t pb = block_table[t / block];
+    return codes + pb * block_code_bytes + h * head_stride + (t % block) * token_stride;
+  }
+  // Residual row of token t (>= n_stored), head h.
+  const float* residual_row(int t, int h) const {
+    return ring + (static_cast<size_t>(h) * ring_capacity + t % ring_capacity) * head_dim;
+  }
+};
+
+struct LayerView {
+  StreamView k, v;
+  int n_tokens = 0;
+  // Block summaries (null if disabled): [n_blocks][H][2][D], min then max.
+  const float* summaries = nullptr;
+};
+
+class KvCache {
+ public:
+  explicit KvCache(const CacheConfig& config, bool block_summaries = false);
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const CacheConfig& config() const { return cfg_; }
+  int n_tokens(int layer) const { return layers_[layer].n; }
+  int capacity() const { return cfg_.ctx; }
+
+  // Fixes the int8 per-tensor scales of `layer` from the absmax of the first batch of
+  // n tokens (k, v: [n, H, D]). Called by prefill on an empty cache; a no-op for
+  // other formats or once calibrated.
+  void calibrate(int layer, const float* k, const float* v, int n);
+
+  // Appends one token: k, v are [H, D] (post-RoPE keys). Throws if the cache is full.
+  void append(int layer, const float* k, const float* v);
+
+  // Forgets every token (storage is kept).
+  void clear();
+
+  LayerView view(int layer) const;
+
+  // Memory from the buffers: bytes holding live data, and bytes allocated.
+  uint64_t bytes_used() const;
+  uint64_t bytes_used(int layer) const;
+  uint64_t bytes_reserved() const;
+  uint64_t bytes_reserved(int layer) const;
+
+  // int8 per-tensor elements clamped since the cache was created/cleared.
+  int64_t clamped() const;
+
+  // Test access: a stored stream's raw storage (for bit-exact state comparison).
+  struct RawStream {
+    const AlignedBuffer<uint8_t>* codes;
+    const AlignedBuffer<uint8_t>* scales;
+    const AlignedBuffer<uint8_t>* zeros;
+    const AlignedBuffer<float>* ring;
+    int n_stored;
+    float tensor_scale;
+  };
+  RawStream raw(int layer, Stream s) const;
+
+ private:
+  struct StreamStore {
+    StreamFormat fmt;
+    AlignedBuffer<uint8_t> codes, scales, zeros;
+    AlignedBuffer<float> ring;
+    int ring_cap = 0;
+    int n_stored = 0;  // tokens in blocks
+    float tensor_scale = 0.0f;
+    bool calibrated = false;
+    int64_t clamped = 0;
+    size_t block_code_bytes = 0, block_param_count = 0, code_row_bytes = 0;
+    size_t head_stride = 0, token_stride = 0;
+  };
+  struct Layer {
+    int n = 0;
+    std::vector<int32_t> block_table;
+    StreamStore k, v;
+    AlignedBuffer<float> summaries;
+  };
+
+  void init_stream(StreamStore& s, const StreamFormat& f, Stream which, int n_blocks);
+  StreamView stream_view(const Layer& L, const StreamStore& s, Stream which) const;
+  void store_rows(Layer& L, StreamStore& s, int pos, const float* x);  // row formats, one token
+  void flush_keys(Layer& L, int first, int count);                     // KIVI keys from ring
+  void flush_value(Layer& L, int pos);                                 // KIVI value from ring
+  uint64_t stream_bytes_used(const StreamStore& s, Stream which, int n) const;
+
+  CacheConfig cfg_;
+  int block_ = 0, n_blocks_ = 0, cgroup_ = 0;
+  bool summaries_ = false;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace kivi::kv

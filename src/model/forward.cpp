@@ -1,0 +1,183 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "ops/ops.h"
+
+namespace kivi::model {
+
+void fill_rope_table(float* table, int ctx, int hd, float theta) {
+  // float arithmetic as in llama2.c's run.c, so greedy text matches its published output
+  for (int pos = 0; pos < ctx; ++pos) {
+    for (int i = 0; i < hd; i += 2) {
+      const float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(hd));
+      const float val = static_cast<float>(pos) * freq;
+      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2] = std::cos(val);
+      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2 + 1] = std::sin(val);
+    }
+  }
+}
+
+void apply_rope(float* x, int n_heads, int hd, const float* rope_row) {
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * hd;
+    for (int i = 0; i < hd / 2; ++i) {
+      const float c = rope_row[2 * i], s = rope_row[2 * i + 1];
+      const float a = v[2 * i], b = v[2 * i + 1];
+      v[2 * i] = a * c - b * s;
+      v[2 * i + 1] = a * s + b * c;
+    }
+  }
+}
+
+ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads, int kv_block)
+    : max_batch(mb),
+      x(static_cast<size_t>(mb) * c.dim),
+      xb(static_cast<size_t>(mb) * c.dim),
+      xb2(static_cast<size_t>(mb) * c.dim),
+      q(static_cast<size_t>(mb) * c.dim),
+      k(static_cast<size_t>(mb) * c.kv_dim()),
+      v(static_cast<size_t>(mb) * c.kv_dim()),
+      att(static_cast<size_t>(mb) * c.dim),
+      hb(static_cast<size_t>(mb) * c.hidden_dim),
+      hb2(static_cast<size_t>(mb) * c.hidden_dim),
+      rope(static_cast<size_t>(ctx) * c.head_dim()),
+      ws(n_threads, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx) {
+  fill_rope_table(rope.data(), ctx, c.head_dim(), c.rope_theta);
+  if (c.alibi) slopes = attn::alibi_slopes(c.n_heads);
+}
+
+void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* tokens, int n,
+             float* logits, bool all_logits, ThreadPool* pool, const ForwardOptions& opt) {
+  const ModelConfig& c = m.config();
+  const Weights& w = m.weights();
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  if (n < 1 || n > st.max_batch) fail("forward: batch of %d tokens (max %d)", n, st.max_batch);
+  const int pos0 = cache.n_tokens(0);
+  if (pos0 + n > cache.capacity()) {
+    fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n, cache.capacity());
+  }
+  for (int i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
+    ops::copy_row(w.token_embd, tokens[i], st.x.data() + static_cast<size_t>(i) * dim);
+  }
+  attn::Params ap;
+  ap.n_heads = c.n_heads;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ap.alibi_slopes = c.alibi ? st.slopes.data() : nullptr;
+  ap.window = opt.window;
+  ap.precision = opt.precision;
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    for (int i = 0; i < n; ++i) {
+      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
+                   L.attn_norm.data(), dim, c.norm_eps);
+    }
+    ops::matmul(L.wq, st.xb.data(), n, st.q.data(), pool);
+    ops::matmul(L.wk, st.xb.data(), n, st.k.data(), pool);
+    ops::matmul(L.wv, st.xb.data(), n, st.v.data(), pool);
+    if (!c.alibi) {
+      for (int i = 0; i < n; ++i) {
+        const float* rr = st.rope.data() + static_cast<size_t>(pos0 + i) * hd;
+        apply_rope(st.q.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, rr);
+        apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
+      }
+    }
+    if (cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
+    for (int i = 0; i < n; ++i) {
+      cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd, st.v.data() + static_cast<size_t>(i) * kvd);
+      attn::decode(cache.view(l), st.q.data() + static_cast<size_t>(i) * dim,
+                   st.att.data() + static_cast<size_t>(i) * dim, ap, pool, st.ws);
+    }
+    ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
+    ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
+    for (int i = 0; i < n; ++i) {
+      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
+                   L.ffn_norm.data(), dim, c.norm_eps);
+    }
+    ops::matmul(L.w_gate, st.xb.data(), n, st.hb.data(), pool);
+    ops::matmul(L.w_up, st.xb.data(), n, st.hb2.data(), pool);
+    ops::silu_mul(st.hb.data(), st.hb2.data(), n * hid);
+    ops::matmul(L.w_down, st.hb.data(), n, st.xb2.data(), pool);
+    ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
+  }
+  if (!logits) return;
+  const int first = all_logits ? 0 : n - 1;
+  for (int i = first; i < n; ++i) {
+    ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
+                 w.output_norm.data(), dim, c.norm_eps);
+  }
+  ops::matmul(w.output, st.xb.data() + static_cast<size_t>(first) * dim, n - first, logits, pool);
+}
+
+std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool) {
+  const ModelConfig& c = m.config();
+  const Weights& w = m.weights();
+  const int n = static_cast<int>(tokens.size());
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  const int rep = c.n_heads / c.n_kv_heads;
+  if (n < 1 || n > c.ctx) fail("no-cache forward: %d tokens (context %d)", n, c.ctx);
+  std::vector<float> x(static_cast<size_t>(n) * dim), xb(x.size()), xb2(x.size()), q(x.size()), att(x.size());
+  std::vector<float> k(static_cast<size_t>(n) * kvd), v(k.size());
+  std::vector<float> hb(static_cast<size_t>(n) * hid), hb2(hb.size());
+  std::vector<float> rope(static_cast<size_t>(n) * hd);
+  fill_rope_table(rope.data(), n, hd, c.rope_theta);
+  const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
+  for (int i = 0; i < n; ++i) ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
+  std::vector<double> s(n);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    for (int i = 0; i < n; ++i) ops::rmsnorm(&xb[i * dim], &x[i * dim], L.attn_norm.data(), dim, c.norm_eps);
+    ops::matmul(L.wq, xb.data(), n, q.data(), pool);
+    ops::matmul(L.wk, xb.data(), n, k.data(), pool);
+    ops::matmul(L.wv, xb.data(), n, v.data(), pool);
+    if (!c.alibi) {
+      for (int i = 0; i < n; ++i) {
+        apply_rope(&q[i * dim], c.n_heads, hd, &rope[static_cast<size_t>(i) * hd]);
+        apply_rope(&k[i * kvd], c.n_kv_heads, hd, &rope[static_cast<size_t>(i) * hd]);
+      }
+    }
+    // Plain causal attention, in double.
+    for (int i = 0; i < n; ++i) {
+      for (int hq = 0; hq < c.n_heads; ++hq) {
+        const int h = hq / rep;
+        const float* qh = &q[static_cast<size_t>(i) * dim + hq * hd];
+        double mx = -INFINITY;
+        for (int t = 0; t <= i; ++t) {
+          const float* kt = &k[static_cast<size_t>(t) * kvd + h * hd];
+          double dot = 0.0;
+          for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * kt[d];
+          s[t] = dot / std::sqrt(static_cast<double>(hd)) + (c.alibi ? static_cast<double>(slopes[hq]) * (t - i) : 0.0);
+          mx = std::max(mx, s[t]);
+        }
+        double den = 0.0;
+        for (int t = 0; t <= i; ++t) den += (s[t] = std::exp(s[t] - mx));
+        float* out = &att[static_cast<size_t>(i) * dim + hq * hd];
+        for (int d = 0; d < hd; ++d) {
+          double acc = 0.0;
+          for (int t = 0; t <= i; ++t) acc += s[t] * v[static_cast<size_t>(t) * kvd + h * hd + d];
+          out[d] = static_cast<float>(acc / den);
+        }
+      }
+    }
+    ops::matmul(L.wo, att.data(), n, xb2.data(), pool);
+    ops::add_inplace(x.data(), xb2.data(), n * dim);
+    for (int i = 0; i < n; ++i) ops::rmsnorm(&xb[i * dim], &x[i * dim], L.ffn_norm.data(), dim, c.norm_eps);
+    ops::matmul(L.w_gate, xb.data(), n, hb.data(), pool);
+    ops::matmul(L.w_up, xb.data(), n, hb2.data(), pool);
+    ops::silu_mul(hb.data(), hb2.data(), n * hid);
+    ops::matmul(L.w_down, hb.data(), n, xb2.data(), pool);
+    ops::add_inplace(x.data(), xb2.data(), n * dim);
+  }
+  std::vector<float> logits(c.vocab_size);
+  ops::rmsnorm(xb.data(), &x[static_cast<size_t>(n - 1) * dim], w.output_norm.data(), dim, c.norm_eps);
+  ops::matvec(w.output, xb.data(), logits.data(), pool);
+  return logits;
+}
+
+}  // namespace kivi::model

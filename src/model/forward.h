@@ -1,0 +1,62 @@
+// The Llama forward pass (Touvron et al. 2023): RMSNorm, RoPE, grouped-query
+// attention over the KV cache, SwiGLU feed-forward, tied or separate classifier.
+//
+// Prefill of n tokens runs every matrix product batched over the tokens, then
+// appends and attends token by token with the decode kernel, so that the cache
+// ends in exactly the state that feeding the tokens one at a time leaves, and the
+// logits agree bit for bit with token-by-token decoding.
+#pragma once
+
+#include <vector>
+
+#include "attn/attention.h"
+#include "core/aligned.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace kivi {
+class ThreadPool;
+}
+
+namespace kivi::model {
+
+// Activations for up to `max_batch` tokens, allocated once.
+struct ForwardState {
+  ForwardState(const ModelConfig& c, int max_batch, int ctx, int n_threads, int kv_block);
+  int max_batch;
+  AlignedBuffer<float> x;       // [max_batch, dim] residual stream
+  AlignedBuffer<float> xb;      // [max_batch, dim] normed input
+  AlignedBuffer<float> xb2;     // [max_batch, dim] projection output
+  AlignedBuffer<float> q;       // [max_batch, dim]
+  AlignedBuffer<float> k;       // [max_batch, kv_dim]
+  AlignedBuffer<float> v;       // [max_batch, kv_dim]
+  AlignedBuffer<float> att;     // [max_batch, dim]
+  AlignedBuffer<float> hb;      // [max_batch, hidden]
+  AlignedBuffer<float> hb2;     // [max_batch, hidden]
+  AlignedBuffer<float> rope;    // [ctx, head_dim / 2, 2] cos, sin
+  std::vector<float> slopes;    // [n_heads] ALiBi slopes (when enabled)
+  attn::Workspace ws;
+};
+
+struct ForwardOptions {
+  attn::Precision precision = attn::Precision::kExact;
+  int window = 0;  // sliding-window attention (0 = full)
+};
+
+// Runs tokens[0..n) at positions pos, pos+1, ... (pos == cache.n_tokens(l) for all l),
+// n <= st.max_batch. Writes logits [n, vocab] if all_logits, else only the last
+// token's [vocab]. `logits` may be null to skip the classifier.
+void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* tokens, int n,
+             float* logits, bool all_logits, ThreadPool* pool, const ForwardOptions& opt);
+
+// The no-cache oracle: recomputes every position of `tokens` from scratch with plain
+// attention over freshly computed keys and values (no kv/ or attn/ code) and
+// returns the logits of the last position.
+std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool);
+
+// RoPE on one vector of `n_heads` heads at position pos (pairs (2i, 2i+1) rotated
+// by pos * theta^(-2i/head_dim), as llama2.c and GGUF's llama layout).
+void apply_rope(float* x, int n_heads, int head_dim, const float* rope_row);
+void fill_rope_table(float* table, int ctx, int head_dim, float theta);
+
+}  // namespace kivi::model

@@ -1,0 +1,211 @@
+#include "model/model.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/f16.h"
+
+namespace kivi::model {
+
+static bool file_exists(const std::string& p) {
+  struct stat st;
+  return !p.empty() && stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string default_model_path(const std::string& cli_value) {
+  if (!cli_value.empty()) return cli_value;
+  if (const char* env = std::getenv("KIVI_MODEL"); env && *env) return env;
+  for (const char* p : {"models/stories260K.bin", "../shared/models/stories260K.bin"}) {
+    if (file_exists(p)) return p;
+  }
+  return "";
+}
+
+std::string default_tokenizer_path(const std::string& model_path) {
+  const auto slash = model_path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : model_path.substr(0, slash);
+  for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
+    const std::string p = dir + "/" + name;
+    if (file_exists(p)) return p;
+  }
+  return "";
+}
+
+size_t Model::weight_bytes() const {
+  size_t b = w_.token_embd.bytes();
+  if (!cfg_.shared_classifier) b += w_.output.bytes();
+  for (const auto& L : w_.layers) {
+    b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() +
+         L.w_down.bytes() + L.w_up.bytes() + (L.attn_norm.size() + L.ffn_norm.size()) * 4;
+  }
+  return b + w_.output_norm.size() * 4;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tok) {
+  io::check_regular_file(path, "model");
+  if (io::is_gguf_file(path)) return load_gguf(path, tok);
+  return load_llama2c(path, tok);
+}
+
+static ops::Matrix f32_matrix(const float* p, int64_t rows, int64_t cols) {
+  return ops::Matrix{p, ops::DType::kF32, rows, cols};
+}
+
+std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::string& tok_path) {
+  auto m = std::unique_ptr<Model>(new Model());
+  m->path_ = path;
+  m->format_ = "llama2.c";
+  m->l2c_ = io::read_llama2c(path);
+  const io::Llama2cCheckpoint& ck = *m->l2c_;
+  const io::Llama2cHeader& h = ck.header;
+  ModelConfig& c = m->cfg_;
+  c.name = path.substr(path.find_last_of('/') + 1);
+  c.dim = h.dim;
+  c.hidden_dim = h.hidden_dim;
+  c.n_layers = h.n_layers;
+  c.n_heads = h.n_heads;
+  c.n_kv_heads = h.n_kv_heads;
+  c.vocab_size = h.vocab_size;
+  c.ctx = h.seq_len;
+  c.shared_classifier = ck.shared_classifier;
+  c.validate(path);
+  const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim();
+  Weights& w = m->w_;
+  w.token_embd = f32_matrix(ck.token_embd, c.vocab_size, dim);
+  w.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerWeights& L = w.layers[l];
+    L.attn_norm.assign(ck.rms_att + l * dim, ck.rms_att + (l + 1) * dim);
+    L.ffn_norm.assign(ck.rms_ffn + l * dim, ck.rms_ffn + (l + 1) * dim);
+    L.wq = f32_matrix(ck.wq + l * dim * dim, dim, dim);
+    L.wk = f32_matrix(ck.wk + l * kv * dim, kv, dim);
+    L.wv = f32_matrix(ck.wv + l * kv * dim, kv, dim);
+    L.wo = f32_matrix(ck.wo + l * dim * dim, dim, dim);
+    L.w_gate = f32_matrix(ck.w1 + l * hid * dim, hid, dim);
+    L.w_down = f32_matrix(ck.w2 + l * dim * hid, dim, hid);
+    L.w_up = f32_matrix(ck.w3 + l * hid * dim, hid, dim);
+  }
+  w.output_norm.assign(ck.rms_final, ck.rms_final + dim);
+  w.output = f32_matrix(ck.wcls, c.vocab_size, dim);
+  const std::string tp = tok_path.empty() ? default_tokenizer_path(path) : tok_path;
+  if (tp.empty()) {
+    fail("%s: llama2.c checkpoints carry no tokenizer; give one with -t/--tokenizer (looked for "
+         "tok%d.bin and tokenizer.bin beside the model)", path.c_str(), c.vocab_size);
+  }
+  m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tp, c.vocab_size));
+  return m;
+}
+
+std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::string& tok_path) {
+  auto m = std::unique_ptr<Model>(new Model());
+  m->path_ = path;
+  m->format_ = "gguf";
+  m->gguf_ = std::make_unique<io::GgufFile>(path);
+  const io::GgufFile& f = *m->gguf_;
+  ModelConfig& c = m->cfg_;
+  c.arch = f.get_string_opt("general.architecture").value_or("");
+  if (c.arch != "llama") {
+    fail("%s: unsupported architecture '%s' (supported: llama)", path.c_str(),
+         c.arch.empty() ? "(missing general.architecture)" : c.arch.c_str());
+  }
+  c.name = f.get_string_opt("general.name").value_or(path.substr(path.find_last_of('/') + 1));
+  auto get_int = [&](const char* key, uint64_t max) -> int {
+    const uint64_t v = f.get_uint(key);
+    if (v > max) fail("%s: metadata '%s' = %llu, expected at most %llu", path.c_str(), key, (unsigned long long)v, (unsigned long long)max);
+    return static_cast<int>(v);
+  };
+  c.dim = get_int("llama.embedding_length", 1 << 20);
+  c.hidden_dim = get_int("llama.feed_forward_length", 1 << 22);
+  c.n_layers = get_int("llama.block_count", 1 << 16);
+  c.n_heads = get_int("llama.attention.head_count", 1 << 16);
+  c.n_kv_heads = f.has("llama.attention.head_count_kv") ? get_int("llama.attention.head_count_kv", 1 << 16) : c.n_heads;
+  c.ctx = get_int("llama.context_length", 1 << 26);
+  c.rope_theta = static_cast<float>(f.get_float_opt("llama.rope.freq_base").value_or(10000.0));
+  c.norm_eps = static_cast<float>(f.get_float_opt("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.synthetic = f.get_bool_opt("kivi.synthetic").value_or(false);
+  const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
+  if (!emb) fail("%s: missing tensor 'token_embd.weight'", path.c_str());
+  if (emb->dims.size() != 2) fail("%s: tensor 'token_embd.weight' has %zu dimensions, expected 2", path.c_str(), emb->dims.size());
+  if (f.has("llama.vocab_size")) {
+    c.vocab_size = get_int("llama.vocab_size", 1 << 22);
+  } else if (f.has("tokenizer.ggml.tokens")) {
+    c.vocab_size = static_cast<int>(std::min<uint64_t>(f.array_size("tokenizer.ggml.tokens"), 1u << 23));
+  } else {
+    c.vocab_size = static_cast<int>(std::min<uint64_t>(emb->dims[1], 1u << 23));
+  }
+  c.shared_classifier = f.find_tensor("output.weight") == nullptr;
+  c.validate(path);
+  if (auto rd = f.get_uint_opt("llama.rope.dimension_count"); rd && *rd != static_cast<uint64_t>(c.head_dim())) {
+    fail("%s: llama.rope.dimension_count = %llu but the head dimension is %d; partial rotary "
+         "embeddings are not supported", path.c_str(), (unsigned long long)*rd, c.head_dim());
+  }
+
+  const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) -> ops::Matrix {
+    const io::GgufTensor* t = f.find_tensor(name);
+    if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
+    if (t->dims.size() != 2 || t->dims[0] != static_cast<uint64_t>(cols) || t->dims[1] != static_cast<uint64_t>(rows)) {
+      std::string got;
+      for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      fail("%s: tensor '%s' has shape [%s], expected [%lld, %lld]", path.c_str(), name.c_str(),
+           got.c_str(), static_cast<long long>(cols), static_cast<long long>(rows));
+    }
+    if (t->type != static_cast<uint32_t>(io::GgmlType::kF32) && t->type != static_cast<uint32_t>(io::GgmlType::kF16)) {
+      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type));
+    }
+    if (t->type == static_cast<uint32_t>(io::GgmlType::kF32) && reinterpret_cast<uintptr_t>(t->data) % 4 != 0) {
+      fail("%s: tensor '%s' data is not 4-byte aligned", path.c_str(), name.c_str());
+    }
+    return ops::Matrix{t->data, t->type == 0 ? ops::DType::kF32 : ops::DType::kF16, rows, cols};
+  };
+  auto vec = [&](const std::string& name) -> std::vector<float> {
+    const io::GgufTensor* t = f.find_tensor(name);
+    if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
+    if (t->dims.size() != 1 || t->dims[0] != static_cast<uint64_t>(dim)) {
+      fail("%s: tensor '%s' should be a vector of %lld elements", path.c_str(), name.c_str(), static_cast<long long>(dim));
+    }
+    std::vector<float> out(dim);
+    if (t->type == static_cast<uint32_t>(io::GgmlType::kF32)) {
+      std::memcpy(out.data(), t->data, dim * 4);
+    } else if (t->type == static_cast<uint32_t>(io::GgmlType::kF16)) {
+      for (int64_t i = 0; i < dim; ++i) {
+        uint16_t h;
+        std::memcpy(&h, t->data + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+      }
+    } else {
+      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type));
+    }
+    return out;
+  };
+  Weights& w = m->w_;
+  w.token_embd = matrix("token_embd.weight", vocab, dim);
+  w.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& L = w.layers[l];
+    L.attn_norm = vec(p + "attn_norm.weight");
+    L.wq = matrix(p + "attn_q.weight", dim, dim);
+    L.wk = matrix(p + "attn_k.weight", kv, dim);
+    L.wv = matrix(p + "attn_v.weight", kv, dim);
+    L.wo = matrix(p + "attn_output.weight", dim, dim);
+    L.ffn_norm = vec(p + "ffn_norm.weight");
+    L.w_gate = matrix(p + "ffn_gate.weight", hid, dim);
+    L.w_down = matrix(p + "ffn_down.weight", dim, hid);
+    L.w_up = matrix(p + "ffn_up.weight", hid, dim);
+  }
+  w.output_norm = vec("output_norm.weight");
+  w.output = c.shared_classifier ? w.token_embd : matrix("output.weight", vocab, dim);
+
+  if (!tok_path.empty()) {
+    m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tok_path, c.vocab_size));
+  } else {
+    m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_gguf(f, c.vocab_size));
+  }
+  return m;
+}
+
+}  // namespace kivi::model

@@ -1,0 +1,70 @@
+// A loaded model: configuration, weights (viewed in the mapped file) and tokenizer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/gguf.h"
+#include "io/llama2c.h"
+#include "model/config.h"
+#include "ops/ops.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kivi::model {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [dim]
+  ops::Matrix wq;                // [n_heads * head_dim, dim]
+  ops::Matrix wk;                // [kv_dim, dim]
+  ops::Matrix wv;                // [kv_dim, dim]
+  ops::Matrix wo;                // [dim, n_heads * head_dim]
+  std::vector<float> ffn_norm;   // [dim]
+  ops::Matrix w_gate;            // w1 [hidden, dim]
+  ops::Matrix w_down;            // w2 [dim, hidden]
+  ops::Matrix w_up;              // w3 [hidden, dim]
+};
+
+struct Weights {
+  ops::Matrix token_embd;        // [vocab, dim]
+  std::vector<LayerWeights> layers;
+  std::vector<float> output_norm;  // [dim]
+  ops::Matrix output;            // [vocab, dim] (== token_embd when tied)
+};
+
+class Model {
+ public:
+  // Loads a llama2.c checkpoint (tokenizer from `tokenizer_path`) or a GGUF file
+  // (tokenizer from its metadata unless `tokenizer_path` is given). Throws kivi::Error.
+  static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+
+  const ModelConfig& config() const { return cfg_; }
+  ModelConfig& mutable_config() { return cfg_; }
+  const Weights& weights() const { return w_; }
+  const tok::Tokenizer& tokenizer() const { return *tok_; }
+  bool has_tokenizer() const { return tok_ != nullptr; }
+  const std::string& path() const { return path_; }
+  const std::string& format() const { return format_; }  // "llama2.c" or "gguf"
+  const io::GgufFile* gguf() const { return gguf_.get(); }
+  const io::Llama2cCheckpoint* llama2c() const { return l2c_.get(); }
+  size_t weight_bytes() const;
+
+ private:
+  static std::unique_ptr<Model> load_llama2c(const std::string& path, const std::string& tok);
+  static std::unique_ptr<Model> load_gguf(const std::string& path, const std::string& tok);
+
+  ModelConfig cfg_;
+  Weights w_;
+  std::unique_ptr<tok::Tokenizer> tok_;
+  std::unique_ptr<io::GgufFile> gguf_;
+  std::unique_ptr<io::Llama2cCheckpoint> l2c_;
+  std::string path_, format_;
+};
+
+// Default model path: --model, then $KIVI_MODEL, then models/stories260K.bin, then
+// ../shared/models/stories260K.bin. Returns "" if none exists.
+std::string default_model_path(const std::string& cli_value);
+// Default tokenizer for a llama2.c model: tok512.bin (or tokenizer.bin) beside it.
+std::string default_tokenizer_path(const std::string& model_path);
+
+}  // namespace kivi::model

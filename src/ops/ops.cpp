@@ -1,0 +1,219 @@
+#include "ops/ops.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/ops.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/threadpool.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kivi::ops::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+template <class WT>
+HWY_INLINE hn::Vec<DF> LoadW(DF df, const WT* HWY_RESTRICT p) {
+  if constexpr (sizeof(WT) == 4) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(p));
+  } else {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  }
+}
+
+template <class WT>
+HWY_INLINE float ScalarW(const WT* p, size_t i) {
+  if constexpr (sizeof(WT) == 4) {
+    return reinterpret_cast<const float*>(p)[i];
+  } else {
+    return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+// Finishes one dot product: lane reduction, then the scalar tail in order. Shared by
+// every tile shape so that each (row, token) result has the same bits.
+template <class WT>
+HWY_INLINE float Finish(DF df, hn::Vec<DF> acc, const WT* HWY_RESTRICT w,
+                        const float* HWY_RESTRICT x, size_t i, size_t n) {
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) s += ScalarW(w, i) * x[i];
+  return s;
+}
+
+// R rows x T tokens of dot products; each pair has one accumulator chain over the
+// columns in vector steps. out[t * ldo + r].
+template <int R, int T, class WT>
+HWY_INLINE void DotTile(const WT* HWY_RESTRICT w, size_t ldw, const float* HWY_RESTRICT x,
+                        size_t ldx, size_t n, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+#if HWY_HAVE_SCALABLE
+  static_assert(R == 1 && T == 1, "scalable vectors use 1x1 tiles");
+#endif
+  hn::Vec<DF> acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::Vec<DF> xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = hn::LoadU(df, x + t * ldx + i);
+    for (int r = 0; r < R; ++r) {
+      const auto wv = LoadW(df, w + r * ldw + i);
+      for (int t = 0; t < T; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) out[t * ldo + r] = Finish(df, acc[r][t], w + r * ldw, x + t * ldx, i, n);
+}
+
+#if HWY_HAVE_SCALABLE
+constexpr int kRowTile = 1, kTokTile = 1;
+#else
+constexpr int kRowTile = 4, kTokTile = 3;
+#endif
+
+// Rows [r0, r1) for tokens [0, n).
+template <class WT>
+void MatRows(const WT* HWY_RESTRICT w, size_t cols, const float* HWY_RESTRICT x, int n,
+             float* HWY_RESTRICT y, size_t rows, size_t r0, size_t r1) {
+  size_t r = r0;
+  for (; r + kRowTile <= r1; r += kRowTile) {
+    const WT* wr = w + r * cols;
+    int t = 0;
+    for (; t + kTokTile <= n; t += kTokTile) {
+      DotTile<kRowTile, kTokTile>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+    }
+    for (; t < n; ++t) DotTile<kRowTile, 1>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+  }
+  for (; r < r1; ++r) {
+    for (int t = 0; t < n; ++t) DotTile<1, 1>(w + r * cols, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+  }
+}
+
+void MatRowsF32(const float* w, size_t cols, const float* x, int n, float* y, size_t rows,
+                size_t r0, size_t r1) {
+  MatRows(w, cols, x, n, y, rows, r0, r1);
+}
+void MatRowsF16(const uint16_t* w, size_t cols, const float* x, int n, float* y, size_t rows,
+                size_t r0, size_t r1) {
+  MatRows(w, cols, x, n, y, rows, r0, r1);
+}
+
+float DotF32(const float* a, const float* b, size_t n) {
+  float out;
+  DotTile<1, 1>(a, n, b, n, n, &out, 1);
+  return out;
+}
+
+void F16ToF32(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out, size_t n) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const size_t N = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(in) + i)), df, out + i);
+  }
+  for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
+}
+
+}  // namespace kivi::ops::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kivi::ops {
+
+HWY_EXPORT(MatRowsF32);
+HWY_EXPORT(MatRowsF16);
+HWY_EXPORT(DotF32);
+HWY_EXPORT(F16ToF32);
+
+const char* dtype_name(DType t) { return t == DType::kF32 ? "F32" : "F16"; }
+
+// Below this many multiply-adds a call runs on the calling thread: waking workers
+// costs more than it saves.
+static constexpr int64_t kParallelMacs = 1 << 17;
+
+void matmul(const Matrix& w, const float* x, int n, float* y, ThreadPool* pool) {
+  const size_t rows = static_cast<size_t>(w.rows), cols = static_cast<size_t>(w.cols);
+  auto run = [&](size_t r0, size_t r1) {
+    if (w.dtype == DType::kF32) {
+      HWY_DYNAMIC_DISPATCH(MatRowsF32)(w.f32(), cols, x, n, y, rows, r0, r1);
+    } else {
+      HWY_DYNAMIC_DISPATCH(MatRowsF16)(w.f16(), cols, x, n, y, rows, r0, r1);
+    }
+  };
+  const int64_t macs = static_cast<int64_t>(rows) * static_cast<int64_t>(cols) * n;
+  if (!pool || pool->size() == 1 || macs < kParallelMacs) {
+    run(0, rows);
+    return;
+  }
+  // Split rows in multiples of 4 (the row tile) so tiles never straddle threads.
+  const int nt = pool->size();
+  const size_t tiles = (rows + 3) / 4;
+  pool->run(nt, [&](int task, int) {
+    const size_t b = std::min(rows, tiles * task / nt * 4);
+    const size_t e = std::min(rows, tiles * (task + 1) / nt * 4);
+    if (b < e) run(b, e);
+  });
+}
+
+void matvec(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
+  matmul(w, x, 1, y, pool);
+}
+
+float dot(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n); }
+
+void f16_to_f32_n(const f16_t* in, float* out, size_t n) {
+  HWY_DYNAMIC_DISPATCH(F16ToF32)(in, out, n);
+}
+
+void f32_to_f16_n(const float* in, f16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_f16(in[i]);
+}
+
+void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+  for (int i = 0; i < n; ++i) out[i] = weight[i] * (inv * x[i]);
+}
+
+void silu_mul(float* gate, const float* up, int n) {
+  for (int i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void add_inplace(float* y, const float* x, int n) {
+  for (int i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void softmax(float* x, int n) {
+  float mx = x[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void copy_row(const Matrix& m, int64_t row, float* out) {
+  const size_t cols = static_cast<size_t>(m.cols);
+  if (m.dtype == DType::kF32) {
+    std::memcpy(out, m.f32() + row * cols, cols * sizeof(float));
+  } else {
+    f16_to_f32_n(m.f16() + row * cols, out, cols);
+  }
+}
+
+}  // namespace kivi::ops
+#endif  // HWY_ONCE

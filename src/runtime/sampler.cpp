@@ -1,0 +1,75 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace kivi::runtime {
+
+int argmax(const float* x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+Sampler::Sampler(const SamplerOptions& o, int vocab) : o_(o), rng_(o.seed) {
+  if (!(o.temperature >= 0.0f) || o.temperature > 100.0f) fail("--temp = %g, expected 0 to 100", o.temperature);
+  if (o.top_k < 0) fail("--top-k = %d, expected >= 0", o.top_k);
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail("--top-p = %g, expected in (0, 1]", o.top_p);
+  cand_.resize(vocab);
+  probs_.resize(vocab);
+}
+
+int Sampler::sample(const float* logits) {
+  const int n = static_cast<int>(cand_.size());
+  if (o_.temperature == 0.0f) return argmax(logits, n);
+  // Softmax with temperature.
+  float mx = logits[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) {
+    const float p = std::exp((logits[i] - mx) / o_.temperature);
+    cand_[i] = {p, i};
+    sum += p;
+  }
+  // Candidates by probability, ties by id; keep top-k, then the top-p nucleus.
+  int keep = n;
+  const bool truncate = (o_.top_k > 0 && o_.top_k < n) || o_.top_p < 1.0f;
+  if (truncate) {
+    auto by_prob = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    };
+    if (o_.top_k > 0 && o_.top_k < n) {
+      keep = o_.top_k;
+      std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), by_prob);
+    } else {
+      std::sort(cand_.begin(), cand_.end(), by_prob);
+    }
+    double kept = 0.0;
+    for (int i = 0; i < keep; ++i) kept += cand_[i].first;
+    if (o_.top_p < 1.0f) {
+      double cum = 0.0;
+      for (int i = 0; i < keep; ++i) {
+        cum += cand_[i].first;
+        if (cum >= o_.top_p * kept) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    sum = 0.0;
+    for (int i = 0; i < keep; ++i) sum += cand_[i].first;
+  }
+  const double r = static_cast<double>(rng_.uniform()) * sum;
+  double cum = 0.0;
+  for (int i = 0; i < keep; ++i) {
+    cum += cand_[i].first;
+    if (r < cum) return cand_[i].second;
+  }
+  return cand_[keep - 1].second;
+}
+
+}  // namespace kivi::runtime

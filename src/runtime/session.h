@@ -1,0 +1,57 @@
+// A session: one sequence being generated or scored with one model. It owns the KV
+// cache, the activations and the worker threads, all allocated here; the per-token
+// path allocates nothing.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+namespace kivi::runtime {
+
+struct SessionOptions {
+  int ctx = 0;                 // tokens; 0 = the model's context
+  int threads = 0;             // 0 = all hardware threads
+  int max_batch = 64;          // prefill chunk
+  kv::CacheConfig cache;       // formats, G, R, ...; shape fields are filled from the model
+  bool block_summaries = false;
+  model::ForwardOptions forward;
+};
+
+class Session {
+ public:
+  Session(const model::Model& m, const SessionOptions& opt);
+
+  const model::Model& model() const { return m_; }
+  kv::KvCache& cache() { return *cache_; }
+  const kv::KvCache& cache() const { return *cache_; }
+  ThreadPool& pool() { return *pool_; }
+  int ctx() const { return ctx_; }
+  int pos() const { return cache_->n_tokens(0); }
+  int vocab() const { return m_.config().vocab_size; }
+  const SessionOptions& options() const { return opt_; }
+
+  // Feeds tokens (batched in chunks of max_batch) and returns the logits of the last
+  // one. If all_logits is non-null it receives [n, vocab].
+  const float* prefill(const std::vector<int>& tokens, float* all_logits = nullptr);
+  // Feeds one token and returns its logits [vocab].
+  const float* decode(int token);
+  // Empties the cache.
+  void reset();
+
+ private:
+  const model::Model& m_;
+  SessionOptions opt_;
+  int ctx_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<kv::KvCache> cache_;
+  std::unique_ptr<model::ForwardState> st_;
+  AlignedBuffer<float> logits_;  // [max_batch, vocab] when scoring chunks, else [vocab]
+};
+
+}  // namespace kivi::runtime

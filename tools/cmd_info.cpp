@@ -1,0 +1,199 @@
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "core/sysinfo.h"
+#include "kv/format.h"
+#include "model/presets.h"
+
+namespace kivi::tools {
+
+namespace {
+
+struct MemRow {
+  std::string name;
+  kv::CacheConfig cfg;
+};
+
+std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int ctx) {
+  std::vector<std::string> formats;
+  if (a.given("kv-cache") || a.given("kv-cache-k") || a.given("kv-cache-v")) {
+    formats = a.given("kv-cache") ? a.list("kv-cache") : std::vector<std::string>{"f32"};
+  } else {
+    formats = {"f32", "f16", "int8", "kivi4", "kivi2"};
+  }
+  std::vector<MemRow> rows;
+  for (const auto& f : formats) {
+    kv::CacheConfig cc = cache_config(a, f);
+    cc.n_layers = c.n_layers;
+    cc.n_kv_heads = c.n_kv_heads;
+    cc.head_dim = c.head_dim();
+    cc.ctx = ctx;
+    cc.validate();
+    rows.push_back({describe_cache(cc), cc});
+  }
+  return rows;
+}
+
+}  // namespace
+
+int cmd_info(int argc, char** argv) {
+  Args a("info", "[MODEL] [--preset NAME] [--kv-cache LIST] [--ctx N] [--tensors] [--json]",
+         "Describes a model: file format, architecture, tensors and tokenizer, and the KV cache\n"
+         "memory it needs at N tokens for each format (bytes per token and total, residual\n"
+         "window included). With --preset, describes a named shape without a model file.");
+  a.add("preset", 0, "NAME", "A named shape instead of a model: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
+  a.add_flag("tensors", 0, "List every tensor.");
+  a.add_flag("json", 0, "Print one JSON object.");
+  add_model_options(a);
+  add_kv_options(a, true);
+  a.positionals("MODEL", 0, 1);
+  if (!a.parse(argc, argv)) {
+    std::fputs(a.help().c_str(), stdout);
+    return 0;
+  }
+  const bool json = a.flag("json");
+  std::unique_ptr<model::Model> m;
+  model::ModelConfig c;
+  std::string source;
+  if (a.given("preset")) {
+    const auto& p = model::find_preset(a.str("preset"));
+    c = p.config;
+    source = "preset " + p.name;
+  } else {
+    if (!a.positional().empty() && a.given("model")) fail("give the model either as MODEL or with -m, not both");
+    const std::string path = model::default_model_path(a.positional().empty() ? a.str("model") : a.positional()[0]);
+    if (path.empty()) fail("no model given and none found (pass MODEL or -m FILE, or --preset NAME)");
+    m = model::Model::load(path, a.str("tokenizer"));
+    c = m->config();
+    source = m->path();
+  }
+  const int ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, 1 << 26)) : c.ctx;
+  const auto rows = memory_rows(a, c, ctx);
+  kv::CacheConfig f16 = rows.front().cfg;
+  f16.k = f16.v = {kv::Format::kF16, kv::Int8Granularity::kHead};
+  kv::CacheConfig f32 = f16;
+  f32.k = f32.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
+  const double f16_bpt = kv::layer_bytes_per_token(f16) * c.n_layers;
+  const double f32_bpt = kv::layer_bytes_per_token(f32) * c.n_layers;
+
+  if (json) {
+    JsonWriter j;
+    j.begin_object();
+    j.kv("source", source);
+    if (m) j.kv("format", m->format());
+    j.kv("arch", c.arch);
+    j.kv("name", c.name);
+    j.kv("dim", c.dim).kv("hidden_dim", c.hidden_dim).kv("n_layers", c.n_layers);
+    j.kv("n_heads", c.n_heads).kv("n_kv_heads", c.n_kv_heads).kv("head_dim", c.head_dim());
+    j.kv("vocab_size", c.vocab_size).kv("context_length", c.ctx).kv("rope_theta", c.rope_theta);
+    j.kv("norm_eps", c.norm_eps).kv("shared_classifier", c.shared_classifier).kv("synthetic", c.synthetic);
+    j.kv("params", c.n_params());
+    if (m) j.kv("weight_bytes", static_cast<uint64_t>(m->weight_bytes()));
+    if (m) {
+      const auto& tk = m->tokenizer();
+      j.key("tokenizer").begin_object();
+      j.kv("vocab_size", tk.vocab_size()).kv("bos_id", tk.bos_id()).kv("eos_id", tk.eos_id());
+      j.kv("byte_pieces", tk.n_byte_pieces());
+      j.end_object();
+    }
+    j.kv("kv_ctx", ctx);
+    j.key("kv_memory").begin_array();
+    for (const auto& r : rows) {
+      const double bpt = kv::layer_bytes_per_token(r.cfg) * c.n_layers;
+      j.begin_object();
+      j.kv("format", r.name);
+      j.kv("bytes_per_token", bpt);
+      j.kv("bits_per_element_k", kv::bits_per_element(r.cfg, kv::Stream::kKey));
+      j.kv("bits_per_element_v", kv::bits_per_element(r.cfg, kv::Stream::kValue));
+      j.kv("bytes_at_ctx", kv::expected_bytes_used(r.cfg, ctx));
+      j.kv("bytes_reserved", kv::expected_bytes_reserved(r.cfg));
+      j.kv("compression_vs_f32", f32_bpt / bpt);
+      j.kv("compression_vs_f16", f16_bpt / bpt);
+      j.end_object();
+    }
+    j.end_array();
+    if (m && a.flag("tensors") && m->gguf()) {
+      j.key("tensors").begin_array();
+      for (const auto& t : m->gguf()->tensors()) {
+        j.begin_object().kv("name", t.name).kv("type", io::ggml_type_name(t.type));
+        j.key("dims").begin_array();
+        for (auto d : t.dims) j.value(static_cast<uint64_t>(d));
+        j.end_array().end_object();
+      }
+      j.end_array();
+    }
+    j.end_object();
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+  }
+
+  std::printf("%s\n", source.c_str());
+  if (m) std::printf("  format           %s\n", m->format().c_str());
+  std::printf("  architecture     %s%s\n", c.arch.c_str(), c.synthetic ? " (random weights: speed measurement only)" : "");
+  if (!c.name.empty()) std::printf("  name             %s\n", c.name.c_str());
+  std::printf("  dim              %d\n  hidden_dim       %d\n  layers           %d\n", c.dim, c.hidden_dim, c.n_layers);
+  std::printf("  heads            %d query, %d KV (%s), head_dim %d\n", c.n_heads, c.n_kv_heads,
+              c.n_kv_heads == c.n_heads ? "MHA" : c.n_kv_heads == 1 ? "MQA" : "GQA", c.head_dim());
+  std::printf("  vocab            %d\n  context          %d\n  rope theta       %g\n  rms eps          %g\n",
+              c.vocab_size, c.ctx, c.rope_theta, c.norm_eps);
+  std::printf("  classifier       %s\n", c.shared_classifier ? "tied to the embedding" : "separate");
+  std::printf("  parameters       %.3f M\n", c.n_params() / 1e6);
+  if (m) std::printf("  weights          %s\n", sys::human_bytes(static_cast<double>(m->weight_bytes())).c_str());
+  if (m) {
+    const auto& tk = m->tokenizer();
+    std::printf("tokenizer: SentencePiece BPE, %d pieces, BOS %d, EOS %d, %d byte pieces, dummy prefix %s\n",
+                tk.vocab_size(), tk.bos_id(), tk.eos_id(), tk.n_byte_pieces(), tk.add_dummy_prefix() ? "on" : "off");
+    if (m->gguf()) {
+      const auto& g = *m->gguf();
+      std::printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u\n", g.version(), g.keys().size(),
+                  g.tensors().size(), g.alignment());
+      for (const auto& k : g.keys()) std::printf("  %-40s %s\n", k.c_str(), g.describe(k).c_str());
+    }
+    if (a.flag("tensors") || (m->gguf() && m->gguf()->tensors().size() <= 64)) {
+      std::printf("tensors:\n");
+      if (m->gguf()) {
+        for (const auto& t : m->gguf()->tensors()) {
+          std::string dims;
+          for (auto d : t.dims) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
+          std::printf("  %-32s %-4s [%s]\n", t.name.c_str(), io::ggml_type_name(t.type), dims.c_str());
+        }
+      } else {
+        const auto& w = m->weights();
+        auto line = [](const char* n, const ops::Matrix& x) {
+          std::printf("  %-32s %-4s [%lld x %lld]\n", n, ops::dtype_name(x.dtype), static_cast<long long>(x.rows),
+                      static_cast<long long>(x.cols));
+        };
+        line("token_embedding", w.token_embd);
+        for (size_t l = 0; l < w.layers.size(); ++l) {
+          const auto& L = w.layers[l];
+          const std::string p = "layer" + std::to_string(l) + ".";
+          line((p + "wq").c_str(), L.wq);
+          line((p + "wk").c_str(), L.wk);
+          line((p + "wv").c_str(), L.wv);
+          line((p + "wo").c_str(), L.wo);
+          line((p + "w1 (gate)").c_str(), L.w_gate);
+          line((p + "w2 (down)").c_str(), L.w_down);
+          line((p + "w3 (up)").c_str(), L.w_up);
+        }
+        line(c.shared_classifier ? "classifier (tied)" : "classifier", w.output);
+      }
+    }
+  }
+  std::printf("KV cache memory at %d tokens (%d layers x %d KV heads x head_dim %d):\n", ctx, c.n_layers,
+              c.n_kv_heads, c.head_dim());
+  std::printf("  %-44s %12s %8s %8s %14s %8s %8s\n", "format", "bytes/token", "bits K", "bits V", "total", "vs f32", "vs f16");
+  for (const auto& r : rows) {
+    const double bpt = kv::layer_bytes_per_token(r.cfg) * c.n_layers;
+    std::printf("  %-44s %12.1f %8.3f %8.3f %14s %7.2fx %7.2fx\n", r.name.c_str(), bpt,
+                kv::bits_per_element(r.cfg, kv::Stream::kKey), kv::bits_per_element(r.cfg, kv::Stream::kValue),
+                sys::human_bytes(static_cast<double>(kv::expected_bytes_used(r.cfg, ctx))).c_str(), f32_bpt / bpt,
+                f16_bpt / bpt);
+  }
+  return 0;
+}
+
+}  // namespace kivi::tools

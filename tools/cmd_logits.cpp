@@ -1,0 +1,93 @@
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "model/forward.h"
+
+namespace kivi::tools {
+
+int cmd_logits(int argc, char** argv) {
+  Args a("logits", "[-m MODEL] -p PROMPT [--mode prefill|stream|no-cache] [-o FILE] [--json]",
+         "Computes the logits after every position of PROMPT (BOS prepended) and prints them as\n"
+         "JSON, or writes them to FILE as raw little-endian f32 [positions, vocab] after a header\n"
+         "(magic 'KVLG', u32 positions, u32 vocab). Used to check the engine against independent\n"
+         "references and its own paths against each other.");
+  a.add("prompt", 'p', "TEXT", "The text.", "");
+  a.add("mode", 0, "MODE",
+        "prefill: batched prefill through the KV cache; stream: one token at a time; no-cache: "
+        "recompute from scratch at every position.",
+        "prefill");
+  a.add("output", 'o', "FILE", "Write binary logits here instead of printing JSON.");
+  a.add_flag("json", 0, "Print JSON (the default when -o is not given).");
+  add_model_options(a);
+  add_kv_options(a);
+  if (!a.parse(argc, argv)) {
+    std::fputs(a.help().c_str(), stdout);
+    return 0;
+  }
+  apply_simd(a);
+  const std::string mode = a.str("mode");
+  if (mode != "prefill" && mode != "stream" && mode != "no-cache") {
+    fail("--mode: unknown value '%s' (valid: prefill, stream, no-cache)", mode.c_str());
+  }
+  auto m = load_model(a);
+  const int V = m->config().vocab_size;
+  const std::vector<int> tokens = m->tokenizer().encode(a.str("prompt"), true);
+  const int n = static_cast<int>(tokens.size());
+  runtime::SessionOptions opt = session_options(a, *m);
+  const int ctx = opt.ctx > 0 ? opt.ctx : m->config().ctx;
+  if (n > ctx) fail("the prompt is %d tokens, longer than the context (%d)", n, ctx);
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  if (mode == "no-cache") {
+    ThreadPool pool(opt.threads);
+    for (int i = 1; i <= n; ++i) {
+      auto l = model::forward_no_cache(*m, std::vector<int>(tokens.begin(), tokens.begin() + i), &pool);
+      std::memcpy(&logits[static_cast<size_t>(i - 1) * V], l.data(), V * sizeof(float));
+    }
+  } else {
+    runtime::Session s(*m, opt);
+    if (mode == "prefill") {
+      s.prefill(tokens, logits.data());
+    } else {
+      for (int i = 0; i < n; ++i) {
+        const float* l = s.decode(tokens[i]);
+        std::memcpy(&logits[static_cast<size_t>(i) * V], l, V * sizeof(float));
+      }
+    }
+  }
+  if (a.given("output")) {
+    const std::string path = a.str("output");
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
+    if (!f) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
+    const uint32_t head[3] = {0x474C564Bu, static_cast<uint32_t>(n), static_cast<uint32_t>(V)};
+    if (std::fwrite(head, 4, 3, f.get()) != 3 || std::fwrite(logits.data(), 4, logits.size(), f.get()) != logits.size()) {
+      fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
+    }
+    return 0;
+  }
+  JsonWriter j;
+  j.begin_object();
+  j.kv("mode", mode);
+  j.kv("vocab", V);
+  j.key("tokens").begin_array();
+  for (int t : tokens) j.value(t);
+  j.end_array();
+  j.key("logits").begin_array();
+  for (int i = 0; i < n; ++i) {
+    j.begin_array();
+    for (int v = 0; v < V; ++v) j.value(logits[static_cast<size_t>(i) * V + v]);
+    j.end_array();
+  }
+  j.end_array();
+  j.end_object();
+  std::printf("%s\n", j.str().c_str());
+  return 0;
+}
+
+}  // namespace kivi::tools

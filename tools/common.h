@@ -1,0 +1,44 @@
+// Options and helpers shared by the `kivi` commands.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "args.h"
+#include "model/model.h"
+#include "runtime/session.h"
+
+namespace kivi::tools {
+
+// -m/--model, -t/--tokenizer, --ctx, --threads, --alibi, --simd
+void add_model_options(Args& a);
+// --kv-cache, --kv-cache-k, --kv-cache-v, --int8-granularity, --group-size, --residual,
+// --key-flush, --scale-dtype, --attn-precision, --window
+void add_kv_options(Args& a, bool allow_list = false);
+
+// Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
+// ../shared/models/stories260K.bin) and loads it, applying --alibi.
+std::unique_ptr<model::Model> load_model(const Args& a);
+// Applies --simd if given.
+void apply_simd(const Args& a);
+
+// Cache configuration from the KV options; `format` overrides --kv-cache when set.
+kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
+runtime::SessionOptions session_options(const Args& a, const model::Model& m,
+                                        const std::string& format = "");
+int threads_option(const Args& a);
+
+// A one-line description of the cache configuration: "kivi2 (G=32, R=128, batch flush, f16 scales)".
+std::string describe_cache(const kv::CacheConfig& c);
+
+// Command entry points: return the exit code.
+int cmd_generate(int argc, char** argv);
+int cmd_info(int argc, char** argv);
+int cmd_convert(int argc, char** argv);
+int cmd_logits(int argc, char** argv);
+int cmd_perplexity(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+int cmd_bench_attn(int argc, char** argv);
+int cmd_synth(int argc, char** argv);
+
+}  // namespace kivi::tools

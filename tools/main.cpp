@@ -1,0 +1,63 @@
+// The `kivi` command: generate, info, convert, logits, perplexity, bench, bench-attn, synth.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common.h"
+#include "core/error.h"
+
+namespace {
+
+const char* kUsage =
+    "Usage: kivi COMMAND [OPTIONS]\n"
+    "\n"
+    "kivi.cpp runs Llama-family models with a compressed KV cache (f16, int8, KIVI 2/4-bit)\n"
+    "whose attention reads the compressed bytes directly.\n"
+    "\n"
+    "Commands:\n"
+    "  generate     Generate text from a prompt, streaming it as it is produced.\n"
+    "  perplexity   Perplexity and KL divergence of a text, computed as deployed (streaming).\n"
+    "  bench        Speed, memory and agreement of KV formats side by side on one model.\n"
+    "  bench-attn   Decode-attention kernel benchmark per format, with a memory-bandwidth probe.\n"
+    "  info         Describe a model (architecture, tensors, tokenizer) or a cache's memory needs.\n"
+    "  convert      Convert a llama2.c checkpoint and tokenizer to GGUF.\n"
+    "  synth        Write a GGUF with seeded random weights at a real model's shape (speed tests).\n"
+    "  logits       Print or save the logits of every position of a prompt (for checks).\n"
+    "\n"
+    "Run 'kivi COMMAND --help' for a command's options. Docs: docs/README.md.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kivi::tools;
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::puts("kivi 0.1.0");
+    return 0;
+  }
+  try {
+    if (cmd == "generate") return cmd_generate(argc, argv);
+    if (cmd == "info") return cmd_info(argc, argv);
+    if (cmd == "convert") return cmd_convert(argc, argv);
+    if (cmd == "logits") return cmd_logits(argc, argv);
+    std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
+    return 2;
+  } catch (const kivi::Error& e) {
+    std::fprintf(stderr, "kivi: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kivi: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kivi: error: %s\n", e.what());
+    return 1;
+  }
+}
