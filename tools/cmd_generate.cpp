@@ -115,9 +115,6 @@ int cmd_generate(int argc, char** argv) {
   const double decode_tps = t_decode > 0 && n_steps > 0 ? n_steps / t_decode : 0.0;
   const uint64_t kv_used = sess ? sess->cache().bytes_used() : 0;
   const uint64_t kv_reserved = sess ? sess->cache().bytes_reserved() : 0;
-  if (stop == "context") {
-    std::fprintf(stderr, "\n[stopped: the context of %d tokens is full]", ctx);
-  }
   if (json) {
     JsonWriter j;
     j.begin_object();
@@ -144,6 +141,7 @@ int cmd_generate(int argc, char** argv) {
   } else {
     std::printf("\n");
     std::fflush(stdout);
+    if (stop == "context") std::fprintf(stderr, "[stopped: the context of %d tokens is full]\n", ctx);
     std::fprintf(stderr,
                  "[prompt %d tokens, generated %d tokens | prefill %.1f tok/s, decode %.1f tok/s | "
                  "KV cache %s: %llu bytes used, %llu reserved]\n",

@@ -153,7 +153,7 @@ int cmd_info(int argc, char** argv) {
                   g.tensors().size(), g.alignment());
       for (const auto& k : g.keys()) std::printf("  %-40s %s\n", k.c_str(), g.describe(k).c_str());
     }
-    if (a.flag("tensors") || (m->gguf() && m->gguf()->tensors().size() <= 64)) {
+    if (a.flag("tensors") || 9 * c.n_layers + 3 <= 64) {
       std::printf("tensors:\n");
       if (m->gguf()) {
         for (const auto& t : m->gguf()->tensors()) {

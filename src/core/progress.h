@@ -14,6 +14,7 @@ class Progress {
   Progress(std::string label, int64_t total, std::string unit, bool enabled);
   ~Progress();
   void update(int64_t done);
+  void set_total(int64_t total) { total_ = total; }
   void finish();
 
   // True when stderr is a terminal: the default for `enabled`.

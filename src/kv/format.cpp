@@ -115,9 +115,7 @@ void CacheConfig::validate() const {
          group_size, ctx, ctx);
   }
   if (kivi) {
-    if (residual < 0 || residual > ctx) {
-      fail("--residual = %d, expected 0 to the context length %d", residual, ctx);
-    }
+    if (residual < 0) fail("--residual = %d, expected >= 0", residual);
     if (residual % group_size != 0) {
       fail("--residual = %d must be a multiple of --group-size = %d (valid: 0, %d, %d, ...)",
            residual, group_size, group_size, 2 * group_size);

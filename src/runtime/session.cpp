@@ -22,8 +22,14 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
   cc.validate();
   opt_.cache = cc;
   pool_ = std::make_unique<ThreadPool>(threads);
+  // int8 with one scale per tensor fixes the scale from the first prefill: prefill the
+  // whole prompt as one batch so the scale sees all of it.
+  auto tensor_scaled = [](const kv::StreamFormat& f) {
+    return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
+  };
+  if (tensor_scaled(cc.k) || tensor_scaled(cc.v)) opt_.max_batch = std::max(opt_.max_batch, ctx_);
   cache_ = std::make_unique<kv::KvCache>(cc, opt.block_summaries);
-  st_ = std::make_unique<model::ForwardState>(c, std::max(1, opt.max_batch), ctx_, threads, cc.block());
+  st_ = std::make_unique<model::ForwardState>(c, std::max(1, opt_.max_batch), ctx_, threads, cc.block());
   logits_.reset(static_cast<size_t>(c.vocab_size));
 }
 

@@ -1,0 +1,267 @@
+#!/usr/bin/python3
+"""Compare the engine's streaming perplexity with the numpy reference, per KV configuration.
+
+For every configuration this runs
+    KIVI perplexity -m MODEL -t TOK -f TEXT --kv-cache F --kv-cache-k FK --kv-cache-v FV
+         --group-size G --residual R --key-flush P --scale-dtype S --int8-granularity X --json
+and llama_ref.perplexity() with the same settings, and checks
+  * the scored token counts are identical,
+  * |ppl_engine / ppl_reference - 1| <= 0.1% for f32 and <= 0.5% for every other configuration.
+
+A configuration is written as comma-separated key=value pairs:
+    kv=FMT (both) or k=FMT,v=FMT   FMT in f32 f16 int8 kivi2 kivi4 kivi8
+    G=32 R=128 flush=batch|group scale=f16|f32 gran=token|head|group|tensor
+Unlisted keys take the defaults (G=32, R=128, flush=batch, scale=f16, gran=head),
+e.g. "kv=kivi2,G=64,R=0,flush=group" or "k=int8,v=kivi4,gran=tensor".
+--list prints the default list; --quick runs a handful of configurations.
+Exit status 0 when everything agrees, 1 otherwise.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_ref as ref  # noqa: E402
+
+DEFAULT_KIVI = os.path.join(ref.REPO_ROOT, "build", "bin", "kivi")
+TOL_F32 = 1e-3
+TOL_QUANT = 5e-3
+
+
+def default_configs():
+    c = ["kv=f32", "kv=f16"]
+    c += ["kv=int8,gran=%s" % g for g in ("token", "head", "group", "tensor")]
+    c += ["kv=int8,gran=head,scale=f32"]
+    c += ["kv=kivi8"]
+    for bits in (4, 2):
+        for G in (32, 64):
+            for R in (0, 32, 128):
+                if R % G:
+                    continue
+                for flush in ("batch", "group"):
+                    c.append("kv=kivi%d,G=%d,R=%d,flush=%s" % (bits, G, R, flush))
+    c += ["kv=kivi4,scale=f32", "kv=kivi2,scale=f32", "kv=kivi2,R=0,scale=f32",
+          "kv=kivi2,G=64,R=128,flush=group,scale=f32"]
+    c += ["k=kivi4,v=kivi2", "k=kivi2,v=kivi4,R=32,flush=group", "k=int8,v=kivi4",
+          "k=int8,v=kivi2,gran=tensor,R=0", "k=f16,v=kivi2", "k=kivi2,v=f16,G=64,R=0"]
+    return c
+
+
+QUICK_CONFIGS = ["kv=f32", "kv=f16", "kv=int8", "kv=kivi4", "kv=kivi2",
+                 "kv=kivi2,G=64,R=0,flush=group", "k=kivi4,v=kivi2,R=32,flush=group"]
+
+
+def parse_config(text):
+    """'k=kivi4,v=kivi2,G=32,...' -> llama_ref.KVSpec"""
+    spec = ref.KVSpec()
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        if "=" not in item:
+            raise ValueError("config item %r is not key=value (in %r)" % (item, text))
+        key, val = item.split("=", 1)
+        if key == "kv":
+            spec.k_format = spec.v_format = val
+        elif key == "k":
+            spec.k_format = val
+        elif key == "v":
+            spec.v_format = val
+        elif key == "G":
+            spec.group_size = int(val)
+        elif key == "R":
+            spec.residual = int(val)
+        elif key == "flush":
+            spec.key_flush = val
+        elif key == "scale":
+            spec.scale_dtype = val
+        elif key == "gran":
+            spec.int8_granularity = val
+        else:
+            raise ValueError("unknown config key %r (in %r)" % (key, text))
+    spec.validate()
+    return spec
+
+
+def canonical(spec):
+    """Short name listing only the settings that matter for the formats used."""
+    fm = (spec.k_format, spec.v_format)
+    parts = ["kv=%s" % fm[0]] if fm[0] == fm[1] else ["k=%s" % fm[0], "v=%s" % fm[1]]
+    kivi = any(f.startswith("kivi") for f in fm)
+    if kivi or (spec.int8_granularity == "group" and "int8" in fm):
+        parts.append("G=%d" % spec.group_size)
+    if kivi:
+        parts.append("R=%d" % spec.residual)
+    if spec.k_format.startswith("kivi"):
+        parts.append("flush=%s" % spec.key_flush)
+    if kivi or "int8" in fm:
+        parts.append("scale=%s" % spec.scale_dtype)
+    if "int8" in fm:
+        parts.append("gran=%s" % spec.int8_granularity)
+    return ",".join(parts)
+
+
+def engine_args(spec):
+    return ["--kv-cache", spec.k_format, "--kv-cache-k", spec.k_format,
+            "--kv-cache-v", spec.v_format, "--group-size", str(spec.group_size),
+            "--residual", str(spec.residual), "--key-flush", spec.key_flush,
+            "--scale-dtype", spec.scale_dtype, "--int8-granularity", spec.int8_granularity]
+
+
+def run_engine(a, spec):
+    cmd = [a.kivi, "perplexity", "-m", a.model, "-t", a.tokenizer, "-f", a.text]
+    if a.ctx:
+        cmd += ["--ctx", str(a.ctx)]
+    cmd += engine_args(spec) + ["--json"]
+    t0 = time.time()
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        raise RuntimeError("exit %d: %s\n%s" % (r.returncode, " ".join(cmd),
+                                                r.stderr.decode(errors="replace").strip()))
+    out = r.stdout.decode("utf-8")
+    # tolerate log lines around the JSON object: take the last line that parses
+    for line in reversed(out.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                res = json.loads(line)
+                res["_seconds"] = time.time() - t0
+                return res
+            except ValueError:
+                pass
+    try:
+        res = json.loads(out)
+    except ValueError:
+        raise RuntimeError("no JSON in engine output of: %s\n%s" % (" ".join(cmd), out[:2000]))
+    res["_seconds"] = time.time() - t0
+    return res
+
+
+# Reference side: one model/token load per worker process.
+_W = {}
+
+
+def _ref_init(model_path, tok_path, text_path):
+    m = ref.load_model(model_path)
+    tok = ref.load_tokenizer(tok_path, m.vocab_size)
+    _W["model"] = m
+    _W["tokens"] = tok.encode(ref.read_text(text_path), bos=False)
+
+
+def _ref_run(cfg, ctx):
+    t0 = time.time()
+    r = ref.perplexity(_W["model"], _W["tokens"], ctx, parse_config(cfg))
+    r["_seconds"] = time.time() - t0
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description="engine perplexity vs numpy reference per KV configuration",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__[__doc__.index("A configuration"):])
+    ap.add_argument("--kivi", default=DEFAULT_KIVI, help="engine binary")
+    ap.add_argument("--model", default=ref.DEFAULT_MODEL)
+    ap.add_argument("--tokenizer", default=ref.DEFAULT_TOKENIZER)
+    ap.add_argument("--text", default=ref.DEFAULT_TEXT)
+    ap.add_argument("--ctx", type=int, default=None, help="context (default: the model's seq_len)")
+    ap.add_argument("--configs", nargs="+", metavar="CFG", help="configurations (default: built-in list)")
+    ap.add_argument("--quick", action="store_true", help="a handful of configurations only")
+    ap.add_argument("--list", action="store_true", help="print the default configurations and exit")
+    ap.add_argument("--reference-only", action="store_true", help="do not run the engine")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="reference worker processes (default: min(2, cores))")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    a = ap.parse_args()
+
+    if a.list:
+        print("\n".join(default_configs()))
+        return 0
+    cfgs = a.configs or (QUICK_CONFIGS if a.quick else default_configs())
+    specs = [parse_config(c) for c in cfgs]  # fail early on a bad configuration
+    names = [canonical(s) for s in specs]
+    log = sys.stderr if a.json else sys.stdout
+    t_start = time.time()
+
+    if not a.reference_only:
+        # fail fast when the engine (or its perplexity command) is missing
+        try:
+            h = subprocess.run([a.kivi, "perplexity", "--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+            problem = None if h.returncode == 0 else h.stdout.decode(errors="replace").strip()
+        except OSError as e:
+            problem = str(e)
+        if problem:
+            print("the engine has no working 'perplexity' command (%s perplexity --help):\n  %s"
+                  % (a.kivi, problem.splitlines()[-1] if problem else ""), file=log)
+            print("(use --reference-only to compute the reference values alone)", file=log)
+            return 1
+
+    # Reference runs in worker processes while the engine runs here, one config at a time.
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=max(1, a.jobs), initializer=_ref_init,
+        initargs=(a.model, a.tokenizer, a.text))
+    futs = [pool.submit(_ref_run, n, a.ctx) for n in names]
+
+    engine = {}
+    if not a.reference_only:
+        for n, s in zip(names, specs):
+            try:
+                engine[n] = run_engine(a, s)
+            except Exception as e:
+                engine[n] = {"error": str(e)}
+
+    rows, failures = [], []
+    hdr = "%-48s %6s %12s %12s %10s  %s" % ("config", "tokens", "engine ppl", "ref ppl", "rel diff", "status")
+    print(hdr, file=log)
+    print("-" * len(hdr), file=log)
+    for n, s, f in zip(names, specs, futs):
+        r = f.result()
+        e = engine.get(n)
+        tol = TOL_F32 if (s.k_format == "f32" and s.v_format == "f32") else TOL_QUANT
+        row = {"config": n, "tol": tol, "ref_ppl": r["ppl"], "ref_mean_nll": r["mean_nll"],
+               "ref_nll_stderr": r["nll_stderr"], "ref_tokens": r["tokens"],
+               "ref_seconds": round(r["_seconds"], 3)}
+        if a.reference_only:
+            status = "ref only"
+            print("%-48s %6d %12s %12.6f %10s  %s" % (n, r["tokens"], "-", r["ppl"], "-", status), file=log)
+        elif e is None or "error" in e:
+            status = "ENGINE ERROR" if e else "NOT RUN"
+            row["engine_error"] = e["error"] if e else "not run"
+            failures.append("%s: %s" % (n, row["engine_error"]))
+            print("%-48s %6d %12s %12.6f %10s  %s" % (n, r["tokens"], "-", r["ppl"], "-", status), file=log)
+        else:
+            ppl = float(e["ppl"])
+            rel = ppl / r["ppl"] - 1.0
+            row.update({"engine_ppl": ppl, "engine_mean_nll": e.get("mean_nll"),
+                        "engine_tokens": e.get("tokens"), "rel_diff": rel,
+                        "engine_seconds": round(e["_seconds"], 3)})
+            ok_tok = int(e.get("tokens", -1)) == r["tokens"]
+            ok = ok_tok and abs(rel) <= tol
+            status = "ok" if ok else ("FAIL tokens %s != %d" % (e.get("tokens"), r["tokens"]) if not ok_tok
+                                      else "FAIL > %.1f%%" % (100 * tol))
+            if not ok:
+                failures.append("%s: %s (engine %.6f, reference %.6f)" % (n, status, ppl, r["ppl"]))
+            print("%-48s %6d %12.6f %12.6f %+9.4f%%  %s"
+                  % (n, r["tokens"], ppl, r["ppl"], 100 * rel, status), file=log)
+        row["status"] = status
+        rows.append(row)
+    pool.shutdown()
+    elapsed = time.time() - t_start
+    print("%d configurations, %.1f s" % (len(rows), elapsed), file=log)
+    if a.json:
+        print(json.dumps({"ok": not failures, "seconds": round(elapsed, 2), "results": rows}, indent=1))
+    if failures:
+        print("\nFAILED (%d):" % len(failures), file=log)
+        for f in failures:
+            print("  " + f.replace("\n", "\n    "), file=log)
+        return 1
+    if not a.reference_only:
+        print("OK: token counts identical, ppl within %.1f%% (f32) / %.1f%% (quantized)"
+              % (100 * TOL_F32, 100 * TOL_QUANT), file=log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,653 @@
+#!/usr/bin/python3
+"""Independent numpy reference for Llama inference with a fake-quantized KV cache.
+
+Written from the written specification only (llama2.c model math and tokenizer,
+KIVI-style KV cache quantization simulated as it is deployed when streaming).
+Everything is computed in float64 except where a storage format is emulated.
+
+Library:
+    load_model(path) -> Model
+    load_tokenizer(path, vocab_size) -> Tokenizer
+    Tokenizer.encode(text, bos) / Tokenizer.decode(prev, id) / Tokenizer.decode_all(ids)
+    forward_logits(model, tokens) -> [n, vocab] float64 (full precision)
+    generate_greedy(model, tok, prompt, steps) -> (ids, text)
+    perplexity(model, tokens, ctx, kv_spec) -> dict(ppl, mean_nll, nll_stderr, tokens)
+    KVSpec(k_format, v_format, int8_granularity, group_size, residual, key_flush, scale_dtype)
+
+CLI:
+    llama_ref.py ppl [--kv-cache F] [--kv-cache-k F --kv-cache-v F] [--group-size G]
+                     [--residual R] [--key-flush batch|group] [--scale-dtype f16|f32]
+                     [--int8-granularity token|head|group|tensor] [--ctx N] [--json]
+    llama_ref.py generate -p TEXT -n N
+    llama_ref.py logits -p TEXT          (JSON [positions][vocab], BOS prepended)
+"""
+
+import argparse
+import heapq
+import json
+import math
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+SHARED = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared"))
+DEFAULT_MODEL = os.path.join(SHARED, "models", "stories260K.bin")
+DEFAULT_TOKENIZER = os.path.join(SHARED, "models", "tok512.bin")
+DEFAULT_TEXT = os.path.join(SHARED, "data", "tinytales.txt")
+
+BOS = 1
+EOS = 2
+RMS_EPS = 1e-5
+ROPE_THETA = 10000.0
+
+
+# ----------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------
+
+@dataclass
+class Model:
+    dim: int
+    hidden_dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    seq_len: int
+    tok_emb: np.ndarray    # [vocab, dim]
+    rms_att: np.ndarray    # [L, dim]
+    wq: np.ndarray         # [L, dim, dim]
+    wk: np.ndarray         # [L, kv_dim, dim]
+    wv: np.ndarray         # [L, kv_dim, dim]
+    wo: np.ndarray         # [L, dim, dim]
+    rms_ffn: np.ndarray    # [L, dim]
+    w1: np.ndarray         # [L, hidden, dim]
+    w2: np.ndarray         # [L, dim, hidden]
+    w3: np.ndarray         # [L, hidden, dim]
+    rms_final: np.ndarray  # [dim]
+    wcls: np.ndarray       # [vocab, dim]
+
+    @property
+    def head_size(self):
+        return self.dim // self.n_heads
+
+    @property
+    def kv_dim(self):
+        return self.n_kv_heads * self.head_size
+
+
+def load_model(path):
+    """Read a llama2.c checkpoint; all weights are converted to float64."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", raw, 0)
+    shared = vocab > 0
+    vocab = abs(vocab)
+    hs = dim // n_heads
+    kv_dim = n_kv * hs
+    data = np.frombuffer(raw, dtype="<f4", offset=28)
+    off = 0
+
+    def take(*shape):
+        nonlocal off
+        n = int(np.prod(shape))
+        if off + n > data.size:
+            raise ValueError("checkpoint %s is truncated" % path)
+        a = data[off:off + n].astype(np.float64).reshape(shape)
+        off += n
+        return a
+
+    tok_emb = take(vocab, dim)
+    rms_att = take(n_layers, dim)
+    wq = take(n_layers, dim, dim)
+    wk = take(n_layers, kv_dim, dim)
+    wv = take(n_layers, kv_dim, dim)
+    wo = take(n_layers, dim, dim)
+    rms_ffn = take(n_layers, dim)
+    w1 = take(n_layers, hidden, dim)
+    w2 = take(n_layers, dim, hidden)
+    w3 = take(n_layers, hidden, dim)
+    rms_final = take(dim)
+    take(seq_len, hs // 2)  # freq_cis_real (unused: RoPE is recomputed)
+    take(seq_len, hs // 2)  # freq_cis_imag (unused)
+    wcls = tok_emb if shared else take(vocab, dim)
+    return Model(dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len, tok_emb, rms_att,
+                 wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, wcls)
+
+
+# ----------------------------------------------------------------------------
+# Tokenizer
+# ----------------------------------------------------------------------------
+
+class Tokenizer:
+    def __init__(self, pieces, scores):
+        self.pieces = pieces            # list of bytes
+        self.scores = scores            # list of float
+        self.lookup = {}
+        for i, p in enumerate(pieces):
+            self.lookup.setdefault(p, i)  # duplicate piece strings: lowest id wins
+
+    @property
+    def vocab_size(self):
+        return len(self.pieces)
+
+    def _byte_token(self, b):
+        return self.lookup[b"<0x%02X>" % b]
+
+    def encode(self, text, bos):
+        """SentencePiece-style BPE driven by merge scores (llama2.c semantics)."""
+        ids = [BOS] if bos else []
+        if not text:
+            return ids
+        # Initial sequence: dummy prefix " ", then one token per UTF-8 character,
+        # or one byte-fallback token per byte when the character is not a piece.
+        seq = [self.lookup[b" "]]
+        for ch in text:
+            b = ch.encode("utf-8", errors="surrogatepass")
+            tid = self.lookup.get(b)
+            if tid is not None:
+                seq.append(tid)
+            else:
+                seq.extend(self._byte_token(x) for x in b)
+
+        # Merge loop. Semantics: repeatedly merge the adjacent pair whose merged piece
+        # has the highest score, ties going to the leftmost pair. Implemented with a
+        # doubly linked list over the initial positions and a heap keyed by
+        # (-score, left node index); since nodes keep their relative order, the
+        # smallest left index among equal scores is the leftmost pair. Stale heap
+        # entries are detected by re-checking the two nodes' current tokens.
+        n = len(seq)
+        tokens = list(seq)
+        alive = [True] * n
+        nxt = list(range(1, n + 1))
+        prv = list(range(-1, n - 1))
+        heap = []
+
+        def push(i):
+            j = nxt[i]
+            if j >= n:
+                return
+            m = self.lookup.get(self.pieces[tokens[i]] + self.pieces[tokens[j]])
+            if m is not None:
+                heapq.heappush(heap, (-self.scores[m], i, tokens[i], j, tokens[j], m))
+
+        for i in range(n - 1):
+            push(i)
+        while heap:
+            _, i, ti, j, tj, m = heapq.heappop(heap)
+            if not (alive[i] and alive[j] and nxt[i] == j and tokens[i] == ti and tokens[j] == tj):
+                continue
+            tokens[i] = m
+            alive[j] = False
+            nxt[i] = nxt[j]
+            if nxt[j] < n:
+                prv[nxt[j]] = i
+            if prv[i] >= 0:
+                push(prv[i])
+            push(i)
+        i = 0
+        while i < n:
+            ids.append(tokens[i])
+            i = nxt[i]
+        return ids
+
+    def decode(self, prev, tid):
+        """Bytes of one token: drop a leading space after BOS (or at the start);
+        "<0xNN>" pieces are raw bytes."""
+        p = self.pieces[tid]
+        if (prev is None or prev == BOS) and p.startswith(b" "):
+            p = p[1:]
+        if len(p) == 6 and p.startswith(b"<0x") and p.endswith(b">"):
+            try:
+                return bytes([int(p[3:5], 16)])
+            except ValueError:
+                pass
+        return p
+
+    def decode_all(self, ids):
+        """Concatenate decode(prev, id) over ids; a leading BOS is consumed as prev."""
+        out = []
+        prev = None
+        for t in ids:
+            if t == BOS and prev is None:
+                prev = BOS
+                continue
+            out.append(self.decode(prev, t))
+            prev = t
+        return b"".join(out).decode("utf-8", errors="replace")
+
+
+def load_tokenizer(path, vocab_size):
+    with open(path, "rb") as f:
+        raw = f.read()
+    off = 4  # int32 max_token_length (unused)
+    pieces, scores = [], []
+    for _ in range(vocab_size):
+        score, ln = struct.unpack_from("<fi", raw, off)
+        off += 8
+        pieces.append(raw[off:off + ln])
+        off += ln
+        scores.append(float(score))
+    return Tokenizer(pieces, scores)
+
+
+# ----------------------------------------------------------------------------
+# Directed rounding helpers (parameter storage emulation)
+# ----------------------------------------------------------------------------
+
+def f16_down(x):
+    """Round float64 values to float16 toward -inf; returns float64."""
+    x = np.asarray(x, dtype=np.float64)
+    h = x.astype(np.float16)
+    bad = h.astype(np.float64) > x
+    h = np.where(bad, np.nextafter(h, np.float16(-np.inf)), h)
+    return h.astype(np.float64)
+
+
+def f16_up(x):
+    """Round float64 values to float16 toward +inf; returns float64."""
+    x = np.asarray(x, dtype=np.float64)
+    h = x.astype(np.float16)
+    bad = h.astype(np.float64) < x
+    h = np.where(bad, np.nextafter(h, np.float16(np.inf)), h)
+    return h.astype(np.float64)
+
+
+def f32_up(x):
+    """Round float64 values to float32 toward +inf; returns float64."""
+    x = np.asarray(x, dtype=np.float64)
+    f = x.astype(np.float32)
+    bad = f.astype(np.float64) < x
+    f = np.where(bad, np.nextafter(f, np.float32(np.inf)), f)
+    return f.astype(np.float64)
+
+
+# ----------------------------------------------------------------------------
+# KV cache formats (fake quantization)
+# ----------------------------------------------------------------------------
+
+FORMATS = ("f32", "f16", "int8", "kivi2", "kivi4", "kivi8")
+GRANULARITIES = ("token", "head", "group", "tensor")
+
+
+@dataclass
+class KVSpec:
+    k_format: str = "f32"
+    v_format: str = "f32"
+    int8_granularity: str = "head"
+    group_size: int = 32          # G
+    residual: int = 128           # R (kivi formats only)
+    key_flush: str = "batch"      # "batch" | "group"
+    scale_dtype: str = "f16"      # "f16" | "f32"
+
+    def validate(self):
+        for f in (self.k_format, self.v_format):
+            if f not in FORMATS:
+                raise ValueError("unknown KV format %r" % f)
+        if self.int8_granularity not in GRANULARITIES:
+            raise ValueError("unknown int8 granularity %r" % self.int8_granularity)
+        if self.key_flush not in ("batch", "group"):
+            raise ValueError("unknown key flush policy %r" % self.key_flush)
+        if self.scale_dtype not in ("f16", "f32"):
+            raise ValueError("unknown scale dtype %r" % self.scale_dtype)
+        if self.group_size <= 0 or self.residual < 0 or self.residual % self.group_size:
+            raise ValueError("need G > 0, R >= 0 and R %% G == 0 (G=%d, R=%d)"
+                             % (self.group_size, self.residual))
+
+    def label(self):
+        def fmt(f):
+            if f == "int8":
+                g = self.int8_granularity
+                return "int8/" + g + ("%d" % self.group_size if g == "group" else "")
+            return f
+        kf, vf = fmt(self.k_format), fmt(self.v_format)
+        s = kf if kf == vf else "K %s V %s" % (kf, vf)
+        if "kivi" in self.k_format or "kivi" in self.v_format:
+            s += " G%d R%d %s" % (self.group_size, self.residual, self.key_flush)
+        if self.k_format not in ("f32", "f16") or self.v_format not in ("f32", "f16"):
+            s += " s%s" % self.scale_dtype
+        return s
+
+
+def _int8_sym(x, absmax, scale_dtype):
+    """Symmetric int8 fake quantization of x with the given (broadcastable) absmax."""
+    scale = (absmax.astype(np.float32) / np.float32(127.0)).astype(np.float64)
+    if scale_dtype == "f16":
+        scale = f16_up(scale)
+    safe = np.where(scale > 0, scale, 1.0)
+    q = np.where(scale > 0, np.clip(np.rint(x / safe), -127, 127), 0.0)
+    return q * scale
+
+
+def _asym(x, mn, mx, bits, scale_dtype):
+    """Asymmetric min/max fake quantization to `bits` bits (KIVI)."""
+    L = float(2 ** bits - 1)
+    if scale_dtype == "f32":
+        mn32 = mn.astype(np.float32)
+        mx32 = mx.astype(np.float32)
+        scale = ((mx32 - mn32) / np.float32(L)).astype(np.float64)
+        zero = mn32.astype(np.float64)
+    else:
+        # zero rounded down to f16 so that every value is >= zero; the scale is
+        # computed from that zero and rounded up (f32 then f16) so max maps to <= L.
+        zero = f16_down(mn)
+        scale = f16_up(f32_up((mx - zero) / L))
+    safe = np.where(scale > 0, scale, 1.0)
+    q = np.where(scale > 0, np.clip(np.rint((x - zero) / safe), 0, L), 0.0)
+    return q * scale + zero
+
+
+def fake_quantize(X, fmt, is_key, spec):
+    """X: [T, n_kv, hs] full-precision keys (after RoPE) or values of one layer
+    for one chunk (position 0 = BOS).
+
+    Returns (Xq, nq):
+      Xq[j] = the value token j has once it is stored quantized (never changes later);
+              tokens that never get quantized within the chunk keep X[j].
+      nq[t] = number of oldest tokens that are stored quantized when the query at
+              position t attends (n = t + 1 tokens appended, then the flush rules).
+              The quantized tokens always form a prefix [0, nq[t]).
+    """
+    T, nkv, hs = X.shape
+    n = np.arange(1, T + 1)
+    G = spec.group_size
+    Gc = min(G, hs)
+    if fmt == "f32":
+        return X, n
+    if fmt == "f16":
+        # rounded once at append (round to nearest even)
+        return X.astype(np.float16).astype(np.float64), n
+    if fmt == "int8":
+        gran = spec.int8_granularity
+        a = np.abs(X)
+        if gran == "token":
+            amax = a.max(axis=(1, 2), keepdims=True)
+            return _int8_sym(X, amax, spec.scale_dtype), n
+        if gran == "head":
+            amax = a.max(axis=2, keepdims=True)
+            return _int8_sym(X, amax, spec.scale_dtype), n
+        if gran == "group":
+            assert hs % Gc == 0
+            Xg = X.reshape(T, nkv, hs // Gc, Gc)
+            amax = np.abs(Xg).max(axis=3, keepdims=True)
+            return _int8_sym(Xg, amax, spec.scale_dtype).reshape(T, nkv, hs), n
+        if gran == "tensor":
+            # One scale per layer and per K/V, fixed from the first append batch of
+            # the chunk; when streaming that batch is only the BOS token (position 0).
+            amax = np.abs(X[0]).max()
+            return _int8_sym(X, np.array(amax), spec.scale_dtype), n
+        raise ValueError(gran)
+    if fmt.startswith("kivi"):
+        bits = int(fmt[4:])
+        R = spec.residual
+        if is_key:
+            # Keys: per channel over groups of G consecutive tokens of the chunk.
+            Xq = X.copy()
+            for g in range(T // G):
+                blk = X[g * G:(g + 1) * G]
+                mn = blk.min(axis=0, keepdims=True)
+                mx = blk.max(axis=0, keepdims=True)
+                Xq[g * G:(g + 1) * G] = _asym(blk, mn, mx, bits, spec.scale_dtype)
+            if spec.key_flush == "batch":
+                r = max(R, G)
+                nq = (n // r) * r
+            else:  # "group"
+                t0 = max(R + 1, G)
+                nq = np.where(n < t0, 0, ((n - t0) // G + 1) * G)
+            assert np.all(nq % G == 0) and np.all(nq <= n)
+            return Xq, nq
+        # Values: per token over groups of Gc channels within each kv head.
+        assert hs % Gc == 0
+        Xg = X.reshape(T, nkv, hs // Gc, Gc)
+        mn = Xg.min(axis=3, keepdims=True)
+        mx = Xg.max(axis=3, keepdims=True)
+        Xq = _asym(Xg, mn, mx, bits, spec.scale_dtype).reshape(T, nkv, hs)
+        nq = np.maximum(0, n - R)
+        return Xq, nq
+    raise ValueError("unknown format %r" % fmt)
+
+
+# ----------------------------------------------------------------------------
+# Forward pass
+# ----------------------------------------------------------------------------
+
+def rmsnorm(x, w):
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + RMS_EPS)
+
+
+def rope(x, positions):
+    """x: [T, heads, hs]; rotates pairs (2i, 2i+1) by pos * 10000^(-2i/hs)."""
+    hs = x.shape[-1]
+    i = np.arange(0, hs, 2, dtype=np.float64)
+    freq = 1.0 / ROPE_THETA ** (i / hs)
+    ang = positions[:, None].astype(np.float64) * freq[None, :]   # [T, hs/2]
+    c = np.cos(ang)[:, None, :]
+    s = np.sin(ang)[:, None, :]
+    x0 = x[..., 0::2]
+    x1 = x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+ATTN_BLOCK = 64  # queries per block (only keys 0..end of block are computed)
+
+
+def attention(q, k, v, kq=None, nk=None, vq=None, nv=None):
+    """Causal GQA attention. q [T, nh, hs]; k, v [T, nkv, hs]; returns [T, nh*hs].
+
+    Optional streaming view of a quantized cache: the query at position t sees key s
+    as kq[s] if s < nk[t] else k[s], and value s as vq[s] if s < nv[t] else v[s].
+    Query head h uses kv head h // (nh // nkv)."""
+    T, nh, hs = q.shape
+    nkv = k.shape[1]
+    grp = nh // nkv
+    inv = 1.0 / math.sqrt(hs)
+    # layouts: queries [nkv, T, grp, hs]; keys/values [nkv, T, hs]
+    qh = np.ascontiguousarray(q.reshape(T, nkv, grp, hs).transpose(1, 0, 2, 3))
+    kt = np.ascontiguousarray(k.transpose(1, 2, 0))        # [nkv, hs, T]
+    vh = np.ascontiguousarray(v.transpose(1, 0, 2))        # [nkv, T, hs]
+    if kq is not None:
+        kqt = np.ascontiguousarray(kq.transpose(1, 2, 0))
+        dvh = np.ascontiguousarray(vq.transpose(1, 0, 2)) - vh   # quantized minus exact
+    out = np.empty((nkv, T, grp, hs))
+    pos = np.arange(T)
+    for t0 in range(0, T, ATTN_BLOCK):
+        t1 = min(T, t0 + ATTN_BLOCK)
+        B = t1 - t0
+        qb = qh[:, t0:t1].reshape(nkv, B * grp, hs)      # rows: (query t, head-in-group g)
+        s = (qb @ kt[:, :, :t1]).reshape(nkv, B, grp, t1)
+        tq = pos[t0:t1, None]                              # query positions [B, 1]
+        ts = pos[None, :t1]                                # key positions   [1, t1]
+        if kq is not None:
+            sq = (qb @ kqt[:, :, :t1]).reshape(nkv, B, grp, t1)
+            kmask = (ts < nk[t0:t1, None])[None, :, None, :]   # key s quantized at t
+            np.copyto(s, sq, where=kmask)
+        s *= inv
+        np.copyto(s, -np.inf, where=(ts > tq)[None, :, None, :])   # causal
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        p = s.reshape(nkv, B * grp, t1)
+        o = p @ vh[:, :t1]
+        if vq is not None:
+            # sum_s p*(vq if quantized else v) = p @ v + (p masked to quantized s) @ (vq - v)
+            vmask = (ts < nv[t0:t1, None])[None, :, None, :]
+            pq = np.where(vmask, s, 0.0).reshape(nkv, B * grp, t1)
+            o += pq @ dvh[:, :t1]
+        out[:, t0:t1] = o.reshape(nkv, B, grp, hs)
+    return out.transpose(1, 0, 2, 3).reshape(T, nh * hs)   # concat heads in order h
+
+
+def forward_chunk(model, tokens, kv_spec=None):
+    """Logits [T, vocab] for tokens evaluated from an empty cache at positions 0..T-1.
+
+    With kv_spec, each query position t attends to the keys/values as stored in the
+    cache right after token t is appended (streaming): the first nq[t] tokens in
+    their quantized form, the rest in full precision."""
+    m = model
+    T = len(tokens)
+    hs = m.head_size
+    nh, nkv = m.n_heads, m.n_kv_heads
+    grp = nh // nkv
+    pos = np.arange(T)
+    quant = kv_spec is not None and not (kv_spec.k_format == "f32" and kv_spec.v_format == "f32")
+    x = m.tok_emb[np.asarray(tokens)].copy()        # [T, dim]
+    for l in range(m.n_layers):
+        xb = rmsnorm(x, m.rms_att[l])
+        q = (xb @ m.wq[l].T).reshape(T, nh, hs)
+        k = (xb @ m.wk[l].T).reshape(T, nkv, hs)
+        v = (xb @ m.wv[l].T).reshape(T, nkv, hs)
+        q = rope(q, pos)
+        k = rope(k, pos)
+        if quant:
+            kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec)
+            vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec)
+            o = attention(q, k, v, kq, nk, vq, nv)
+        else:
+            o = attention(q, k, v)
+        x = x + o @ m.wo[l].T
+        xb = rmsnorm(x, m.rms_ffn[l])
+        h1 = xb @ m.w1[l].T
+        h3 = xb @ m.w3[l].T
+        x = x + ((h1 / (1.0 + np.exp(-h1))) * h3) @ m.w2[l].T
+    return rmsnorm(x, m.rms_final) @ m.wcls.T
+
+
+def forward_logits(model, tokens):
+    """Full-precision logits [n, vocab] (float64) of every position."""
+    if len(tokens) > model.seq_len:
+        raise ValueError("%d tokens exceed seq_len %d" % (len(tokens), model.seq_len))
+    return forward_chunk(model, tokens, None)
+
+
+def generate_greedy(model, tok, prompt, steps):
+    """Greedy decoding: returns (generated ids, full text including the prompt).
+    Stops after `steps` tokens, at BOS/EOS, or at seq_len."""
+    ids = tok.encode(prompt, bos=True)
+    gen = []
+    while len(gen) < steps and len(ids) < model.seq_len:
+        nxt = int(np.argmax(forward_chunk(model, ids, None)[-1]))
+        if nxt in (BOS, EOS):
+            break
+        ids.append(nxt)
+        gen.append(nxt)
+    return gen, tok.decode_all(ids)
+
+
+def log_softmax(z):
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def token_nlls(model, tokens, ctx=None, kv_spec=None):
+    """Per-token NLLs: chunks of ctx-1 tokens, each evaluated as [BOS] + chunk from an
+    empty cache; token i of a chunk is scored with the logits of the position before it."""
+    ctx = ctx or model.seq_len
+    if ctx < 2 or ctx > model.seq_len:
+        raise ValueError("ctx must be in [2, %d]" % model.seq_len)
+    if kv_spec is not None:
+        kv_spec.validate()
+    nll = []
+    step = ctx - 1
+    for c0 in range(0, len(tokens), step):
+        chunk = list(tokens[c0:c0 + step])
+        lp = log_softmax(forward_chunk(model, [BOS] + chunk, kv_spec))
+        nll.append(-lp[np.arange(len(chunk)), np.asarray(chunk)])
+    return np.concatenate(nll) if nll else np.zeros(0)
+
+
+def perplexity(model, tokens, ctx=None, kv_spec=None):
+    nll = token_nlls(model, tokens, ctx, kv_spec)
+    n = int(nll.size)
+    mean = float(nll.mean())
+    stderr = float(nll.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    return {"ppl": math.exp(mean), "mean_nll": mean, "nll_stderr": stderr, "tokens": n}
+
+
+def read_text(path):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
+# ----------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------
+
+def add_kv_args(ap):
+    ap.add_argument("--kv-cache", default="f32", choices=FORMATS, help="format of K and V")
+    ap.add_argument("--kv-cache-k", choices=FORMATS, help="format of K (overrides --kv-cache)")
+    ap.add_argument("--kv-cache-v", choices=FORMATS, help="format of V (overrides --kv-cache)")
+    ap.add_argument("--int8-granularity", default="head", choices=GRANULARITIES)
+    ap.add_argument("--group-size", type=int, default=32)
+    ap.add_argument("--residual", type=int, default=128)
+    ap.add_argument("--key-flush", default="batch", choices=("batch", "group"))
+    ap.add_argument("--scale-dtype", default="f16", choices=("f16", "f32"))
+
+
+def spec_from_args(a):
+    return KVSpec(k_format=a.kv_cache_k or a.kv_cache, v_format=a.kv_cache_v or a.kv_cache,
+                  int8_granularity=a.int8_granularity, group_size=a.group_size,
+                  residual=a.residual, key_flush=a.key_flush, scale_dtype=a.scale_dtype)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("ppl", help="perplexity of a text with a fake-quantized KV cache")
+    p.add_argument("--text", default=DEFAULT_TEXT)
+    p.add_argument("--ctx", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    add_kv_args(p)
+
+    g = sub.add_parser("generate", help="greedy generation")
+    g.add_argument("-p", "--prompt", required=True)
+    g.add_argument("-n", "--steps", type=int, default=56)
+
+    lg = sub.add_parser("logits", help="full-precision logits of every position as JSON")
+    lg.add_argument("-p", "--prompt", required=True)
+
+    for sp in (p, g, lg):  # allow the global options after the command as well
+        sp.add_argument("--model", default=argparse.SUPPRESS)
+        sp.add_argument("--tokenizer", default=argparse.SUPPRESS)
+
+    a = ap.parse_args(argv)
+    model = load_model(a.model)
+    tok = load_tokenizer(a.tokenizer, model.vocab_size)
+
+    if a.cmd == "ppl":
+        spec = spec_from_args(a)
+        spec.validate()
+        t0 = time.time()
+        tokens = tok.encode(read_text(a.text), bos=False)
+        r = perplexity(model, tokens, a.ctx, spec)
+        if a.json:
+            print(json.dumps(r))
+        else:
+            print("config      %s" % spec.label())
+            print("tokens      %d" % r["tokens"])
+            print("ppl         %.6f" % r["ppl"])
+            print("mean_nll    %.8f +- %.8f" % (r["mean_nll"], r["nll_stderr"]))
+            print("time        %.2f s" % (time.time() - t0))
+    elif a.cmd == "generate":
+        gen, text = generate_greedy(model, tok, a.prompt, a.steps)
+        print(text)
+        print("[%d tokens generated]" % len(gen), file=sys.stderr)
+    elif a.cmd == "logits":
+        ids = tok.encode(a.prompt, bos=True)
+        print(json.dumps(forward_logits(model, ids).tolist()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+// Decode attention over every cache format against the double-precision reference
+// (dequantize with the codec, then attend), on every SIMD target.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attn/attention.h"
+#include "core/cpu.h"
+#include "core/rng.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+#include "test_util.h"
+
+namespace kivi {
+namespace {
+
+using kv::Format;
+using kv::Int8Granularity;
+
+struct Case {
+  std::string name;
+  kv::StreamFormat k, v;
+};
+
+std::vector<Case> all_formats() {
+  auto sf = [](Format f, Int8Granularity g = Int8Granularity::kHead) { return kv::StreamFormat{f, g}; };
+  return {
+      {"f32", sf(Format::kF32), sf(Format::kF32)},
+      {"f16", sf(Format::kF16), sf(Format::kF16)},
+      {"int8/tensor", sf(Format::kInt8, Int8Granularity::kTensor), sf(Format::kInt8, Int8Granularity::kTensor)},
+      {"int8/token", sf(Format::kInt8, Int8Granularity::kToken), sf(Format::kInt8, Int8Granularity::kToken)},
+      {"int8/head", sf(Format::kInt8), sf(Format::kInt8)},
+      {"int8/group", sf(Format::kInt8, Int8Granularity::kGroup), sf(Format::kInt8, Int8Granularity::kGroup)},
+      {"kivi8", sf(Format::kKivi8), sf(Format::kKivi8)},
+      {"kivi4", sf(Format::kKivi4), sf(Format::kKivi4)},
+      {"kivi2", sf(Format::kKivi2), sf(Format::kKivi2)},
+      {"K kivi4 / V kivi2", sf(Format::kKivi4), sf(Format::kKivi2)},
+      {"K int8 / V kivi4", sf(Format::kInt8), sf(Format::kKivi4)},
+      {"K f16 / V kivi2", sf(Format::kF16), sf(Format::kKivi2)},
+  };
+}
+
+struct Shape {
+  const char* name;
+  int n_heads, n_kv_heads;
+};
+const Shape kShapes[] = {{"MHA", 4, 4}, {"GQA 4:1", 8, 2}, {"MQA", 8, 1}};
+
+// Fills a cache with n tokens of random keys/values (a few outlier channels, as
+// real keys have) and returns it.
+std::unique_ptr<kv::KvCache> filled_cache(const Case& c, int Hkv, int D, int n, int G, int R, uint64_t seed) {
+  kv::CacheConfig cfg;
+  cfg.n_layers = 1;
+  cfg.n_kv_heads = Hkv;
+  cfg.head_dim = D;
+  cfg.ctx = std::max(n, G);
+  cfg.k = c.k;
+  cfg.v = c.v;
+  cfg.group_size = G;
+  cfg.residual = R;
+  auto cache = std::make_unique<kv::KvCache>(cfg);
+  Rng r(seed);
+  std::vector<float> k(Hkv * D), v(Hkv * D);
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < Hkv * D; ++i) {
+      k[i] = r.normal() * ((i % D) % 13 == 1 ? 8.0f : 1.0f);
+      v[i] = r.normal();
+    }
+    if (t == 0) cache->calibrate(0, k.data(), v.data(), 1);
+    cache->append(0, k.data(), v.data());
+  }
+  return cache;
+}
+
+double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - ref[i]));
+    den = std::max(den, std::fabs(static_cast<double>(ref[i])));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+void check(const Case& c, const Shape& s, int D, int n, int G, int R, bool alibi, int window, ThreadPool* pool,
+           const std::string& target) {
+  auto cache = filled_cache(c, s.n_kv_heads, D, n, G, R, n * 7 + D);
+  Rng r(n);
+  std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size());
+  for (auto& x : q) x = r.normal();
+  const auto slopes = attn::alibi_slopes(s.n_heads);
+  attn::Params p;
+  p.n_heads = s.n_heads;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  p.alibi_slopes = alibi ? slopes.data() : nullptr;
+  p.window = window;
+  attn::Workspace ws(pool ? pool->size() : 1, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
+  const auto view = cache->view(0);
+  attn::decode(view, q.data(), out.data(), p, pool, ws);
+  attn::decode_reference(view, q.data(), ref.data(), p);
+  const double e = rel_error(out, ref);
+  EXPECT_LT(e, 1e-5) << target << " " << c.name << " " << s.name << " D=" << D << " n=" << n << " G=" << G << " R=" << R
+                     << (alibi ? " alibi" : "") << " window=" << window;
+}
+
+TEST(Attention, EveryFormatShapeAndLengthOnEveryTarget) {
+  const int D = 64, G = 32, R = 64;
+  ThreadPool pool(2);
+  for (const auto& target : cpu::available_targets()) {
+    cpu::force_target_bits(target.bits);
+    for (const auto& c : all_formats()) {
+      for (const auto& s : kShapes) {
+        for (int n : {1, G - 1, G, R, R + 1, 1000}) {
+          for (bool alibi : {false, true}) check(c, s, D, n, G, R, alibi, 0, &pool, target.name);
+        }
+      }
+    }
+  }
+  cpu::reset_target();
+}
+
+TEST(Attention, LongContextsAndWindows) {
+  ThreadPool pool(2);
+  for (const auto& c : all_formats()) {
+    check(c, kShapes[1], 128, 5000, 32, 128, false, 0, &pool, "best");
+    check(c, kShapes[2], 128, 5000, 32, 128, true, 0, &pool, "best");
+    check(c, kShapes[1], 64, 1500, 32, 128, false, 700, &pool, "best");
+  }
+}
+
+TEST(Attention, SmallHeadsAndOddGroups) {
+  // stories260K has head_dim 8; G larger than head_dim caps value groups at head_dim.
+  ThreadPool pool(1);
+  for (const auto& c : all_formats()) {
+    for (int n : {1, 7, 8, 33, 300}) {
+      check(c, kShapes[1], 8, n, 32, 32, false, 0, &pool, "best");
+      check(c, kShapes[0], 16, n, 8, 0, true, 0, &pool, "best");
+    }
+  }
+}
+
+TEST(Attention, ResultDoesNotDependOnThreadCount) {
+  for (const auto& c : all_formats()) {
+    auto cache = filled_cache(c, 2, 64, 3000, 32, 128, 1);
+    std::vector<float> q(8 * 64), a(q.size()), b(q.size());
+    Rng r(3);
+    for (auto& x : q) x = r.normal();
+    attn::Params p;
+    p.n_heads = 8;
+    p.scale = 0.125f;
+    ThreadPool p1(1), p3(3);
+    attn::Workspace w1(1, 8, 2, 64, cache->config().block(), 3000), w3(3, 8, 2, 64, cache->config().block(), 3000);
+    attn::decode(cache->view(0), q.data(), a.data(), p, &p1, w1);
+    attn::decode(cache->view(0), q.data(), b.data(), p, &p3, w3);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << c.name;
+  }
+}
+
+TEST(Attention, MergeOfSplitStatesEqualsOnePass) {
+  // (m, d, o) states of two halves merge into the state of the whole.
+  const int D = 4;
+  std::vector<float> s = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f};
+  std::vector<std::vector<float>> v = {{1, 2, 3, 4}, {0, 1, 0, 1}, {2, 2, 2, 2}, {-1, 0, 1, 0}, {3, 1, 4, 1}};
+  auto state = [&](int a, int b, std::vector<float>& o) {
+    float m = -INFINITY, d = 0;
+    for (int i = a; i < b; ++i) m = std::max(m, s[i]);
+    o.assign(D, 0.0f);
+    for (int i = a; i < b; ++i) {
+      const float w = std::exp(s[i] - m);
+      d += w;
+      for (int j = 0; j < D; ++j) o[j] += w * v[i][j];
+    }
+    return attn::State{m, d, o.data()};
+  };
+  std::vector<float> o1, o2, oa;
+  attn::State a = state(0, 2, o1);
+  const attn::State b = state(2, 5, o2);
+  const attn::State all = state(0, 5, oa);
+  attn::merge(a, b, D);
+  EXPECT_FLOAT_EQ(a.m, all.m);
+  EXPECT_NEAR(a.d, all.d, 1e-6);
+  for (int j = 0; j < D; ++j) EXPECT_NEAR(o1[j], oa[j], 1e-5);
+}
+
+TEST(Attention, AlibiSlopes) {
+  const auto s8 = attn::alibi_slopes(8);
+  EXPECT_FLOAT_EQ(s8[0], 0.5f);
+  EXPECT_FLOAT_EQ(s8[7], 1.0f / 256);
+  const auto s12 = attn::alibi_slopes(12);
+  EXPECT_FLOAT_EQ(s12[8], std::pow(2.0f, -0.5f));  // interleaved extension
+}
+
+}  // namespace
+}  // namespace kivi

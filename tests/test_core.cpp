@@ -1,0 +1,154 @@
+#include <immintrin.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/f16.h"
+#include "core/json.h"
+#include "core/rng.h"
+#include "core/threadpool.h"
+#include "test_util.h"
+
+namespace kivi {
+namespace {
+
+__attribute__((target("f16c"))) uint16_t hw_f32_to_f16(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+__attribute__((target("f16c"))) float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+bool have_f16c() { return __builtin_cpu_supports("avx2"); }  // every AVX2 CPU has F16C
+
+TEST(F16, AllHalvesRoundTripExactly) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(f32_to_f16(f), h) << "half 0x" << std::hex << h;
+    if (have_f16c()) {
+      const float hw = hw_f16_to_f32(static_cast<uint16_t>(h));
+      EXPECT_EQ(std::memcmp(&f, &hw, 4), 0) << "half 0x" << std::hex << h;
+    }
+  }
+}
+
+TEST(F16, RoundToNearestEvenMatchesF16C) {
+  if (!have_f16c()) GTEST_SKIP() << "no F16C on this CPU";
+  Rng rng(7);
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t bits = static_cast<uint32_t>(rng.next_u64());
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_f16(f), hw_f32_to_f16(f)) << "float bits 0x" << std::hex << bits;
+  }
+  // Ties, subnormals and the overflow edge.
+  for (float f : {65504.0f, 65519.0f, 65520.0f, 1e-8f, 2.98023224e-8f, 5.96046448e-8f, -0.0f, 6.1035156e-5f,
+                  1.0009765625f + 0.00048828125f}) {
+    EXPECT_EQ(f32_to_f16(f), hw_f32_to_f16(f)) << f;
+  }
+}
+
+// Position of a half in value order (+0 and -0 both map to 0).
+int ordered(uint16_t h) { return (h & 0x8000) ? -static_cast<int>(h & 0x7FFF) : static_cast<int>(h); }
+
+TEST(F16, DirectedRoundingBracketsTheValue) {
+  Rng rng(11);
+  for (int i = 0; i < 200000; ++i) {
+    const float f = rng.normal() * std::pow(10.0f, rng.uniform(-9.0f, 4.0f));
+    const uint16_t up = f32_to_f16_up(f), down = f32_to_f16_down(f);
+    ASSERT_GE(f16_to_f32(up), f);
+    ASSERT_LE(f16_to_f32(down), f);
+    // Either f is representable (up == down in value) or they are neighbours.
+    if (f16_to_f32(up) != f16_to_f32(down)) ASSERT_EQ(ordered(up) - ordered(down), 1) << f;
+  }
+  EXPECT_EQ(round_f16_up(1.0f), 1.0f);
+  EXPECT_EQ(round_f16_down(1.0f), 1.0f);
+  EXPECT_GT(round_f16_up(1.0001f), 1.0f);
+  EXPECT_EQ(round_f16_down(1.0001f), 1.0f);
+  EXPECT_LT(round_f16_down(-1.0001f), -1.0f);
+  EXPECT_EQ(round_f16_up(1e30f), std::numeric_limits<float>::infinity());
+}
+
+TEST(ThreadPool, EveryTaskRunsOnceOnItsThread) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    for (int n : {0, 1, 2, 7, 100, 1000}) {
+      std::vector<std::atomic<int>> hits(n);
+      std::vector<int> owner(n, -1);
+      pool.run(n, [&](int task, int thread) {
+        hits[task]++;
+        owner[task] = thread;
+      });
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[i].load(), 1);
+        if (n > 1) ASSERT_EQ(owner[i], i % threads);
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, ParallelForCoversTheRange) {
+  ThreadPool pool(3);
+  for (int64_t n : {1, 2, 3, 10, 12345}) {
+    std::vector<int> seen(n, 0);
+    pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) seen[i]++;
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1);
+  }
+}
+
+TEST(ThreadPool, ManyDispatchesDoNotLoseWork) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> sum{0};
+  for (int r = 0; r < 20000; ++r) pool.run(4, [&](int t, int) { sum += t; });
+  EXPECT_EQ(sum.load(), 20000 * 6);
+}
+
+TEST(Json, QuotesAndValidatesUtf8) {
+  EXPECT_EQ(json_quote("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
+  EXPECT_EQ(json_quote(std::string("x\x01y")), "\"x\\u0001y\"");
+  EXPECT_EQ(json_quote("caf\xC3\xA9"), "\"caf\xC3\xA9\"");
+  EXPECT_EQ(json_quote("bad\xFF"), "\"bad\xEF\xBF\xBD\"");  // invalid byte -> U+FFFD
+  EXPECT_EQ(json_quote("cut\xE2\x96"), "\"cut\xEF\xBF\xBD\xEF\xBF\xBD\"");
+}
+
+TEST(Json, WritesNestedObjects) {
+  JsonWriter j;
+  j.begin_object().kv("a", 1).key("b").begin_array().value(1.5).value("x").null().end_array();
+  j.kv("c", true).kv("nan", std::nan("")).end_object();
+  EXPECT_EQ(j.str(), "{\"a\":1,\"b\":[1.5,\"x\",null],\"c\":true,\"nan\":null}");
+}
+
+TEST(Rng, SameSeedSameStream) {
+  Rng a(123), b(123), c(124);
+  bool differs = false;
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t x = a.next_u64();
+    ASSERT_EQ(x, b.next_u64());
+    differs |= x != c.next_u64();
+  }
+  EXPECT_TRUE(differs);
+  Rng u(5);
+  for (int i = 0; i < 10000; ++i) {
+    const float f = u.uniform();
+    ASSERT_GE(f, 0.0f);
+    ASSERT_LT(f, 1.0f);
+  }
+}
+
+TEST(Error, FailFormatsTheMessage) {
+  try {
+    fail("field '%s' = %d", "dim", -3);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "field 'dim' = -3");
+  }
+}
+
+}  // namespace
+}  // namespace kivi

@@ -1,0 +1,265 @@
+// End to end on the real stories260K model.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "kv/format.h"
+#include "model/convert.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "test_util.h"
+
+// Counts heap allocations while `g_count_allocs` is set (the per-token path must make none).
+static std::atomic<bool> g_count_allocs{false};
+static std::atomic<long> g_allocs{0};
+void* operator new(std::size_t n) {
+  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace kivi {
+namespace {
+
+using runtime::Session;
+using runtime::SessionOptions;
+
+const model::Model& stories() {
+  static auto m = model::Model::load(test::model_path(), test::tokenizer_path());
+  return *m;
+}
+
+SessionOptions options(const std::string& k, const std::string& v, int G = 32, int R = 32,
+                       kv::KeyFlush flush = kv::KeyFlush::kBatch, kv::ParamType pt = kv::ParamType::kF16,
+                       kv::Int8Granularity gran = kv::Int8Granularity::kHead, int threads = 2) {
+  SessionOptions o;
+  o.threads = threads;
+  o.cache.k = {kv::parse_format(k), gran};
+  o.cache.v = {kv::parse_format(v), gran};
+  o.cache.group_size = G;
+  o.cache.residual = R;
+  o.cache.key_flush = flush;
+  o.cache.param_type = pt;
+  return o;
+}
+
+std::vector<int> greedy(Session& s, const std::vector<int>& prompt, int n) {
+  std::vector<int> out;
+  const float* logits = s.prefill(prompt);
+  for (int i = 0; i < n; ++i) {
+    const int t = runtime::argmax(logits, s.vocab());
+    out.push_back(t);
+    if (i + 1 < n) logits = s.decode(t);
+  }
+  return out;
+}
+
+TEST(Model, GreedyTextMatchesTheTextLlama2cPublishes) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  Session s(m, options("f32", "f32"));
+  const auto prompt = m.tokenizer().encode("Once upon a time", true);
+  const auto out = greedy(s, prompt, 56);
+  std::vector<int> all(prompt.begin() + 1, prompt.end());
+  all.insert(all.end(), out.begin(), out.end());
+  EXPECT_EQ(m.tokenizer().decode_all(all, prompt[0]), test::kPublishedText);
+}
+
+TEST(Model, CachedAndNoCacheGreedyAgree) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  Session s(m, options("f32", "f32"));
+  auto tokens = m.tokenizer().encode("Once upon a time", true);
+  const auto out = greedy(s, tokens, 150);
+  ThreadPool pool(2);
+  for (int i = 0; i < 150; ++i) {
+    const auto logits = model::forward_no_cache(m, tokens, &pool);
+    const int t = runtime::argmax(logits.data(), m.config().vocab_size);
+    ASSERT_EQ(t, out[i]) << "step " << i;
+    tokens.push_back(t);
+  }
+}
+
+TEST(Model, CachedLogitsMatchNoCacheLogits) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  Session s(m, options("f32", "f32"));
+  const auto tokens = m.tokenizer().encode("Lily and Ben went to the park to play with a red ball.", true);
+  std::vector<float> all(tokens.size() * m.config().vocab_size);
+  s.prefill(tokens, all.data());
+  ThreadPool pool(1);
+  for (size_t n = 1; n <= tokens.size(); ++n) {
+    const auto ref = model::forward_no_cache(m, std::vector<int>(tokens.begin(), tokens.begin() + n), &pool);
+    for (int v = 0; v < m.config().vocab_size; ++v) {
+      ASSERT_NEAR(all[(n - 1) * m.config().vocab_size + v], ref[v], 1e-4) << "position " << n - 1;
+    }
+  }
+}
+
+TEST(Model, GgufConversionGeneratesTheSameTokens) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir t;
+  const auto r = model::convert_llama2c_to_gguf(test::model_path(), test::tokenizer_path(), t.file("s.gguf"), false);
+  EXPECT_EQ(r.n_tensors, 47);
+  const auto g = model::Model::load(t.file("s.gguf"));
+  EXPECT_EQ(g->format(), "gguf");
+  EXPECT_EQ(g->tokenizer().pieces(), stories().tokenizer().pieces());
+  const auto prompt = stories().tokenizer().encode("Once upon a time", true);
+  EXPECT_EQ(g->tokenizer().encode("Once upon a time", true), prompt);
+  Session a(stories(), options("f32", "f32")), b(*g, options("f32", "f32"));
+  EXPECT_EQ(greedy(a, prompt, 200), greedy(b, prompt, 200));
+  // F16 weights: a different model numerically; it still loads and runs.
+  model::convert_llama2c_to_gguf(test::model_path(), test::tokenizer_path(), t.file("h.gguf"), true);
+  const auto h = model::Model::load(t.file("h.gguf"));
+  Session c(*h, options("f32", "f32"));
+  const auto out = greedy(c, prompt, 20);
+  EXPECT_EQ(out.size(), 20u);
+}
+
+// Streaming equivalence: prefilling P tokens then decoding the rest leaves the same
+// cache, bit for bit, and the same logits, as feeding every token one at a time.
+void expect_same_cache(const kv::KvCache& a, const kv::KvCache& b, const std::string& what) {
+  for (int l = 0; l < a.config().n_layers; ++l) {
+    for (auto s : {kv::Stream::kKey, kv::Stream::kValue}) {
+      const auto ra = a.raw(l, s), rb = b.raw(l, s);
+      ASSERT_EQ(ra.n_stored, rb.n_stored) << what;
+      ASSERT_EQ(ra.tensor_scale, rb.tensor_scale) << what;
+      ASSERT_EQ(std::memcmp(ra.codes->data(), rb.codes->data(), ra.codes->bytes()), 0) << what << " layer " << l;
+      ASSERT_EQ(std::memcmp(ra.scales->data(), rb.scales->data(), ra.scales->bytes()), 0) << what;
+      ASSERT_EQ(std::memcmp(ra.zeros->data(), rb.zeros->data(), ra.zeros->bytes()), 0) << what;
+      ASSERT_EQ(std::memcmp(ra.ring->data(), rb.ring->data(), ra.ring->bytes()), 0) << what;
+    }
+  }
+}
+
+TEST(Model, PrefillThenDecodeEqualsStreamingForEveryFormat) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  std::string text = "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly "
+                     "his kite in the big green park near his house. One windy day, Tim ran fast and the kite went "
+                     "up high in the sky. It flew over the trees and the pond. Tim laughed and held the string.";
+  text += " " + text;
+  const auto tokens = m.tokenizer().encode(text, true);
+  const int N = static_cast<int>(tokens.size());
+  ASSERT_GT(N, 200);
+  const int V = m.config().vocab_size;
+  struct Cfg {
+    std::string k, v;
+    int G, R;
+    kv::KeyFlush flush;
+    kv::ParamType pt;
+    kv::Int8Granularity gran;
+  };
+  std::vector<Cfg> cfgs;
+  for (auto f : {kv::KeyFlush::kBatch, kv::KeyFlush::kGroup}) {
+    for (auto [G, R] : {std::pair{32, 128}, {32, 0}, {64, 64}, {8, 24}}) {
+      cfgs.push_back({"kivi2", "kivi2", G, R, f, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+      cfgs.push_back({"kivi4", "kivi4", G, R, f, kv::ParamType::kF32, kv::Int8Granularity::kHead});
+    }
+    cfgs.push_back({"kivi4", "kivi2", 32, 32, f, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+  }
+  for (auto g : {kv::Int8Granularity::kToken, kv::Int8Granularity::kHead, kv::Int8Granularity::kGroup}) {
+    cfgs.push_back({"int8", "int8", 8, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, g});
+  }
+  cfgs.push_back({"f32", "f32", 32, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+  cfgs.push_back({"f16", "f16", 32, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+  cfgs.push_back({"kivi8", "f16", 32, 32, kv::KeyFlush::kGroup, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+  for (const auto& c : cfgs) {
+    const std::string what = c.k + "/" + c.v + " G=" + std::to_string(c.G) + " R=" + std::to_string(c.R) + " " +
+                             kv::key_flush_name(c.flush) + " " + kv::granularity_name(c.gran);
+    Session stream(m, options(c.k, c.v, c.G, c.R, c.flush, c.pt, c.gran));
+    std::vector<float> ls(static_cast<size_t>(N) * V);
+    for (int i = 0; i < N; ++i) std::memcpy(&ls[static_cast<size_t>(i) * V], stream.decode(tokens[i]), V * 4);
+    for (int P : {1, 2, 7, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, N}) {
+      Session s(m, options(c.k, c.v, c.G, c.R, c.flush, c.pt, c.gran));
+      std::vector<float> lp(static_cast<size_t>(N) * V);
+      s.prefill(std::vector<int>(tokens.begin(), tokens.begin() + P), lp.data());
+      for (int i = P; i < N; ++i) std::memcpy(&lp[static_cast<size_t>(i) * V], s.decode(tokens[i]), V * 4);
+      expect_same_cache(s.cache(), stream.cache(), what + " P=" + std::to_string(P));
+      ASSERT_EQ(std::memcmp(lp.data(), ls.data(), ls.size() * 4), 0) << what << " P=" << P;
+    }
+  }
+}
+
+// int8 with a per-tensor scale: the scale comes from the first prefill, so the
+// invariant holds for the same first batch, whatever happens after it.
+TEST(Model, Int8TensorEquivalenceGivenTheSameFirstBatch) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto tokens = m.tokenizer().encode("Tim had a red kite. He liked to fly his kite in the big green park.", true);
+  auto o = options("int8", "int8", 8, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kTensor);
+  Session a(m, o), b(m, o);
+  const int P = 6;
+  a.prefill(std::vector<int>(tokens.begin(), tokens.begin() + P));
+  b.prefill(std::vector<int>(tokens.begin(), tokens.begin() + P));
+  a.prefill(std::vector<int>(tokens.begin() + P, tokens.end()));
+  for (size_t i = P; i < tokens.size(); ++i) b.decode(tokens[i]);
+  expect_same_cache(a.cache(), b.cache(), "int8/tensor");
+}
+
+TEST(Model, DecodeMakesNoHeapAllocations) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  for (const char* f : {"f32", "f16", "int8", "kivi4", "kivi2"}) {
+    Session s(m, options(f, f));
+    runtime::Sampler sampler(runtime::SamplerOptions{0.8f, 40, 0.95f, 1}, m.config().vocab_size);
+    const float* logits = s.prefill(m.tokenizer().encode("Once upon a time", true));
+    for (int i = 0; i < 5; ++i) logits = s.decode(sampler.sample(logits));  // warm up
+    g_allocs = 0;
+    g_count_allocs = true;
+    for (int i = 0; i < 200; ++i) logits = s.decode(sampler.sample(logits));
+    g_count_allocs = false;
+    EXPECT_EQ(g_allocs.load(), 0) << f;
+  }
+}
+
+TEST(Sampler, SeededSamplingIsReproducible) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  auto run = [&](uint64_t seed, float temp, int top_k, float top_p) {
+    Session s(m, options("f32", "f32"));
+    runtime::Sampler sampler(runtime::SamplerOptions{temp, top_k, top_p, seed}, m.config().vocab_size);
+    std::vector<int> out;
+    const float* logits = s.prefill(m.tokenizer().encode("Once upon a time", true));
+    for (int i = 0; i < 60; ++i) {
+      out.push_back(sampler.sample(logits));
+      logits = s.decode(out.back());
+    }
+    return out;
+  };
+  EXPECT_EQ(run(7, 1.0f, 0, 1.0f), run(7, 1.0f, 0, 1.0f));
+  EXPECT_NE(run(7, 1.0f, 0, 1.0f), run(8, 1.0f, 0, 1.0f));
+  EXPECT_EQ(run(7, 0.9f, 20, 0.9f), run(7, 0.9f, 20, 0.9f));
+  // top-k 1 is greedy whatever the temperature and seed.
+  Session g(m, options("f32", "f32"));
+  const auto prompt = m.tokenizer().encode("Once upon a time", true);
+  EXPECT_EQ(run(3, 1.5f, 1, 1.0f), greedy(g, prompt, 60));
+}
+
+TEST(Sampler, TopKAndTopPRestrictTheChoice) {
+  std::vector<float> logits = {1.0f, 5.0f, 4.9f, -3.0f, 0.0f};
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    runtime::Sampler k2(runtime::SamplerOptions{1.0f, 2, 1.0f, seed}, 5);
+    const int t = k2.sample(logits.data());
+    ASSERT_TRUE(t == 1 || t == 2);
+    runtime::Sampler p(runtime::SamplerOptions{1.0f, 0, 0.5f, seed}, 5);
+    ASSERT_EQ(p.sample(logits.data()), 1);  // token 1 alone holds >= 50%
+  }
+  EXPECT_THROW(runtime::Sampler(runtime::SamplerOptions{-1.0f, 0, 1.0f, 0}, 5), Error);
+  EXPECT_THROW(runtime::Sampler(runtime::SamplerOptions{1.0f, 0, 0.0f, 0}, 5), Error);
+}
+
+}  // namespace
+}  // namespace kivi
