@@ -63,7 +63,9 @@ TEST(F16, DirectedRoundingBracketsTheValue) {
     ASSERT_GE(f16_to_f32(up), f);
     ASSERT_LE(f16_to_f32(down), f);
     // Either f is representable (up == down in value) or they are neighbours.
-    if (f16_to_f32(up) != f16_to_f32(down)) ASSERT_EQ(ordered(up) - ordered(down), 1) << f;
+    if (f16_to_f32(up) != f16_to_f32(down)) {
+      ASSERT_EQ(ordered(up) - ordered(down), 1) << f;
+    }
   }
   EXPECT_EQ(round_f16_up(1.0f), 1.0f);
   EXPECT_EQ(round_f16_down(1.0f), 1.0f);
@@ -85,7 +87,9 @@ TEST(ThreadPool, EveryTaskRunsOnceOnItsThread) {
       });
       for (int i = 0; i < n; ++i) {
         ASSERT_EQ(hits[i].load(), 1);
-        if (n > 1) ASSERT_EQ(owner[i], i % threads);
+        if (n > 1) {
+          ASSERT_EQ(owner[i], i % threads);
+        }
       }
     }
   }

@@ -103,7 +103,9 @@ TEST(Ops, F16BulkConversionMatchesScalar) {
       const float s = f16_to_f32(h[i]);
       // Finite halves only: targets without F16C emulate the conversion and do not
       // keep Inf/NaN (weights and activations never hold them).
-      if (std::isfinite(s)) ASSERT_EQ(f[i], s) << target.name << " " << i;
+      if (std::isfinite(s)) {
+        ASSERT_EQ(f[i], s) << target.name << " " << i;
+      }
     }
   }
 }

@@ -16,6 +16,7 @@ namespace {
 struct MemRow {
   std::string name;
   kv::CacheConfig cfg;
+  std::string invalid;  // why this format does not apply to the shape, if it does not
 };
 
 std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int ctx) {
@@ -32,8 +33,13 @@ std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int 
     cc.n_kv_heads = c.n_kv_heads;
     cc.head_dim = c.head_dim();
     cc.ctx = ctx;
-    cc.validate();
-    rows.push_back({describe_cache(cc), cc});
+    std::string why;
+    try {
+      cc.validate();
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    rows.push_back({describe_cache(cc), cc, why});
   }
   return rows;
 }
@@ -73,6 +79,7 @@ int cmd_info(int argc, char** argv) {
   }
   const int ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, 1 << 26)) : c.ctx;
   const auto rows = memory_rows(a, c, ctx);
+  if (rows.size() == 1 && !rows[0].invalid.empty()) fail("%s", rows[0].invalid.c_str());
   kv::CacheConfig f16 = rows.front().cfg;
   f16.k = f16.v = {kv::Format::kF16, kv::Int8Granularity::kHead};
   kv::CacheConfig f32 = f16;
@@ -106,6 +113,10 @@ int cmd_info(int argc, char** argv) {
       const double bpt = kv::layer_bytes_per_token(r.cfg) * c.n_layers;
       j.begin_object();
       j.kv("format", r.name);
+      if (!r.invalid.empty()) {
+        j.kv("invalid", r.invalid).end_object();
+        continue;
+      }
       j.kv("bytes_per_token", bpt);
       j.kv("bits_per_element_k", kv::bits_per_element(r.cfg, kv::Stream::kKey));
       j.kv("bits_per_element_v", kv::bits_per_element(r.cfg, kv::Stream::kValue));
@@ -187,6 +198,10 @@ int cmd_info(int argc, char** argv) {
               c.n_kv_heads, c.head_dim());
   std::printf("  %-44s %12s %8s %8s %14s %8s %8s\n", "format", "bytes/token", "bits K", "bits V", "total", "vs f32", "vs f16");
   for (const auto& r : rows) {
+    if (!r.invalid.empty()) {
+      std::printf("  %-44s n/a: %s\n", r.name.c_str(), r.invalid.c_str());
+      continue;
+    }
     const double bpt = kv::layer_bytes_per_token(r.cfg) * c.n_layers;
     std::printf("  %-44s %12.1f %8.3f %8.3f %14s %7.2fx %7.2fx\n", r.name.c_str(), bpt,
                 kv::bits_per_element(r.cfg, kv::Stream::kKey), kv::bits_per_element(r.cfg, kv::Stream::kValue),

@@ -7,7 +7,7 @@ and checks that
   * the engine's token ids equal the reference tokenizer's encode(prompt, bos=True),
   * max |engine logit - reference logit| <= --tol (default 1e-4) at every position.
 Besides the short built-in prompts, a long prompt (the first --long-chars characters
-of --text, about 450 tokens with the default files) checks late RoPE positions; it is
+of the text file, 509 tokens with the default files) checks late RoPE positions; it is
 run in prefill and stream modes only, because the engine's no-cache mode recomputes
 every prefix and takes ~20 s there (--long-no-cache adds it; --long-chars 0 skips it).
 Exit status 0 when everything agrees, 1 otherwise.
@@ -47,17 +47,15 @@ def run_engine(kivi, model, tokenizer, prompt, mode):
 def main():
     ap = argparse.ArgumentParser(description="engine logits vs numpy reference")
     ap.add_argument("--kivi", default=DEFAULT_KIVI, help="engine binary")
-    ap.add_argument("--model", default=ref.DEFAULT_MODEL)
-    ap.add_argument("--tokenizer", default=ref.DEFAULT_TOKENIZER)
+    ref.add_path_args(ap)
     ap.add_argument("-p", "--prompt", action="append", help="prompt (repeatable; default: built-in list)")
     ap.add_argument("--mode", action="append", choices=MODES, help="engine mode (repeatable; default: all)")
     ap.add_argument("--tol", type=float, default=1e-4)
-    ap.add_argument("--text", default=ref.DEFAULT_TEXT, help="source of the long prompt")
-    ap.add_argument("--long-chars", type=int, default=1000,
-                    help="length of the long prompt in characters (0: none; default 1000)")
+    ap.add_argument("--long-chars", type=int, default=1130,
+                    help="length of the long prompt in characters (0: none; default 1130)")
     ap.add_argument("--long-no-cache", action="store_true",
                     help="also run the long prompt in no-cache mode (slow)")
-    a = ap.parse_args()
+    a = ref.resolve_paths(ap.parse_args())
 
     model = ref.load_model(a.model)
     tok = ref.load_tokenizer(a.tokenizer, model.vocab_size)

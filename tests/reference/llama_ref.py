@@ -41,6 +41,26 @@ DEFAULT_MODEL = os.path.join(SHARED, "models", "stories260K.bin")
 DEFAULT_TOKENIZER = os.path.join(SHARED, "models", "tok512.bin")
 DEFAULT_TEXT = os.path.join(SHARED, "data", "tinytales.txt")
 
+
+def add_path_args(ap, text=True):
+    """--shared DIR (holding models/ and data/; default <repo>/../shared) and explicit
+    --model/--tokenizer[/--text] overrides; resolve them with resolve_paths()."""
+    ap.add_argument("--shared", default=None,
+                    help="shared directory with models/ and data/ (default: %s)" % SHARED)
+    ap.add_argument("--model", default=None, help="llama2.c checkpoint (default: SHARED/models/stories260K.bin)")
+    ap.add_argument("--tokenizer", default=None, help="llama2.c tokenizer (default: SHARED/models/tok512.bin)")
+    if text:
+        ap.add_argument("--text", default=None, help="text file (default: SHARED/data/tinytales.txt)")
+
+
+def resolve_paths(a):
+    shared = a.shared or SHARED
+    a.model = a.model or os.path.join(shared, "models", "stories260K.bin")
+    a.tokenizer = a.tokenizer or os.path.join(shared, "models", "tok512.bin")
+    if hasattr(a, "text"):
+        a.text = a.text or os.path.join(shared, "data", "tinytales.txt")
+    return a
+
 BOS = 1
 EOS = 2
 RMS_EPS = 1e-5
@@ -600,12 +620,10 @@ def spec_from_args(a):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER)
+    add_path_args(ap)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("ppl", help="perplexity of a text with a fake-quantized KV cache")
-    p.add_argument("--text", default=DEFAULT_TEXT)
     p.add_argument("--ctx", type=int, default=None)
     p.add_argument("--json", action="store_true")
     add_kv_args(p)
@@ -617,11 +635,11 @@ def main(argv=None):
     lg = sub.add_parser("logits", help="full-precision logits of every position as JSON")
     lg.add_argument("-p", "--prompt", required=True)
 
-    for sp in (p, g, lg):  # allow the global options after the command as well
-        sp.add_argument("--model", default=argparse.SUPPRESS)
-        sp.add_argument("--tokenizer", default=argparse.SUPPRESS)
+    for sp in (p, g, lg):  # allow the path options after the command as well
+        for opt in ("--shared", "--model", "--tokenizer", "--text"):
+            sp.add_argument(opt, default=argparse.SUPPRESS)
 
-    a = ap.parse_args(argv)
+    a = resolve_paths(ap.parse_args(argv))
     model = load_model(a.model)
     tok = load_tokenizer(a.tokenizer, model.vocab_size)
 

@@ -314,10 +314,14 @@ def test_streaming(model, tok, text, n_tokens):
 
 
 def main():
+    import argparse
+    ap = argparse.ArgumentParser(description="self-tests of the numpy reference")
+    ref.add_path_args(ap)
+    a = ref.resolve_paths(ap.parse_args())
     t0 = time.time()
-    model = ref.load_model(ref.DEFAULT_MODEL)
-    tok = ref.load_tokenizer(ref.DEFAULT_TOKENIZER, model.vocab_size)
-    text = ref.read_text(ref.DEFAULT_TEXT)
+    model = ref.load_model(a.model)
+    tok = ref.load_tokenizer(a.tokenizer, model.vocab_size)
+    text = ref.read_text(a.text)
     test_tokenizer(tok, text)
     gen, out = ref.generate_greedy(model, tok, GREEDY_PROMPT, 56)
     check(out == GREEDY_TEXT and len(gen) == 56, "greedy: %d tokens, text %s" % (len(gen), "matches" if out == GREEDY_TEXT else "DIFFERS: %r" % out))

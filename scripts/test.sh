@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds, and runs every test:
+#   1. the release build's unit, end-to-end and reference tests;
+#   2. the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 60).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="$(nproc 2>/dev/null || echo 2)"
+start=$(date +%s)
+step() { echo; echo "== $* ($(( $(date +%s) - start ))s)"; }
+
+step "setup"
+scripts/setup.sh
+
+step "release build"
+scripts/build.sh release
+step "release tests"
+ctest --preset release -j "$jobs"
+
+step "sanitizer build (ASan + UBSan)"
+scripts/build.sh sanitize
+step "sanitizer tests"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --preset sanitize -j "$jobs"
+
+step "fuzzers"
+scripts/build.sh fuzz
+seconds="${KIVI_FUZZ_SECONDS:-60}"
+corpus="build-fuzz/corpus"
+/usr/bin/python3 tests/fuzz/make_seeds.py "$corpus"
+for f in gguf llama2c tokenizer; do
+  echo "-- fuzz_$f for ${seconds}s"
+  mkdir -p "$corpus/$f.out"
+  build-fuzz/bin/fuzz_$f -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 \
+    -artifact_prefix="build-fuzz/crash-$f-" "$corpus/$f.out" "$corpus/$f" 2>&1 | tail -n 3
+done
+
+step "all tests passed"
