@@ -96,6 +96,7 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
     a.out = part;
     a.out_stride = D + 2;
     a.scratch = ws.thread_scratch(thread);
+    a.ld = C;
     a.precision = p.precision;
     attend_range(a);
   };

@@ -1,66 +1,574 @@
-// Attention kernels over every cache format (first version: per-token
-// dequantization into registers-sized buffers, float arithmetic).
+// Decode-attention kernels, compiled for every SIMD target (Highway foreach_target)
+// and chosen at run time.
+//
+// One task is one KV head h and a range of tokens (at most one sequence chunk):
+//   1. scores S[r][i] = q_r . k_i for the rep query heads of h  (K read in its format)
+//   2. ALiBi bias, then the softmax-state update of (m, d, o)    (Milakov & Gimelshein 2018)
+//   3. o_r += sum_i p_r[i] v_i                                  (V read in its format)
+// K and V are each read in one sequential pass over the range, tile by tile.
+// f32/f16 rows are read in place. Quantized rows are dequantized a tile at a time into
+// an L1-resident staging buffer and consumed at once: the bytes read from memory are
+// the compressed ones, and no copy of the history is kept.
+//
+// KIVI codes pack `p` = 8/bits channels per byte along the row; extracting bit-plane k
+// of byte j gives channel p*j + k. Staged KIVI rows are therefore kept in "planar"
+// order (position k*(D/p) + j), and the query (for keys) or the output accumulator
+// (for values) is permuted to match, once per task.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "attn/kernels.h"
-#include "ops/ops.h"
+#include "core/f16.h"
+#include "kv/codec.h"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attn/attention_kernels.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#ifndef KIVI_ATTN_KERNELS_ONCE
+#define KIVI_ATTN_KERNELS_ONCE
 namespace kivi::attn {
 
-size_t kernel_scratch_floats(int rep, int D, int block) {
-  return static_cast<size_t>(rep) * block + 2 * static_cast<size_t>(D) + 2 * rep;
+// Tokens per tile: a tile's staged K and V rows (2 x 64 x D floats) stay in L1/L2.
+inline constexpr int kTile = 64;
+
+// Planar position of channel c for p channels per byte.
+inline int planar_pos(int c, int p, int D) { return (c % p) * (D / p) + c / p; }
+
+inline int channels_per_byte(kv::Format f) {
+  return f == kv::Format::kKivi2 ? 4 : f == kv::Format::kKivi4 ? 2 : 1;
 }
 
-void attend_range(const TaskArgs& a) {
-  const kv::LayerView& kv = *a.kv;
-  const int D = kv.k.head_dim, rep = a.rep, B = kv.k.block;
-  float* s = a.scratch;                       // [rep][B] scores, then probabilities
-  float* kbuf = s + static_cast<size_t>(rep) * B;
-  float* vbuf = kbuf + D;
+}  // namespace kivi::attn
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kivi::attn::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ---------------------------------------------------------------------------------
+// Calling a kernel with the widest float tag whose lane count divides `multiple`.
+
+template <class F>
+HWY_INLINE void WithTag(size_t multiple, const F& f) {
+  const hn::ScalableTag<float> full;
+  if (multiple % hn::Lanes(full) == 0) return f(full);
+#if HWY_TARGET != HWY_SCALAR
+  const hn::CappedTag<float, 8> c8;
+  if (hn::Lanes(c8) < hn::Lanes(full) && multiple % hn::Lanes(c8) == 0) return f(c8);
+  const hn::CappedTag<float, 4> c4;
+  if (hn::Lanes(c4) < hn::Lanes(full) && multiple % hn::Lanes(c4) == 0) return f(c4);
+#endif
+  const hn::CappedTag<float, 1> c1;
+  return f(c1);
+}
+
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadRow(DF df, const float* HWY_RESTRICT p) {
+  return hn::LoadU(df, p);
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadRow(DF df, const f16_t* HWY_RESTRICT p) {
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+}
+
+// Sum of all lanes of v.
+template <class DF>
+HWY_INLINE float SumLanes(DF df, hn::Vec<DF> v) {
+  return hn::GetLane(hn::SumOfLanes(df, v));
+}
+
+// ---------------------------------------------------------------------------------
+// S[h * ld + i] = q_h . row_i   for NH heads and `len` rows (row i at rows + i*stride).
+
+template <int NH, class DF, class T>
+HWY_INLINE void DotRowsN(DF df, const float* HWY_RESTRICT q, int D, const T* HWY_RESTRICT rows,
+                         size_t stride, int len, float* HWY_RESTRICT S, int ld) {
+  const size_t N = hn::Lanes(df);
+  int i = 0;
+  for (; i + 2 <= len; i += 2) {
+    const T* r0 = rows + static_cast<size_t>(i) * stride;
+    const T* r1 = r0 + stride;
+    auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
+    auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
+    for (size_t d = 0; d < static_cast<size_t>(D); d += N) {
+      const auto k0 = LoadRow(df, r0 + d), k1 = LoadRow(df, r1 + d);
+      const auto q0 = hn::LoadU(df, q + d);
+      a00 = hn::MulAdd(q0, k0, a00);
+      a01 = hn::MulAdd(q0, k1, a01);
+      if constexpr (NH > 1) {
+        const auto q1 = hn::LoadU(df, q + D + d);
+        a10 = hn::MulAdd(q1, k0, a10);
+        a11 = hn::MulAdd(q1, k1, a11);
+      }
+      if constexpr (NH > 2) {
+        const auto q2 = hn::LoadU(df, q + 2 * D + d);
+        a20 = hn::MulAdd(q2, k0, a20);
+        a21 = hn::MulAdd(q2, k1, a21);
+      }
+      if constexpr (NH > 3) {
+        const auto q3 = hn::LoadU(df, q + 3 * D + d);
+        a30 = hn::MulAdd(q3, k0, a30);
+        a31 = hn::MulAdd(q3, k1, a31);
+      }
+    }
+    S[i] = SumLanes(df, a00);
+    S[i + 1] = SumLanes(df, a01);
+    if constexpr (NH > 1) {
+      S[ld + i] = SumLanes(df, a10);
+      S[ld + i + 1] = SumLanes(df, a11);
+    }
+    if constexpr (NH > 2) {
+      S[2 * ld + i] = SumLanes(df, a20);
+      S[2 * ld + i + 1] = SumLanes(df, a21);
+    }
+    if constexpr (NH > 3) {
+      S[3 * ld + i] = SumLanes(df, a30);
+      S[3 * ld + i + 1] = SumLanes(df, a31);
+    }
+  }
+  for (; i < len; ++i) {
+    const T* r0 = rows + static_cast<size_t>(i) * stride;
+    for (int h = 0; h < NH; ++h) {
+      auto acc = hn::Zero(df);
+      for (size_t d = 0; d < static_cast<size_t>(D); d += N) {
+        acc = hn::MulAdd(hn::LoadU(df, q + h * D + d), LoadRow(df, r0 + d), acc);
+      }
+      S[h * ld + i] = SumLanes(df, acc);
+    }
+  }
+}
+
+template <class T>
+void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int len, float* S, int ld) {
+  WithTag(static_cast<size_t>(D), [&](auto df) {
+    for (int r = 0; r < rep; r += 4) {
+      const float* qr = q + static_cast<size_t>(r) * D;
+      float* Sr = S + static_cast<size_t>(r) * ld;
+      switch (std::min(4, rep - r)) {
+        case 1: DotRowsN<1>(df, qr, D, rows, stride, len, Sr, ld); break;
+        case 2: DotRowsN<2>(df, qr, D, rows, stride, len, Sr, ld); break;
+        case 3: DotRowsN<3>(df, qr, D, rows, stride, len, Sr, ld); break;
+        default: DotRowsN<4>(df, qr, D, rows, stride, len, Sr, ld); break;
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------
+// O_h[0..D) += sum_i P[h * ld + i] * row_i   for NH heads; O_h at O + h * ostride.
+
+template <int NH, class DF, class T>
+HWY_INLINE void AccumRowsN(DF df, const float* HWY_RESTRICT P, int ld, int D, const T* HWY_RESTRICT rows,
+                           size_t stride, int len, float* HWY_RESTRICT O, size_t ostride) {
+  const size_t N = hn::Lanes(df);
+  for (size_t d = 0; d < static_cast<size_t>(D); d += N) {
+    auto o0 = hn::LoadU(df, O + d);
+    auto o1 = NH > 1 ? hn::LoadU(df, O + ostride + d) : hn::Zero(df);
+    auto o2 = NH > 2 ? hn::LoadU(df, O + 2 * ostride + d) : hn::Zero(df);
+    auto o3 = NH > 3 ? hn::LoadU(df, O + 3 * ostride + d) : hn::Zero(df);
+    for (int i = 0; i < len; ++i) {
+      const auto v = LoadRow(df, rows + static_cast<size_t>(i) * stride + d);
+      o0 = hn::MulAdd(hn::Set(df, P[i]), v, o0);
+      if constexpr (NH > 1) o1 = hn::MulAdd(hn::Set(df, P[ld + i]), v, o1);
+      if constexpr (NH > 2) o2 = hn::MulAdd(hn::Set(df, P[2 * ld + i]), v, o2);
+      if constexpr (NH > 3) o3 = hn::MulAdd(hn::Set(df, P[3 * ld + i]), v, o3);
+    }
+    hn::StoreU(o0, df, O + d);
+    if constexpr (NH > 1) hn::StoreU(o1, df, O + ostride + d);
+    if constexpr (NH > 2) hn::StoreU(o2, df, O + 2 * ostride + d);
+    if constexpr (NH > 3) hn::StoreU(o3, df, O + 3 * ostride + d);
+  }
+}
+
+template <class T>
+void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t stride, int len, float* O,
+               size_t ostride) {
+  WithTag(static_cast<size_t>(D), [&](auto df) {
+    for (int r = 0; r < rep; r += 4) {
+      const float* Pr = P + static_cast<size_t>(r) * ld;
+      float* Or = O + static_cast<size_t>(r) * ostride;
+      switch (std::min(4, rep - r)) {
+        case 1: AccumRowsN<1>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
+        case 2: AccumRowsN<2>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
+        case 3: AccumRowsN<3>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
+        default: AccumRowsN<4>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------
+// Dequantization of a tile into f32 staging rows out[len][D].
+
+// int8 rows: codes at rows + i*stride (int8), one scale per row (`per_row`), or per
+// group of Gc channels (`per_group`, [len][D/Gc] with row stride gstride).
+void DequantInt8(const int8_t* rows, size_t stride, int len, int D, const float* row_scale,
+                 const float* group_scale, int Gc, size_t gstride, float* out) {
+  const size_t need = group_scale ? static_cast<size_t>(std::min(Gc, D)) : static_cast<size_t>(D);
+  WithTag(need, [&](auto df) {
+    using DF = decltype(df);
+    const hn::Rebind<int32_t, DF> di;
+    const hn::Rebind<int8_t, DF> d8;
+    const size_t N = hn::Lanes(df);
+    if (N == 1 && need % 4 != 0) {  // odd shapes: plain loop
+      for (int i = 0; i < len; ++i)
+        for (int d = 0; d < D; ++d) {
+          const float s = group_scale ? group_scale[i * gstride + d / Gc] : row_scale[i];
+          out[static_cast<size_t>(i) * D + d] = rows[i * stride + d] * s;
+        }
+      return;
+    }
+    for (int i = 0; i < len; ++i) {
+      const int8_t* r = rows + static_cast<size_t>(i) * stride;
+      float* o = out + static_cast<size_t>(i) * D;
+      for (size_t d = 0; d < static_cast<size_t>(D); d += N) {
+        const float s = group_scale ? group_scale[i * gstride + d / Gc] : row_scale[i];
+        const auto c = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, r + d)));
+        hn::StoreU(hn::Mul(c, hn::Set(df, s)), df, o + d);
+      }
+    }
+  });
+}
+
+// KIVI rows in planar order. Keys: per-channel scale/zero (already planar, D values,
+// the same for all rows). Values: per-row scale/zero per group of Gc channels.
+template <class DF>
+HWY_INLINE void DequantKiviRow(DF df, const uint8_t* HWY_RESTRICT row, int D, int bits,
+                               const float* HWY_RESTRICT sp, const float* HWY_RESTRICT zp,
+                               float* HWY_RESTRICT out) {
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t N = hn::Lanes(df);
+  const int p = 8 / bits;
+  const int W = D / p;  // bytes per row = planar stride
+  const auto mask = hn::Set(di, (1 << bits) - 1);
+  for (size_t j = 0; j < static_cast<size_t>(W); j += N) {
+    const auto x = hn::PromoteTo(di, hn::LoadU(d8, row + j));
+    for (int k = 0; k < p; ++k) {
+      const auto c = hn::ConvertTo(df, hn::And(hn::ShiftRightSame(x, bits * k), mask));
+      const size_t pos = static_cast<size_t>(k) * W + j;
+      hn::StoreU(hn::MulAdd(c, hn::LoadU(df, sp + pos), hn::LoadU(df, zp + pos)), df, out + pos);
+    }
+  }
+}
+
+// Keys: rows [0, len) of one key group, params planar sp/zp [D].
+void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bits, const float* sp,
+                     const float* zp, float* out) {
+  const int p = 8 / bits;
+  WithTag(static_cast<size_t>(D / p), [&](auto df) {
+    for (int i = 0; i < len; ++i) {
+      DequantKiviRow(df, rows + static_cast<size_t>(i) * stride, D, bits, sp, zp, out + static_cast<size_t>(i) * D);
+    }
+  });
+}
+
+// Values, stored in quads of tokens interleaved by byte (see kv_cache.h): tokens
+// [t, t + len) of one block, with `quad` pointing at the quad holding token t and t4 =
+// t % 4. Per token i, scale/zero per group g of Gc channels at s[i*gstride + g].
+// Channel p*j + k lies in group j / (Gc / p), so a vector over lanes j.. shares one group
+// when its width divides Gc / p.
+void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, int Gc, const float* s,
+                       const float* z, size_t gstride, float* out) {
+  const int p = 8 / bits;
+  const int W = D / p;  // bytes of one token's packed row
+  const int per_group = Gc % p == 0 ? Gc / p : 0;
+  const bool simd = per_group >= 4 && W % per_group == 0;
+  auto scalar_token = [&](int i) {  // token i of the range, element by element
+    const int slot = t4 + i;
+    const uint8_t* qd = quad + static_cast<size_t>(slot / 4) * 4 * W;
+    uint8_t row[1024];
+    for (int j = 0; j < W; ++j) row[j] = qd[4 * j + slot % 4];
+    for (int c = 0; c < D; ++c) {
+      const int g = c / Gc;
+      out[static_cast<size_t>(i) * D + planar_pos(c, p, D)] =
+          kv::unpack_code(row, c, bits) * s[i * gstride + g] + z[i * gstride + g];
+    }
+  };
+  if (!simd) {
+    for (int i = 0; i < len; ++i) scalar_token(i);
+    return;
+  }
+  WithTag(static_cast<size_t>(per_group), [&](auto df) {
+    using DF = decltype(df);
+    const hn::Rebind<uint32_t, DF> du;
+    const hn::Rebind<int32_t, DF> di;
+    const size_t N = hn::Lanes(df);
+    const auto mask = hn::Set(du, (1u << bits) - 1);
+    int i = 0;
+    // Partial quad at the start.
+    for (; i < len && (t4 + i) % 4 != 0; ++i) scalar_token(i);
+    // Whole quads: one 32-bit lane holds byte j of the four tokens.
+    for (; i + 4 <= len; i += 4) {
+      const uint8_t* qd = quad + static_cast<size_t>((t4 + i) / 4) * 4 * W;
+      for (size_t j = 0; j < static_cast<size_t>(W); j += N) {
+        const auto x = hn::LoadU(du, reinterpret_cast<const uint32_t*>(qd + 4 * j));
+        const size_t g = j / per_group;
+        for (int b = 0; b < 4; ++b) {
+          const auto sv = hn::Set(df, s[(i + b) * gstride + g]), zv = hn::Set(df, z[(i + b) * gstride + g]);
+          float* o = out + static_cast<size_t>(i + b) * D;
+          for (int k = 0; k < p; ++k) {
+            const auto c = hn::And(hn::ShiftRightSame(x, 8 * b + bits * k), mask);
+            hn::StoreU(hn::MulAdd(hn::ConvertTo(df, hn::BitCast(di, c)), sv, zv), df, o + static_cast<size_t>(k) * W + j);
+          }
+        }
+      }
+    }
+    for (; i < len; ++i) scalar_token(i);
+  });
+}
+
+// ---------------------------------------------------------------------------------
+// Online softmax over one tile: S[h][0..len) -> exp(S - m_new); d, o rescaled.
+
+void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int out_stride) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  for (int h = 0; h < rep; ++h) {
+    float* s = S + static_cast<size_t>(h) * ld;
+    float* o = out + static_cast<size_t>(h) * out_stride;
+    float mx = o[D];
+    for (int i = 0; i < len; ++i) mx = std::max(mx, s[i]);
+    const float corr = std::exp(o[D] - mx);  // 0 when the state is empty (m = -inf)
+    const auto mv = hn::Set(df, mx);
+    auto sum = hn::Zero(df);
+    int i = 0;
+    for (; i + static_cast<int>(N) <= len; i += static_cast<int>(N)) {
+      const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), mv));
+      hn::StoreU(e, df, s + i);
+      sum = hn::Add(sum, e);
+    }
+    float total = SumLanes(df, sum);
+    for (; i < len; ++i) {
+      s[i] = std::exp(s[i] - mx);
+      total += s[i];
+    }
+    if (corr != 1.0f) {
+      for (int d = 0; d < D; ++d) o[d] *= corr;
+    }
+    o[D] = mx;
+    o[D + 1] = o[D + 1] * corr + total;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// One task.
+
+void AttendTask(const TaskArgs& a) {
+  const kv::LayerView& kvv = *a.kv;
+  const kv::StreamView& K = kvv.k;
+  const kv::StreamView& V = kvv.v;
+  const int D = K.head_dim, rep = a.rep, h = a.h;
+  const bool k_kivi = kv::is_kivi(K.fmt.format), v_kivi = kv::is_kivi(V.fmt.format);
+  const int pk = k_kivi ? channels_per_byte(K.fmt.format) : 1;
+  const int pv = v_kivi ? channels_per_byte(V.fmt.format) : 1;
+  const int kbits = kv::format_bits(K.fmt.format), vbits = kv::format_bits(V.fmt.format);
+
+  // Scratch: qn [rep][D], qp [rep][D], S [rep][ld], kbuf/vbuf [kTile][D],
+  // key params sp/zp [D], value params vs/vz [kTile][D/Gc], row scales [kTile].
+  float* qn = a.scratch;
+  float* qp = qn + static_cast<size_t>(rep) * D;
+  const int ld = a.ld;  // scores of the whole range: S [rep][ld]
+  float* S = qp + static_cast<size_t>(rep) * D;
+  float* kbuf = S + static_cast<size_t>(rep) * ld;
+  float* vbuf = kbuf + static_cast<size_t>(kTile) * D;
+  float* sp = vbuf + static_cast<size_t>(kTile) * D;
+  float* zp = sp + D;
+  float* vs = zp + D;
+  float* vz = vs + static_cast<size_t>(kTile) * D;
+  float* rs = vz + static_cast<size_t>(kTile) * D;
+
   for (int r = 0; r < rep; ++r) {
-    float* o = a.out + r * a.out_stride;
+    const float* q = a.q + static_cast<size_t>(r) * D;
+    for (int d = 0; d < D; ++d) {
+      qn[r * D + d] = q[d] * a.scale;
+      qp[r * D + planar_pos(d, pk, D)] = q[d] * a.scale;
+    }
+    float* o = a.out + static_cast<size_t>(r) * a.out_stride;
     std::fill(o, o + D, 0.0f);
     o[D] = -std::numeric_limits<float>::infinity();
     o[D + 1] = 0.0f;
   }
+
+  const int B = K.block;
+  auto param = [&](const uint8_t* base, size_t index) {
+    return K.param_type == kv::ParamType::kF16 ? f16_to_f32(reinterpret_cast<const f16_t*>(base)[index])
+                                               : reinterpret_cast<const float*>(base)[index];
+  };
+
   for (int t0 = a.t0; t0 < a.t1;) {
-    const int t1 = std::min(a.t1, (t0 / B + 1) * B);
+    const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
     const int len = t1 - t0;
-    for (int t = t0; t < t1; ++t) {
-      dequantize_key(kv.k, t, a.h, kbuf);
-      for (int r = 0; r < rep; ++r) {
-        float sc = ops::dot(a.q + static_cast<size_t>(r) * D, kbuf, D) * a.scale;
-        if (a.slopes) sc += a.slopes[r] * static_cast<float>(t - a.q_pos);
-        s[r * B + (t - t0)] = sc;
+    const int32_t kpb = K.block_table[t0 / B];
+
+    // 1. Scores.
+    const int ke = std::max(t0, std::min(t1, K.n_stored));  // [t0, ke) stored, [ke, t1) residual
+    if (ke > t0) {
+      const int n = ke - t0;
+      switch (K.fmt.format) {
+        case kv::Format::kF32:
+          DotRows(qn, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, S + (t0 - a.t0), ld);
+          break;
+        case kv::Format::kF16:
+          DotRows(qn, rep, D, reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, S + (t0 - a.t0), ld);
+          break;
+        case kv::Format::kInt8: {
+          const int Gc = K.group;
+          const bool grp = K.fmt.granularity == kv::Int8Granularity::kGroup;
+          const size_t base = static_cast<size_t>(kpb) * K.block_param_count;
+          for (int i = 0; i < n; ++i) {
+            const int slot = (t0 + i) % B;
+            switch (K.fmt.granularity) {
+              case kv::Int8Granularity::kTensor: rs[i] = K.tensor_scale; break;
+              case kv::Int8Granularity::kToken: rs[i] = param(K.scales, base + slot); break;
+              case kv::Int8Granularity::kHead: rs[i] = param(K.scales, base + static_cast<size_t>(h) * B + slot); break;
+              case kv::Int8Granularity::kGroup:
+                for (int g = 0; g < D / Gc; ++g) {
+                  vs[i * (D / Gc) + g] = param(K.scales, base + (static_cast<size_t>(h) * B + slot) * (D / Gc) + g);
+                }
+                break;
+            }
+          }
+          DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
+                      D / Gc, kbuf);
+          DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld);
+          break;
+        }
+        default: {  // KIVI keys: per-channel params per group of G tokens
+          const int G = K.group;
+          for (int g0 = t0; g0 < ke;) {
+            const int g1 = std::min(ke, (g0 / G + 1) * G);
+            const size_t pi = static_cast<size_t>(kpb) * K.block_param_count +
+                              (static_cast<size_t>(h) * (B / G) + (g0 % B) / G) * D;
+            for (int d = 0; d < D; ++d) {
+              const int pos = planar_pos(d, pk, D);
+              sp[pos] = param(K.scales, pi + d);
+              zp[pos] = param(K.zeros, pi + d);
+            }
+            DequantKiviKeys(K.row(g0, h), K.token_stride, g1 - g0, D, kbits, sp, zp, kbuf + static_cast<size_t>(g0 - t0) * D);
+            g0 = g1;
+          }
+          DotRows(qp, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld);
+          break;
+        }
       }
     }
-    for (int r = 0; r < rep; ++r) {
-      float* o = a.out + r * a.out_stride;
-      float* sr = s + r * B;
-      float mx = o[D];
-      for (int i = 0; i < len; ++i) mx = std::max(mx, sr[i]);
-      const float corr = std::exp(o[D] - mx);
-      float den = o[D + 1] * corr;
-      for (int i = 0; i < D; ++i) o[i] *= corr;
-      for (int i = 0; i < len; ++i) {
-        sr[i] = std::exp(sr[i] - mx);
-        den += sr[i];
-      }
-      o[D] = mx;
-      o[D + 1] = den;
+    for (int r0 = ke; r0 < t1;) {  // residual keys, natural order; the ring may wrap
+      const int cap = K.ring_capacity;
+      const int r1 = std::min(t1, (r0 / cap + 1) * cap);
+      DotRows(qn, rep, D, K.residual_row(r0, h), static_cast<size_t>(D), r1 - r0, S + (r0 - a.t0), ld);
+      r0 = r1;
     }
-    for (int t = t0; t < t1; ++t) {
-      dequantize_value(kv.v, t, a.h, vbuf);
-      for (int r = 0; r < rep; ++r) {
-        float* o = a.out + r * a.out_stride;
-        const float p = s[r * B + (t - t0)];
-        for (int i = 0; i < D; ++i) o[i] += p * vbuf[i];
+
+    t0 = t1;
+  }
+
+  // 2. ALiBi and the softmax update over the whole range.
+  const int total = a.t1 - a.t0;
+  if (a.slopes) {
+    for (int r = 0; r < rep; ++r)
+      for (int i = 0; i < total; ++i) S[r * ld + i] += a.slopes[r] * static_cast<float>(a.t0 + i - a.q_pos);
+  }
+  SoftmaxUpdate(S, ld, rep, total, D, a.out, a.out_stride);
+
+  // 3. Values.
+  for (int t0 = a.t0; t0 < a.t1;) {
+    const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
+    const int ve = std::max(t0, std::min(t1, V.n_stored));
+    const int32_t vpb = V.block_table[t0 / B];
+    if (ve > t0) {
+      const int n = ve - t0;
+      switch (V.fmt.format) {
+        case kv::Format::kF32:
+          AccumRows(S + (t0 - a.t0), ld, rep, D, reinterpret_cast<const float*>(V.row(t0, h)), V.token_stride / 4, n, a.out,
+                    a.out_stride);
+          break;
+        case kv::Format::kF16:
+          AccumRows(S + (t0 - a.t0), ld, rep, D, reinterpret_cast<const f16_t*>(V.row(t0, h)), V.token_stride / 2, n, a.out,
+                    a.out_stride);
+          break;
+        case kv::Format::kInt8: {
+          const int Gc = V.group;
+          const bool grp = V.fmt.granularity == kv::Int8Granularity::kGroup;
+          const size_t base = static_cast<size_t>(vpb) * V.block_param_count;
+          for (int i = 0; i < n; ++i) {
+            const int slot = (t0 + i) % B;
+            switch (V.fmt.granularity) {
+              case kv::Int8Granularity::kTensor: rs[i] = V.tensor_scale; break;
+              case kv::Int8Granularity::kToken: rs[i] = param(V.scales, base + slot); break;
+              case kv::Int8Granularity::kHead: rs[i] = param(V.scales, base + static_cast<size_t>(h) * B + slot); break;
+              case kv::Int8Granularity::kGroup:
+                for (int g = 0; g < D / Gc; ++g) {
+                  vs[i * (D / Gc) + g] = param(V.scales, base + (static_cast<size_t>(h) * B + slot) * (D / Gc) + g);
+                }
+                break;
+            }
+          }
+          DequantInt8(reinterpret_cast<const int8_t*>(V.row(t0, h)), V.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
+                      D / Gc, vbuf);
+          AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride);
+          break;
+        }
+        default: {  // KIVI values: per-token params per group of Gc channels
+          const int Gc = V.group, NG = D / Gc;
+          const size_t pi = static_cast<size_t>(vpb) * V.block_param_count +
+                            (static_cast<size_t>(h) * B + t0 % B) * NG;
+          for (int i = 0; i < n * NG; ++i) {
+            vs[i] = param(V.scales, pi + i);
+            vz[i] = param(V.zeros, pi + i);
+          }
+          DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, vs, vz, static_cast<size_t>(NG), vbuf);
+          AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride);
+          break;
+        }
       }
+    }
+    for (int r0 = ve; r0 < t1;) {  // residual values
+      const int cap = V.ring_capacity;
+      const int r1 = std::min(t1, (r0 / cap + 1) * cap);
+      const float* rows = V.residual_row(r0, h);
+      if (pv > 1) {  // the accumulator is planar: permute the residual rows to match
+        for (int i = 0; i < r1 - r0; ++i)
+          for (int d = 0; d < D; ++d) vbuf[static_cast<size_t>(i) * D + planar_pos(d, pv, D)] = rows[static_cast<size_t>(i) * D + d];
+        rows = vbuf;
+      }
+      AccumRows(S + (r0 - a.t0), ld, rep, D, rows, static_cast<size_t>(D), r1 - r0, a.out, a.out_stride);
+      r0 = r1;
     }
     t0 = t1;
   }
+
+  // The accumulator of a KIVI value stream is planar: back to channel order.
+  if (pv > 1) {
+    for (int r = 0; r < rep; ++r) {
+      float* o = a.out + static_cast<size_t>(r) * a.out_stride;
+      for (int d = 0; d < D; ++d) vbuf[d] = o[planar_pos(d, pv, D)];
+      std::copy(vbuf, vbuf + D, o);
+    }
+  }
 }
 
+}  // namespace kivi::attn::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kivi::attn {
+
+HWY_EXPORT(AttendTask);
+
+size_t kernel_scratch_floats(int rep, int D, int block) {
+  return 2 * static_cast<size_t>(rep) * D + static_cast<size_t>(rep) * chunk_tokens(block) +
+         2 * static_cast<size_t>(kTile) * D +
+         2 * static_cast<size_t>(D) + 2 * static_cast<size_t>(kTile) * D + kTile + 64;
+}
+
+void attend_range(const TaskArgs& a) { HWY_DYNAMIC_DISPATCH(AttendTask)(a); }
+
 }  // namespace kivi::attn
+#endif  // HWY_ONCE

@@ -16,7 +16,7 @@ using kv::Int8Granularity;
 static size_t param_index(const kv::StreamView& s, int t, int h, int d, bool key) {
   const size_t pb = static_cast<size_t>(s.block_table[t / s.block]);
   const size_t slot = t % s.block;
-  const size_t H = s.n_heads, D = s.head_dim;
+  const size_t D = s.head_dim;
   const size_t base = pb * s.block_param_count;
   if (kv::is_kivi(s.fmt.format)) {
     if (key) return base + (h * (s.block / s.group) + slot / s.group) * D + d;
@@ -24,8 +24,8 @@ static size_t param_index(const kv::StreamView& s, int t, int h, int d, bool key
   }
   switch (s.fmt.granularity) {
     case Int8Granularity::kToken: return base + slot;
-    case Int8Granularity::kHead: return base + slot * H + h;
-    case Int8Granularity::kGroup: return base + (slot * H + h) * (D / s.group) + d / s.group;
+    case Int8Granularity::kHead: return base + h * s.block + slot;
+    case Int8Granularity::kGroup: return base + (h * s.block + slot) * (D / s.group) + d / s.group;
     default: return 0;
   }
 }
@@ -61,9 +61,17 @@ static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bo
     }
     default: {
       const int bits = kv::format_bits(s.fmt.format);
+      // Quad-interleaved rows: gather this token's bytes back into one packed row.
+      uint8_t packed[1024];
+      const uint8_t* r = row;
+      if (s.quad) {
+        const uint8_t* q = s.quad_row(t, h);
+        for (size_t j = 0; j < s.code_row_bytes; ++j) packed[j] = q[4 * j + t % 4];
+        r = packed;
+      }
       for (int d = 0; d < D; ++d) {
         const size_t pi = param_index(s, t, h, d, key);
-        out[d] = kv::unpack_code(row, d, bits) * kv::load_param(s.scales, pi, s.param_type) +
+        out[d] = kv::unpack_code(r, d, bits) * kv::load_param(s.scales, pi, s.param_type) +
                  kv::load_param(s.zeros, pi, s.param_type);
       }
       return;

@@ -21,6 +21,7 @@ struct TaskArgs {
   float* out = nullptr;  // per head r: out[r * out_stride + i]: o[0..D), then m, d
   int out_stride = 0;
   float* scratch = nullptr;
+  int ld = 0;  // capacity of the score row per head (>= t1 - t0)
   Precision precision = Precision::kExact;
 };
 

@@ -93,8 +93,11 @@ std::string describe(const StreamFormat& s) {
 
 int CacheConfig::block() const {
   if (block_tokens > 0) return block_tokens;
+  // 128 tokens rounded up to a multiple of lcm(G, 4): whole key groups, whole quads of
+  // interleaved value tokens.
   const int g = std::max(1, group_size);
-  return (128 + g - 1) / g * g;
+  const int unit = g % 4 == 0 ? g : g % 2 == 0 ? 2 * g : 4 * g;
+  return (128 + unit - 1) / unit * unit;
 }
 
 int CacheConfig::channel_group() const { return std::min(group_size, head_dim); }
@@ -102,7 +105,7 @@ int CacheConfig::channel_group() const { return std::min(group_size, head_dim); 
 void CacheConfig::validate() const {
   if (n_layers < 1) fail("KV cache: n_layers = %d, expected >= 1", n_layers);
   if (n_kv_heads < 1) fail("KV cache: n_kv_heads = %d, expected >= 1", n_kv_heads);
-  if (head_dim < 1) fail("KV cache: head_dim = %d, expected >= 1", head_dim);
+  if (head_dim < 1 || head_dim > 1024) fail("KV cache: head_dim = %d, expected 1 to 1024", head_dim);
   if (ctx < 1) fail("--ctx = %d, expected >= 1", ctx);
   const bool kivi = is_kivi(k.format) || is_kivi(v.format);
   const bool grouped = kivi || (k.format == Format::kInt8 && k.granularity == Int8Granularity::kGroup) ||
@@ -139,8 +142,8 @@ void CacheConfig::validate() const {
   };
   check_stream(k, "key");
   check_stream(v, "value");
-  if (block_tokens < 0 || (block_tokens > 0 && block_tokens % group_size != 0)) {
-    fail("KV block size = %d must be a positive multiple of --group-size = %d", block_tokens,
+  if (block_tokens < 0 || (block_tokens > 0 && (block_tokens % group_size != 0 || block_tokens % 4 != 0))) {
+    fail("KV block size = %d must be a positive multiple of 4 and of --group-size = %d", block_tokens,
          group_size);
   }
 }

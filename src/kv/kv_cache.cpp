@@ -22,6 +22,7 @@ KvCache::KvCache(const CacheConfig& config, bool block_summaries)
   block_ = cfg_.block();
   cgroup_ = cfg_.channel_group();
   n_blocks_ = (cfg_.ctx + block_ - 1) / block_;
+  row_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
   layers_.resize(cfg_.n_layers);
   for (auto& L : layers_) {
     L.block_table.resize(n_blocks_);
@@ -40,16 +41,16 @@ void KvCache::init_stream(StreamStore& s, const StreamFormat& f, Stream which, i
   if (is_row_format(f.format)) {
     const size_t eb = row_elem_bytes(f.format);
     s.code_row_bytes = D * eb;
-    s.head_stride = D * eb;
-    s.token_stride = H * D * eb;
-    s.block_code_bytes = B * H * D * eb;
+    s.token_stride = D * eb;
+    s.head_stride = B * D * eb;
+    s.block_code_bytes = H * B * D * eb;
     s.block_param_count = 0;
     if (f.format == Format::kInt8) {
       switch (f.granularity) {
         case Int8Granularity::kTensor: break;
         case Int8Granularity::kToken: s.block_param_count = B; break;
-        case Int8Granularity::kHead: s.block_param_count = B * H; break;
-        case Int8Granularity::kGroup: s.block_param_count = B * H * (D / cgroup_); break;
+        case Int8Granularity::kHead: s.block_param_count = H * B; break;
+        case Int8Granularity::kGroup: s.block_param_count = H * B * (D / cgroup_); break;
       }
     }
     s.ring_cap = 0;
@@ -107,32 +108,54 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
   const int32_t pb = L.block_table[pos / block_];
   const int slot = pos % block_;
-  uint8_t* dst = s.codes.data() + pb * s.block_code_bytes + slot * s.token_stride;
+  uint8_t* blk = s.codes.data() + pb * s.block_code_bytes + slot * s.token_stride;
   switch (s.fmt.format) {
     case Format::kF32:
-      std::memcpy(dst, x, static_cast<size_t>(H) * D * sizeof(float));
+      for (int h = 0; h < H; ++h) std::memcpy(blk + h * s.head_stride, x + static_cast<size_t>(h) * D, D * sizeof(float));
       break;
     case Format::kF16:
-      ops::f32_to_f16_n(x, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(H) * D);
+      for (int h = 0; h < H; ++h) {
+        ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(blk + h * s.head_stride), D);
+      }
       break;
     case Format::kInt8: {
+      const ParamType pt = cfg_.param_type;
+      const size_t ps = param_size(pt);
+      auto absmax = [](const float* p, int n) {
+        float m = 0.0f;
+        for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(p[i]));
+        return m;
+      };
       if (s.fmt.granularity == Int8Granularity::kTensor && !s.calibrated) {
         // Decoding into an empty cache: the first token calibrates.
-        float m = 0.0f;
-        for (int i = 0; i < H * D; ++i) m = std::max(m, std::fabs(x[i]));
-        s.tensor_scale = int8_scale(m, cfg_.param_type);
+        s.tensor_scale = int8_scale(absmax(x, H * D), pt);
         s.calibrated = true;
       }
-      size_t pi = pb * s.block_param_count;
-      switch (s.fmt.granularity) {
-        case Int8Granularity::kTensor: break;
-        case Int8Granularity::kToken: pi += slot; break;
-        case Int8Granularity::kHead: pi += static_cast<size_t>(slot) * H; break;
-        case Int8Granularity::kGroup: pi += static_cast<size_t>(slot) * H * (D / cgroup_); break;
+      const size_t base = pb * s.block_param_count;
+      float fixed = s.tensor_scale;
+      if (s.fmt.granularity == Int8Granularity::kToken) {
+        // One scale over every head of the token, stored once.
+        fixed = int8_scale(absmax(x, H * D), pt);
+        store_param(s.scales.data(), base + slot, fixed, pt);
       }
-      uint8_t* sp = s.scales.data() + pi * param_size(cfg_.param_type);
-      s.clamped += quantize_int8(x, 1, H, D, s.fmt.granularity, cgroup_, cfg_.param_type,
-                                 reinterpret_cast<int8_t*>(dst), sp, s.tensor_scale);
+      for (int h = 0; h < H; ++h) {
+        int8_t* codes = reinterpret_cast<int8_t*>(blk + h * s.head_stride);
+        const float* xh = x + static_cast<size_t>(h) * D;
+        switch (s.fmt.granularity) {
+          case Int8Granularity::kTensor:
+          case Int8Granularity::kToken:
+            s.clamped += quantize_int8(xh, 1, 1, D, Int8Granularity::kTensor, cgroup_, pt, codes, nullptr, fixed);
+            break;
+          case Int8Granularity::kHead:
+            quantize_int8(xh, 1, 1, D, Int8Granularity::kHead, cgroup_, pt, codes,
+                          s.scales.data() + (base + static_cast<size_t>(h) * block_ + slot) * ps);
+            break;
+          case Int8Granularity::kGroup:
+            quantize_int8(xh, 1, 1, D, Int8Granularity::kGroup, cgroup_, pt, codes,
+                          s.scales.data() + (base + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_)) * ps);
+            break;
+        }
+      }
       break;
     }
     default:
@@ -169,19 +192,26 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
   s.n_stored = first + count;
 }
 
-void KvCache::flush_value(Layer& L, int pos) {
+void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   StreamStore& s = L.v;
-  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+  const int D = cfg_.head_dim;
   const int bits = format_bits(s.fmt.format);
   const size_t ps = param_size(cfg_.param_type);
   const int32_t pb = L.block_table[pos / block_];
   const int slot = pos % block_;
+  const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_);
+  quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(), s.scales.data() + pi * ps,
+                  s.zeros.data() + pi * ps);
+  // Interleave into the token's quad: byte j goes to 4 j + slot % 4.
+  uint8_t* quad = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot / 4 * 4 * s.code_row_bytes;
+  for (size_t j = 0; j < s.code_row_bytes; ++j) quad[4 * j + slot % 4] = row_tmp_[j];
+}
+
+void KvCache::flush_value(Layer& L, int pos) {
+  StreamStore& s = L.v;
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
   for (int h = 0; h < H; ++h) {
-    const float* src = s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D;
-    uint8_t* codes = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot * s.token_stride;
-    const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_);
-    quantize_values(src, 1, 1, D, cgroup_, bits, cfg_.param_type, codes, s.scales.data() + pi * ps,
-                    s.zeros.data() + pi * ps);
+    store_value(L, pos, h, s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D);
   }
   s.n_stored = pos + 1;
 }
@@ -227,16 +257,7 @@ void KvCache::append(int layer, const float* k, const float* v) {
     StreamStore& s = L.v;
     if (R == 0) {
       // No residual: quantize the new value directly.
-      const int bits = format_bits(s.fmt.format);
-      const size_t ps = param_size(cfg_.param_type);
-      const int32_t pb = L.block_table[pos / block_];
-      const int slot = pos % block_;
-      for (int h = 0; h < H; ++h) {
-        uint8_t* codes = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot * s.token_stride;
-        const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_);
-        quantize_values(v + static_cast<size_t>(h) * D, 1, 1, D, cgroup_, bits, cfg_.param_type,
-                        codes, s.scales.data() + pi * ps, s.zeros.data() + pi * ps);
-      }
+      for (int h = 0; h < H; ++h) store_value(L, pos, h, v + static_cast<size_t>(h) * D);
       s.n_stored = pos + 1;
     } else {
       if (pos - s.n_stored == R) flush_value(L, s.n_stored);  // ring full: oldest goes first
@@ -270,6 +291,7 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
   v.code_row_bytes = s.code_row_bytes;
   v.head_stride = s.head_stride;
   v.token_stride = s.token_stride;
+  v.quad = is_kivi(s.fmt.format) && which == Stream::kValue;
   v.tensor_scale = s.tensor_scale;
   v.ring = s.ring.data();
   v.ring_capacity = s.ring_cap;

@@ -15,11 +15,14 @@
 // store each token directly.
 //
 // Storage per layer and stream (B tokens per block, H KV heads, D = head_dim):
-//   row formats (f32, f16, int8): codes [n_blocks][B][H][D * bytes]   (token-major)
-//                                 int8 scales: token [n_blocks][B], head [n_blocks][B][H],
-//                                 group [n_blocks][B][H][D/Gc]; tensor: one per layer
+//   row formats (f32, f16, int8): codes [n_blocks][H][B][D * bytes]   (head-major, so a
+//                                 task that reads one KV head streams contiguous memory)
+//                                 int8 scales: token [n_blocks][B], head [n_blocks][H][B],
+//                                 group [n_blocks][H][B][D/Gc]; tensor: one per layer
 //   KIVI keys:   codes [n_blocks][H][B][D*bits/8], scale/zero [n_blocks][H][B/G][D]
-//   KIVI values: codes [n_blocks][H][B][D*bits/8], scale/zero [n_blocks][H][B][D/Gc]
+//   KIVI values: codes [n_blocks][H][B/4][D*bits/8][4] (quads of tokens interleaved by
+//                byte, so one 32-bit word holds byte j of four consecutive tokens: the
+//                layout integer dot products over tokens want), scale/zero [n_blocks][H][B][D/Gc]
 //   residual:    f32 ring [H][capacity][D], token p in slot p % capacity
 // Block summaries (optional): per block and head, the per-channel min and max of the
 // keys (Quest, Tang et al. 2024), [n_blocks][H][2][D] f32.
@@ -51,15 +54,21 @@ struct StreamView {
   size_t code_row_bytes = 0;             // bytes of one token's codes for one head
   size_t head_stride = 0;                // bytes between heads' rows within a block
   size_t token_stride = 0;               // bytes between tokens' rows within a block
+  bool quad = false;                     // rows interleaved by quads of tokens (KIVI values)
   float tensor_scale = 0.0f;             // int8 tensor granularity
   // Residual segment: tokens [n_stored, n_tokens) in full precision.
   const float* ring = nullptr;  // [H][ring_capacity][D]
   int ring_capacity = 0;
 
-  // Pointer to the codes of token t (< n_stored), head h.
+  // Pointer to the codes of token t (< n_stored), head h. For quad-interleaved
+  // streams: the start of t's quad; byte j of token t is at quad_row(t, h)[4 j + t % 4].
   const uint8_t* row(int t, int h) const {
     const int32_t pb = block_table[t / block];
     return codes + pb * block_code_bytes + h * head_stride + (t % block) * token_stride;
+  }
+  const uint8_t* quad_row(int t, int h) const {
+    const int32_t pb = block_table[t / block];
+    return codes + pb * block_code_bytes + h * head_stride + (t % block) / 4 * 4 * code_row_bytes;
   }
   // Residual row of token t (>= n_stored), head h.
   const float* residual_row(int t, int h) const {
@@ -142,10 +151,12 @@ class KvCache {
   void store_rows(Layer& L, StreamStore& s, int pos, const float* x);  // row formats, one token
   void flush_keys(Layer& L, int first, int count);                     // KIVI keys from ring
   void flush_value(Layer& L, int pos);                                 // KIVI value from ring
+  void store_value(Layer& L, int pos, int h, const float* v);          // quantize + interleave
   uint64_t stream_bytes_used(const StreamStore& s, Stream which, int n) const;
 
   CacheConfig cfg_;
   int block_ = 0, n_blocks_ = 0, cgroup_ = 0;
+  AlignedBuffer<uint8_t> row_tmp_;  // one packed row, for interleaving value codes
   bool summaries_ = false;
   std::vector<Layer> layers_;
 };

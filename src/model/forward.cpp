@@ -11,13 +11,14 @@
 namespace kivi::model {
 
 void fill_rope_table(float* table, int ctx, int hd, float theta) {
-  // float arithmetic as in llama2.c's run.c, so greedy text matches its published output
+  // Angles in double: at long positions a float angle pos * freq loses digits (llama2.c
+  // computes it in float; the difference is below 1e-4 in the logits either way).
   for (int pos = 0; pos < ctx; ++pos) {
     for (int i = 0; i < hd; i += 2) {
-      const float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(hd));
-      const float val = static_cast<float>(pos) * freq;
-      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2] = std::cos(val);
-      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2 + 1] = std::sin(val);
+      const double freq = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(i) / hd);
+      const double val = pos * freq;
+      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2] = static_cast<float>(std::cos(val));
+      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2 + 1] = static_cast<float>(std::sin(val));
     }
   }
 }

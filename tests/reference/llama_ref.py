@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Independent numpy reference for Llama inference with a fake-quantized KV cache.
 
-Written from the written specification only (llama2.c model math and tokenizer,
-KIVI-style KV cache quantization simulated as it is deployed when streaming).
+Follows the llama2.c model math and tokenizer, with
+KIVI-style KV cache quantization simulated as it is deployed when streaming.
 Everything is computed in float64 except where a storage format is emulated.
 
 Library:
@@ -12,12 +12,13 @@ Library:
     forward_logits(model, tokens) -> [n, vocab] float64 (full precision)
     generate_greedy(model, tok, prompt, steps) -> (ids, text)
     perplexity(model, tokens, ctx, kv_spec) -> dict(ppl, mean_nll, nll_stderr, tokens)
-    KVSpec(k_format, v_format, int8_granularity, group_size, residual, key_flush, scale_dtype)
+    KVSpec(k_format, v_format, int8_granularity, group_size, residual, key_flush, scale_dtype, mode)
 
 CLI:
     llama_ref.py ppl [--kv-cache F] [--kv-cache-k F --kv-cache-v F] [--group-size G]
                      [--residual R] [--key-flush batch|group] [--scale-dtype f16|f32]
-                     [--int8-granularity token|head|group|tensor] [--ctx N] [--json]
+                     [--int8-granularity token|head|group|tensor] [--mode streaming|batched]
+                     [--ctx N] [--json]
     llama_ref.py generate -p TEXT -n N
     llama_ref.py logits -p TEXT          (JSON [positions][vocab], BOS prepended)
 """
@@ -305,6 +306,10 @@ class KVSpec:
     residual: int = 128           # R (kivi formats only)
     key_flush: str = "batch"      # "batch" | "group"
     scale_dtype: str = "f16"      # "f16" | "f32"
+    # How each chunk is fed: "streaming" (one token at a time) or "batched" (the whole
+    # chunk appended at once). Only int8 "tensor" differs: its scale comes from the first
+    # append batch (BOS alone when streaming, the whole chunk when batched).
+    mode: str = "streaming"
 
     def validate(self):
         for f in (self.k_format, self.v_format):
@@ -316,6 +321,8 @@ class KVSpec:
             raise ValueError("unknown key flush policy %r" % self.key_flush)
         if self.scale_dtype not in ("f16", "f32"):
             raise ValueError("unknown scale dtype %r" % self.scale_dtype)
+        if self.mode not in ("streaming", "batched"):
+            raise ValueError("unknown mode %r" % self.mode)
         if self.group_size <= 0 or self.residual < 0 or self.residual % self.group_size:
             raise ValueError("need G > 0, R >= 0 and R %% G == 0 (G=%d, R=%d)"
                              % (self.group_size, self.residual))
@@ -400,7 +407,8 @@ def fake_quantize(X, fmt, is_key, spec):
         if gran == "tensor":
             # One scale per layer and per K/V, fixed from the first append batch of
             # the chunk; when streaming that batch is only the BOS token (position 0).
-            amax = np.abs(X[0]).max()
+            first = X[:1] if spec.mode == "streaming" else X
+            amax = np.abs(first).max()
             return _int8_sym(X, np.array(amax), spec.scale_dtype), n
         raise ValueError(gran)
     if fmt.startswith("kivi"):
@@ -506,12 +514,16 @@ def attention(q, k, v, kq=None, nk=None, vq=None, nv=None):
     return out.transpose(1, 0, 2, 3).reshape(T, nh * hs)   # concat heads in order h
 
 
-def forward_chunk(model, tokens, kv_spec=None):
+def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
     """Logits [T, vocab] for tokens evaluated from an empty cache at positions 0..T-1.
 
     With kv_spec, each query position t attends to the keys/values as stored in the
     cache right after token t is appended (streaming): the first nq[t] tokens in
-    their quantized form, the rest in full precision."""
+    their quantized form, the rest in full precision.
+
+    kv_noise = (eps, numpy Generator) multiplies the keys and values handed to the
+    cache by (1 + eps * N(0, 1)) - a sensitivity probe (float32-level perturbations
+    can flip quantization codes), not part of the model."""
     m = model
     T = len(tokens)
     hs = m.head_size
@@ -527,6 +539,10 @@ def forward_chunk(model, tokens, kv_spec=None):
         v = (xb @ m.wv[l].T).reshape(T, nkv, hs)
         q = rope(q, pos)
         k = rope(k, pos)
+        if kv_noise is not None:
+            eps, gen = kv_noise
+            k = k * (1.0 + eps * gen.standard_normal(k.shape))
+            v = v * (1.0 + eps * gen.standard_normal(v.shape))
         if quant:
             kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec)
             vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec)
@@ -567,7 +583,7 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def token_nlls(model, tokens, ctx=None, kv_spec=None):
+def token_nlls(model, tokens, ctx=None, kv_spec=None, kv_noise=None):
     """Per-token NLLs: chunks of ctx-1 tokens, each evaluated as [BOS] + chunk from an
     empty cache; token i of a chunk is scored with the logits of the position before it."""
     ctx = ctx or model.seq_len
@@ -579,13 +595,17 @@ def token_nlls(model, tokens, ctx=None, kv_spec=None):
     step = ctx - 1
     for c0 in range(0, len(tokens), step):
         chunk = list(tokens[c0:c0 + step])
-        lp = log_softmax(forward_chunk(model, [BOS] + chunk, kv_spec))
+        lp = log_softmax(forward_chunk(model, [BOS] + chunk, kv_spec, kv_noise))
         nll.append(-lp[np.arange(len(chunk)), np.asarray(chunk)])
     return np.concatenate(nll) if nll else np.zeros(0)
 
 
-def perplexity(model, tokens, ctx=None, kv_spec=None):
-    nll = token_nlls(model, tokens, ctx, kv_spec)
+def perplexity(model, tokens, ctx=None, kv_spec=None, kv_noise=None):
+    """{"ppl", "mean_nll", "nll_stderr", "tokens"}; see token_nlls for the convention.
+    kv_noise=(eps, seed) perturbs keys/values (see forward_chunk)."""
+    if kv_noise is not None:
+        kv_noise = (kv_noise[0], np.random.default_rng(kv_noise[1]))
+    nll = token_nlls(model, tokens, ctx, kv_spec, kv_noise)
     n = int(nll.size)
     mean = float(nll.mean())
     stderr = float(nll.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
@@ -610,12 +630,15 @@ def add_kv_args(ap):
     ap.add_argument("--residual", type=int, default=128)
     ap.add_argument("--key-flush", default="batch", choices=("batch", "group"))
     ap.add_argument("--scale-dtype", default="f16", choices=("f16", "f32"))
+    ap.add_argument("--mode", default="streaming", choices=("streaming", "batched"),
+                    help="feeding of each chunk (only int8 tensor scales depend on it)")
 
 
 def spec_from_args(a):
     return KVSpec(k_format=a.kv_cache_k or a.kv_cache, v_format=a.kv_cache_v or a.kv_cache,
                   int8_granularity=a.int8_granularity, group_size=a.group_size,
-                  residual=a.residual, key_flush=a.key_flush, scale_dtype=a.scale_dtype)
+                  residual=a.residual, key_flush=a.key_flush, scale_dtype=a.scale_dtype,
+                  mode=a.mode)
 
 
 def main(argv=None):

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref as ref  # noqa: E402
 
