@@ -28,7 +28,7 @@ struct Row {
   int ctx, threads, batch;
   double median_us, min_us;
   uint64_t bytes_read;
-  double gbps, floor_us, vs_f16;
+  double gbps, probe_gbps, floor_us, vs_f16;
 };
 
 }  // namespace
@@ -40,7 +40,8 @@ int cmd_bench_attn(int argc, char** argv) {
          "format and context length, on random data with fixed seeds. A memory-read bandwidth probe\n"
          "runs in the same process at the same thread count. For each case it reports the median\n"
          "time per call, the bytes of cache the call reads, the effective GB/s, the bandwidth floor\n"
-         "(bytes / probe GB/s) and the time relative to f16.");
+         "(bytes / probe GB/s) and the time relative to f16. Formats and probe passes are timed\n"
+         "alternately, repetition by repetition, so ratios compare the same moments.");
   a.section("Benchmark");
   a.add("ctx", 0, "LIST", "Context lengths (tokens in the cache); k suffix = 1024.", "1024,4096,16384,65536");
   a.add("heads", 0, "H", "Query heads.", "32");
@@ -82,82 +83,115 @@ int cmd_bench_attn(int argc, char** argv) {
       c.head_dim = D;
       c.ctx = cmax;
       c.validate();
-      need = std::max(need, static_cast<double>(kv::expected_bytes_reserved(c)) * B);
+      need += static_cast<double>(kv::expected_bytes_reserved(c)) * B;  // all formats live at once
     }
     const double avail = static_cast<double>(sys::available_memory_bytes());
+    if (!a.flag("no-probe")) need += 512.0 * (1 << 20);
     if (avail > 0 && need > 0.8 * avail) {
       fail("the largest case needs %s of cache but only %s of memory is available; lower --ctx or --batch",
            sys::human_bytes(need).c_str(), sys::human_bytes(avail).c_str());
     }
   }
   ThreadPool pool(threads);
-  BandwidthResult bw{};
-  if (!a.flag("no-probe")) bw = measure_read_bandwidth(pool);
   const attn::Precision prec = attn::parse_precision(a.str("attn-precision"));
+  std::unique_ptr<BandwidthProbe> probe;
+  if (!a.flag("no-probe")) {
+    probe = std::make_unique<BandwidthProbe>(pool);
+    probe->pass();  // warm-up
+  }
   std::vector<Row> rows;
-  Progress bar("bench-attn", static_cast<int64_t>(ctxs.size() * formats.size()), "case",
-               !json && Progress::stderr_is_terminal());
+  std::vector<double> all_probe;
+  Progress bar("bench-attn", static_cast<int64_t>(ctxs.size()) * reps, "rep", !json && Progress::stderr_is_terminal());
+  int64_t progress = 0;
+  // Per context: every format's cache is built first, then each repetition times one
+  // call of every format back to back, plus one pass of the bandwidth probe, so that
+  // ratios and the floor come from the same moments of a machine whose memory
+  // bandwidth drifts.
   for (int64_t ctx : ctxs) {
-    double f16_us = 0;
-    for (const auto& f : formats) {
-      kv::CacheConfig c = cache_config(a, f);
-      c.n_layers = 1;
-      c.n_kv_heads = Hkv;
-      c.head_dim = D;
-      c.ctx = static_cast<int>(ctx);
+    struct Case {
+      kv::CacheConfig cfg;
       std::vector<std::unique_ptr<kv::KvCache>> caches;
-      Rng rng(1234);
-      std::vector<float> k(static_cast<size_t>(Hkv) * D), v(k.size());
+      std::vector<kv::LayerView> views;
+      std::unique_ptr<attn::Workspace> ws;
+      std::vector<double> us;
+    };
+    std::vector<Case> cases;
+    Rng rng(1234);
+    std::vector<float> k(static_cast<size_t>(Hkv) * D), v(k.size());
+    for (const auto& f : formats) {
+      Case c;
+      c.cfg = cache_config(a, f);
+      c.cfg.n_layers = 1;
+      c.cfg.n_kv_heads = Hkv;
+      c.cfg.head_dim = D;
+      c.cfg.ctx = static_cast<int>(ctx);
+      Rng data(1234);  // the same keys and values for every format
       for (int b = 0; b < B; ++b) {
-        caches.push_back(std::make_unique<kv::KvCache>(c));
+        c.caches.push_back(std::make_unique<kv::KvCache>(c.cfg));
         for (int64_t t = 0; t < ctx; ++t) {
           for (size_t i = 0; i < k.size(); ++i) {
-            k[i] = rng.normal() * ((i % D) % 16 == 3 ? 6.0f : 1.0f);  // a few outlier channels, as in real keys
-            v[i] = rng.normal();
+            k[i] = data.normal() * ((i % D) % 16 == 3 ? 6.0f : 1.0f);  // a few outlier channels, as in real keys
+            v[i] = data.normal();
           }
-          if (t == 0) caches.back()->calibrate(0, k.data(), v.data(), 1);
-          caches.back()->append(0, k.data(), v.data());
+          if (t == 0) c.caches.back()->calibrate(0, k.data(), v.data(), 1);
+          c.caches.back()->append(0, k.data(), v.data());
         }
+        c.views.push_back(c.caches.back()->view(0));
       }
-      std::vector<float> q(static_cast<size_t>(H) * D), out(q.size());
-      for (auto& x : q) x = rng.normal();
-      attn::Params p;
-      p.n_heads = H;
-      p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-      p.precision = prec;
-      p.window = static_cast<int>(a.integer("window", 0, 1 << 24));
-      attn::Workspace ws(threads, H, Hkv, D, c.block(), static_cast<int>(ctx));
-      std::vector<kv::LayerView> views;
-      for (auto& cc : caches) views.push_back(cc->view(0));
-      auto call = [&] {
-        for (int b = 0; b < B; ++b) attn::decode(views[b], q.data(), out.data(), p, &pool, ws);
-      };
-      call();  // warm up
-      std::vector<double> t;
-      for (int r = 0; r < reps; ++r) {
+      c.ws = std::make_unique<attn::Workspace>(threads, H, Hkv, D, c.cfg.block(), static_cast<int>(ctx));
+      cases.push_back(std::move(c));
+    }
+    std::vector<float> q(static_cast<size_t>(H) * D), out(q.size());
+    for (auto& x : q) x = rng.normal();
+    attn::Params p;
+    p.n_heads = H;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    p.precision = prec;
+    p.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+    auto call = [&](Case& c) {
+      for (int b = 0; b < B; ++b) attn::decode(c.views[b], q.data(), out.data(), p, &pool, *c.ws);
+    };
+    for (auto& c : cases) call(c);  // warm up
+    std::vector<double> probe_gbps;
+    for (int r = 0; r < reps; ++r) {
+      if (probe) probe_gbps.push_back(probe->pass());
+      for (auto& c : cases) {
         const double t0 = now_seconds();
-        call();
-        t.push_back((now_seconds() - t0) * 1e6);
+        call(c);
+        c.us.push_back((now_seconds() - t0) * 1e6);
       }
+      bar.update(++progress);
+    }
+    const double gbps = probe_gbps.empty() ? 0.0 : median(probe_gbps);
+    all_probe.insert(all_probe.end(), probe_gbps.begin(), probe_gbps.end());
+    double f16_us = 0;
+    for (auto& c : cases) {
       Row row;
-      row.format = describe_cache(c);
+      row.format = describe_cache(c.cfg);
       row.ctx = static_cast<int>(ctx);
       row.threads = threads;
       row.batch = B;
-      row.median_us = median(t);
-      row.min_us = *std::min_element(t.begin(), t.end());
+      row.median_us = median(c.us);
+      row.min_us = *std::min_element(c.us.begin(), c.us.end());
       row.bytes_read = 0;
-      for (auto& cc : caches) row.bytes_read += cc->bytes_used();
+      for (auto& cc : c.caches) row.bytes_read += cc->bytes_used();
       row.gbps = row.bytes_read / (row.median_us * 1e-6) / 1e9;
-      row.floor_us = bw.gbps_median > 0 ? row.bytes_read / (bw.gbps_median * 1e9) * 1e6 : 0.0;
-      if (c.k.format == kv::Format::kF16 && c.v.format == kv::Format::kF16) f16_us = row.median_us;
+      row.probe_gbps = gbps;
+      row.floor_us = gbps > 0 ? row.bytes_read / (gbps * 1e9) * 1e6 : 0.0;
+      if (c.cfg.k.format == kv::Format::kF16 && c.cfg.v.format == kv::Format::kF16) f16_us = row.median_us;
       row.vs_f16 = 0;
       rows.push_back(row);
-      bar.update(static_cast<int64_t>(rows.size()));
     }
     for (auto& r : rows) {
       if (r.ctx == ctx && f16_us > 0) r.vs_f16 = r.median_us / f16_us;
     }
+  }
+  BandwidthResult bw{};
+  if (!all_probe.empty()) {
+    bw.gbps_median = median(all_probe);
+    bw.threads = threads;
+    bw.bytes = probe->bytes();
+    bw.reps = static_cast<int>(all_probe.size());
   }
   bar.finish();
   if (json) {
@@ -170,7 +204,7 @@ int cmd_bench_attn(int argc, char** argv) {
     for (const auto& r : rows) {
       j.begin_object().kv("format", r.format).kv("ctx", r.ctx).kv("threads", r.threads).kv("batch", r.batch);
       j.kv("median_us", r.median_us).kv("min_us", r.min_us).kv("bytes_read", r.bytes_read).kv("gbps", r.gbps);
-      j.kv("floor_us", r.floor_us);
+      j.kv("floor_us", r.floor_us).kv("probe_gbps", r.probe_gbps);
       if (r.vs_f16 > 0) {
         j.kv("vs_f16", r.vs_f16);
       } else {
@@ -185,7 +219,8 @@ int cmd_bench_attn(int argc, char** argv) {
   std::printf("decode attention: %d query heads, %d KV heads, head_dim %d, batch %d, %d threads, SIMD %s, %s\n", H, Hkv,
               D, B, threads, cpu::current_target_name().c_str(), attn::precision_name(prec));
   if (bw.gbps_median > 0) {
-    std::printf("memory read bandwidth probe: %.2f GB/s (median of %d reads of %s, %d threads)\n", bw.gbps_median, bw.reps,
+    std::printf("memory read bandwidth probe: %.2f GB/s (median of %d reads of %s interleaved with the calls, %d threads;\n"
+                "the floor of each row uses the probe passes of its own context length)\n", bw.gbps_median, bw.reps,
                 sys::human_bytes(static_cast<double>(bw.bytes)).c_str(), bw.threads);
   }
   std::printf("%-46s %8s %12s %12s %8s %12s %9s %9s\n", "format", "ctx", "median us", "bytes read", "GB/s", "floor us",

@@ -26,6 +26,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attn/attention_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
@@ -53,9 +54,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 // ---------------------------------------------------------------------------------
 // Calling a kernel with the widest float tag whose lane count divides `multiple`.
 
+// At most 256-bit vectors: on the AVX-512 CPUs measured (AMD Zen 4) 512-bit FMAs run
+// at the same element rate as 256-bit ones while the shuffles of the reductions get
+// slower, so the float kernels are fastest at 8 lanes (docs/PERFORMANCE.md).
 template <class F>
 HWY_INLINE void WithTag(size_t multiple, const F& f) {
-  const hn::ScalableTag<float> full;
+  const hn::CappedTag<float, 8> full;
   if (multiple % hn::Lanes(full) == 0) return f(full);
 #if HWY_TARGET != HWY_SCALAR
   const hn::CappedTag<float, 8> c8;
@@ -86,51 +90,100 @@ HWY_INLINE float SumLanes(DF df, hn::Vec<DF> v) {
 // ---------------------------------------------------------------------------------
 // S[h * ld + i] = q_h . row_i   for NH heads and `len` rows (row i at rows + i*stride).
 
-template <int NH, class DF, class T>
+// Prefetching of the next tile while this one computes. The kernels stream the cache
+// once per step; a tile's worth of prefetches is issued a few lines at a time from the
+// inner loops (a burst of hundreds would overflow the miss buffers and stall).
+struct Prefetcher {
+  const char* p = nullptr;
+  const char* end = nullptr;
+  size_t lines_per_row = 1;
+  void set(const void* ptr, size_t bytes, size_t row_bytes) {
+    p = static_cast<const char*>(ptr);
+    end = p + bytes;
+    lines_per_row = std::max<size_t>(1, (row_bytes + 63) / 64);
+  }
+  // Issues the prefetches for `rows` rows' worth of the pending range.
+  HWY_INLINE void step(size_t rows) {
+    for (size_t i = 0; i < rows * lines_per_row && p < end; ++i, p += 64) hwy::Prefetch(p);
+  }
+  void flush() { step(1u << 20); }
+};
+
+// Sums of `n` vectors (n = 8 or 16 on x86; any n elsewhere) into out[0..n).
+// A tree of horizontal adds and shuffles costs ~1-3 instructions per sum instead of
+// a full lane reduction per vector.
+template <class DF>
+HWY_INLINE void SumEach(DF df, const hn::Vec<DF>* v, int n, float* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(DF()) == 8) {
+    if (n == 8) {
+      const __m256 h01 = _mm256_hadd_ps(v[0].raw, v[1].raw), h23 = _mm256_hadd_ps(v[2].raw, v[3].raw);
+      const __m256 h45 = _mm256_hadd_ps(v[4].raw, v[5].raw), h67 = _mm256_hadd_ps(v[6].raw, v[7].raw);
+      const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+      // a = [s0 s1 s2 s3 (low halves) | s0 s1 s2 s3 (high halves)], b likewise for 4..7
+      const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+      _mm256_storeu_ps(out, r);
+      return;
+    }
+  }
+#endif
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(DF()) == 16) {
+    if (n == 16) {
+      // Pairs: [a.b01 + a.b23 | b.b01 + b.b23] per 256-bit half, then blocks, then lanes.
+      __m512 t[8], u[4], w[2];
+      for (int i = 0; i < 8; ++i) {
+        const __m512 x = v[2 * i].raw, y = v[2 * i + 1].raw;
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+      }
+      for (int i = 0; i < 4; ++i) {
+        const __m512 x = t[2 * i], y = t[2 * i + 1];
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+      }
+      for (int i = 0; i < 2; ++i) {
+        const __m512 x = u[2 * i], y = u[2 * i + 1];
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
+      }
+      const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+      // Lane l of r holds the sum of vector kOrder[l].
+      alignas(64) float tmp[16];
+      _mm512_store_ps(tmp, r);
+      static constexpr int kOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+      for (int l = 0; l < 16; ++l) out[kOrder[l]] = tmp[l];
+      return;
+    }
+  }
+#endif
+  for (int i = 0; i < n; ++i) out[i] = SumLanes(df, v[i]);
+}
+
+// S[h * ld + i] = q_h . row_i for NH heads and `len` rows, NT rows at a time.
+template <int NH, int NT, class DF, class T>
 HWY_INLINE void DotRowsN(DF df, const float* HWY_RESTRICT q, int D, const T* HWY_RESTRICT rows,
-                         size_t stride, int len, float* HWY_RESTRICT S, int ld) {
+                         size_t stride, int len, float* HWY_RESTRICT S, int ld, Prefetcher& pf) {
   const size_t N = hn::Lanes(df);
   int i = 0;
-  for (; i + 2 <= len; i += 2) {
-    const T* r0 = rows + static_cast<size_t>(i) * stride;
-    const T* r1 = r0 + stride;
-    auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
-    auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
+  for (; i + NT <= len; i += NT) {
+    pf.step(NT);
+    hn::Vec<DF> acc[NH * NT];
+    #pragma GCC unroll 16
+    for (int k = 0; k < NH * NT; ++k) acc[k] = hn::Zero(df);
     for (size_t d = 0; d < static_cast<size_t>(D); d += N) {
-      const auto k0 = LoadRow(df, r0 + d), k1 = LoadRow(df, r1 + d);
-      const auto q0 = hn::LoadU(df, q + d);
-      a00 = hn::MulAdd(q0, k0, a00);
-      a01 = hn::MulAdd(q0, k1, a01);
-      if constexpr (NH > 1) {
-        const auto q1 = hn::LoadU(df, q + D + d);
-        a10 = hn::MulAdd(q1, k0, a10);
-        a11 = hn::MulAdd(q1, k1, a11);
-      }
-      if constexpr (NH > 2) {
-        const auto q2 = hn::LoadU(df, q + 2 * D + d);
-        a20 = hn::MulAdd(q2, k0, a20);
-        a21 = hn::MulAdd(q2, k1, a21);
-      }
-      if constexpr (NH > 3) {
-        const auto q3 = hn::LoadU(df, q + 3 * D + d);
-        a30 = hn::MulAdd(q3, k0, a30);
-        a31 = hn::MulAdd(q3, k1, a31);
+      hn::Vec<DF> kv[NT];
+      #pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) kv[t] = LoadRow(df, rows + static_cast<size_t>(i + t) * stride + d);
+      #pragma GCC unroll 16
+      for (int h = 0; h < NH; ++h) {
+        const auto qv = hn::LoadU(df, q + static_cast<size_t>(h) * D + d);
+        #pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) acc[h * NT + t] = hn::MulAdd(qv, kv[t], acc[h * NT + t]);
       }
     }
-    S[i] = SumLanes(df, a00);
-    S[i + 1] = SumLanes(df, a01);
-    if constexpr (NH > 1) {
-      S[ld + i] = SumLanes(df, a10);
-      S[ld + i + 1] = SumLanes(df, a11);
-    }
-    if constexpr (NH > 2) {
-      S[2 * ld + i] = SumLanes(df, a20);
-      S[2 * ld + i + 1] = SumLanes(df, a21);
-    }
-    if constexpr (NH > 3) {
-      S[3 * ld + i] = SumLanes(df, a30);
-      S[3 * ld + i + 1] = SumLanes(df, a31);
-    }
+    float sums[NH * NT];
+    SumEach(df, acc, NH * NT, sums);
+    #pragma GCC unroll 16
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < NT; ++t) S[h * ld + i + t] = sums[h * NT + t];
   }
   for (; i < len; ++i) {
     const T* r0 = rows + static_cast<size_t>(i) * stride;
@@ -145,16 +198,19 @@ HWY_INLINE void DotRowsN(DF df, const float* HWY_RESTRICT q, int D, const T* HWY
 }
 
 template <class T>
-void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int len, float* S, int ld) {
+void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int len, float* S, int ld,
+             Prefetcher& pf) {
   WithTag(static_cast<size_t>(D), [&](auto df) {
+    // 4 heads x 4 rows when there are 32 vector registers, 4 x 2 otherwise.
+    constexpr int kNT = hn::MaxLanes(decltype(df)()) == 16 ? 4 : 2;
     for (int r = 0; r < rep; r += 4) {
       const float* qr = q + static_cast<size_t>(r) * D;
       float* Sr = S + static_cast<size_t>(r) * ld;
       switch (std::min(4, rep - r)) {
-        case 1: DotRowsN<1>(df, qr, D, rows, stride, len, Sr, ld); break;
-        case 2: DotRowsN<2>(df, qr, D, rows, stride, len, Sr, ld); break;
-        case 3: DotRowsN<3>(df, qr, D, rows, stride, len, Sr, ld); break;
-        default: DotRowsN<4>(df, qr, D, rows, stride, len, Sr, ld); break;
+        case 1: DotRowsN<1, 8>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
+        case 2: DotRowsN<2, 4>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
+        case 3: DotRowsN<3, 2>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
+        default: DotRowsN<4, kNT>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
       }
     }
   });
@@ -162,42 +218,57 @@ void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int l
 
 // ---------------------------------------------------------------------------------
 // O_h[0..D) += sum_i P[h * ld + i] * row_i   for NH heads; O_h at O + h * ostride.
+// Two vectors of channels per pass, so each broadcast weight feeds two FMAs.
 
 template <int NH, class DF, class T>
 HWY_INLINE void AccumRowsN(DF df, const float* HWY_RESTRICT P, int ld, int D, const T* HWY_RESTRICT rows,
-                           size_t stride, int len, float* HWY_RESTRICT O, size_t ostride) {
+                           size_t stride, int len, float* HWY_RESTRICT O, size_t ostride, Prefetcher& pf) {
   const size_t N = hn::Lanes(df);
-  for (size_t d = 0; d < static_cast<size_t>(D); d += N) {
-    auto o0 = hn::LoadU(df, O + d);
-    auto o1 = NH > 1 ? hn::LoadU(df, O + ostride + d) : hn::Zero(df);
-    auto o2 = NH > 2 ? hn::LoadU(df, O + 2 * ostride + d) : hn::Zero(df);
-    auto o3 = NH > 3 ? hn::LoadU(df, O + 3 * ostride + d) : hn::Zero(df);
-    for (int i = 0; i < len; ++i) {
-      const auto v = LoadRow(df, rows + static_cast<size_t>(i) * stride + d);
-      o0 = hn::MulAdd(hn::Set(df, P[i]), v, o0);
-      if constexpr (NH > 1) o1 = hn::MulAdd(hn::Set(df, P[ld + i]), v, o1);
-      if constexpr (NH > 2) o2 = hn::MulAdd(hn::Set(df, P[2 * ld + i]), v, o2);
-      if constexpr (NH > 3) o3 = hn::MulAdd(hn::Set(df, P[3 * ld + i]), v, o3);
+  const size_t step = (static_cast<size_t>(D) % (2 * N) == 0) ? 2 * N : N;
+  for (size_t d = 0; d < static_cast<size_t>(D); d += step) {
+    hn::Vec<DF> o[NH][2];
+    #pragma GCC unroll 16
+    for (int h = 0; h < NH; ++h) {
+      o[h][0] = hn::LoadU(df, O + h * ostride + d);
+      o[h][1] = step == 2 * N ? hn::LoadU(df, O + h * ostride + d + N) : hn::Zero(df);
     }
-    hn::StoreU(o0, df, O + d);
-    if constexpr (NH > 1) hn::StoreU(o1, df, O + ostride + d);
-    if constexpr (NH > 2) hn::StoreU(o2, df, O + 2 * ostride + d);
-    if constexpr (NH > 3) hn::StoreU(o3, df, O + 3 * ostride + d);
+    for (int i = 0; i < len; ++i) {
+      if (d == 0) pf.step(1);
+      const T* r = rows + static_cast<size_t>(i) * stride + d;
+      const auto v0 = LoadRow(df, r);
+      if (step == 2 * N) {
+        const auto v1 = LoadRow(df, r + N);
+        #pragma GCC unroll 16
+        for (int h = 0; h < NH; ++h) {
+          const auto p = hn::Set(df, P[h * ld + i]);
+          o[h][0] = hn::MulAdd(p, v0, o[h][0]);
+          o[h][1] = hn::MulAdd(p, v1, o[h][1]);
+        }
+      } else {
+        #pragma GCC unroll 16
+        for (int h = 0; h < NH; ++h) o[h][0] = hn::MulAdd(hn::Set(df, P[h * ld + i]), v0, o[h][0]);
+      }
+    }
+    #pragma GCC unroll 16
+    for (int h = 0; h < NH; ++h) {
+      hn::StoreU(o[h][0], df, O + h * ostride + d);
+      if (step == 2 * N) hn::StoreU(o[h][1], df, O + h * ostride + d + N);
+    }
   }
 }
 
 template <class T>
 void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t stride, int len, float* O,
-               size_t ostride) {
+               size_t ostride, Prefetcher& pf) {
   WithTag(static_cast<size_t>(D), [&](auto df) {
     for (int r = 0; r < rep; r += 4) {
       const float* Pr = P + static_cast<size_t>(r) * ld;
       float* Or = O + static_cast<size_t>(r) * ostride;
       switch (std::min(4, rep - r)) {
-        case 1: AccumRowsN<1>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
-        case 2: AccumRowsN<2>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
-        case 3: AccumRowsN<3>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
-        default: AccumRowsN<4>(df, Pr, ld, D, rows, stride, len, Or, ostride); break;
+        case 1: AccumRowsN<1>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
+        case 2: AccumRowsN<2>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
+        case 3: AccumRowsN<3>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
+        default: AccumRowsN<4>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
       }
     }
   });
@@ -402,10 +473,28 @@ void AttendTask(const TaskArgs& a) {
                                                : reinterpret_cast<const float*>(base)[index];
   };
 
+  // Points the prefetcher at the tile of `st` starting at token t (if any).
+  Prefetcher pf;
+  auto prefetch_tile = [&](const kv::StreamView& st, int t, int end) {
+    pf.flush();
+    if (t >= end) return;
+    const int n = std::min({end - t, kTile, (t / B + 1) * B - t});
+    if (t + n <= st.n_stored) {
+      pf.set(st.quad ? st.quad_row(t, h) : st.row(t, h), static_cast<size_t>(n + 3) * st.token_stride,
+             st.token_stride);
+    } else if (t >= st.n_stored) {
+      pf.set(st.residual_row(t, h), static_cast<size_t>(std::min(n, st.ring_capacity - t % st.ring_capacity)) * D * 4,
+             static_cast<size_t>(D) * 4);
+    }
+  };
   for (int t0 = a.t0; t0 < a.t1;) {
     const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
-    const int len = t1 - t0;
     const int32_t kpb = K.block_table[t0 / B];
+    if (t1 < a.t1) {
+      prefetch_tile(K, t1, a.t1);
+    } else {
+      prefetch_tile(V, a.t0, a.t1);  // the value pass starts next
+    }
 
     // 1. Scores.
     const int ke = std::max(t0, std::min(t1, K.n_stored));  // [t0, ke) stored, [ke, t1) residual
@@ -413,10 +502,10 @@ void AttendTask(const TaskArgs& a) {
       const int n = ke - t0;
       switch (K.fmt.format) {
         case kv::Format::kF32:
-          DotRows(qn, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, S + (t0 - a.t0), ld);
+          DotRows(qn, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, S + (t0 - a.t0), ld, pf);
           break;
         case kv::Format::kF16:
-          DotRows(qn, rep, D, reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, S + (t0 - a.t0), ld);
+          DotRows(qn, rep, D, reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, S + (t0 - a.t0), ld, pf);
           break;
         case kv::Format::kInt8: {
           const int Gc = K.group;
@@ -437,7 +526,7 @@ void AttendTask(const TaskArgs& a) {
           }
           DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
                       D / Gc, kbuf);
-          DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld);
+          DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
           break;
         }
         default: {  // KIVI keys: per-channel params per group of G tokens
@@ -454,7 +543,7 @@ void AttendTask(const TaskArgs& a) {
             DequantKiviKeys(K.row(g0, h), K.token_stride, g1 - g0, D, kbits, sp, zp, kbuf + static_cast<size_t>(g0 - t0) * D);
             g0 = g1;
           }
-          DotRows(qp, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld);
+          DotRows(qp, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
           break;
         }
       }
@@ -462,7 +551,7 @@ void AttendTask(const TaskArgs& a) {
     for (int r0 = ke; r0 < t1;) {  // residual keys, natural order; the ring may wrap
       const int cap = K.ring_capacity;
       const int r1 = std::min(t1, (r0 / cap + 1) * cap);
-      DotRows(qn, rep, D, K.residual_row(r0, h), static_cast<size_t>(D), r1 - r0, S + (r0 - a.t0), ld);
+      DotRows(qn, rep, D, K.residual_row(r0, h), static_cast<size_t>(D), r1 - r0, S + (r0 - a.t0), ld, pf);
       r0 = r1;
     }
 
@@ -480,6 +569,7 @@ void AttendTask(const TaskArgs& a) {
   // 3. Values.
   for (int t0 = a.t0; t0 < a.t1;) {
     const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
+    prefetch_tile(V, t1, a.t1);
     const int ve = std::max(t0, std::min(t1, V.n_stored));
     const int32_t vpb = V.block_table[t0 / B];
     if (ve > t0) {
@@ -487,11 +577,11 @@ void AttendTask(const TaskArgs& a) {
       switch (V.fmt.format) {
         case kv::Format::kF32:
           AccumRows(S + (t0 - a.t0), ld, rep, D, reinterpret_cast<const float*>(V.row(t0, h)), V.token_stride / 4, n, a.out,
-                    a.out_stride);
+                    a.out_stride, pf);
           break;
         case kv::Format::kF16:
           AccumRows(S + (t0 - a.t0), ld, rep, D, reinterpret_cast<const f16_t*>(V.row(t0, h)), V.token_stride / 2, n, a.out,
-                    a.out_stride);
+                    a.out_stride, pf);
           break;
         case kv::Format::kInt8: {
           const int Gc = V.group;
@@ -512,7 +602,7 @@ void AttendTask(const TaskArgs& a) {
           }
           DequantInt8(reinterpret_cast<const int8_t*>(V.row(t0, h)), V.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
                       D / Gc, vbuf);
-          AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride);
+          AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
           break;
         }
         default: {  // KIVI values: per-token params per group of Gc channels
@@ -524,7 +614,7 @@ void AttendTask(const TaskArgs& a) {
             vz[i] = param(V.zeros, pi + i);
           }
           DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, vs, vz, static_cast<size_t>(NG), vbuf);
-          AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride);
+          AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
           break;
         }
       }
@@ -538,7 +628,7 @@ void AttendTask(const TaskArgs& a) {
           for (int d = 0; d < D; ++d) vbuf[static_cast<size_t>(i) * D + planar_pos(d, pv, D)] = rows[static_cast<size_t>(i) * D + d];
         rows = vbuf;
       }
-      AccumRows(S + (r0 - a.t0), ld, rep, D, rows, static_cast<size_t>(D), r1 - r0, a.out, a.out_stride);
+      AccumRows(S + (r0 - a.t0), ld, rep, D, rows, static_cast<size_t>(D), r1 - r0, a.out, a.out_stride, pf);
       r0 = r1;
     }
     t0 = t1;

@@ -2,6 +2,8 @@
 // allocated when the session is created and never resized on the per-token path.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,11 @@
 namespace kivi {
 
 inline constexpr size_t kAlign = 64;  // a cache line; also the widest SIMD vector
+// Buffers of at least this size are aligned to 2 MiB and offered to the kernel as
+// transparent huge pages: long KV caches are streamed every step, and huge pages keep
+// TLB misses and page-bounded hardware prefetching out of the way.
+inline constexpr size_t kHugePage = size_t{2} << 20;
+inline constexpr size_t kHugeThreshold = size_t{8} << 20;
 
 template <class T>
 class AlignedBuffer {
@@ -36,9 +43,13 @@ class AlignedBuffer {
     data_ = nullptr;
     size_ = n;
     if (n == 0) return;
-    size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-    data_ = static_cast<T*>(std::aligned_alloc(kAlign, bytes));
+    const size_t align = n * sizeof(T) >= kHugeThreshold ? kHugePage : kAlign;
+    size_t bytes = (n * sizeof(T) + align - 1) / align * align;
+    data_ = static_cast<T*>(std::aligned_alloc(align, bytes));
     if (!data_) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (align == kHugePage) madvise(static_cast<void*>(data_), bytes, MADV_HUGEPAGE);
+#endif
     if (zero) std::memset(static_cast<void*>(data_), 0, bytes);
   }
 

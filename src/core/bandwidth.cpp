@@ -5,6 +5,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -42,33 +43,47 @@ HWY_AFTER_NAMESPACE();
 namespace kivi {
 HWY_EXPORT(ReadSum);
 
-BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
-  const size_t n = bytes / sizeof(uint32_t);
-  AlignedBuffer<uint32_t> buf(n, false);
+struct BandwidthProbe::Impl {
+  ThreadPool& pool;
+  AlignedBuffer<uint32_t> buf;
+  std::vector<uint64_t> sink;
+};
+
+BandwidthProbe::BandwidthProbe(ThreadPool& pool, size_t bytes)
+    : impl_(new Impl{pool, AlignedBuffer<uint32_t>(bytes / sizeof(uint32_t), false), std::vector<uint64_t>(pool.size())}) {
+  const int64_t n = static_cast<int64_t>(impl_->buf.size());
   // Touch every page from the thread that will read it, so first-touch placement and
-  // page faults are out of the timed region.
-  pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint32_t>(i);
+  // page faults stay out of the timed passes.
+  pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) impl_->buf[i] = static_cast<uint32_t>(i);
   });
-  std::vector<uint64_t> sink(pool.size());
+}
+
+BandwidthProbe::~BandwidthProbe() { delete impl_; }
+
+size_t BandwidthProbe::bytes() const { return impl_->buf.bytes(); }
+
+double BandwidthProbe::pass() {
+  const int64_t n = static_cast<int64_t>(impl_->buf.size());
+  const double t0 = now_seconds();
+  impl_->pool.parallel_for(n, [&](int64_t b, int64_t e, int thread) {
+    // Round the split to 64-byte lines so every thread reads aligned vectors.
+    const int64_t b16 = b / 16 * 16, e16 = (e == n) ? e : e / 16 * 16;
+    impl_->sink[thread] += HWY_DYNAMIC_DISPATCH(ReadSum)(impl_->buf.data() + b16, static_cast<size_t>(e16 - b16));
+  });
+  const double dt = now_seconds() - t0;
+  return static_cast<double>(bytes()) / dt / 1e9;
+}
+
+BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+  BandwidthProbe probe(pool, bytes);
+  probe.pass();  // warm-up
   std::vector<double> gbps;
-  for (int r = 0; r < reps + 1; ++r) {
-    const double t0 = now_seconds();
-    pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int thread) {
-      // Round the split to 64-byte lines so every thread reads aligned vectors.
-      const int64_t b16 = b / 16 * 16, e16 = (e == static_cast<int64_t>(n)) ? e : e / 16 * 16;
-      sink[thread] += HWY_DYNAMIC_DISPATCH(ReadSum)(buf.data() + b16, static_cast<size_t>(e16 - b16));
-    });
-    const double dt = now_seconds() - t0;
-    if (r > 0) gbps.push_back(static_cast<double>(n * sizeof(uint32_t)) / dt / 1e9);  // r=0 warms up
-  }
-  volatile uint64_t keep = 0;
-  for (auto s : sink) keep = keep + s;
-  (void)keep;
+  for (int r = 0; r < reps; ++r) gbps.push_back(probe.pass());
   BandwidthResult res;
   res.gbps_median = median(gbps);
   res.gbps_best = *std::max_element(gbps.begin(), gbps.end());
-  res.bytes = n * sizeof(uint32_t);
+  res.bytes = probe.bytes();
   res.threads = pool.size();
   res.reps = reps;
   return res;

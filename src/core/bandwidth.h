@@ -16,8 +16,23 @@ struct BandwidthResult {
   int reps;
 };
 
-// Reads a buffer of `bytes` (default 512 MiB, well past the last-level cache) with
-// every thread of the pool, `reps` times.
+// A buffer of `bytes` (default 512 MiB, well past the last-level cache), read by every
+// thread of the pool, one pass at a time, so benchmarks can interleave passes with the
+// kernels they measure.
+class BandwidthProbe {
+ public:
+  explicit BandwidthProbe(ThreadPool& pool, size_t bytes = size_t{512} << 20);
+  ~BandwidthProbe();
+  // One read of the whole buffer; returns 1e9 bytes per second.
+  double pass();
+  size_t bytes() const;
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+// `reps` passes (after one warm-up) of a fresh probe.
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{512} << 20,
                                        int reps = 7);
 
