@@ -84,13 +84,20 @@ TEST(KiviCodec, KnownValuesKeys) {
   }
 }
 
-TEST(KiviCodec, FourBitPackingIsLowNibbleFirst) {
+TEST(KiviCodec, PackingLayout) {
+  // 4-bit, 16 channels, W = 8 bytes: byte j = c[j] (low nibble) | c[j + 8] << 4.
   std::vector<float> v(16);
   for (int d = 0; d < 16; ++d) v[d] = static_cast<float>(d);
   const auto q = values_roundtrip(v, 1, 1, 16, 16, 4, ParamType::kF32);
-  EXPECT_EQ(q.codes[0], 0x10);  // c0 = 0 low, c1 = 1 high
-  EXPECT_EQ(q.codes[7], 0xFE);  // c14 = 14, c15 = 15
+  EXPECT_EQ(q.codes[0], 0x80);  // c0 = 0 low, c8 = 8 high
+  EXPECT_EQ(q.codes[7], 0xF7);  // c7 = 7 low, c15 = 15 high
   EXPECT_EQ(q.out, v);
+  // 2-bit, 8 channels, W = 2 bytes: byte j = c[j] | c[j+2] << 2 | c[j+4] << 4 | c[j+6] << 6.
+  const std::vector<float> w = {0, 1, 2, 3, 3, 2, 1, 0};
+  const auto q2 = values_roundtrip(w, 1, 1, 8, 8, 2, ParamType::kF32);
+  EXPECT_EQ(q2.codes[0], 0 | 2 << 2 | 3 << 4 | 1 << 6);
+  EXPECT_EQ(q2.codes[1], 1 | 3 << 2 | 2 << 4 | 0 << 6);
+  EXPECT_EQ(q2.out, w);
 }
 
 // |x - x'| <= scale / 2 for every element (plus float rounding of the dequantization).

@@ -10,14 +10,15 @@
 // an L1-resident staging buffer and consumed at once: the bytes read from memory are
 // the compressed ones, and no copy of the history is kept.
 //
-// KIVI codes pack `p` = 8/bits channels per byte along the row; extracting bit-plane k
-// of byte j gives channel p*j + k. Staged KIVI rows are therefore kept in "planar"
-// order (position k*(D/p) + j), and the query (for keys) or the output accumulator
-// (for values) is permuted to match, once per task.
+// KIVI codes pack p = 8/bits channels per byte: byte j of a row of W = D/p bytes holds
+// channels j, j + W, ... (kv/codec.h), so shifting a vector of row bytes by bits * k and
+// masking gives channels kW + j in order: no shuffles, and everything stays in channel
+// order.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 
 #include "attn/kernels.h"
 #include "core/f16.h"
@@ -37,12 +38,6 @@ namespace kivi::attn {
 // Tokens per tile: a tile's staged K and V rows (2 x 64 x D floats) stay in L1/L2.
 inline constexpr int kTile = 64;
 
-// Planar position of channel c for p channels per byte.
-inline int planar_pos(int c, int p, int D) { return (c % p) * (D / p) + c / p; }
-
-inline int channels_per_byte(kv::Format f) {
-  return f == kv::Format::kKivi2 ? 4 : f == kv::Format::kKivi4 ? 2 : 1;
-}
 
 }  // namespace kivi::attn
 #endif
@@ -307,8 +302,7 @@ void DequantInt8(const int8_t* rows, size_t stride, int len, int D, const float*
   });
 }
 
-// KIVI rows in planar order. Keys: per-channel scale/zero (already planar, D values,
-// the same for all rows). Values: per-row scale/zero per group of Gc channels.
+// KIVI rows. Keys: per-channel scale/zero (D values, the same for all rows of a group).
 template <class DF>
 HWY_INLINE void DequantKiviRow(DF df, const uint8_t* HWY_RESTRICT row, int D, int bits,
                                const float* HWY_RESTRICT sp, const float* HWY_RESTRICT zp,
@@ -317,7 +311,7 @@ HWY_INLINE void DequantKiviRow(DF df, const uint8_t* HWY_RESTRICT row, int D, in
   const hn::Rebind<uint8_t, DF> d8;
   const size_t N = hn::Lanes(df);
   const int p = 8 / bits;
-  const int W = D / p;  // bytes per row = planar stride
+  const int W = D / p;  // bytes per row; plane k holds channels kW .. kW + W - 1
   const auto mask = hn::Set(di, (1 << bits) - 1);
   for (size_t j = 0; j < static_cast<size_t>(W); j += N) {
     const auto x = hn::PromoteTo(di, hn::LoadU(d8, row + j));
@@ -329,7 +323,7 @@ HWY_INLINE void DequantKiviRow(DF df, const uint8_t* HWY_RESTRICT row, int D, in
   }
 }
 
-// Keys: rows [0, len) of one key group, params planar sp/zp [D].
+// Keys: rows [0, len) of one key group, params sp/zp [D].
 void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bits, const float* sp,
                      const float* zp, float* out) {
   const int p = 8 / bits;
@@ -343,14 +337,12 @@ void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bit
 // Values, stored in quads of tokens interleaved by byte (see kv_cache.h): tokens
 // [t, t + len) of one block, with `quad` pointing at the quad holding token t and t4 =
 // t % 4. Per token i, scale/zero per group g of Gc channels at s[i*gstride + g].
-// Channel p*j + k lies in group j / (Gc / p), so a vector over lanes j.. shares one group
-// when its width divides Gc / p.
+// Channel kW + j lies in group (kW + j) / Gc, so a vector over lanes j.. shares one
+// group when its width divides Gc.
 void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, int Gc, const float* s,
                        const float* z, size_t gstride, float* out) {
   const int p = 8 / bits;
   const int W = D / p;  // bytes of one token's packed row
-  const int per_group = Gc % p == 0 ? Gc / p : 0;
-  const bool simd = per_group >= 4 && W % per_group == 0;
   auto scalar_token = [&](int i) {  // token i of the range, element by element
     const int slot = t4 + i;
     const uint8_t* qd = quad + static_cast<size_t>(slot / 4) * 4 * W;
@@ -358,15 +350,15 @@ void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, in
     for (int j = 0; j < W; ++j) row[j] = qd[4 * j + slot % 4];
     for (int c = 0; c < D; ++c) {
       const int g = c / Gc;
-      out[static_cast<size_t>(i) * D + planar_pos(c, p, D)] =
-          kv::unpack_code(row, c, bits) * s[i * gstride + g] + z[i * gstride + g];
+      out[static_cast<size_t>(i) * D + c] = kv::unpack_code(row, c, bits, D) * s[i * gstride + g] + z[i * gstride + g];
     }
   };
-  if (!simd) {
+  const int unit = std::gcd(Gc, W);
+  if (unit < 4) {
     for (int i = 0; i < len; ++i) scalar_token(i);
     return;
   }
-  WithTag(static_cast<size_t>(per_group), [&](auto df) {
+  WithTag(static_cast<size_t>(unit), [&](auto df) {
     using DF = decltype(df);
     const hn::Rebind<uint32_t, DF> du;
     const hn::Rebind<int32_t, DF> di;
@@ -380,13 +372,14 @@ void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, in
       const uint8_t* qd = quad + static_cast<size_t>((t4 + i) / 4) * 4 * W;
       for (size_t j = 0; j < static_cast<size_t>(W); j += N) {
         const auto x = hn::LoadU(du, reinterpret_cast<const uint32_t*>(qd + 4 * j));
-        const size_t g = j / per_group;
-        for (int b = 0; b < 4; ++b) {
-          const auto sv = hn::Set(df, s[(i + b) * gstride + g]), zv = hn::Set(df, z[(i + b) * gstride + g]);
-          float* o = out + static_cast<size_t>(i + b) * D;
-          for (int k = 0; k < p; ++k) {
+        for (int k = 0; k < p; ++k) {
+          const size_t c0 = static_cast<size_t>(k) * W + j;  // first channel of these lanes
+          const size_t g = c0 / Gc;
+          for (int b = 0; b < 4; ++b) {
+            const auto sv = hn::Set(df, s[(i + b) * gstride + g]), zv = hn::Set(df, z[(i + b) * gstride + g]);
             const auto c = hn::And(hn::ShiftRightSame(x, 8 * b + bits * k), mask);
-            hn::StoreU(hn::MulAdd(hn::ConvertTo(df, hn::BitCast(di, c)), sv, zv), df, o + static_cast<size_t>(k) * W + j);
+            hn::StoreU(hn::MulAdd(hn::ConvertTo(df, hn::BitCast(di, c)), sv, zv), df,
+                       out + static_cast<size_t>(i + b) * D + c0);
           }
         }
       }
@@ -429,6 +422,385 @@ void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int ou
 }
 
 // ---------------------------------------------------------------------------------
+// Fast path (--attn-precision fast): integer dot products on x86.
+//
+// Keys: the query, with the group's per-channel scales folded in (q . (s * c + z) =
+// (q * s) . c + q . z, KIVI keys) or as is (int8 keys), is rounded to int8 per head and
+// group, and multiplied with the packed codes by vpdpbusd (AVX512-VNNI) or
+// vpmaddubsw + vpmaddwd (AVX2), as llama.cpp does for q4_0 x q8_0.
+// Values: per tile, head and channel group the weights p * s are rounded to 8 bits and
+// the weighted sum over tokens runs on the codes stored in quads (four tokens' codes of
+// one channel in one 32-bit lane), again with vpdpbusd / vpmaddubsw.
+// The rounding of the query and of the weights is the only approximation; its effect
+// is measured in docs/KERNELS.md.
+
+#undef KIVI_FAST_INT
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+#define KIVI_FAST_INT 1
+
+// AVX512-VNNI is used when the CPU has it (checked at run time). It is compiled into
+// separate functions with their own target attribute: Highway's AVX3_DL target also
+// enables AVX-VNNI, whose VEX encoding of vpdpbusd faults on CPUs (AMD Zen 4) that have
+// only the EVEX form.
+#if HWY_TARGET == HWY_AVX3
+#define KIVI_VNNI_ATTR __attribute__((target("avx512vnni")))
+inline bool HasVnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+#else
+inline bool HasVnni() { return false; }
+#endif
+
+// acc += sum over each group of 4 bytes of u8(a) * s8(b). Without VNNI the pairs go
+// through 16 bits: callers keep |a * b| sums of pairs below 32768.
+template <bool kVnni>
+HWY_INLINE __m256i DotU8S8(__m256i acc, __m256i a, __m256i b) {
+#if HWY_TARGET == HWY_AVX3
+  if constexpr (kVnni) return _mm256_dpbusd_epi32(acc, a, b);
+#endif
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+}
+
+// The four lane sums of a0..a3, as floats.
+HWY_INLINE __m128 SumsOf4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+  return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+// Horizontal max and sum of 8 floats.
+HWY_INLINE float HMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+HWY_INLINE float HSum(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// 8 floats rounded to nearest (even) -> 8 saturated int8 / uint8 at dst.
+HWY_INLINE void StoreI8(__m256 v, int8_t* dst) {
+  const __m256i q = _mm256_cvtps_epi32(v);
+  const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(p16, p16));
+}
+HWY_INLINE void StoreU8(__m256 v, uint8_t* dst) {
+  const __m256i q = _mm256_cvtps_epi32(v);
+  const __m128i p16 = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(p16, p16));
+}
+
+// Rounds x[0..D) (times mul[0..D) if given) to int8 (|q| <= 127); returns the scale of
+// the codes. D is a multiple of 8.
+HWY_INLINE float QuantizeQuery(const float* x, const float* mul, int D, int8_t* q) {
+  __m256 amax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int d = 0; d < D; d += 8) {
+    __m256 v = _mm256_loadu_ps(x + d);
+    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+  }
+  const float m = HMax(amax);
+  if (m == 0.0f) {
+    std::fill(q, q + D, int8_t{0});
+    return 0.0f;
+  }
+  const __m256 inv = _mm256_set1_ps(127.0f / m);
+  for (int d = 0; d < D; d += 8) {
+    __m256 v = _mm256_loadu_ps(x + d);
+    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
+    StoreI8(_mm256_mul_ps(v, inv), q + d);
+  }
+  return m / 127.0f;
+}
+
+HWY_INLINE float Dot8(const float* a, const float* b, int D) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  return HSum(acc);
+}
+
+bool FastKiviKeysOk(int D, int bits) {
+  return (bits == 2 || bits == 4 || (bits == 8 && HasVnni())) && (D * bits / 8) % 32 == 0 && D % 8 == 0;
+}
+
+// Scores of rows [0, n) of one KIVI key group (query q, params sp/zp).
+template <int NH, bool kVnni>
+HWY_INLINE void FastKiviKeysN(const float* qp, int D, int bits, const float* sp, const float* zp,
+                              const uint8_t* rows, size_t stride, int n, float* S, int ld, int8_t* q8,
+                              Prefetcher& pf) {
+  const int p = 8 / bits, W = D / p;
+  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
+  for (int hh = 0; hh < NH; ++hh) {
+    qsc[hh] = QuantizeQuery(qp + static_cast<size_t>(hh) * D, sp, D, q8 + static_cast<size_t>(hh) * D);
+    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
+  }
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << bits) - 1));
+  const __m128 qscv = _mm_loadu_ps(qsc), biasv = _mm_loadu_ps(bias);
+  for (int t = 0; t < n; ++t) {
+    pf.step(1);
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    const uint8_t* row = rows + static_cast<size_t>(t) * stride;
+    for (int c = 0; c < W; c += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+      for (int k = 0; k < p; ++k) {
+        const __m256i pl = bits == 8 ? x : _mm256_and_si256(_mm256_srli_epi16(x, bits * k), mask);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          acc[hh] = DotU8S8<kVnni>(acc[hh], pl,
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + static_cast<size_t>(hh) * D + k * W + c)));
+        }
+      }
+    }
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), qscv, biasv));
+    for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
+  }
+}
+
+template <bool kVnni>
+HWY_INLINE void FastKiviKeysT(const float* qp, int rep, int D, int bits, const float* sp, const float* zp,
+                              const uint8_t* rows, size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+  for (int r = 0; r < rep; r += 4) {
+    const float* q = qp + static_cast<size_t>(r) * D;
+    float* Sr = S + static_cast<size_t>(r) * ld;
+    switch (std::min(4, rep - r)) {
+      case 1: FastKiviKeysN<1, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 2: FastKiviKeysN<2, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 3: FastKiviKeysN<3, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      default: FastKiviKeysN<4, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+    }
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3
+KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviKeysVnni(const float* qp, int rep, int D, int bits, const float* sp,
+                                                   const float* zp, const uint8_t* rows, size_t stride, int n, float* S,
+                                                   int ld, int8_t* q8, Prefetcher& pf) {
+  FastKiviKeysT<true>(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
+}
+#endif
+
+void FastKiviKeys(const float* qp, int rep, int D, int bits, const float* sp, const float* zp, const uint8_t* rows,
+                  size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+#if HWY_TARGET == HWY_AVX3
+  if (HasVnni()) return FastKiviKeysVnni(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
+#endif
+  FastKiviKeysT<false>(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
+}
+
+// int8 keys (one scale per row, rs[i]); the query q8 and its scale per head are
+// prepared once per task.
+template <int NH, bool kVnni>
+HWY_INLINE void FastInt8KeysN(const int8_t* q8, const float* qsc, const int32_t* qsum, int D, const int8_t* rows,
+                              size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+  for (int t = 0; t < n; ++t) {
+    pf.step(1);
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    const int8_t* row = rows + static_cast<size_t>(t) * stride;
+    for (int c = 0; c < D; c += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+      if constexpr (kVnni) {
+        const __m256i xu = _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80)));  // x + 128
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          acc[hh] = DotU8S8<true>(acc[hh], xu, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + hh * D + c)));
+        }
+      } else {
+        const __m256i ax = _mm256_abs_epi8(x);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + hh * D + c));
+          acc[hh] = DotU8S8<false>(acc[hh], ax, _mm256_sign_epi8(qv, x));
+        }
+      }
+    }
+    __m128 sums = SumsOf4(acc[0], acc[1], acc[2], acc[3]);
+    if constexpr (kVnni) {  // undo the +128 offset: sum (x + 128) q = sum x q + 128 sum q
+      sums = _mm_sub_ps(sums, _mm_cvtepi32_ps(_mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qsum)), 7)));
+    }
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_mul_ps(_mm_mul_ps(sums, _mm_loadu_ps(qsc)), _mm_set1_ps(rs[t])));
+    for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
+  }
+}
+
+template <bool kVnni>
+HWY_INLINE void FastInt8KeysT(const int8_t* q8, const float* qsc, const int32_t* qsum, int rep, int D, const int8_t* rows,
+                              size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+  for (int r = 0; r < rep; r += 4) {
+    const int8_t* qr = q8 + static_cast<size_t>(r) * D;
+    float* Sr = S + static_cast<size_t>(r) * ld;
+    switch (std::min(4, rep - r)) {
+      case 1: FastInt8KeysN<1, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      case 2: FastInt8KeysN<2, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      case 3: FastInt8KeysN<3, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      default: FastInt8KeysN<4, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+    }
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3
+KIVI_VNNI_ATTR HWY_NOINLINE void FastInt8KeysVnni(const int8_t* q8, const float* qsc, const int32_t* qsum, int rep,
+                                                   int D, const int8_t* rows, size_t stride, int n, const float* rs,
+                                                   float* S, int ld, Prefetcher& pf) {
+  FastInt8KeysT<true>(q8, qsc, qsum, rep, D, rows, stride, n, rs, S, ld, pf);
+}
+#endif
+
+void FastInt8Keys(const int8_t* q8, const float* qsc, const int32_t* qsum, int rep, int D, const int8_t* rows,
+                  size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+#if HWY_TARGET == HWY_AVX3
+  if (HasVnni()) return FastInt8KeysVnni(q8, qsc, qsum, rep, D, rows, stride, n, rs, S, ld, pf);
+#endif
+  FastInt8KeysT<false>(q8, qsc, qsum, rep, D, rows, stride, n, rs, S, ld, pf);
+}
+
+bool FastKiviValuesOk(int D, int bits, int Gc) {
+  const int W = D * bits / 8;
+  return (bits == 2 || bits == 4) && Gc % 8 == 0 && W % 8 == 0;
+}
+
+// o += sum over tokens [t4, t4 + n) of the quads starting at `quad0` (
+// per-token value params vs/vz [n][D/Gc]).
+template <int NH, bool kVnni>
+HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
+                                const float* vs, const float* vz, float* O, size_t ostride, uint32_t* wq, float* wsc,
+                                Prefetcher& pf) {
+  const int p = 8 / bits, W = D / p, NG = D / Gc;
+  const int nq = (t4 + n + 3) / 4;
+  // Weights per head and group, rounded to 8 bits against their maximum in the tile.
+  // vs, vz are [n][NG]; vsT, vzT (scratch after the weights) hold them [NG][n].
+  float* vsT = wsc + 4 * NG;
+  float* vzT = vsT + static_cast<size_t>(NG) * kTile;
+  for (int i = 0; i < n; ++i)
+    for (int g = 0; g < NG; ++g) {
+      vsT[g * kTile + i] = vs[i * NG + g];
+      vzT[g * kTile + i] = vz[i * NG + g];
+    }
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* Ph = P + static_cast<size_t>(hh) * ld;
+    float* o = O + static_cast<size_t>(hh) * ostride;
+    for (int g = 0; g < NG; ++g) {
+      const float* sg = vsT + g * kTile;
+      const float* zg = vzT + g * kTile;
+      __m256 vmax = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
+      int i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const __m256 pv = _mm256_loadu_ps(Ph + i);
+        vmax = _mm256_max_ps(vmax, _mm256_mul_ps(pv, _mm256_loadu_ps(sg + i)));
+        zacc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(zg + i), zacc);
+      }
+      float wmax = HMax(vmax), zs = HSum(zacc);
+      for (; i < n; ++i) {
+        wmax = std::max(wmax, Ph[i] * sg[i]);
+        zs += Ph[i] * zg[i];
+      }
+      // Zero points: sum_t p_t z_{t,g} lands on every channel of group g.
+      const __m256 zsv = _mm256_set1_ps(zs);
+      int c = g * Gc;
+      for (; c + 8 <= (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zsv));
+      for (; c < (g + 1) * Gc; ++c) o[c] += zs;
+      wsc[hh * NG + g] = wmax / 255.0f;
+      const float inv = wmax > 0.0f ? 255.0f / wmax : 0.0f;
+      uint8_t* w = reinterpret_cast<uint8_t*>(wq + (static_cast<size_t>(hh) * NG + g) * nq);
+      // Slots [0, t4) and [t4 + n, 4 nq) of the quads are outside the range: weight 0.
+      std::memset(w, 0, static_cast<size_t>(4 * nq));
+      const __m256 invv = _mm256_set1_ps(inv);
+      i = 0;
+      alignas(32) uint8_t tmp[16];
+      for (; i + 8 <= n; i += 8) {
+        StoreU8(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Ph + i), _mm256_loadu_ps(sg + i)), invv), tmp);
+        std::memcpy(w + t4 + i, tmp, 8);
+      }
+      for (; i < n; ++i) w[t4 + i] = static_cast<uint8_t>(std::nearbyint(Ph[i] * sg[i] * inv));
+    }
+  }
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << bits) - 1));
+  for (int l = 0; l < W / 8; ++l) {  // 32 bytes of every quad: columns 8l .. 8l+7
+    for (int k = 0; k < p; ++k) {
+      const int g = (k * W + 8 * l) / Gc;  // channels kW + 8l .. kW + 8l + 7
+      __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int q = 0; q < nq; ++q) {
+        if (l == 0 && k == 0) pf.step(4);
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quad0 + static_cast<size_t>(q) * 4 * W + 32 * l));
+        const __m256i pl = _mm256_and_si256(_mm256_srli_epi16(x, bits * k), mask);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const __m256i w = _mm256_set1_epi32(static_cast<int>(wq[(static_cast<size_t>(hh) * NG + g) * nq + q]));
+          acc[hh] = DotU8S8<kVnni>(acc[hh], w, pl);
+        }
+      }
+#pragma GCC unroll 4
+      for (int hh = 0; hh < NH; ++hh) {
+        float* o = O + static_cast<size_t>(hh) * ostride + static_cast<size_t>(k) * W + 8 * l;
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[hh]), _mm256_set1_ps(wsc[hh * NG + g]), _mm256_loadu_ps(o)));
+      }
+    }
+  }
+}
+
+template <bool kVnni>
+HWY_INLINE void FastKiviValuesT(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4,
+                                int n, const float* vs, const float* vz, float* O, size_t ostride, uint32_t* wq,
+                                float* wsc, Prefetcher& pf) {
+  for (int r = 0; r < rep; r += 4) {
+    const float* Pr = P + static_cast<size_t>(r) * ld;
+    float* Or = O + static_cast<size_t>(r) * ostride;
+    switch (std::min(4, rep - r)) {
+      case 1: FastKiviValuesN<1, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
+      case 2: FastKiviValuesN<2, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
+      case 3: FastKiviValuesN<3, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
+      default: FastKiviValuesN<4, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
+    }
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3
+KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviValuesVnni(const float* P, int ld, int rep, int D, int bits, int Gc,
+                                                     const uint8_t* quad0, int t4, int n, const float* vs,
+                                                     const float* vz, float* O, size_t ostride, uint32_t* wq,
+                                                     float* wsc, Prefetcher& pf) {
+  FastKiviValuesT<true>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, pf);
+}
+#endif
+
+void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
+                    const float* vs, const float* vz, float* O, size_t ostride, uint32_t* wq, float* wsc, Prefetcher& pf) {
+#if HWY_TARGET == HWY_AVX3
+  if (HasVnni()) return FastKiviValuesVnni(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, pf);
+#endif
+  FastKiviValuesT<false>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, pf);
+}
+
+#else
+#define KIVI_FAST_INT 0
+#endif  // x86 targets
+
+// Quantization parameters [index, index + count) of a stream (scales, or zero points)
+// as floats.
+void LoadParams(const kv::StreamView& st, size_t index, int count, float* out, bool zeros = false) {
+  const uint8_t* base = zeros ? st.zeros : st.scales;
+  if (st.param_type == kv::ParamType::kF32) {
+    std::memcpy(out, reinterpret_cast<const float*>(base) + index, static_cast<size_t>(count) * sizeof(float));
+    return;
+  }
+  const f16_t* p = reinterpret_cast<const f16_t*>(base) + index;
+  const hn::CappedTag<float, 8> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const int N = static_cast<int>(hn::Lanes(df));
+  int i = 0;
+  for (; i + N <= count; i += N) {
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p + i))), df, out + i);
+  }
+  for (; i < count; ++i) out[i] = f16_to_f32(p[i]);
+}
+
+// ---------------------------------------------------------------------------------
 // One task.
 
 void AttendTask(const TaskArgs& a) {
@@ -437,16 +809,13 @@ void AttendTask(const TaskArgs& a) {
   const kv::StreamView& V = kvv.v;
   const int D = K.head_dim, rep = a.rep, h = a.h;
   const bool k_kivi = kv::is_kivi(K.fmt.format), v_kivi = kv::is_kivi(V.fmt.format);
-  const int pk = k_kivi ? channels_per_byte(K.fmt.format) : 1;
-  const int pv = v_kivi ? channels_per_byte(V.fmt.format) : 1;
   const int kbits = kv::format_bits(K.fmt.format), vbits = kv::format_bits(V.fmt.format);
 
-  // Scratch: qn [rep][D], qp [rep][D], S [rep][ld], kbuf/vbuf [kTile][D],
+  // Scratch: qn [rep][D], S [rep][ld], kbuf/vbuf [kTile][D],
   // key params sp/zp [D], value params vs/vz [kTile][D/Gc], row scales [kTile].
   float* qn = a.scratch;
-  float* qp = qn + static_cast<size_t>(rep) * D;
   const int ld = a.ld;  // scores of the whole range: S [rep][ld]
-  float* S = qp + static_cast<size_t>(rep) * D;
+  float* S = qn + static_cast<size_t>(rep) * D;
   float* kbuf = S + static_cast<size_t>(rep) * ld;
   float* vbuf = kbuf + static_cast<size_t>(kTile) * D;
   float* sp = vbuf + static_cast<size_t>(kTile) * D;
@@ -459,7 +828,6 @@ void AttendTask(const TaskArgs& a) {
     const float* q = a.q + static_cast<size_t>(r) * D;
     for (int d = 0; d < D; ++d) {
       qn[r * D + d] = q[d] * a.scale;
-      qp[r * D + planar_pos(d, pk, D)] = q[d] * a.scale;
     }
     float* o = a.out + static_cast<size_t>(r) * a.out_stride;
     std::fill(o, o + D, 0.0f);
@@ -468,10 +836,28 @@ void AttendTask(const TaskArgs& a) {
   }
 
   const int B = K.block;
-  auto param = [&](const uint8_t* base, size_t index) {
-    return K.param_type == kv::ParamType::kF16 ? f16_to_f32(reinterpret_cast<const f16_t*>(base)[index])
-                                               : reinterpret_cast<const float*>(base)[index];
-  };
+#if KIVI_FAST_INT
+  const bool fast = a.precision == Precision::kFast;
+  // Fast-path scratch (bytes), carved from the staging buffers it does not use.
+  int8_t* q8 = reinterpret_cast<int8_t*>(kbuf);                           // [4][D] or [rep][D]
+  uint32_t* wq = reinterpret_cast<uint32_t*>(vbuf);                      // [4][D/Gc][quads]
+  float* wsc = vbuf + static_cast<size_t>(kTile) * D / 2;                // [4][D/Gc]
+  // int8 keys: the query rounded once per task.
+  float q8sc[64 + 4];
+  int32_t q8sum[64 + 4];
+  const bool fast_int8_k = fast && K.fmt.format == kv::Format::kInt8 &&
+                           K.fmt.granularity != kv::Int8Granularity::kGroup && D % 32 == 0 && rep <= 64;
+  if (fast_int8_k) {
+    for (int r = 0; r < rep; ++r) {
+      q8sc[r] = QuantizeQuery(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
+      int32_t sum = 0;
+      for (int d = 0; d < D; ++d) sum += q8[r * D + d];
+      q8sum[r] = sum;
+    }
+  }
+  const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
+  const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
+#endif
 
   // Points the prefetcher at the tile of `st` starting at token t (if any).
   Prefetcher pf;
@@ -482,6 +868,29 @@ void AttendTask(const TaskArgs& a) {
     if (t + n <= st.n_stored) {
       pf.set(st.quad ? st.quad_row(t, h) : st.row(t, h), static_cast<size_t>(n + 3) * st.token_stride,
              st.token_stride);
+      // The tile's quantization parameters live in their own arrays: fetch them now.
+      if (st.block_param_count > 0) {
+        const size_t ps = kv::param_size(st.param_type);
+        const size_t base = static_cast<size_t>(st.block_table[t / B]) * st.block_param_count;
+        size_t first = 0, count = 0;
+        if (st.per_channel) {  // KIVI keys: [H][B/G][D]
+          first = (static_cast<size_t>(h) * (B / st.group) + (t % B) / st.group) * D;
+          count = static_cast<size_t>((n + st.group - 1) / st.group + 1) * D;
+        } else if (kv::is_kivi(st.fmt.format) || st.fmt.granularity == kv::Int8Granularity::kGroup) {
+          first = (static_cast<size_t>(h) * B + t % B) * (D / st.group);
+          count = static_cast<size_t>(n) * (D / st.group);
+        } else if (st.fmt.granularity == kv::Int8Granularity::kHead) {
+          first = static_cast<size_t>(h) * B + t % B;
+          count = static_cast<size_t>(n);
+        } else {
+          first = static_cast<size_t>(t % B);
+          count = static_cast<size_t>(n);
+        }
+        for (size_t b = 0; b < count * ps; b += 64) {
+          hwy::Prefetch(st.scales + (base + first) * ps + b);
+          if (st.zeros) hwy::Prefetch(st.zeros + (base + first) * ps + b);
+        }
+      }
     } else if (t >= st.n_stored) {
       pf.set(st.residual_row(t, h), static_cast<size_t>(std::min(n, st.ring_capacity - t % st.ring_capacity)) * D * 4,
              static_cast<size_t>(D) * 4);
@@ -511,19 +920,22 @@ void AttendTask(const TaskArgs& a) {
           const int Gc = K.group;
           const bool grp = K.fmt.granularity == kv::Int8Granularity::kGroup;
           const size_t base = static_cast<size_t>(kpb) * K.block_param_count;
-          for (int i = 0; i < n; ++i) {
-            const int slot = (t0 + i) % B;
-            switch (K.fmt.granularity) {
-              case kv::Int8Granularity::kTensor: rs[i] = K.tensor_scale; break;
-              case kv::Int8Granularity::kToken: rs[i] = param(K.scales, base + slot); break;
-              case kv::Int8Granularity::kHead: rs[i] = param(K.scales, base + static_cast<size_t>(h) * B + slot); break;
-              case kv::Int8Granularity::kGroup:
-                for (int g = 0; g < D / Gc; ++g) {
-                  vs[i * (D / Gc) + g] = param(K.scales, base + (static_cast<size_t>(h) * B + slot) * (D / Gc) + g);
-                }
-                break;
-            }
+          const size_t slot = static_cast<size_t>(t0 % B);
+          switch (K.fmt.granularity) {
+            case kv::Int8Granularity::kTensor: std::fill(rs, rs + n, K.tensor_scale); break;
+            case kv::Int8Granularity::kToken: LoadParams(K, base + slot, n, rs); break;
+            case kv::Int8Granularity::kHead: LoadParams(K, base + static_cast<size_t>(h) * B + slot, n, rs); break;
+            case kv::Int8Granularity::kGroup:
+              LoadParams(K, base + (static_cast<size_t>(h) * B + slot) * (D / Gc), n * (D / Gc), vs);
+              break;
           }
+#if KIVI_FAST_INT
+          if (fast_int8_k) {
+            FastInt8Keys(q8, q8sc, q8sum, rep, D, reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, rs,
+                         S + (t0 - a.t0), ld, pf);
+            break;
+          }
+#endif
           DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
                       D / Gc, kbuf);
           DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
@@ -535,15 +947,22 @@ void AttendTask(const TaskArgs& a) {
             const int g1 = std::min(ke, (g0 / G + 1) * G);
             const size_t pi = static_cast<size_t>(kpb) * K.block_param_count +
                               (static_cast<size_t>(h) * (B / G) + (g0 % B) / G) * D;
-            for (int d = 0; d < D; ++d) {
-              const int pos = planar_pos(d, pk, D);
-              sp[pos] = param(K.scales, pi + d);
-              zp[pos] = param(K.zeros, pi + d);
+            LoadParams(K, pi, D, sp);
+            LoadParams(K, pi, D, zp, true);
+#if KIVI_FAST_INT
+            if (fast_kivi_k) {
+              FastKiviKeys(qn, rep, D, kbits, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, q8, pf);
+              g0 = g1;
+              continue;
             }
+#endif
             DequantKiviKeys(K.row(g0, h), K.token_stride, g1 - g0, D, kbits, sp, zp, kbuf + static_cast<size_t>(g0 - t0) * D);
             g0 = g1;
           }
-          DotRows(qp, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
+#if KIVI_FAST_INT
+          if (fast_kivi_k) break;
+#endif
+          DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
           break;
         }
       }
@@ -587,18 +1006,14 @@ void AttendTask(const TaskArgs& a) {
           const int Gc = V.group;
           const bool grp = V.fmt.granularity == kv::Int8Granularity::kGroup;
           const size_t base = static_cast<size_t>(vpb) * V.block_param_count;
-          for (int i = 0; i < n; ++i) {
-            const int slot = (t0 + i) % B;
-            switch (V.fmt.granularity) {
-              case kv::Int8Granularity::kTensor: rs[i] = V.tensor_scale; break;
-              case kv::Int8Granularity::kToken: rs[i] = param(V.scales, base + slot); break;
-              case kv::Int8Granularity::kHead: rs[i] = param(V.scales, base + static_cast<size_t>(h) * B + slot); break;
-              case kv::Int8Granularity::kGroup:
-                for (int g = 0; g < D / Gc; ++g) {
-                  vs[i * (D / Gc) + g] = param(V.scales, base + (static_cast<size_t>(h) * B + slot) * (D / Gc) + g);
-                }
-                break;
-            }
+          const size_t slot = static_cast<size_t>(t0 % B);
+          switch (V.fmt.granularity) {
+            case kv::Int8Granularity::kTensor: std::fill(rs, rs + n, V.tensor_scale); break;
+            case kv::Int8Granularity::kToken: LoadParams(V, base + slot, n, rs); break;
+            case kv::Int8Granularity::kHead: LoadParams(V, base + static_cast<size_t>(h) * B + slot, n, rs); break;
+            case kv::Int8Granularity::kGroup:
+              LoadParams(V, base + (static_cast<size_t>(h) * B + slot) * (D / Gc), n * (D / Gc), vs);
+              break;
           }
           DequantInt8(reinterpret_cast<const int8_t*>(V.row(t0, h)), V.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
                       D / Gc, vbuf);
@@ -609,10 +1024,15 @@ void AttendTask(const TaskArgs& a) {
           const int Gc = V.group, NG = D / Gc;
           const size_t pi = static_cast<size_t>(vpb) * V.block_param_count +
                             (static_cast<size_t>(h) * B + t0 % B) * NG;
-          for (int i = 0; i < n * NG; ++i) {
-            vs[i] = param(V.scales, pi + i);
-            vz[i] = param(V.zeros, pi + i);
+          LoadParams(V, pi, n * NG, vs);
+          LoadParams(V, pi, n * NG, vz, true);
+#if KIVI_FAST_INT
+          if (fast_kivi_v) {
+            FastKiviValues(S + (t0 - a.t0), ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, vs, vz, a.out,
+                           a.out_stride, wq, wsc, pf);
+            break;
           }
+#endif
           DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, vs, vz, static_cast<size_t>(NG), vbuf);
           AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
           break;
@@ -623,25 +1043,12 @@ void AttendTask(const TaskArgs& a) {
       const int cap = V.ring_capacity;
       const int r1 = std::min(t1, (r0 / cap + 1) * cap);
       const float* rows = V.residual_row(r0, h);
-      if (pv > 1) {  // the accumulator is planar: permute the residual rows to match
-        for (int i = 0; i < r1 - r0; ++i)
-          for (int d = 0; d < D; ++d) vbuf[static_cast<size_t>(i) * D + planar_pos(d, pv, D)] = rows[static_cast<size_t>(i) * D + d];
-        rows = vbuf;
-      }
       AccumRows(S + (r0 - a.t0), ld, rep, D, rows, static_cast<size_t>(D), r1 - r0, a.out, a.out_stride, pf);
       r0 = r1;
     }
     t0 = t1;
   }
 
-  // The accumulator of a KIVI value stream is planar: back to channel order.
-  if (pv > 1) {
-    for (int r = 0; r < rep; ++r) {
-      float* o = a.out + static_cast<size_t>(r) * a.out_stride;
-      for (int d = 0; d < D; ++d) vbuf[d] = o[planar_pos(d, pv, D)];
-      std::copy(vbuf, vbuf + D, o);
-    }
-  }
 }
 
 }  // namespace kivi::attn::HWY_NAMESPACE

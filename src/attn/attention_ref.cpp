@@ -71,7 +71,7 @@ static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bo
       }
       for (int d = 0; d < D; ++d) {
         const size_t pi = param_index(s, t, h, d, key);
-        out[d] = kv::unpack_code(r, d, bits) * kv::load_param(s.scales, pi, s.param_type) +
+        out[d] = kv::unpack_code(r, d, bits, D) * kv::load_param(s.scales, pi, s.param_type) +
                  kv::load_param(s.zeros, pi, s.param_type);
       }
       return;

@@ -67,28 +67,16 @@ int8_t int8_code(float x, float scale, bool* clamped) {
   return static_cast<int8_t>(q);
 }
 
-uint8_t unpack_code(const uint8_t* row, int i, int bits) {
-  switch (bits) {
-    case 2: return (row[i >> 2] >> ((i & 3) * 2)) & 3;
-    case 4: return (row[i >> 1] >> ((i & 1) * 4)) & 15;
-    default: return row[i];
-  }
+uint8_t unpack_code(const uint8_t* row, int i, int bits, int D) {
+  const int W = D * bits / 8;  // bytes per row: channel i is in byte i % W, plane i / W
+  return (row[i % W] >> (bits * (i / W))) & ((1 << bits) - 1);
 }
 
-void pack_code(uint8_t* row, int i, int bits, uint8_t code) {
-  switch (bits) {
-    case 2: {
-      const int sh = (i & 3) * 2;
-      row[i >> 2] = static_cast<uint8_t>((row[i >> 2] & ~(3 << sh)) | (code << sh));
-      break;
-    }
-    case 4: {
-      const int sh = (i & 1) * 4;
-      row[i >> 1] = static_cast<uint8_t>((row[i >> 1] & ~(15 << sh)) | (code << sh));
-      break;
-    }
-    default: row[i] = code;
-  }
+void pack_code(uint8_t* row, int i, int bits, int D, uint8_t code) {
+  const int W = D * bits / 8;
+  const int sh = bits * (i / W);
+  const int mask = ((1 << bits) - 1) << sh;
+  row[i % W] = static_cast<uint8_t>((row[i % W] & ~mask) | (code << sh));
 }
 
 static void check_common(int S, int T, int D, int G, int bits) {
@@ -119,7 +107,7 @@ void quantize_keys(const float* keys, int S, int T, int D, int G, int bits, Para
         const size_t pi = (static_cast<size_t>(s) * NG + g) * D + d;
         store_param(scale, pi, p.scale, pt);
         store_param(zero, pi, p.zero, pt);
-        for (int t = 0; t < G; ++t) pack_code(cg + t * rb, d, bits, kivi_code(kg[t * D + d], p, bits));
+        for (int t = 0; t < G; ++t) pack_code(cg + t * rb, d, bits, D, kivi_code(kg[t * D + d], p, bits));
       }
     }
   }
@@ -137,7 +125,7 @@ void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, 
       const size_t pbase = (static_cast<size_t>(s) * NG + t / G) * D;
       float* out = keys + (static_cast<size_t>(s) * T + t) * D;
       for (int d = 0; d < D; ++d) {
-        out[d] = unpack_code(row, d, bits) * load_param(scale, pbase + d, pt) + load_param(zero, pbase + d, pt);
+        out[d] = unpack_code(row, d, bits, D) * load_param(scale, pbase + d, pt) + load_param(zero, pbase + d, pt);
       }
     }
   }
@@ -164,7 +152,7 @@ void quantize_values(const float* values, int S, int T, int D, int G, int bits, 
         const size_t pi = (static_cast<size_t>(s) * T + t) * NG + g;
         store_param(scale, pi, p.scale, pt);
         store_param(zero, pi, p.zero, pt);
-        for (int d = 0; d < G; ++d) pack_code(row, g * G + d, bits, kivi_code(v[g * G + d], p, bits));
+        for (int d = 0; d < G; ++d) pack_code(row, g * G + d, bits, D, kivi_code(v[g * G + d], p, bits));
       }
     }
   }
@@ -182,7 +170,7 @@ void dequantize_values(const uint8_t* codes, const void* scale, const void* zero
       float* out = values + (static_cast<size_t>(s) * T + t) * D;
       for (int d = 0; d < D; ++d) {
         const size_t pi = (static_cast<size_t>(s) * T + t) * NG + d / G;
-        out[d] = unpack_code(row, d, bits) * load_param(scale, pi, pt) + load_param(zero, pi, pt);
+        out[d] = unpack_code(row, d, bits, D) * load_param(scale, pi, pt) + load_param(zero, pi, pt);
       }
     }
   }

@@ -12,10 +12,14 @@
 // data and |x - x'| <= scale / 2 holds for the stored scale. A constant group has
 // scale 0, codes 0 and reconstructs as the (stored) zero.
 //
-// Packing: codes are packed along the channel axis of each token row.
-//   2-bit: byte j = c[4j] | c[4j+1] << 2 | c[4j+2] << 4 | c[4j+3] << 6
-//   4-bit: byte j = c[2j] | c[2j+1] << 4          (low nibble first)
+// Packing: the D codes of a token row are packed into W = D * bits / 8 bytes, byte j
+// holding channels j, j + W, j + 2W, ... from the low bits up:
+//   2-bit: byte j = c[j] | c[j+W] << 2 | c[j+2W] << 4 | c[j+3W] << 6
+//   4-bit: byte j = c[j] | c[j+W] << 4            (low nibble first)
 //   8-bit: byte j = c[j]
+// (llama.cpp's q4_0 splits the two halves of a block across nibbles the same way.)
+// Shifting a vector of row bytes right by bits * k and masking yields channels
+// kW .. kW + W - 1 in order, so SIMD kernels unpack without shuffles.
 //
 // int8 (symmetric absmax): scale = absmax / 127, q = clamp(rint(x / scale), -127, 127),
 // x' = q * scale; f16 scales are rounded toward +inf.
@@ -54,9 +58,9 @@ float load_param(const void* base, size_t index, ParamType pt);
 inline size_t packed_row_bytes(int head_dim, int bits) {
   return static_cast<size_t>(head_dim) * bits / 8;
 }
-// Code `i` of a packed row.
-uint8_t unpack_code(const uint8_t* row, int i, int bits);
-void pack_code(uint8_t* row, int i, int bits, uint8_t code);
+// Code `i` of a packed row of D codes.
+uint8_t unpack_code(const uint8_t* row, int i, int bits, int D);
+void pack_code(uint8_t* row, int i, int bits, int D, uint8_t code);
 
 // Keys, per channel over groups of G consecutive tokens (T a multiple of G):
 //   keys  [S, T, D] f32
