@@ -528,52 +528,100 @@ bool FastKiviKeysOk(int D, int bits) {
   return (bits == 2 || bits == 4 || (bits == 8 && HasVnni())) && (D * bits / 8) % 32 == 0 && D % 8 == 0;
 }
 
-// Scores of rows [0, n) of one KIVI key group (query q, params sp/zp).
-template <int NH, bool kVnni>
-HWY_INLINE void FastKiviKeysN(const float* qp, int D, int bits, const float* sp, const float* zp,
-                              const uint8_t* rows, size_t stride, int n, float* S, int ld, int8_t* q8,
-                              Prefetcher& pf) {
-  const int p = 8 / bits, W = D / p;
+// Scores of rows [0, n) of one KIVI key group (query q, params sp/zp), two rows at a
+// time so the query codes are loaded once per pair and eight dot products overlap.
+template <int NH, int BITS, bool kVnni>
+HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
+                              size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
   for (int hh = 0; hh < NH; ++hh) {
     qsc[hh] = QuantizeQuery(qp + static_cast<size_t>(hh) * D, sp, D, q8 + static_cast<size_t>(hh) * D);
     bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
   }
-  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << bits) - 1));
-  const __m128 qscv = _mm_loadu_ps(qsc), biasv = _mm_loadu_ps(bias);
-  for (int t = 0; t < n; ++t) {
-    pf.step(1);
-    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-    const uint8_t* row = rows + static_cast<size_t>(t) * stride;
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
+  const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
+  int t = 0;
+  for (; t + 2 <= n; t += 2) {
+    pf.step(2);
+    __m256i a[4], b[4];
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) a[hh] = b[hh] = _mm256_setzero_si256();
+    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+    const uint8_t* r1 = r0 + stride;
     for (int c = 0; c < W; c += 32) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c));
+#pragma GCC unroll 4
       for (int k = 0; k < p; ++k) {
-        const __m256i pl = bits == 8 ? x : _mm256_and_si256(_mm256_srli_epi16(x, bits * k), mask);
+        const __m256i p0 = BITS == 8 ? x0 : _mm256_and_si256(_mm256_srli_epi16(x0, BITS * k), mask);
+        const __m256i p1 = BITS == 8 ? x1 : _mm256_and_si256(_mm256_srli_epi16(x1, BITS * k), mask);
 #pragma GCC unroll 4
         for (int hh = 0; hh < NH; ++hh) {
-          acc[hh] = DotU8S8<kVnni>(acc[hh], pl,
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + static_cast<size_t>(hh) * D + k * W + c)));
+          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + static_cast<size_t>(hh) * D + k * W + c));
+          a[hh] = DotU8S8<kVnni>(a[hh], p0, qv);
+          b[hh] = DotU8S8<kVnni>(b[hh], p1, qv);
+        }
+      }
+    }
+    // [row t: heads 0..3 | row t+1: heads 0..3]
+    const __m256i ha = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+    const __m256i hb = _mm256_hadd_epi32(_mm256_hadd_epi32(b[0], b[1]), _mm256_hadd_epi32(b[2], b[3]));
+    const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(ha, hb, 0x20), _mm256_permute2x128_si256(ha, hb, 0x31));
+    alignas(32) float out[8];
+    _mm256_store_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), qscv, biasv));
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      S[hh * ld + t] = out[hh];
+      S[hh * ld + t + 1] = out[4 + hh];
+    }
+  }
+  for (; t < n; ++t) {
+    __m256i a[4];
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) a[hh] = _mm256_setzero_si256();
+    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+    for (int c = 0; c < W; c += 32) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
+      for (int k = 0; k < p; ++k) {
+        const __m256i p0 = BITS == 8 ? x0 : _mm256_and_si256(_mm256_srli_epi16(x0, BITS * k), mask);
+        for (int hh = 0; hh < NH; ++hh) {
+          a[hh] = DotU8S8<kVnni>(a[hh], p0,
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + static_cast<size_t>(hh) * D + k * W + c)));
         }
       }
     }
     alignas(16) float out[4];
-    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), qscv, biasv));
+    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(a[0], a[1], a[2], a[3]), _mm256_castps256_ps128(qscv),
+                                   _mm256_castps256_ps128(biasv)));
     for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
+  }
+}
+
+template <int BITS, bool kVnni>
+HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
+                              size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+  for (int r = 0; r < rep; r += 4) {
+    const float* q = qp + static_cast<size_t>(r) * D;
+    float* Sr = S + static_cast<size_t>(r) * ld;
+    switch (std::min(4, rep - r)) {
+      case 1: FastKiviKeysN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 2: FastKiviKeysN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 3: FastKiviKeysN<3, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      default: FastKiviKeysN<4, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+    }
   }
 }
 
 template <bool kVnni>
 HWY_INLINE void FastKiviKeysT(const float* qp, int rep, int D, int bits, const float* sp, const float* zp,
                               const uint8_t* rows, size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
-  for (int r = 0; r < rep; r += 4) {
-    const float* q = qp + static_cast<size_t>(r) * D;
-    float* Sr = S + static_cast<size_t>(r) * ld;
-    switch (std::min(4, rep - r)) {
-      case 1: FastKiviKeysN<1, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 2: FastKiviKeysN<2, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 3: FastKiviKeysN<3, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      default: FastKiviKeysN<4, kVnni>(q, D, bits, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-    }
+  switch (bits) {
+    case 2: return FastKiviKeysB<2, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
+    case 4: return FastKiviKeysB<4, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
+    default: return FastKiviKeysB<8, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
   }
 }
 
@@ -808,7 +856,7 @@ void AttendTask(const TaskArgs& a) {
   const kv::StreamView& K = kvv.k;
   const kv::StreamView& V = kvv.v;
   const int D = K.head_dim, rep = a.rep, h = a.h;
-  const bool k_kivi = kv::is_kivi(K.fmt.format), v_kivi = kv::is_kivi(V.fmt.format);
+  [[maybe_unused]] const bool k_kivi = kv::is_kivi(K.fmt.format), v_kivi = kv::is_kivi(V.fmt.format);
   const int kbits = kv::format_bits(K.fmt.format), vbits = kv::format_bits(V.fmt.format);
 
   // Scratch: qn [rep][D], S [rep][ld], kbuf/vbuf [kTile][D],
@@ -869,26 +917,25 @@ void AttendTask(const TaskArgs& a) {
       pf.set(st.quad ? st.quad_row(t, h) : st.row(t, h), static_cast<size_t>(n + 3) * st.token_stride,
              st.token_stride);
       // The tile's quantization parameters live in their own arrays: fetch them now.
-      if (st.block_param_count > 0) {
+      if (st.head_block_params > 0 || st.fmt.granularity == kv::Int8Granularity::kToken) {
         const size_t ps = kv::param_size(st.param_type);
-        const size_t base = static_cast<size_t>(st.block_table[t / B]) * st.block_param_count;
         size_t first = 0, count = 0;
-        if (st.per_channel) {  // KIVI keys: [H][B/G][D]
-          first = (static_cast<size_t>(h) * (B / st.group) + (t % B) / st.group) * D;
+        if (st.per_channel) {  // KIVI keys: [B/G][D] per head and block
+          first = st.param_base(t, h) + static_cast<size_t>((t % B) / st.group) * D;
           count = static_cast<size_t>((n + st.group - 1) / st.group + 1) * D;
         } else if (kv::is_kivi(st.fmt.format) || st.fmt.granularity == kv::Int8Granularity::kGroup) {
-          first = (static_cast<size_t>(h) * B + t % B) * (D / st.group);
+          first = st.param_base(t, h) + static_cast<size_t>(t % B) * (D / st.group);
           count = static_cast<size_t>(n) * (D / st.group);
         } else if (st.fmt.granularity == kv::Int8Granularity::kHead) {
-          first = static_cast<size_t>(h) * B + t % B;
+          first = st.param_base(t, h) + static_cast<size_t>(t % B);
           count = static_cast<size_t>(n);
         } else {
-          first = static_cast<size_t>(t % B);
+          first = st.token_param_index(t);
           count = static_cast<size_t>(n);
         }
         for (size_t b = 0; b < count * ps; b += 64) {
-          hwy::Prefetch(st.scales + (base + first) * ps + b);
-          if (st.zeros) hwy::Prefetch(st.zeros + (base + first) * ps + b);
+          hwy::Prefetch(st.scales + first * ps + b);
+          if (st.zeros) hwy::Prefetch(st.zeros + first * ps + b);
         }
       }
     } else if (t >= st.n_stored) {
@@ -898,7 +945,6 @@ void AttendTask(const TaskArgs& a) {
   };
   for (int t0 = a.t0; t0 < a.t1;) {
     const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
-    const int32_t kpb = K.block_table[t0 / B];
     if (t1 < a.t1) {
       prefetch_tile(K, t1, a.t1);
     } else {
@@ -919,15 +965,12 @@ void AttendTask(const TaskArgs& a) {
         case kv::Format::kInt8: {
           const int Gc = K.group;
           const bool grp = K.fmt.granularity == kv::Int8Granularity::kGroup;
-          const size_t base = static_cast<size_t>(kpb) * K.block_param_count;
-          const size_t slot = static_cast<size_t>(t0 % B);
+          const size_t base = K.param_base(t0, h), slot = static_cast<size_t>(t0 % B);
           switch (K.fmt.granularity) {
             case kv::Int8Granularity::kTensor: std::fill(rs, rs + n, K.tensor_scale); break;
-            case kv::Int8Granularity::kToken: LoadParams(K, base + slot, n, rs); break;
-            case kv::Int8Granularity::kHead: LoadParams(K, base + static_cast<size_t>(h) * B + slot, n, rs); break;
-            case kv::Int8Granularity::kGroup:
-              LoadParams(K, base + (static_cast<size_t>(h) * B + slot) * (D / Gc), n * (D / Gc), vs);
-              break;
+            case kv::Int8Granularity::kToken: LoadParams(K, K.token_param_index(t0), n, rs); break;
+            case kv::Int8Granularity::kHead: LoadParams(K, base + slot, n, rs); break;
+            case kv::Int8Granularity::kGroup: LoadParams(K, base + slot * (D / Gc), n * (D / Gc), vs); break;
           }
 #if KIVI_FAST_INT
           if (fast_int8_k) {
@@ -945,8 +988,7 @@ void AttendTask(const TaskArgs& a) {
           const int G = K.group;
           for (int g0 = t0; g0 < ke;) {
             const int g1 = std::min(ke, (g0 / G + 1) * G);
-            const size_t pi = static_cast<size_t>(kpb) * K.block_param_count +
-                              (static_cast<size_t>(h) * (B / G) + (g0 % B) / G) * D;
+            const size_t pi = K.param_base(g0, h) + static_cast<size_t>((g0 % B) / G) * D;
             LoadParams(K, pi, D, sp);
             LoadParams(K, pi, D, zp, true);
 #if KIVI_FAST_INT
@@ -990,7 +1032,6 @@ void AttendTask(const TaskArgs& a) {
     const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
     prefetch_tile(V, t1, a.t1);
     const int ve = std::max(t0, std::min(t1, V.n_stored));
-    const int32_t vpb = V.block_table[t0 / B];
     if (ve > t0) {
       const int n = ve - t0;
       switch (V.fmt.format) {
@@ -1005,15 +1046,12 @@ void AttendTask(const TaskArgs& a) {
         case kv::Format::kInt8: {
           const int Gc = V.group;
           const bool grp = V.fmt.granularity == kv::Int8Granularity::kGroup;
-          const size_t base = static_cast<size_t>(vpb) * V.block_param_count;
-          const size_t slot = static_cast<size_t>(t0 % B);
+          const size_t base = V.param_base(t0, h), slot = static_cast<size_t>(t0 % B);
           switch (V.fmt.granularity) {
             case kv::Int8Granularity::kTensor: std::fill(rs, rs + n, V.tensor_scale); break;
-            case kv::Int8Granularity::kToken: LoadParams(V, base + slot, n, rs); break;
-            case kv::Int8Granularity::kHead: LoadParams(V, base + static_cast<size_t>(h) * B + slot, n, rs); break;
-            case kv::Int8Granularity::kGroup:
-              LoadParams(V, base + (static_cast<size_t>(h) * B + slot) * (D / Gc), n * (D / Gc), vs);
-              break;
+            case kv::Int8Granularity::kToken: LoadParams(V, V.token_param_index(t0), n, rs); break;
+            case kv::Int8Granularity::kHead: LoadParams(V, base + slot, n, rs); break;
+            case kv::Int8Granularity::kGroup: LoadParams(V, base + slot * (D / Gc), n * (D / Gc), vs); break;
           }
           DequantInt8(reinterpret_cast<const int8_t*>(V.row(t0, h)), V.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
                       D / Gc, vbuf);
@@ -1022,8 +1060,7 @@ void AttendTask(const TaskArgs& a) {
         }
         default: {  // KIVI values: per-token params per group of Gc channels
           const int Gc = V.group, NG = D / Gc;
-          const size_t pi = static_cast<size_t>(vpb) * V.block_param_count +
-                            (static_cast<size_t>(h) * B + t0 % B) * NG;
+          const size_t pi = V.param_base(t0, h) + static_cast<size_t>(t0 % B) * NG;
           LoadParams(V, pi, n * NG, vs);
           LoadParams(V, pi, n * NG, vz, true);
 #if KIVI_FAST_INT

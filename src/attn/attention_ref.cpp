@@ -14,18 +14,16 @@ using kv::Format;
 using kv::Int8Granularity;
 
 static size_t param_index(const kv::StreamView& s, int t, int h, int d, bool key) {
-  const size_t pb = static_cast<size_t>(s.block_table[t / s.block]);
   const size_t slot = t % s.block;
   const size_t D = s.head_dim;
-  const size_t base = pb * s.block_param_count;
   if (kv::is_kivi(s.fmt.format)) {
-    if (key) return base + (h * (s.block / s.group) + slot / s.group) * D + d;
-    return base + (h * s.block + slot) * (D / s.group) + d / s.group;
+    if (key) return s.param_base(t, h) + (slot / s.group) * D + d;
+    return s.param_base(t, h) + slot * (D / s.group) + d / s.group;
   }
   switch (s.fmt.granularity) {
-    case Int8Granularity::kToken: return base + slot;
-    case Int8Granularity::kHead: return base + h * s.block + slot;
-    case Int8Granularity::kGroup: return base + (h * s.block + slot) * (D / s.group) + d / s.group;
+    case Int8Granularity::kToken: return s.token_param_index(t);
+    case Int8Granularity::kHead: return s.param_base(t, h) + slot;
+    case Int8Granularity::kGroup: return s.param_base(t, h) + slot * (D / s.group) + d / s.group;
     default: return 0;
   }
 }

@@ -38,19 +38,18 @@ void KvCache::init_stream(StreamStore& s, const StreamFormat& f, Stream which, i
   const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, B = block_;
   const size_t ps = param_size(cfg_.param_type);
   s.fmt = f;
+  s.head_block_params = 0;
+  s.shared_params = 0;
   if (is_row_format(f.format)) {
     const size_t eb = row_elem_bytes(f.format);
     s.code_row_bytes = D * eb;
     s.token_stride = D * eb;
-    s.head_stride = B * D * eb;
-    s.block_code_bytes = H * B * D * eb;
-    s.block_param_count = 0;
     if (f.format == Format::kInt8) {
       switch (f.granularity) {
         case Int8Granularity::kTensor: break;
-        case Int8Granularity::kToken: s.block_param_count = B; break;
-        case Int8Granularity::kHead: s.block_param_count = H * B; break;
-        case Int8Granularity::kGroup: s.block_param_count = H * B * (D / cgroup_); break;
+        case Int8Granularity::kToken: s.shared_params = B; break;
+        case Int8Granularity::kHead: s.head_block_params = B; break;
+        case Int8Granularity::kGroup: s.head_block_params = B * (D / cgroup_); break;
       }
     }
     s.ring_cap = 0;
@@ -58,16 +57,14 @@ void KvCache::init_stream(StreamStore& s, const StreamFormat& f, Stream which, i
     const int bits = format_bits(f.format);
     s.code_row_bytes = packed_row_bytes(static_cast<int>(D), bits);
     s.token_stride = s.code_row_bytes;
-    s.head_stride = B * s.code_row_bytes;
-    s.block_code_bytes = H * B * s.code_row_bytes;
-    s.block_param_count = which == Stream::kKey ? H * (B / cfg_.group_size) * D : H * B * (D / cgroup_);
+    s.head_block_params = which == Stream::kKey ? (B / cfg_.group_size) * D : B * (D / cgroup_);
     s.ring_cap = which == Stream::kKey ? key_ring_capacity(cfg_) : value_ring_capacity(cfg_);
   }
-  s.codes.reset(s.block_code_bytes * n_blocks);
-  const size_t np = s.block_param_count * n_blocks;
-  const bool has_zero = is_kivi(f.format);
+  s.head_block_bytes = B * s.code_row_bytes;
+  s.codes.reset(s.head_block_bytes * n_blocks * H);
+  const size_t np = s.head_block_params * n_blocks * H + s.shared_params * n_blocks;
   s.scales.reset(np * ps);
-  if (has_zero) s.zeros.reset(np * ps);
+  if (is_kivi(f.format)) s.zeros.reset(np * ps);
   s.ring.reset(static_cast<size_t>(s.ring_cap) * H * D);
 }
 
@@ -106,17 +103,18 @@ void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
 
 void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
-  const int32_t pb = L.block_table[pos / block_];
+  const size_t pb = static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
-  uint8_t* blk = s.codes.data() + pb * s.block_code_bytes + slot * s.token_stride;
+  // Codes of head h for this token.
+  auto dst = [&](int h) {
+    return s.codes.data() + (static_cast<size_t>(h) * n_blocks_ + pb) * s.head_block_bytes + slot * s.token_stride;
+  };
   switch (s.fmt.format) {
     case Format::kF32:
-      for (int h = 0; h < H; ++h) std::memcpy(blk + h * s.head_stride, x + static_cast<size_t>(h) * D, D * sizeof(float));
+      for (int h = 0; h < H; ++h) std::memcpy(dst(h), x + static_cast<size_t>(h) * D, D * sizeof(float));
       break;
     case Format::kF16:
-      for (int h = 0; h < H; ++h) {
-        ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(blk + h * s.head_stride), D);
-      }
+      for (int h = 0; h < H; ++h) ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(dst(h)), D);
       break;
     case Format::kInt8: {
       const ParamType pt = cfg_.param_type;
@@ -131,28 +129,27 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
         s.tensor_scale = int8_scale(absmax(x, H * D), pt);
         s.calibrated = true;
       }
-      const size_t base = pb * s.block_param_count;
       float fixed = s.tensor_scale;
       if (s.fmt.granularity == Int8Granularity::kToken) {
         // One scale over every head of the token, stored once.
         fixed = int8_scale(absmax(x, H * D), pt);
-        store_param(s.scales.data(), base + slot, fixed, pt);
+        store_param(s.scales.data(), pb * block_ + slot, fixed, pt);
       }
       for (int h = 0; h < H; ++h) {
-        int8_t* codes = reinterpret_cast<int8_t*>(blk + h * s.head_stride);
+        int8_t* codes = reinterpret_cast<int8_t*>(dst(h));
         const float* xh = x + static_cast<size_t>(h) * D;
+        const size_t base = (static_cast<size_t>(h) * n_blocks_ + pb) * s.head_block_params;
         switch (s.fmt.granularity) {
           case Int8Granularity::kTensor:
           case Int8Granularity::kToken:
             s.clamped += quantize_int8(xh, 1, 1, D, Int8Granularity::kTensor, cgroup_, pt, codes, nullptr, fixed);
             break;
           case Int8Granularity::kHead:
-            quantize_int8(xh, 1, 1, D, Int8Granularity::kHead, cgroup_, pt, codes,
-                          s.scales.data() + (base + static_cast<size_t>(h) * block_ + slot) * ps);
+            quantize_int8(xh, 1, 1, D, Int8Granularity::kHead, cgroup_, pt, codes, s.scales.data() + (base + slot) * ps);
             break;
           case Int8Granularity::kGroup:
             quantize_int8(xh, 1, 1, D, Int8Granularity::kGroup, cgroup_, pt, codes,
-                          s.scales.data() + (base + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_)) * ps);
+                          s.scales.data() + (base + static_cast<size_t>(slot) * (D / cgroup_)) * ps);
             break;
         }
       }
@@ -170,16 +167,17 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
   const int bits = format_bits(s.fmt.format);
   const size_t ps = param_size(cfg_.param_type);
   for (int g0 = first; g0 < first + count; g0 += G) {
-    const int32_t pb = L.block_table[g0 / block_];
+    const size_t pb = static_cast<size_t>(L.block_table[g0 / block_]);
     const int slot = g0 % block_;
     for (int h = 0; h < H; ++h) {
       const float* src = s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + g0 % s.ring_cap) * D;
-      uint8_t* codes = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot * s.token_stride;
-      const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * (block_ / G) + slot / G) * D;
+      const size_t hb = static_cast<size_t>(h) * n_blocks_ + pb;
+      uint8_t* codes = s.codes.data() + hb * s.head_block_bytes + slot * s.token_stride;
+      const size_t pi = hb * s.head_block_params + static_cast<size_t>(slot / G) * D;
       quantize_keys(src, 1, G, D, G, bits, cfg_.param_type, codes, s.scales.data() + pi * ps,
                     s.zeros.data() + pi * ps);
       if (summaries_) {
-        float* sm = L.summaries.data() + ((static_cast<size_t>(pb) * H + h) * 2) * D;
+        float* sm = L.summaries.data() + ((pb * H + h) * 2) * D;
         for (int t = 0; t < G; ++t) {
           for (int d = 0; d < D; ++d) {
             sm[d] = std::min(sm[d], src[t * D + d]);
@@ -197,13 +195,13 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   const int D = cfg_.head_dim;
   const int bits = format_bits(s.fmt.format);
   const size_t ps = param_size(cfg_.param_type);
-  const int32_t pb = L.block_table[pos / block_];
+  const size_t hb = static_cast<size_t>(h) * n_blocks_ + static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
-  const size_t pi = pb * s.block_param_count + (static_cast<size_t>(h) * block_ + slot) * (D / cgroup_);
+  const size_t pi = hb * s.head_block_params + static_cast<size_t>(slot) * (D / cgroup_);
   quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(), s.scales.data() + pi * ps,
                   s.zeros.data() + pi * ps);
   // Interleave into the token's quad: byte j goes to 4 j + slot % 4.
-  uint8_t* quad = s.codes.data() + pb * s.block_code_bytes + h * s.head_stride + slot / 4 * 4 * s.code_row_bytes;
+  uint8_t* quad = s.codes.data() + hb * s.head_block_bytes + slot / 4 * 4 * s.code_row_bytes;
   for (size_t j = 0; j < s.code_row_bytes; ++j) quad[4 * j + slot % 4] = row_tmp_[j];
 }
 
@@ -286,10 +284,10 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
   v.scales = s.scales.data();
   v.zeros = s.zeros.data();
   v.block_table = L.block_table.data();
-  v.block_code_bytes = s.block_code_bytes;
-  v.block_param_count = s.block_param_count;
+  v.n_blocks = n_blocks_;
+  v.head_block_bytes = s.head_block_bytes;
+  v.head_block_params = s.head_block_params;
   v.code_row_bytes = s.code_row_bytes;
-  v.head_stride = s.head_stride;
   v.token_stride = s.token_stride;
   v.quad = is_kivi(s.fmt.format) && which == Stream::kValue;
   v.tensor_scale = s.tensor_scale;
@@ -313,15 +311,16 @@ uint64_t KvCache::stream_bytes_used(const StreamStore& s, Stream which, int n) c
   const uint64_t stored = is_kivi(s.fmt.format) ? s.n_stored : static_cast<uint64_t>(n);
   // Codes and parameters of stored tokens: the per-block sizes of the buffers scaled
   // to the filled part of the blocks.
-  uint64_t bytes = stored * s.block_code_bytes / block_;
+  uint64_t bytes = stored * H * s.head_block_bytes / block_;
   uint64_t params = 0;
-  if (s.block_param_count) {
+  if (s.head_block_params) {
     if (is_kivi(s.fmt.format) && which == Stream::kKey) {
-      params = (stored / cfg_.group_size) * (s.block_param_count / (block_ / cfg_.group_size));
+      params = H * (stored / cfg_.group_size) * (s.head_block_params / (block_ / cfg_.group_size));
     } else {
-      params = stored * s.block_param_count / block_;
+      params = H * stored * s.head_block_params / block_;
     }
   }
+  params += stored * s.shared_params / block_;
   bytes += params * ps * (s.zeros.size() ? 2 : 1);
   bytes += (static_cast<uint64_t>(n) - stored) * H * D * sizeof(float);  // residual rows held
   if (s.calibrated) bytes += sizeof(float);

@@ -15,14 +15,15 @@
 // store each token directly.
 //
 // Storage per layer and stream (B tokens per block, H KV heads, D = head_dim):
-//   row formats (f32, f16, int8): codes [n_blocks][H][B][D * bytes]   (head-major, so a
-//                                 task that reads one KV head streams contiguous memory)
-//                                 int8 scales: token [n_blocks][B], head [n_blocks][H][B],
-//                                 group [n_blocks][H][B][D/Gc]; tensor: one per layer
-//   KIVI keys:   codes [n_blocks][H][B][D*bits/8], scale/zero [n_blocks][H][B/G][D]
-//   KIVI values: codes [n_blocks][H][B/4][D*bits/8][4] (quads of tokens interleaved by
+// Every pool is head-major: [H][n_blocks][...], so one head's history is contiguous and
+// an attention task (one KV head, a run of tokens) reads one sequential stream.
+//   row formats (f32, f16, int8): codes [H][n_blocks][B][D * bytes]
+//                                 int8 scales: head [H][n_blocks][B], group [H][n_blocks][B][D/Gc],
+//                                 token [n_blocks][B] (shared by the heads); tensor: one per layer
+//   KIVI keys:   codes [H][n_blocks][B][D*bits/8], scale/zero [H][n_blocks][B/G][D]
+//   KIVI values: codes [H][n_blocks][B/4][D*bits/8][4] (quads of tokens interleaved by
 //                byte, so one 32-bit word holds byte j of four consecutive tokens: the
-//                layout integer dot products over tokens want), scale/zero [n_blocks][H][B][D/Gc]
+//                layout integer dot products over tokens want), scale/zero [H][n_blocks][B][D/Gc]
 //   residual:    f32 ring [H][capacity][D], token p in slot p % capacity
 // Block summaries (optional): per block and head, the per-channel min and max of the
 // keys (Quest, Tang et al. 2024), [n_blocks][H][2][D] f32.
@@ -45,14 +46,14 @@ struct StreamView {
   bool per_channel = false;  // KIVI keys: params per (group of tokens, channel)
   // Stored segment: tokens [0, n_stored).
   int n_stored = 0;
-  const uint8_t* codes = nullptr;  // base of the pool
-  const uint8_t* scales = nullptr;
-  const uint8_t* zeros = nullptr;
+  const uint8_t* codes = nullptr;   // [H][n_blocks][head_block_bytes]
+  const uint8_t* scales = nullptr;  // [H][n_blocks][head_block_params] (int8/token: [n_blocks][B])
+  const uint8_t* zeros = nullptr;   // like scales (KIVI only)
   const int32_t* block_table = nullptr;  // logical block -> physical block
-  size_t block_code_bytes = 0;           // bytes of codes per physical block
-  size_t block_param_count = 0;          // parameters per physical block (each of scale, zero)
+  int n_blocks = 0;                      // physical blocks per head
+  size_t head_block_bytes = 0;           // codes of one head in one block
+  size_t head_block_params = 0;          // parameters (each of scale, zero) of one head in one block
   size_t code_row_bytes = 0;             // bytes of one token's codes for one head
-  size_t head_stride = 0;                // bytes between heads' rows within a block
   size_t token_stride = 0;               // bytes between tokens' rows within a block
   bool quad = false;                     // rows interleaved by quads of tokens (KIVI values)
   float tensor_scale = 0.0f;             // int8 tensor granularity
@@ -60,15 +61,25 @@ struct StreamView {
   const float* ring = nullptr;  // [H][ring_capacity][D]
   int ring_capacity = 0;
 
+  // Each head's blocks are contiguous, so a head's history (with an identity block
+  // table) is one sequential stream: what one attention task reads.
+  size_t head_block(int t, int h) const {
+    return static_cast<size_t>(h) * n_blocks + static_cast<size_t>(block_table[t / block]);
+  }
   // Pointer to the codes of token t (< n_stored), head h. For quad-interleaved
   // streams: the start of t's quad; byte j of token t is at quad_row(t, h)[4 j + t % 4].
   const uint8_t* row(int t, int h) const {
-    const int32_t pb = block_table[t / block];
-    return codes + pb * block_code_bytes + h * head_stride + (t % block) * token_stride;
+    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) * token_stride;
   }
   const uint8_t* quad_row(int t, int h) const {
-    const int32_t pb = block_table[t / block];
-    return codes + pb * block_code_bytes + h * head_stride + (t % block) / 4 * 4 * code_row_bytes;
+    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
+  }
+  // Index of the first parameter of head h in the block holding token t; the layout
+  // within it: KIVI keys [B/G][D], KIVI values and int8/group [B][D/Gc], int8/head [B].
+  size_t param_base(int t, int h) const { return head_block(t, h) * head_block_params; }
+  // int8/token: the one scale of token t.
+  size_t token_param_index(int t) const {
+    return static_cast<size_t>(block_table[t / block]) * block + static_cast<size_t>(t % block);
   }
   // Residual row of token t (>= n_stored), head h.
   const float* residual_row(int t, int h) const {
@@ -136,8 +147,8 @@ class KvCache {
     float tensor_scale = 0.0f;
     bool calibrated = false;
     int64_t clamped = 0;
-    size_t block_code_bytes = 0, block_param_count = 0, code_row_bytes = 0;
-    size_t head_stride = 0, token_stride = 0;
+    size_t head_block_bytes = 0, head_block_params = 0, code_row_bytes = 0, token_stride = 0;
+    size_t shared_params = 0;  // int8/token: one scale per token for all heads, [n_blocks][B]
   };
   struct Layer {
     int n = 0;
