@@ -193,3 +193,57 @@ TEST(Attention, AlibiSlopes) {
 
 }  // namespace
 }  // namespace kivi
+
+namespace kivi {
+namespace {
+
+// The fast path rounds the query (keys) and the weights (values) to 16 bits; its output
+// stays within a stated relative error of dequantize-then-attend (docs/KERNELS.md), and
+// formats it does not apply to (f32, f16, int8/group, small heads) give the exact bits.
+double fast_error(const Case& c, const Shape& s, int D, int n, bool alibi) {
+  auto cache = filled_cache(c, s.n_kv_heads, D, n, 32, 128, n * 3 + 1);
+  Rng r(n + 5);
+  std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size()), exact(q.size());
+  for (auto& x : q) x = r.normal();
+  const auto slopes = attn::alibi_slopes(s.n_heads);
+  attn::Params p;
+  p.n_heads = s.n_heads;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  p.alibi_slopes = alibi ? slopes.data() : nullptr;
+  ThreadPool pool(2);
+  attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
+  const auto view = cache->view(0);
+  attn::decode_reference(view, q.data(), ref.data(), p);
+  attn::decode(view, q.data(), exact.data(), p, &pool, ws);
+  p.precision = attn::Precision::kFast;
+  attn::decode(view, q.data(), out.data(), p, &pool, ws);
+  auto plain = [](const kv::StreamFormat& f) {
+    return f.format == Format::kF32 || f.format == Format::kF16 ||
+           (f.format == Format::kInt8 && f.granularity == Int8Granularity::kGroup);
+  };
+  if ((plain(c.k) && plain(c.v)) || D < 32) {
+    EXPECT_EQ(std::memcmp(out.data(), exact.data(), out.size() * 4), 0) << c.name << " D=" << D;
+  }
+  return rel_error(out, ref);
+}
+
+TEST(Attention, FastPathErrorBound) {
+  // Measured worst case on these inputs: ~5e-4 (docs/KERNELS.md); the bound leaves 4x.
+  const double kBound = 2e-3;
+  for (const auto& target : cpu::available_targets()) {
+    cpu::force_target_bits(target.bits);
+    for (const auto& c : all_formats()) {
+      for (const auto& s : kShapes) {
+        for (int n : {1, 31, 200, 3000}) {
+          EXPECT_LT(fast_error(c, s, 128, n, n % 2 == 1), kBound) << target.name << " " << c.name << " " << s.name << " n=" << n;
+        }
+        EXPECT_LT(fast_error(c, s, 64, 500, false), kBound) << target.name << " " << c.name << " D=64";
+        fast_error(c, s, 8, 100, false);  // too small for the integer kernels: exact bits
+      }
+    }
+  }
+  cpu::reset_target();
+}
+
+}  // namespace
+}  // namespace kivi

@@ -425,9 +425,10 @@ void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int ou
 // Fast path (--attn-precision fast): integer dot products on x86.
 //
 // Keys: the query, with the group's per-channel scales folded in (q . (s * c + z) =
-// (q * s) . c + q . z, KIVI keys) or as is (int8 keys), is rounded to int8 per head and
-// group, and multiplied with the packed codes by vpdpbusd (AVX512-VNNI) or
-// vpmaddubsw + vpmaddwd (AVX2), as llama.cpp does for q4_0 x q8_0.
+// (q * s) . c + q . z, KIVI keys) or as is (int8 keys), is rounded to int16 per head
+// and group (relative rounding 2^-16 of its largest element; int8 rounding, as in
+// llama.cpp's q8 dot products, proved too coarse next to outlier channels), and
+// multiplied with the codes widened to int16 by vpdpwssd (AVX512-VNNI) or vpmaddwd.
 // Values: per tile, head and channel group the weights p * s are rounded to 8 bits and
 // the weighted sum over tokens runs on the codes stored in quads (four tokens' codes of
 // one channel in one 32-bit lane), again with vpdpbusd / vpmaddubsw.
@@ -518,33 +519,71 @@ HWY_INLINE float QuantizeQuery(const float* x, const float* mul, int D, int8_t* 
   return m / 127.0f;
 }
 
+// Rounds x[0..D) (times mul[0..D) if given) to int16 (|q| <= 32767); returns the scale
+// of the codes. D is a multiple of 8.
+HWY_INLINE float QuantizeQuery16(const float* x, const float* mul, int D, int16_t* q) {
+  __m256 amax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int d = 0; d < D; d += 8) {
+    __m256 v = _mm256_loadu_ps(x + d);
+    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+  }
+  const float m = HMax(amax);
+  if (m == 0.0f) {
+    std::fill(q, q + D, int16_t{0});
+    return 0.0f;
+  }
+  const __m256 inv = _mm256_set1_ps(32767.0f / m);
+  for (int d = 0; d < D; d += 8) {
+    __m256 v = _mm256_loadu_ps(x + d);
+    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
+    const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + d),
+                     _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1)));
+  }
+  return m / 32767.0f;
+}
+
+// acc += pairwise int16 products (vpdpwssd with VNNI, else vpmaddwd + vpaddd).
+template <bool kVnni>
+HWY_INLINE __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
+#if HWY_TARGET == HWY_AVX3
+  if constexpr (kVnni) return _mm256_dpwssd_epi32(acc, a, b);
+#endif
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+
 HWY_INLINE float Dot8(const float* a, const float* b, int D) {
   __m256 acc = _mm256_setzero_ps();
   for (int d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
   return HSum(acc);
 }
 
-bool FastKiviKeysOk(int D, int bits) {
-  return (bits == 2 || bits == 4 || (bits == 8 && HasVnni())) && (D * bits / 8) % 32 == 0 && D % 8 == 0;
-}
+bool FastKiviKeysOk(int D, int bits) { return (D * bits / 8) % 32 == 0 && D % 8 == 0; }
 
 // Scores of rows [0, n) of one KIVI key group (query q, params sp/zp), two rows at a
-// time so the query codes are loaded once per pair and eight dot products overlap.
+// time so the widened codes of a row serve every head and eight sums overlap.
 template <int NH, int BITS, bool kVnni>
 HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
-                              size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+                              size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
   for (int hh = 0; hh < NH; ++hh) {
-    qsc[hh] = QuantizeQuery(qp + static_cast<size_t>(hh) * D, sp, D, q8 + static_cast<size_t>(hh) * D);
+    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, q16 + static_cast<size_t>(hh) * D);
     bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
   }
   const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
   const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
   const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
+  auto qload = [&](int hh, int ch) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + static_cast<size_t>(hh) * D + ch));
+  };
   int t = 0;
-  for (; t + 2 <= n; t += 2) {
+  // Two rows at a time need 8 accumulators: only with 32 vector registers (AVX3).
+  constexpr bool kPairs = HWY_TARGET == HWY_AVX3;
+  for (; kPairs && t + 2 <= n; t += 2) {
     pf.step(2);
     __m256i a[4], b[4];
 #pragma GCC unroll 4
@@ -558,11 +597,17 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
       for (int k = 0; k < p; ++k) {
         const __m256i p0 = BITS == 8 ? x0 : _mm256_and_si256(_mm256_srli_epi16(x0, BITS * k), mask);
         const __m256i p1 = BITS == 8 ? x1 : _mm256_and_si256(_mm256_srli_epi16(x1, BITS * k), mask);
+        // channels kW + c .. + 15 and kW + c + 16 .. + 31, as int16
+        const __m256i p0l = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p0));
+        const __m256i p0h = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p0, 1));
+        const __m256i p1l = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p1));
+        const __m256i p1h = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p1, 1));
+        const int ch = k * W + c;
 #pragma GCC unroll 4
         for (int hh = 0; hh < NH; ++hh) {
-          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + static_cast<size_t>(hh) * D + k * W + c));
-          a[hh] = DotU8S8<kVnni>(a[hh], p0, qv);
-          b[hh] = DotU8S8<kVnni>(b[hh], p1, qv);
+          const __m256i ql = qload(hh, ch), qh = qload(hh, ch + 16);
+          a[hh] = DotI16<kVnni>(DotI16<kVnni>(a[hh], p0l, ql), p0h, qh);
+          b[hh] = DotI16<kVnni>(DotI16<kVnni>(b[hh], p1l, ql), p1h, qh);
         }
       }
     }
@@ -579,17 +624,20 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
     }
   }
   for (; t < n; ++t) {
+    pf.step(1);
     __m256i a[4];
 #pragma GCC unroll 4
     for (int hh = 0; hh < 4; ++hh) a[hh] = _mm256_setzero_si256();
     const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
     for (int c = 0; c < W; c += 32) {
       const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
+#pragma GCC unroll 4
       for (int k = 0; k < p; ++k) {
         const __m256i p0 = BITS == 8 ? x0 : _mm256_and_si256(_mm256_srli_epi16(x0, BITS * k), mask);
+        const __m256i p0l = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p0));
+        const __m256i p0h = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p0, 1));
         for (int hh = 0; hh < NH; ++hh) {
-          a[hh] = DotU8S8<kVnni>(a[hh], p0,
-                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + static_cast<size_t>(hh) * D + k * W + c)));
+          a[hh] = DotI16<kVnni>(DotI16<kVnni>(a[hh], p0l, qload(hh, k * W + c)), p0h, qload(hh, k * W + c + 16));
         }
       }
     }
@@ -602,7 +650,7 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
 
 template <int BITS, bool kVnni>
 HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
-                              size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+                              size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
   for (int r = 0; r < rep; r += 4) {
     const float* q = qp + static_cast<size_t>(r) * D;
     float* Sr = S + static_cast<size_t>(r) * ld;
@@ -617,7 +665,7 @@ HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, 
 
 template <bool kVnni>
 HWY_INLINE void FastKiviKeysT(const float* qp, int rep, int D, int bits, const float* sp, const float* zp,
-                              const uint8_t* rows, size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+                              const uint8_t* rows, size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
   switch (bits) {
     case 2: return FastKiviKeysB<2, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
     case 4: return FastKiviKeysB<4, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
@@ -628,101 +676,89 @@ HWY_INLINE void FastKiviKeysT(const float* qp, int rep, int D, int bits, const f
 #if HWY_TARGET == HWY_AVX3
 KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviKeysVnni(const float* qp, int rep, int D, int bits, const float* sp,
                                                    const float* zp, const uint8_t* rows, size_t stride, int n, float* S,
-                                                   int ld, int8_t* q8, Prefetcher& pf) {
+                                                   int ld, int16_t* q8, Prefetcher& pf) {
   FastKiviKeysT<true>(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
 }
 #endif
 
 void FastKiviKeys(const float* qp, int rep, int D, int bits, const float* sp, const float* zp, const uint8_t* rows,
-                  size_t stride, int n, float* S, int ld, int8_t* q8, Prefetcher& pf) {
+                  size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
 #if HWY_TARGET == HWY_AVX3
   if (HasVnni()) return FastKiviKeysVnni(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
 #endif
   FastKiviKeysT<false>(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
 }
 
-// int8 keys (one scale per row, rs[i]); the query q8 and its scale per head are
+// int8 keys (one scale per row, rs[i]); the query q16 and its scale per head are
 // prepared once per task.
 template <int NH, bool kVnni>
-HWY_INLINE void FastInt8KeysN(const int8_t* q8, const float* qsc, const int32_t* qsum, int D, const int8_t* rows,
-                              size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+HWY_INLINE void FastInt8KeysN(const int16_t* q16, const float* qsc, int D, const int8_t* rows, size_t stride, int n,
+                              const float* rs, float* S, int ld, Prefetcher& pf) {
   for (int t = 0; t < n; ++t) {
     pf.step(1);
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     const int8_t* row = rows + static_cast<size_t>(t) * stride;
-    for (int c = 0; c < D; c += 32) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-      if constexpr (kVnni) {
-        const __m256i xu = _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80)));  // x + 128
+    for (int c = 0; c < D; c += 16) {
+      const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
 #pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          acc[hh] = DotU8S8<true>(acc[hh], xu, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + hh * D + c)));
-        }
-      } else {
-        const __m256i ax = _mm256_abs_epi8(x);
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + hh * D + c));
-          acc[hh] = DotU8S8<false>(acc[hh], ax, _mm256_sign_epi8(qv, x));
-        }
+      for (int hh = 0; hh < NH; ++hh) {
+        acc[hh] = DotI16<kVnni>(acc[hh], x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + hh * D + c)));
       }
     }
-    __m128 sums = SumsOf4(acc[0], acc[1], acc[2], acc[3]);
-    if constexpr (kVnni) {  // undo the +128 offset: sum (x + 128) q = sum x q + 128 sum q
-      sums = _mm_sub_ps(sums, _mm_cvtepi32_ps(_mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qsum)), 7)));
-    }
     alignas(16) float out[4];
-    _mm_store_ps(out, _mm_mul_ps(_mm_mul_ps(sums, _mm_loadu_ps(qsc)), _mm_set1_ps(rs[t])));
+    _mm_store_ps(out, _mm_mul_ps(_mm_mul_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(qsc)),
+                                 _mm_set1_ps(rs[t])));
     for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
   }
 }
 
 template <bool kVnni>
-HWY_INLINE void FastInt8KeysT(const int8_t* q8, const float* qsc, const int32_t* qsum, int rep, int D, const int8_t* rows,
-                              size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+HWY_INLINE void FastInt8KeysT(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows, size_t stride,
+                              int n, const float* rs, float* S, int ld, Prefetcher& pf) {
   for (int r = 0; r < rep; r += 4) {
-    const int8_t* qr = q8 + static_cast<size_t>(r) * D;
+    const int16_t* qr = q16 + static_cast<size_t>(r) * D;
     float* Sr = S + static_cast<size_t>(r) * ld;
     switch (std::min(4, rep - r)) {
-      case 1: FastInt8KeysN<1, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-      case 2: FastInt8KeysN<2, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-      case 3: FastInt8KeysN<3, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-      default: FastInt8KeysN<4, kVnni>(qr, qsc + r, qsum + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      case 1: FastInt8KeysN<1, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      case 2: FastInt8KeysN<2, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      case 3: FastInt8KeysN<3, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      default: FastInt8KeysN<4, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
     }
   }
 }
 
 #if HWY_TARGET == HWY_AVX3
-KIVI_VNNI_ATTR HWY_NOINLINE void FastInt8KeysVnni(const int8_t* q8, const float* qsc, const int32_t* qsum, int rep,
-                                                   int D, const int8_t* rows, size_t stride, int n, const float* rs,
-                                                   float* S, int ld, Prefetcher& pf) {
-  FastInt8KeysT<true>(q8, qsc, qsum, rep, D, rows, stride, n, rs, S, ld, pf);
+KIVI_VNNI_ATTR HWY_NOINLINE void FastInt8KeysVnni(const int16_t* q16, const float* qsc, int rep, int D,
+                                                   const int8_t* rows, size_t stride, int n, const float* rs, float* S,
+                                                   int ld, Prefetcher& pf) {
+  FastInt8KeysT<true>(q16, qsc, rep, D, rows, stride, n, rs, S, ld, pf);
 }
 #endif
 
-void FastInt8Keys(const int8_t* q8, const float* qsc, const int32_t* qsum, int rep, int D, const int8_t* rows,
-                  size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+void FastInt8Keys(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows, size_t stride, int n,
+                  const float* rs, float* S, int ld, Prefetcher& pf) {
 #if HWY_TARGET == HWY_AVX3
-  if (HasVnni()) return FastInt8KeysVnni(q8, qsc, qsum, rep, D, rows, stride, n, rs, S, ld, pf);
+  if (HasVnni()) return FastInt8KeysVnni(q16, qsc, rep, D, rows, stride, n, rs, S, ld, pf);
 #endif
-  FastInt8KeysT<false>(q8, qsc, qsum, rep, D, rows, stride, n, rs, S, ld, pf);
+  FastInt8KeysT<false>(q16, qsc, rep, D, rows, stride, n, rs, S, ld, pf);
 }
 
 bool FastKiviValuesOk(int D, int bits, int Gc) {
   const int W = D * bits / 8;
-  return (bits == 2 || bits == 4) && Gc % 8 == 0 && W % 8 == 0;
+  return Gc % 8 == 0 && W % 8 == 0 && D % 8 == 0;
 }
 
-// o += sum over tokens [t4, t4 + n) of the quads starting at `quad0` (
-// per-token value params vs/vz [n][D/Gc]).
-template <int NH, bool kVnni>
-HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
-                                const float* vs, const float* vz, float* O, size_t ostride, uint32_t* wq, float* wsc,
-                                Prefetcher& pf) {
-  const int p = 8 / bits, W = D / p, NG = D / Gc;
+// o += sum over tokens [t4, t4 + n) of the quads starting at `quad0` (per-token value
+// params vs/vz [n][D/Gc]). Weights p * s are rounded to int16 per head, channel group
+// and tile; a quad's four codes of one channel, widened to int16, pair with the four
+// weights in vpdpwssd / vpmaddwd.
+template <int NH, int BITS, bool kVnni>
+HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int t4, int n,
+                                const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p, NG = D / Gc;
   const int nq = (t4 + n + 3) / 4;
-  // Weights per head and group, rounded to 8 bits against their maximum in the tile.
-  // vs, vz are [n][NG]; vsT, vzT (scratch after the weights) hold them [NG][n].
+  // vs, vz are [n][NG]; vsT, vzT (scratch after the weight scales) hold them [NG][n].
   float* vsT = wsc + 4 * NG;
   float* vzT = vsT + static_cast<size_t>(NG) * kTile;
   for (int i = 0; i < n; ++i)
@@ -750,79 +786,99 @@ HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int bits, int Gc,
       }
       // Zero points: sum_t p_t z_{t,g} lands on every channel of group g.
       const __m256 zsv = _mm256_set1_ps(zs);
-      int c = g * Gc;
-      for (; c + 8 <= (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zsv));
-      for (; c < (g + 1) * Gc; ++c) o[c] += zs;
-      wsc[hh * NG + g] = wmax / 255.0f;
-      const float inv = wmax > 0.0f ? 255.0f / wmax : 0.0f;
-      uint8_t* w = reinterpret_cast<uint8_t*>(wq + (static_cast<size_t>(hh) * NG + g) * nq);
+      for (int c = g * Gc; c < (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zsv));
+      wsc[hh * NG + g] = wmax / 32767.0f;
+      const float inv = wmax > 0.0f ? 32767.0f / wmax : 0.0f;
+      int16_t* w = reinterpret_cast<int16_t*>(wq + (static_cast<size_t>(hh) * NG + g) * nq);
       // Slots [0, t4) and [t4 + n, 4 nq) of the quads are outside the range: weight 0.
-      std::memset(w, 0, static_cast<size_t>(4 * nq));
+      std::memset(w, 0, static_cast<size_t>(4 * nq) * sizeof(int16_t));
       const __m256 invv = _mm256_set1_ps(inv);
       i = 0;
-      alignas(32) uint8_t tmp[16];
       for (; i + 8 <= n; i += 8) {
-        StoreU8(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Ph + i), _mm256_loadu_ps(sg + i)), invv), tmp);
-        std::memcpy(w + t4 + i, tmp, 8);
+        const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Ph + i), _mm256_loadu_ps(sg + i)), invv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(w + t4 + i),
+                         _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1)));
       }
-      for (; i < n; ++i) w[t4 + i] = static_cast<uint8_t>(std::nearbyint(Ph[i] * sg[i] * inv));
+      for (; i < n; ++i) w[t4 + i] = static_cast<int16_t>(std::nearbyint(Ph[i] * sg[i] * inv));
     }
   }
-  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << bits) - 1));
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
   for (int l = 0; l < W / 8; ++l) {  // 32 bytes of every quad: columns 8l .. 8l+7
+#pragma GCC unroll 4
     for (int k = 0; k < p; ++k) {
       const int g = (k * W + 8 * l) / Gc;  // channels kW + 8l .. kW + 8l + 7
-      __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      __m256i lo[4], hi[4];
+#pragma GCC unroll 4
+      for (int hh = 0; hh < 4; ++hh) lo[hh] = hi[hh] = _mm256_setzero_si256();
       for (int q = 0; q < nq; ++q) {
-        if (l == 0 && k == 0) pf.step(4);
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quad0 + static_cast<size_t>(q) * 4 * W + 32 * l));
-        const __m256i pl = _mm256_and_si256(_mm256_srli_epi16(x, bits * k), mask);
+        const __m256i pl = BITS == 8 ? x : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);
+        // [channel c: token 0..3] as int16, channels 8l+0..3 and 8l+4..7
+        const __m256i cl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(pl));
+        const __m256i ch = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(pl, 1));
 #pragma GCC unroll 4
         for (int hh = 0; hh < NH; ++hh) {
-          const __m256i w = _mm256_set1_epi32(static_cast<int>(wq[(static_cast<size_t>(hh) * NG + g) * nq + q]));
-          acc[hh] = DotU8S8<kVnni>(acc[hh], w, pl);
+          const __m256i w = _mm256_set1_epi64x(static_cast<long long>(wq[(static_cast<size_t>(hh) * NG + g) * nq + q]));
+          lo[hh] = DotI16<kVnni>(lo[hh], cl, w);
+          hi[hh] = DotI16<kVnni>(hi[hh], ch, w);
         }
       }
 #pragma GCC unroll 4
       for (int hh = 0; hh < NH; ++hh) {
+        // Pairs of lanes per channel: [c0 c1 c4 c5 | c2 c3 c6 c7] after the add, then in order.
+        const __m256i sum = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[hh], hi[hh]), order);
         float* o = O + static_cast<size_t>(hh) * ostride + static_cast<size_t>(k) * W + 8 * l;
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[hh]), _mm256_set1_ps(wsc[hh * NG + g]), _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(wsc[hh * NG + g]), _mm256_loadu_ps(o)));
       }
+    }
+  }
+}
+
+template <int BITS, bool kVnni>
+HWY_INLINE void FastKiviValuesB(const float* P, int ld, int rep, int D, int Gc, const uint8_t* quad0, int t4, int n,
+                                const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
+  // Four heads need 8 accumulators plus temporaries: with 16 vector registers (AVX2)
+  // two heads at a time avoid spills.
+  constexpr int kMaxH = HWY_TARGET == HWY_AVX3 ? 4 : 2;
+  for (int r = 0; r < rep; r += kMaxH) {
+    const float* Pr = P + static_cast<size_t>(r) * ld;
+    float* Or = O + static_cast<size_t>(r) * ostride;
+    switch (std::min(kMaxH, rep - r)) {
+      case 1: FastKiviValuesN<1, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
+      case 2: FastKiviValuesN<2, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
+      case 3: FastKiviValuesN<3, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
+      default: FastKiviValuesN<kMaxH, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
     }
   }
 }
 
 template <bool kVnni>
 HWY_INLINE void FastKiviValuesT(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4,
-                                int n, const float* vs, const float* vz, float* O, size_t ostride, uint32_t* wq,
-                                float* wsc, Prefetcher& pf) {
-  for (int r = 0; r < rep; r += 4) {
-    const float* Pr = P + static_cast<size_t>(r) * ld;
-    float* Or = O + static_cast<size_t>(r) * ostride;
-    switch (std::min(4, rep - r)) {
-      case 1: FastKiviValuesN<1, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
-      case 2: FastKiviValuesN<2, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
-      case 3: FastKiviValuesN<3, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
-      default: FastKiviValuesN<4, kVnni>(Pr, ld, D, bits, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, pf); break;
-    }
+                                int n, const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq,
+                                float* wsc) {
+  switch (bits) {
+    case 2: return FastKiviValuesB<2, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
+    case 4: return FastKiviValuesB<4, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
+    default: return FastKiviValuesB<8, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
   }
 }
 
 #if HWY_TARGET == HWY_AVX3
 KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviValuesVnni(const float* P, int ld, int rep, int D, int bits, int Gc,
                                                      const uint8_t* quad0, int t4, int n, const float* vs,
-                                                     const float* vz, float* O, size_t ostride, uint32_t* wq,
-                                                     float* wsc, Prefetcher& pf) {
-  FastKiviValuesT<true>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, pf);
+                                                     const float* vz, float* O, size_t ostride, uint64_t* wq,
+                                                     float* wsc) {
+  FastKiviValuesT<true>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
 }
 #endif
 
 void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
-                    const float* vs, const float* vz, float* O, size_t ostride, uint32_t* wq, float* wsc, Prefetcher& pf) {
+                    const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
 #if HWY_TARGET == HWY_AVX3
-  if (HasVnni()) return FastKiviValuesVnni(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, pf);
+  if (HasVnni()) return FastKiviValuesVnni(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
 #endif
-  FastKiviValuesT<false>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, pf);
+  FastKiviValuesT<false>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
 }
 
 #else
@@ -887,20 +943,16 @@ void AttendTask(const TaskArgs& a) {
 #if KIVI_FAST_INT
   const bool fast = a.precision == Precision::kFast;
   // Fast-path scratch (bytes), carved from the staging buffers it does not use.
-  int8_t* q8 = reinterpret_cast<int8_t*>(kbuf);                           // [4][D] or [rep][D]
-  uint32_t* wq = reinterpret_cast<uint32_t*>(vbuf);                      // [4][D/Gc][quads]
+  int16_t* q8 = reinterpret_cast<int16_t*>(kbuf);                         // [4][D] or [rep][D]
+  uint64_t* wq = reinterpret_cast<uint64_t*>(vbuf);                      // [4][D/Gc][quads] x 4 int16
   float* wsc = vbuf + static_cast<size_t>(kTile) * D / 2;                // [4][D/Gc]
   // int8 keys: the query rounded once per task.
   float q8sc[64 + 4];
-  int32_t q8sum[64 + 4];
   const bool fast_int8_k = fast && K.fmt.format == kv::Format::kInt8 &&
-                           K.fmt.granularity != kv::Int8Granularity::kGroup && D % 32 == 0 && rep <= 64;
+                           K.fmt.granularity != kv::Int8Granularity::kGroup && D % 16 == 0 && rep <= 64;
   if (fast_int8_k) {
     for (int r = 0; r < rep; ++r) {
-      q8sc[r] = QuantizeQuery(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
-      int32_t sum = 0;
-      for (int d = 0; d < D; ++d) sum += q8[r * D + d];
-      q8sum[r] = sum;
+      q8sc[r] = QuantizeQuery16(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
     }
   }
   const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
@@ -974,7 +1026,7 @@ void AttendTask(const TaskArgs& a) {
           }
 #if KIVI_FAST_INT
           if (fast_int8_k) {
-            FastInt8Keys(q8, q8sc, q8sum, rep, D, reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, rs,
+            FastInt8Keys(q8, q8sc, rep, D, reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, rs,
                          S + (t0 - a.t0), ld, pf);
             break;
           }
@@ -1065,8 +1117,9 @@ void AttendTask(const TaskArgs& a) {
           LoadParams(V, pi, n * NG, vz, true);
 #if KIVI_FAST_INT
           if (fast_kivi_v) {
+            pf.step(static_cast<size_t>(n));
             FastKiviValues(S + (t0 - a.t0), ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, vs, vz, a.out,
-                           a.out_stride, wq, wsc, pf);
+                           a.out_stride, wq, wsc);
             break;
           }
 #endif
