@@ -1,7 +1,13 @@
 #include "common.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/sysinfo.h"
 #include "core/threadpool.h"
 #include "kv/format.h"
 
@@ -94,7 +100,40 @@ runtime::SessionOptions session_options(const Args& a, const model::Model& m, co
   o.cache = cache_config(a, format);
   o.forward.precision = attn::parse_precision(a.str("attn-precision"));
   o.forward.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+  if (!a.given("ctx")) o.ctx = default_context(m, o);
   return o;
+}
+
+int default_context(const model::Model& m, const runtime::SessionOptions& o) {
+  const auto& c = m.config();
+  const uint64_t avail = sys::available_memory_bytes();
+  // The mapped weights stay resident while the model runs; the rest is the session's.
+  const uint64_t weights = m.weight_bytes();
+  const uint64_t budget = avail == 0 ? UINT64_MAX : avail > weights ? avail - weights : 0;
+  auto fits = [&](int n) { return runtime::session_bytes(c, o.cache, n, o.max_batch) <= budget; };
+  auto need = [&](int n) { return sys::human_bytes(static_cast<double>(runtime::session_bytes(c, o.cache, n, o.max_batch))); };
+  const std::string have = sys::human_bytes(static_cast<double>(budget));
+  if (c.synthetic) {
+    // A synthetic model's context length is nominal (the real model's); a cache for all
+    // of it (8 GiB in f32 for llama-3.2-1b's 131072) would only slow every run down.
+    int n = std::min(c.ctx, kSyntheticDefaultCtx);
+    while (n > 256 && !fits(n)) n /= 2;
+    if (!fits(n)) {
+      fail("a session of %d tokens needs %s (KV cache %s) but only %s of memory is available beside the weights",
+           n, need(n).c_str(), describe_cache(o.cache).c_str(), have.c_str());
+    }
+    if (n < c.ctx) {
+      std::fprintf(stderr, "note: context of %d tokens (the synthetic model's nominal context is %d; --ctx N sets it)\n",
+                   n, c.ctx);
+    }
+    return n;
+  }
+  if (fits(c.ctx)) return c.ctx;
+  int fit = 0;  // the largest power of two that fits
+  for (int n = 256; n < c.ctx && fits(n); n *= 2) fit = n;
+  fail("a session over the model's full context of %d tokens needs %s (KV cache %s) but only %s of memory is "
+       "available beside the weights; pass --ctx N%s", c.ctx, need(c.ctx).c_str(), describe_cache(o.cache).c_str(),
+       have.c_str(), fit > 0 ? strfmt(" (%d fits)", fit).c_str() : "");
 }
 
 std::string describe_cache(const kv::CacheConfig& c) {

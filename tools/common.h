@@ -27,6 +27,13 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
 runtime::SessionOptions session_options(const Args& a, const model::Model& m,
                                         const std::string& format = "");
 int threads_option(const Args& a);
+// The context a session gets without --ctx. A real model: its own, or an error saying how
+// much --ctx fits if a session over it would not fit in the available memory beside the
+// weights (silently shortening it would change its results). A synthetic model (speed
+// tests): min(its nominal context, kSyntheticDefaultCtx), halved until it fits, with a
+// note on stderr when shorter than the nominal one.
+inline constexpr int kSyntheticDefaultCtx = 4096;
+int default_context(const model::Model& m, const runtime::SessionOptions& o);
 
 // A one-line description of the cache configuration: "kivi2 (G=32, R=128, batch flush, f16 scales)".
 std::string describe_cache(const kv::CacheConfig& c);

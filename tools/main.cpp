@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
     if (cmd == "logits") return cmd_logits(argc, argv);
     if (cmd == "perplexity") return cmd_perplexity(argc, argv);
     if (cmd == "bench-attn") return cmd_bench_attn(argc, argv);
+    if (cmd == "bench") return cmd_bench(argc, argv);
+    if (cmd == "synth") return cmd_synth(argc, argv);
     std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
     return 2;
   } catch (const kivi::Error& e) {

@@ -10,34 +10,29 @@
 
 namespace kivi::model {
 
-ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& tok_path,
-                                      const std::string& out, bool f16, const std::string& name,
-                                      const std::function<void(uint64_t, uint64_t)>& progress) {
-  auto ck = io::read_llama2c(in);
-  const auto& h = ck->header;
-  const auto tk = tok::Tokenizer::from_llama2c(tok_path, h.vocab_size);
-  const uint64_t dim = h.dim, hid = h.hidden_dim, kv = static_cast<uint64_t>(h.n_kv_heads) * (h.dim / h.n_heads);
-  const int hd = h.dim / h.n_heads;
-
-  io::GgufWriter w;
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16) {
   w.add_string("general.architecture", "llama");
-  w.add_string("general.name", !name.empty() ? name : in.substr(in.find_last_of('/') + 1));
+  w.add_string("general.name", name);
   w.add_u32("general.file_type", f16 ? 1 : 0);
   w.add_u32("general.alignment", io::kGgufDefaultAlignment);
-  w.add_u32("llama.context_length", h.seq_len);
-  w.add_u32("llama.embedding_length", h.dim);
-  w.add_u32("llama.block_count", h.n_layers);
-  w.add_u32("llama.feed_forward_length", h.hidden_dim);
-  w.add_u32("llama.rope.dimension_count", hd);
-  w.add_u32("llama.attention.head_count", h.n_heads);
-  w.add_u32("llama.attention.head_count_kv", h.n_kv_heads);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.add_f32("llama.rope.freq_base", 10000.0f);
-  w.add_u32("llama.vocab_size", h.vocab_size);
+  w.add_u32("llama.context_length", c.ctx);
+  w.add_u32("llama.embedding_length", c.dim);
+  w.add_u32("llama.block_count", c.n_layers);
+  w.add_u32("llama.feed_forward_length", c.hidden_dim);
+  w.add_u32("llama.rope.dimension_count", c.head_dim());
+  w.add_u32("llama.attention.head_count", c.n_heads);
+  w.add_u32("llama.attention.head_count_kv", c.n_kv_heads);
+  w.add_f32("llama.attention.layer_norm_rms_epsilon", c.norm_eps);
+  w.add_f32("llama.rope.freq_base", c.rope_theta);
+  w.add_u32("llama.vocab_size", c.vocab_size);
+}
+
+void add_tokenizer_metadata(io::GgufWriter& w, const tok::Tokenizer& tk) {
   w.add_string("tokenizer.ggml.model", "llama");
   w.add_string_array("tokenizer.ggml.tokens", tk.pieces());
   w.add_f32_array("tokenizer.ggml.scores", tk.scores());
   std::vector<int32_t> types;
+  types.reserve(tk.vocab_size());
   for (int i = 0; i < tk.vocab_size(); ++i) types.push_back(static_cast<int32_t>(tk.type(i)));
   w.add_i32_array("tokenizer.ggml.token_type", types);
   w.add_u32("tokenizer.ggml.bos_token_id", tk.bos_id());
@@ -45,41 +40,90 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
   w.add_u32("tokenizer.ggml.unknown_token_id", tk.unk_id());
   w.add_bool("tokenizer.ggml.add_bos_token", true);
   w.add_bool("tokenizer.ggml.add_eos_token", false);
-  w.add_bool("tokenizer.ggml.add_space_prefix", true);
+  w.add_bool("tokenizer.ggml.add_space_prefix", tk.add_dummy_prefix());
+}
 
-  const io::GgmlType mt = f16 ? io::GgmlType::kF16 : io::GgmlType::kF32;
-  auto mat = [&](const std::string& name, const float* p, uint64_t rows, uint64_t cols) {
-    if (!f16) {
-      w.add_tensor(name, {cols, rows}, mt, static_cast<const void*>(p));
+std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
+  const uint64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
+  std::vector<TensorSpec> t;
+  t.reserve(9 * c.n_layers + 3);
+  t.push_back({"token_embd.weight", TensorRole::kTokenEmbd, -1, vocab, dim});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    t.push_back({p + "attn_norm.weight", TensorRole::kAttnNorm, l, dim, 0});
+    t.push_back({p + "attn_q.weight", TensorRole::kAttnQ, l, dim, dim});
+    t.push_back({p + "attn_k.weight", TensorRole::kAttnK, l, kv, dim});
+    t.push_back({p + "attn_v.weight", TensorRole::kAttnV, l, kv, dim});
+    t.push_back({p + "attn_output.weight", TensorRole::kAttnOutput, l, dim, dim});
+    t.push_back({p + "ffn_norm.weight", TensorRole::kFfnNorm, l, dim, 0});
+    t.push_back({p + "ffn_gate.weight", TensorRole::kFfnGate, l, hid, dim});
+    t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
+    t.push_back({p + "ffn_up.weight", TensorRole::kFfnUp, l, hid, dim});
+  }
+  t.push_back({"output_norm.weight", TensorRole::kOutputNorm, -1, dim, 0});
+  if (!c.shared_classifier) t.push_back({"output.weight", TensorRole::kOutput, -1, vocab, dim});
+  return t;
+}
+
+ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& tok_path,
+                                      const std::string& out, bool f16, const std::string& name,
+                                      const std::function<void(uint64_t, uint64_t)>& progress) {
+  auto ck = io::read_llama2c(in);
+  const auto& h = ck->header;
+  const auto tk = tok::Tokenizer::from_llama2c(tok_path, h.vocab_size);
+  ModelConfig c;
+  c.dim = h.dim;
+  c.hidden_dim = h.hidden_dim;
+  c.n_layers = h.n_layers;
+  c.n_heads = h.n_heads;
+  c.n_kv_heads = h.n_kv_heads;
+  c.vocab_size = h.vocab_size;
+  c.ctx = h.seq_len;
+  c.shared_classifier = ck->shared_classifier;  // llama2.c: RMS eps 1e-5, RoPE theta 10000 (the defaults)
+
+  io::GgufWriter w;
+  add_llama_metadata(w, c, !name.empty() ? name : in.substr(in.find_last_of('/') + 1), f16);
+  add_tokenizer_metadata(w, tk);
+
+  const uint64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim();
+  // Where each tensor starts in the checkpoint (llama2.c stores every layer's tensor of
+  // one kind together).
+  auto source = [&](const TensorSpec& s) -> const float* {
+    const uint64_t l = s.layer < 0 ? 0 : static_cast<uint64_t>(s.layer);
+    switch (s.role) {
+      case TensorRole::kTokenEmbd: return ck->token_embd;
+      case TensorRole::kAttnNorm: return ck->rms_att + l * dim;
+      case TensorRole::kAttnQ: return ck->wq + l * dim * dim;
+      case TensorRole::kAttnK: return ck->wk + l * kv * dim;
+      case TensorRole::kAttnV: return ck->wv + l * kv * dim;
+      case TensorRole::kAttnOutput: return ck->wo + l * dim * dim;
+      case TensorRole::kFfnNorm: return ck->rms_ffn + l * dim;
+      case TensorRole::kFfnGate: return ck->w1 + l * hid * dim;
+      case TensorRole::kFfnDown: return ck->w2 + l * dim * hid;
+      case TensorRole::kFfnUp: return ck->w3 + l * hid * dim;
+      case TensorRole::kOutputNorm: return ck->rms_final;
+      case TensorRole::kOutput: return ck->wcls;
+    }
+    return nullptr;
+  };
+  const auto specs = llama_tensor_specs(c);
+  for (const auto& s : specs) {
+    const float* p = source(s);
+    if (s.is_vector() || !f16) {
+      const std::vector<uint64_t> dims = s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
+      w.add_tensor(s.name, dims, io::GgmlType::kF32, static_cast<const void*>(p));
     } else {
-      w.add_tensor(name, {cols, rows}, mt, io::GgufWriter::Generator([p](uint64_t first, uint64_t count, void* dst) {
+      w.add_tensor(s.name, {s.cols, s.rows}, io::GgmlType::kF16,
+                   io::GgufWriter::Generator([p](uint64_t first, uint64_t count, void* dst) {
                      auto* o = static_cast<uint16_t*>(dst);
                      for (uint64_t i = 0; i < count; ++i) o[i] = f32_to_f16(p[first + i]);
                    }));
     }
-  };
-  auto vec = [&](const std::string& name, const float* p) {
-    w.add_tensor(name, {dim}, io::GgmlType::kF32, static_cast<const void*>(p));
-  };
-  mat("token_embd.weight", ck->token_embd, h.vocab_size, dim);
-  for (int l = 0; l < h.n_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    vec(p + "attn_norm.weight", ck->rms_att + l * dim);
-    mat(p + "attn_q.weight", ck->wq + l * dim * dim, dim, dim);
-    mat(p + "attn_k.weight", ck->wk + l * kv * dim, kv, dim);
-    mat(p + "attn_v.weight", ck->wv + l * kv * dim, kv, dim);
-    mat(p + "attn_output.weight", ck->wo + l * dim * dim, dim, dim);
-    vec(p + "ffn_norm.weight", ck->rms_ffn + l * dim);
-    mat(p + "ffn_gate.weight", ck->w1 + l * hid * dim, hid, dim);
-    mat(p + "ffn_down.weight", ck->w2 + l * dim * hid, dim, hid);
-    mat(p + "ffn_up.weight", ck->w3 + l * hid * dim, hid, dim);
   }
-  vec("output_norm.weight", ck->rms_final);
-  if (!ck->shared_classifier) mat("output.weight", ck->wcls, h.vocab_size, dim);
   w.write(out, progress);
   ConvertResult r;
   r.bytes = w.file_size();
-  r.n_tensors = 9 * h.n_layers + 2 + (ck->shared_classifier ? 0 : 1);
+  r.n_tensors = static_cast<int>(specs.size());
   return r;
 }
 

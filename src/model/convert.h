@@ -1,11 +1,23 @@
-// llama2.c checkpoint + tokenizer -> GGUF v3, with the GGUF spec's and llama.cpp's key
-// and tensor names. Weights keep their layout: llama2.c's rotary pairs (2i, 2i+1) are
-// the layout GGUF's llama architecture expects.
+// Writing llama-architecture GGUF v3 files with the GGUF spec's and llama.cpp's key and
+// tensor names: llama2.c checkpoint + tokenizer -> GGUF, and the pieces `kivi synth`
+// shares (metadata, tokenizer metadata, the tensor list in file order). Weights keep
+// their layout: llama2.c's rotary pairs (2i, 2i+1) are the layout GGUF's llama
+// architecture expects.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace kivi::io {
+class GgufWriter;
+}
+namespace kivi::tok {
+class Tokenizer;
+}
 
 namespace kivi::model {
 
@@ -18,5 +30,28 @@ struct ConvertResult {
 ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& tokenizer,
                                       const std::string& out, bool f16, const std::string& name = "",
                                       const std::function<void(uint64_t, uint64_t)>& progress = {});
+
+// general.* and llama.* keys for shape `c` (general.file_type 1 when `f16`, else 0).
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16);
+// tokenizer.ggml.* keys of a SentencePiece ("llama") tokenizer.
+void add_tokenizer_metadata(io::GgufWriter& w, const tok::Tokenizer& tk);
+
+// One tensor of a llama GGUF file.
+enum class TensorRole : uint8_t {
+  kTokenEmbd, kAttnNorm, kAttnQ, kAttnK, kAttnV, kAttnOutput, kFfnNorm, kFfnGate, kFfnDown, kFfnUp,
+  kOutputNorm, kOutput,
+};
+struct TensorSpec {
+  std::string name;  // "blk.3.attn_q.weight"
+  TensorRole role;
+  int layer;         // -1 for token_embd, output_norm, output
+  uint64_t rows;     // matrices: [rows, cols] row-major (GGUF dims {cols, rows})
+  uint64_t cols;     // 0 for norm vectors of `rows` elements
+  bool is_vector() const { return cols == 0; }
+};
+// Every tensor of shape `c` in file order: token_embd, then per layer attn_norm, attn_q,
+// attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up, then output_norm
+// and (untied classifier only) output.
+std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c);
 
 }  // namespace kivi::model

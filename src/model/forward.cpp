@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/threadpool.h"
+#include "core/timer.h"
 #include "ops/ops.h"
 
 namespace kivi::model {
@@ -92,8 +93,10 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     if (cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
     for (int i = 0; i < n; ++i) {
       cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd, st.v.data() + static_cast<size_t>(i) * kvd);
+      const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
       attn::decode(cache.view(l), st.q.data() + static_cast<size_t>(i) * dim,
                    st.att.data() + static_cast<size_t>(i) * dim, ap, pool, st.ws);
+      if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     }
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);

@@ -41,6 +41,7 @@ struct ForwardState {
 struct ForwardOptions {
   attn::Precision precision = attn::Precision::kExact;
   int window = 0;  // sliding-window attention (0 = full)
+  double* attn_seconds = nullptr;  // when set, the time spent in attn::decode is added to it
 };
 
 // Runs tokens[0..n) at positions pos, pos+1, ... (pos == cache.n_tokens(l) for all l),

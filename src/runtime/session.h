@@ -21,7 +21,13 @@ struct SessionOptions {
   kv::CacheConfig cache;       // formats, G, R, ...; shape fields are filled from the model
   bool block_summaries = false;
   model::ForwardOptions forward;
+  ThreadPool* pool = nullptr;  // shared worker threads (sessions run one at a time); null = own pool of `threads`
 };
+
+// Bytes a session allocates for `ctx` tokens: the KV cache reservation, the activations
+// of a prefill chunk of `max_batch` tokens, the RoPE table and the logits (the attention
+// workspace is small beside them). For memory checks before creating one.
+uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx, int max_batch = 64);
 
 class Session {
  public:
@@ -48,7 +54,8 @@ class Session {
   const model::Model& m_;
   SessionOptions opt_;
   int ctx_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  ThreadPool* pool_ = nullptr;
   std::unique_ptr<kv::KvCache> cache_;
   std::unique_ptr<model::ForwardState> st_;
   AlignedBuffer<float> logits_;  // [max_batch, vocab] when scoring chunks, else [vocab]

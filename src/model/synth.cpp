@@ -1,0 +1,232 @@
+#include "model/synth.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/f16.h"
+#include "core/normal_table.h"
+#include "core/rng.h"
+#include "core/sysinfo.h"
+#include "io/gguf_writer.h"
+#include "model/convert.h"
+
+namespace kivi::model {
+
+namespace {
+
+// Elements per independently seeded block of random numbers (a multiple of 4, so that
+// every block starts at a fresh 64-bit draw).
+constexpr uint64_t kBlock = 4096;
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t block_seed(uint64_t seed, uint64_t tensor, uint64_t block) {
+  return splitmix(splitmix(seed) ^ splitmix((tensor << 40) ^ block ^ 0x5EEDull));
+}
+
+// Fills dst with elements [first, first + count) of tensor `tensor` from `table`
+// (65536 values of the element type T), block by block.
+template <class T>
+void fill_random(const T* table, uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, T* dst) {
+  T tmp[kBlock];
+  uint64_t e = first;
+  const uint64_t end = first + count;
+  while (e < end) {
+    const uint64_t b = e / kBlock, b0 = b * kBlock;
+    const uint64_t lo = e - b0, hi = std::min(end - b0, kBlock);
+    Rng rng(block_seed(seed, tensor, b));
+    // Draw the whole prefix of the block up to hi so element values do not depend on
+    // where a chunk starts.
+    T* out = lo == 0 ? dst + (e - first) : tmp;
+    for (uint64_t i = 0; i < hi; i += 4) {
+      const uint64_t r = rng.next_u64();
+      out[i] = table[r & 0xFFFF];
+      if (i + 1 < hi) out[i + 1] = table[(r >> 16) & 0xFFFF];
+      if (i + 2 < hi) out[i + 2] = table[(r >> 32) & 0xFFFF];
+      if (i + 3 < hi) out[i + 3] = table[r >> 48];
+    }
+    if (lo != 0) std::memcpy(dst + (e - first), tmp + lo, (hi - lo) * sizeof(T));
+    e = b0 + hi;
+  }
+}
+
+const char* kAlphabet =
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+
+void range_check(const char* option, long long v, long long lo, long long hi) {
+  if (v < lo || v > hi) fail("%s = %lld is out of range (valid: %lld to %lld)", option, v, lo, hi);
+}
+
+}  // namespace
+
+void validate_synth_config(const ModelConfig& c) {
+  range_check("--layers", c.n_layers, 1, 1024);
+  range_check("--dim", c.dim, 2, 65536);
+  range_check("--heads", c.n_heads, 1, 4096);
+  range_check("--kv-heads", c.n_kv_heads, 1, c.n_heads);
+  range_check("--ffn", c.hidden_dim, 1, 1 << 20);
+  range_check("--vocab", c.vocab_size, kSynthMinVocab, 1 << 22);
+  range_check("--ctx", c.ctx, 1, 1 << 24);
+  if (c.dim % c.n_heads != 0) {
+    fail("--heads %d does not divide --dim %d (the head dimension dim / heads must be a whole number)", c.n_heads,
+         c.dim);
+  }
+  if (c.n_heads % c.n_kv_heads != 0) {
+    fail("--kv-heads %d does not divide --heads %d (each KV head serves a whole number of query heads)",
+         c.n_kv_heads, c.n_heads);
+  }
+  const int hd = c.dim / c.n_heads;
+  if (hd % 2 != 0) fail("the head dimension --dim / --heads = %d is odd; RoPE needs it even", hd);
+  if (hd > 1024) fail("the head dimension --dim / --heads = %d is out of range (valid: 2 to 1024)", hd);
+  if (!(c.rope_theta > 0.0f) || c.rope_theta > 1e9f) fail("--rope-theta = %g is out of range (valid: above 0, at most 1e9)", c.rope_theta);
+}
+
+SynthNeeds synth_needs(const SynthSpec& s) {
+  const ModelConfig& c = s.config;
+  SynthNeeds n;
+  const uint64_t mat_elem = s.f16 ? 2 : 4;
+  auto aligned = [](uint64_t b) { return (b + io::kGgufDefaultAlignment - 1) / io::kGgufDefaultAlignment * io::kGgufDefaultAlignment; };
+  uint64_t tensor_table = 0;
+  for (const auto& t : llama_tensor_specs(c)) {
+    const uint64_t bytes = t.is_vector() ? t.rows * 4 : t.rows * t.cols * mat_elem;
+    n.weight_bytes += bytes;
+    n.file_bytes += aligned(bytes);
+    tensor_table += 8 + t.name.size() + 4 + 16 + 4 + 8;
+  }
+  // Metadata: the tokenizer dominates (a piece is at most 8 + 3 + 4 bytes of string at
+  // the vocabulary sizes in use, plus a score and a type); 64 KiB covers the rest.
+  const uint64_t max_piece = 8 + 16;
+  n.file_bytes += tensor_table + static_cast<uint64_t>(c.vocab_size) * (max_piece + 4 + 4) + (64u << 10);
+  n.kv_tokens = std::min(c.ctx, 4096);
+  n.kv_bytes = 2ull * c.n_layers * c.kv_dim() * 4ull * n.kv_tokens;
+  const uint64_t batch = 64;
+  n.activation_bytes = batch * (6ull * c.dim + 2ull * c.kv_dim() + 2ull * c.hidden_dim) * 4 +
+                       static_cast<uint64_t>(n.kv_tokens) * c.head_dim() * 4 + static_cast<uint64_t>(c.vocab_size) * 4;
+  return n;
+}
+
+void check_synth_fits(const SynthNeeds& n, uint64_t available_memory, uint64_t free_disk, const std::string& out) {
+  if (available_memory > 0 && n.memory_bytes() > available_memory) {
+    fail("the model needs %s of memory to run, only %s available (weights %s, f32 KV cache for %d tokens %s, "
+         "activations %s); choose a smaller shape",
+         sys::human_bytes(static_cast<double>(n.memory_bytes())).c_str(),
+         sys::human_bytes(static_cast<double>(available_memory)).c_str(),
+         sys::human_bytes(static_cast<double>(n.weight_bytes)).c_str(), n.kv_tokens,
+         sys::human_bytes(static_cast<double>(n.kv_bytes)).c_str(),
+         sys::human_bytes(static_cast<double>(n.activation_bytes)).c_str());
+  }
+  if (free_disk > 0 && n.file_bytes > free_disk) {
+    fail("'%s' would take %s but only %s of disk space is free there", out.c_str(),
+         sys::human_bytes(static_cast<double>(n.file_bytes)).c_str(),
+         sys::human_bytes(static_cast<double>(free_disk)).c_str());
+  }
+}
+
+tok::Tokenizer synthetic_tokenizer(int vocab_size) {
+  if (vocab_size < kSynthMinVocab) {
+    fail("--vocab = %d is out of range (valid: %d to %d)", vocab_size, kSynthMinVocab, 1 << 22);
+  }
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  std::vector<tok::TokenType> types;
+  pieces.reserve(vocab_size);
+  auto add = [&](std::string p, float score, tok::TokenType t) {
+    pieces.push_back(std::move(p));
+    scores.push_back(score);
+    types.push_back(t);
+  };
+  add("<unk>", 0.0f, tok::TokenType::kUnknown);
+  add("<s>", 0.0f, tok::TokenType::kControl);
+  add("</s>", 0.0f, tok::TokenType::kControl);
+  for (int b = 0; b < 256; ++b) add(strfmt("<0x%02X>", b), 0.0f, tok::TokenType::kByte);
+  const std::string alpha = kAlphabet;
+  const int A = static_cast<int>(alpha.size());
+  int rank = 0;
+  auto add_normal = [&](std::string p) {
+    if (static_cast<int>(pieces.size()) < vocab_size) add(std::move(p), -static_cast<float>(rank++), tok::TokenType::kNormal);
+  };
+  // Length n: "U+2581 + (n-1 characters)", then "n characters", each in alphabet order
+  // (an odometer over the alphabet, most significant character first).
+  for (int n = 1; static_cast<int>(pieces.size()) < vocab_size; ++n) {
+    for (int with_space = 1; with_space >= 0 && static_cast<int>(pieces.size()) < vocab_size; --with_space) {
+      const int chars = with_space ? n - 1 : n;
+      std::vector<int> digit(chars, 0);
+      for (;;) {
+        std::string p = with_space ? std::string(tok::kSpaceMark) : std::string();
+        for (int d : digit) p += alpha[d];
+        add_normal(std::move(p));
+        if (static_cast<int>(pieces.size()) >= vocab_size) break;
+        int k = chars - 1;
+        while (k >= 0 && ++digit[k] == A) digit[k--] = 0;
+        if (k < 0) break;
+      }
+    }
+  }
+  return tok::Tokenizer(std::move(pieces), std::move(scores), std::move(types), 1, 2, 0);
+}
+
+void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16, void* dst) {
+  // 65536 normal quantiles scaled to the weight deviation, in each storage type, so a
+  // generated element is one lookup.
+  struct Tables {
+    std::vector<float> f32 = std::vector<float>(65536);
+    std::vector<uint16_t> f16 = std::vector<uint16_t>(65536);
+    Tables() {
+      const NormalTable& nt = NormalTable::get();
+      for (int i = 0; i < 65536; ++i) {
+        f32[i] = kSynthWeightStd * nt.quantile(static_cast<uint16_t>(i));
+        f16[i] = f32_to_f16(f32[i]);
+      }
+    }
+  };
+  static const Tables t;
+  if (f16) {
+    fill_random(t.f16.data(), seed, tensor, first, count, static_cast<uint16_t*>(dst));
+  } else {
+    fill_random(t.f32.data(), seed, tensor, first, count, static_cast<float*>(dst));
+  }
+}
+
+std::string synthetic_name(const std::string& label) { return "synthetic " + label + ", random weights"; }
+
+SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
+                                 const std::function<void(uint64_t, uint64_t)>& progress) {
+  const ModelConfig& c = s.config;
+  validate_synth_config(c);
+  io::GgufWriter w;
+  add_llama_metadata(w, c, synthetic_name(s.label), s.f16);
+  w.add_bool("kivi.synthetic", true);
+  w.add_u64("kivi.synthetic.seed", s.seed);
+  w.add_f32("kivi.synthetic.weight_std", kSynthWeightStd);
+  add_tokenizer_metadata(w, synthetic_tokenizer(c.vocab_size));
+
+  static const float kOne = 1.0f;
+  const auto specs = llama_tensor_specs(c);
+  for (size_t ti = 0; ti < specs.size(); ++ti) {
+    const auto& t = specs[ti];
+    if (t.is_vector()) {
+      w.add_tensor(t.name, {t.rows}, io::GgmlType::kF32, io::GgufWriter::Generator([](uint64_t, uint64_t count, void* dst) {
+                     std::fill_n(static_cast<float*>(dst), count, kOne);
+                   }));
+    } else {
+      w.add_tensor(t.name, {t.cols, t.rows}, s.f16 ? io::GgmlType::kF16 : io::GgmlType::kF32,
+                   io::GgufWriter::Generator([f16 = s.f16, seed = s.seed, ti](uint64_t first, uint64_t count, void* dst) {
+                     synth_matrix_values(seed, ti, first, count, f16, dst);
+                   }));
+    }
+  }
+  w.write(out, progress);
+  SynthResult r;
+  r.bytes = w.file_size();
+  r.n_tensors = static_cast<int>(specs.size());
+  return r;
+}
+
+}  // namespace kivi::model

@@ -1,0 +1,202 @@
+#include "runtime/bench.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "core/error.h"
+#include "core/normal_table.h"
+#include "core/rng.h"
+#include "core/threadpool.h"
+#include "core/timer.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+
+namespace kivi::runtime {
+
+const char* const kFillText =
+    "Once upon a time, there was a little girl named Lily. She lived in a small house near the woods with her "
+    "mom, her dad and a big brown dog called Max. Every morning Lily and Max ran to the old tree by the river "
+    "to look for birds. One day they found a tiny bird that could not fly. Lily was sad, but her mom said they "
+    "could help it. They gave the bird water and seeds and kept it warm in a box. After a few days the bird was "
+    "strong again. It sang a happy song and flew up into the blue sky. Lily smiled and waved goodbye. ";
+
+std::vector<int> fill_tokens(const tok::Tokenizer& tk, const std::string& text, int n) {
+  std::vector<int> out;
+  if (n <= 0) return out;
+  out.reserve(n);
+  out.push_back(tk.bos_id() >= 0 ? tk.bos_id() : 0);
+  const std::vector<int> t = tk.encode(text, false);
+  if (t.empty()) fail("fill text has no tokens");
+  while (static_cast<int>(out.size()) < n) out.push_back(t[(out.size() - 1) % t.size()]);
+  return out;
+}
+
+void fill_random(const std::vector<kv::KvCache*>& caches, int n_tokens, uint64_t seed,
+                 const std::function<void(int64_t)>& progress) {
+  if (caches.empty() || n_tokens <= 0) return;
+  const kv::CacheConfig& c0 = caches[0]->config();
+  const int L = c0.n_layers, H = c0.n_kv_heads, D = c0.head_dim;
+  const size_t row = static_cast<size_t>(H) * D;
+  std::vector<float> k(row), v(row);  // [H, D]
+  const NormalTable& nt = NormalTable::get();
+  Rng rng(seed);
+  for (int t = 0; t < n_tokens; ++t) {
+    for (int l = 0; l < L; ++l) {
+      nt.fill(rng, k.data(), row);
+      nt.fill(rng, v.data(), row);
+      for (size_t i = 3; i < row; i += 16) {
+        if (i % D % 16 == 3) k[i] *= 6.0f;
+      }
+      for (kv::KvCache* c : caches) {
+        if (c->n_tokens(l) == 0) c->calibrate(l, k.data(), v.data(), 1);
+        c->append(l, k.data(), v.data());
+      }
+    }
+    if (progress && (t % 64 == 63 || t + 1 == n_tokens)) progress(t + 1);
+  }
+}
+
+BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
+                      const std::function<void(int64_t, int64_t)>& progress) {
+  const int F = static_cast<int>(cfg.caches.size());
+  if (F == 0) fail("bench: no cache formats");
+  if (cfg.names.size() != cfg.caches.size()) fail("bench: %zu names for %d formats", cfg.names.size(), F);
+  if (!cfg.fill.empty() && cfg.fill_random > 0) fail("bench: give a text fill or a random fill, not both");
+  if (cfg.prompt.empty()) fail("bench: the prompt has no tokens");
+  if (cfg.n_gen < 1) fail("bench: -n %d, expected at least 1", cfg.n_gen);
+  const int n_fill = cfg.fill_random > 0 ? cfg.fill_random : static_cast<int>(cfg.fill.size());
+  const int n_prompt = static_cast<int>(cfg.prompt.size());
+  const int need = n_fill + n_prompt + cfg.n_gen;
+  const int ctx = cfg.ctx > 0 ? cfg.ctx : need;
+  if (need > ctx) {
+    fail("bench: fill %d + prompt %d + %d generated tokens = %d exceed the context of %d tokens", n_fill, n_prompt,
+         cfg.n_gen, need, ctx);
+  }
+  ThreadPool pool(cfg.threads > 0 ? cfg.threads : hardware_threads());
+  BenchResult res;
+  res.ctx = n_fill + n_prompt;
+  res.fill = n_fill;
+  res.fill_random = cfg.fill_random > 0;
+  res.prompt_tokens = n_prompt;
+  res.threads = pool.size();
+
+  // Each session's attention time goes to its own counter.
+  std::vector<double> attn(F, 0.0);
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int f = 0; f < F; ++f) {
+    SessionOptions o;
+    o.ctx = ctx;
+    o.cache = cfg.caches[f];
+    o.forward = cfg.forward;
+    o.forward.attn_seconds = &attn[f];
+    o.pool = &pool;
+    sessions.push_back(std::make_unique<Session>(m, o));
+  }
+  // Warm-up: a throwaway session prefills the prompt once, so the weights are in memory
+  // (a mapped file is read on first touch) before anything is timed.
+  {
+    SessionOptions o;
+    o.ctx = n_prompt;
+    o.cache = cfg.caches[0];
+    o.forward = cfg.forward;
+    o.pool = &pool;
+    Session warm(m, o);
+    warm.prefill(cfg.prompt);
+  }
+  const int64_t total = static_cast<int64_t>(F) * need;
+  int64_t done = 0;
+  auto report = [&](int64_t d) {
+    done += d;
+    if (progress) progress(done, total);
+  };
+
+  // Fill.
+  if (cfg.fill_random > 0) {
+    std::vector<kv::KvCache*> caches;
+    for (auto& s : sessions) caches.push_back(&s->cache());
+    int64_t last = 0;
+    fill_random(caches, cfg.fill_random, cfg.seed, [&](int64_t t) {
+      report((t - last) * F);
+      last = t;
+    });
+  } else if (!cfg.fill.empty()) {
+    const int chunk = std::max(1, cfg.fill_chunk);
+    for (auto& s : sessions) {
+      for (int i = 0; i < n_fill; i += chunk) {
+        const int b = std::min(chunk, n_fill - i);
+        s->prefill(std::vector<int>(cfg.fill.begin() + i, cfg.fill.begin() + i + b));
+        report(b);
+      }
+    }
+  }
+
+  // Prompt, timed per format; the first greedy token comes from its logits.
+  res.formats.resize(F);
+  std::vector<const float*> logits(F);
+  for (int f = 0; f < F; ++f) {
+    BenchFormatResult& r = res.formats[f];
+    r.name = cfg.names[f];
+    r.cache = sessions[f]->options().cache;
+    const double t0 = now_seconds();
+    logits[f] = sessions[f]->prefill(cfg.prompt);
+    r.prefill_seconds = now_seconds() - t0;
+    r.prefill_tps = r.prefill_seconds > 0 ? n_prompt / r.prefill_seconds : 0.0;
+    r.step_seconds.reserve(cfg.n_gen);
+    r.attn_seconds.reserve(cfg.n_gen);
+    r.tokens.reserve(cfg.n_gen);
+    report(n_prompt);
+  }
+
+  // Decode, round-robin; step i starts with format i % F.
+  const int V = m.config().vocab_size;
+  for (int i = 0; i < cfg.n_gen; ++i) {
+    for (int j = 0; j < F; ++j) {
+      const int f = (i + j) % F;
+      BenchFormatResult& r = res.formats[f];
+      const int tok = argmax(logits[f], V);
+      r.tokens.push_back(tok);
+      attn[f] = 0.0;
+      const double t0 = now_seconds();
+      logits[f] = sessions[f]->decode(tok);
+      r.step_seconds.push_back(now_seconds() - t0);
+      r.attn_seconds.push_back(attn[f]);
+    }
+    report(F);
+  }
+
+  // Summaries against the reference.
+  const BenchFormatResult& ref = res.formats[0];
+  const int n_tokens = sessions[0]->cache().n_tokens(0);
+  kv::CacheConfig c32 = ref.cache, c16 = ref.cache;
+  c32.k = c32.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
+  c16.k = c16.v = {kv::Format::kF16, kv::Int8Granularity::kHead};
+  const double bytes32 = static_cast<double>(kv::expected_bytes_used(c32, n_tokens));
+  const double bytes16 = static_cast<double>(kv::expected_bytes_used(c16, n_tokens));
+  for (int f = 0; f < F; ++f) {
+    BenchFormatResult& r = res.formats[f];
+    r.decode_seconds = median(r.step_seconds);
+    r.decode_tps = r.decode_seconds > 0 ? 1.0 / r.decode_seconds : 0.0;
+    std::vector<double> share(r.step_seconds.size());
+    for (size_t s = 0; s < share.size(); ++s) share[s] = r.step_seconds[s] > 0 ? r.attn_seconds[s] / r.step_seconds[s] : 0.0;
+    r.attn_share = median(share);
+    r.kv_bytes = sessions[f]->cache().bytes_used();
+    r.compression_vs_f32 = r.kv_bytes > 0 ? bytes32 / r.kv_bytes : 0.0;
+    r.compression_vs_f16 = r.kv_bytes > 0 ? bytes16 / r.kv_bytes : 0.0;
+    int same = 0;
+    r.first_divergence = -1;
+    for (int i = 0; i < cfg.n_gen; ++i) {
+      if (r.tokens[i] == ref.tokens[i]) {
+        ++same;
+      } else if (r.first_divergence < 0) {
+        r.first_divergence = i;
+      }
+    }
+    r.token_match = 100.0 * same / cfg.n_gen;
+  }
+  for (auto& r : res.formats) {
+    r.overhead_pct = ref.decode_seconds > 0 ? 100.0 * (r.decode_seconds / ref.decode_seconds - 1.0) : 0.0;
+  }
+  return res;
+}
+
+}  // namespace kivi::runtime

@@ -1,0 +1,69 @@
+#!/usr/bin/python3
+"""scripts/plot.py on real (small) outputs of the engine: bench-attn, bench and a
+perplexity sweep with KL divergence are produced with the CLI, then every chart must be
+written as a PNG, and a file of the wrong kind must be a one-line error.
+
+Usage: /usr/bin/python3 tests/test_plot.py --kivi build/bin/kivi --shared ../shared
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kivi", required=True)
+    ap.add_argument("--shared", required=True)
+    a = ap.parse_args()
+    here = os.path.dirname(os.path.abspath(__file__))
+    plot = os.path.join(here, "..", "scripts", "plot.py")
+    model = ["-m", os.path.join(a.shared, "models", "stories260K.bin"), "-t", os.path.join(a.shared, "models", "tok512.bin")]
+    text = os.path.join(a.shared, "data", "tinytales.txt")
+    with tempfile.TemporaryDirectory() as d:
+        attn = os.path.join(d, "attn.json")
+        with open(attn, "w") as f:
+            f.write(run([a.kivi, "bench-attn", "--ctx", "256,1024", "--reps", "2", "--heads", "8", "--kv-heads", "2",
+                         "--head-dim", "64", "--threads", "1", "--json"]))
+        bench = os.path.join(d, "bench.json")
+        with open(bench, "w") as f:
+            f.write(run([a.kivi, "bench", *model, "-n", "10", "--ctx-fill", "150", "--threads", "1", "--json"]))
+        bench2 = os.path.join(d, "bench2.json")
+        with open(bench2, "w") as f:
+            f.write(run([a.kivi, "bench", *model, "-n", "10", "--ctx-fill", "300", "--ctx-fill-random", "--threads", "1",
+                         "--json"]))
+        base = os.path.join(d, "base.lp")
+        run([a.kivi, "perplexity", *model, "-f", text, "--ctx", "128", "--save-logits", base, "--json"])
+        sweep = [json.loads(run([a.kivi, "perplexity", *model, "-f", text, "--ctx", "128", "--kv-cache", fmt, "-R", "32",
+                                 "--kld-base", base, "--json"])) for fmt in ("f32", "f16", "int8", "kivi4", "kivi2")]
+        quality = os.path.join(d, "quality.json")
+        with open(quality, "w") as f:
+            json.dump(sweep, f)
+        out = os.path.join(d, "img")
+        for args in (["--bench-attn", attn, "--bench", bench, "--quality", quality], ["--bench", bench, bench2]):
+            r = subprocess.run([sys.executable, plot, *args, "--out", out], capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"FAIL: plot.py {' '.join(args)}: {r.stderr.strip()}")
+        for name in ("attn_time_vs_ctx.png", "bench_decode.png", "quality.png"):
+            p = os.path.join(out, name)
+            with open(p, "rb") as f:
+                head = f.read(8)
+            if head != b"\x89PNG\r\n\x1a\n" or os.path.getsize(p) < 10000:
+                sys.exit(f"FAIL: {p} is not a chart")
+        r = subprocess.run([sys.executable, plot, "--bench", attn, "--out", out], capture_output=True, text=True)
+        if r.returncode != 1 or not r.stderr.startswith("plot.py: error:") or r.stderr.count("\n") != 1:
+            sys.exit(f"FAIL: a bench-attn file given as --bench should be a one-line error, got {r.returncode}: {r.stderr}")
+    print("plot.py: 3 charts written from real outputs; wrong input reported")
+
+
+if __name__ == "__main__":
+    main()

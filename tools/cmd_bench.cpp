@@ -1,0 +1,256 @@
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "core/cpu.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "core/progress.h"
+#include "core/sysinfo.h"
+#include "kv/format.h"
+#include "runtime/bench.h"
+
+namespace kivi::tools {
+
+namespace {
+
+const char* kRandomLabel = "random fill (speed only; token match not meaningful)";
+
+// "kivi2", "int8/head", "K kivi4 / V kivi2".
+std::string short_name(const kv::CacheConfig& c) {
+  return c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
+}
+
+bool is_f32(const kv::CacheConfig& c) { return c.k.format == kv::Format::kF32 && c.v.format == kv::Format::kF32; }
+
+// The parameters shared by every format: "G=32, R=128, batch flush, f16 scales".
+std::string shared_params(const kv::CacheConfig& c) {
+  return strfmt("G=%d, R=%d, %s key flush, %s scales, int8 per %s", c.group_size, c.residual,
+                kv::key_flush_name(c.key_flush), kv::param_type_name(c.param_type),
+                kv::granularity_name(c.k.granularity));
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  Args a("bench", "[-m MODEL] [-t TOKENIZER] [-p PROMPT] [-n N] [--ctx-fill N [--ctx-fill-random]] "
+                  "[--kv-cache LIST] [KV options] [--threads N] [--json | --markdown]",
+         "Runs KV cache formats side by side on one model, with the same prompt and the same number\n"
+         "of greedy tokens, and reports per format: prefill and decode tokens/s, the share of a decode\n"
+         "step spent in attention, KV cache bytes, compression against f32 and f16, greedy token\n"
+         "agreement with the f32 cache (position by position, with the first divergence) and the\n"
+         "decode time relative to f32. The f32 cache always runs as the reference. Formats default\n"
+         "to f32,f16,int8,kivi4,kivi2; the KV options (G, R, ...) apply to every one. Sessions hold\n"
+         "exactly fill + prompt + N tokens unless --ctx is given.\n"
+         "\n"
+         "Timing: every format's session is prepared first; then the decode steps run round-robin,\n"
+         "one step of each format in turn, each step timed on its own, and speeds are medians over\n"
+         "the steps, so a slow moment of the machine falls on all formats alike. Generation does not\n"
+         "stop at end-of-text: every format runs N steps.\n"
+         "\n"
+         "--ctx-fill N puts N positions in the cache before the prompt, to measure decoding at a long\n"
+         "context: a paragraph of text repeated and prefilled (slow for big models), or with\n"
+         "--ctx-fill-random seeded random keys and values written straight into the cache through\n"
+         "each format's quantizer (no forward pass; for speed only: the token match then means\n"
+         "nothing and is labelled so).");
+  a.section("Benchmark");
+  a.add("prompt", 'p', "TEXT", "The prompt (after the fill).", "Once upon a time");
+  a.add("n", 'n', "N", "Greedy tokens per format (= timed decode steps).", "200");
+  a.add("ctx-fill", 0, "N", "Positions put in the cache before the prompt.", "0");
+  a.add_flag("ctx-fill-random", 0, "Fill with seeded random keys and values instead of text (speed only).");
+  a.add("seed", 's', "S", "Seed of the random fill.", "1234");
+  a.add_flag("json", 0,
+             "Print {\"model\", \"ctx_fill\", \"ctx_fill_random\", \"n\", \"threads\", \"results\": [{format, ctx, "
+             "prefill_tps, decode_tps, kv_bytes, compression_vs_f32, compression_vs_f16, token_match, "
+             "first_divergence, overhead_pct, attn_share, ...}]}.");
+  a.add_flag("markdown", 0, "Print the table as GitHub Markdown.");
+  add_model_options(a);
+  add_kv_options(a, true);
+  if (!a.parse(argc, argv)) {
+    std::fputs(a.help().c_str(), stdout);
+    return 0;
+  }
+  apply_simd(a);
+  const bool json = a.flag("json"), markdown = a.flag("markdown");
+  if (json && markdown) fail("give --json or --markdown, not both");
+  const int n_gen = static_cast<int>(a.integer("n", 1, 1 << 20));
+  const int n_fill = static_cast<int>(a.integer("ctx-fill", 0, 1 << 24));
+  const bool random_fill = a.flag("ctx-fill-random");
+  if (random_fill && n_fill == 0) fail("--ctx-fill-random needs --ctx-fill N (N > 0 positions to fill)");
+
+  // Formats: the list (default f32, f16, int8, kivi4, kivi2), with --kv-cache-k/-v applied
+  // to each; the f32 reference goes first and is run once.
+  std::vector<std::string> list;
+  if (a.given("kv-cache")) {
+    list = a.list("kv-cache");
+  } else if (a.given("kv-cache-k") || a.given("kv-cache-v")) {
+    list = {"f32"};
+  } else {
+    list = {"f32", "f16", "int8", "kivi4", "kivi2"};
+  }
+  kv::CacheConfig ref = cache_config(a, "f32");
+  ref.k.format = ref.v.format = kv::Format::kF32;
+  std::vector<kv::CacheConfig> caches{ref};
+  std::vector<std::string> names{"f32"};
+  bool ref_listed = false;
+  for (const auto& f : list) {
+    const kv::CacheConfig c = cache_config(a, f);
+    if (is_f32(c)) {
+      ref_listed = true;
+      continue;
+    }
+    bool dup = false;
+    for (const auto& n : names) dup = dup || n == short_name(c);
+    if (dup) fail("--kv-cache lists %s twice", short_name(c).c_str());
+    caches.push_back(c);
+    names.push_back(short_name(c));
+  }
+
+  auto m = load_model(a);
+  const auto& mc = m->config();
+  const auto& tk = m->tokenizer();
+  runtime::BenchConfig bc;
+  bc.names = names;
+  bc.caches = caches;
+  bc.n_gen = n_gen;
+  bc.threads = threads_option(a);
+  bc.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
+  bc.forward.precision = attn::parse_precision(a.str("attn-precision"));
+  bc.forward.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+  if (random_fill) {
+    bc.fill_random = n_fill;
+  } else if (n_fill > 0) {
+    bc.fill = runtime::fill_tokens(tk, runtime::kFillText, n_fill);
+  }
+  bc.prompt = tk.encode(a.str("prompt"), n_fill == 0);
+  if (bc.prompt.empty()) fail("-p: the prompt has no tokens");
+  const int need = n_fill + static_cast<int>(bc.prompt.size()) + n_gen;
+  // Without --ctx, the sessions hold exactly what the run needs (at least one group of G).
+  bc.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, 1 << 24)) : std::max(need, ref.group_size);
+  if (need > bc.ctx) {
+    fail("--ctx-fill %d + prompt %zu tokens + -n %d = %d tokens do not fit in --ctx %d", n_fill, bc.prompt.size(),
+         n_gen, need, bc.ctx);
+  }
+  if (bc.ctx > mc.ctx && !mc.synthetic) {
+    fail("--ctx-fill %d + prompt %zu tokens + -n %d = %d tokens exceed the model's context of %d; lower --ctx-fill "
+         "or -n", n_fill, bc.prompt.size(), n_gen, bc.ctx, mc.ctx);
+  }
+  // All sessions live at once: check they fit beside the weights before allocating.
+  {
+    uint64_t total = 0;
+    for (const auto& c : caches) {
+      kv::CacheConfig cc = c;
+      cc.n_layers = mc.n_layers;
+      cc.n_kv_heads = mc.n_kv_heads;
+      cc.head_dim = mc.head_dim();
+      cc.ctx = bc.ctx;
+      cc.validate();
+      total += runtime::session_bytes(mc, c, bc.ctx);
+    }
+    const uint64_t avail = sys::available_memory_bytes(), weights = m->weight_bytes();
+    if (avail > 0 && total + weights > avail) {
+      fail("%zu sessions of %d tokens need %s beside the weights (%s) but only %s of memory is available; lower "
+           "--ctx-fill or -n, or list fewer formats", caches.size(), bc.ctx,
+           sys::human_bytes(static_cast<double>(total)).c_str(), sys::human_bytes(static_cast<double>(weights)).c_str(),
+           sys::human_bytes(static_cast<double>(avail)).c_str());
+    }
+  }
+  if (mc.synthetic && !json) {
+    std::fprintf(stderr, "note: %s has random weights (written by 'kivi synth'): speeds are real, tokens are not\n",
+                 m->path().c_str());
+  }
+
+  Progress bar("bench", 1, "tok", !json && Progress::stderr_is_terminal());
+  const auto r = runtime::run_bench(*m, bc, [&](int64_t done, int64_t total) {
+    bar.set_total(total);
+    bar.update(done);
+  });
+  bar.finish();
+
+  const std::string fill_desc = n_fill == 0 ? "none" : random_fill ? kRandomLabel : "text";
+  if (json) {
+    JsonWriter j;
+    j.begin_object();
+    j.kv("model", m->path()).kv("ctx_fill", n_fill).kv("ctx_fill_random", random_fill).kv("n", n_gen);
+    j.kv("threads", r.threads).kv("prompt_tokens", r.prompt_tokens).kv("fill", fill_desc);
+    j.kv("token_match_meaningful", !random_fill).kv("synthetic", mc.synthetic);
+    j.kv("simd", cpu::current_target_name()).kv("kv_params", shared_params(ref));
+    j.kv("attn_precision", attn::precision_name(bc.forward.precision));
+    j.key("results").begin_array();
+    for (size_t i = 0; i < r.formats.size(); ++i) {
+      const auto& f = r.formats[i];
+      j.begin_object();
+      j.kv("format", f.name).kv("kv_cache", describe_cache(f.cache));
+      j.kv("reference", i == 0).kv("listed", i > 0 || ref_listed);
+      j.kv("ctx", r.ctx).kv("prefill_tps", f.prefill_tps).kv("decode_tps", f.decode_tps);
+      j.kv("decode_ms", f.decode_seconds * 1e3).kv("kv_bytes", f.kv_bytes);
+      j.kv("compression_vs_f32", f.compression_vs_f32).kv("compression_vs_f16", f.compression_vs_f16);
+      j.kv("token_match", f.token_match);
+      if (f.first_divergence >= 0) {
+        j.kv("first_divergence", f.first_divergence);
+      } else {
+        j.key("first_divergence").null();
+      }
+      j.kv("overhead_pct", f.overhead_pct).kv("attn_share", f.attn_share);
+      j.end_object();
+    }
+    j.end_array().end_object();
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+  }
+
+  std::string fill_line = "no fill";
+  if (n_fill > 0) fill_line = random_fill ? strfmt("%d positions, %s", n_fill, kRandomLabel) : strfmt("%d tokens of text", n_fill);
+  std::printf("model     %s%s\n", m->path().c_str(), mc.synthetic ? " (random weights)" : "");
+  std::printf("fill      %s\n", fill_line.c_str());
+  std::printf("decode    at ctx %d (fill %d + prompt %d), %d greedy tokens per format, %d thread%s, SIMD %s\n", r.ctx,
+              r.fill, r.prompt_tokens, n_gen, r.threads, r.threads == 1 ? "" : "s", cpu::current_target_name().c_str());
+  std::printf("KV        %s; compression counts the bytes used at ctx %d%s\n", shared_params(ref).c_str(),
+              r.ctx + n_gen, random_fill ? "" : "; match: greedy tokens equal to f32's");
+  if (markdown) std::printf("\n");
+  auto cells = [&](const runtime::BenchFormatResult& f, bool first) {
+    std::vector<std::string> c;
+    c.push_back(first ? (ref_listed ? "f32 (reference)" : "f32 (reference, not listed)") : f.name);
+    c.push_back(std::to_string(r.ctx));
+    c.push_back(strfmt("%.1f", f.prefill_tps));
+    c.push_back(strfmt("%.1f", f.decode_tps));
+    c.push_back(strfmt("%.0f%%", 100.0 * f.attn_share));
+    c.push_back(std::to_string(f.kv_bytes));
+    c.push_back(strfmt("%.2fx", f.compression_vs_f32));
+    c.push_back(strfmt("%.2fx", f.compression_vs_f16));
+    c.push_back(strfmt("%.1f%%%s", f.token_match, random_fill ? "*" : ""));
+    c.push_back(f.first_divergence >= 0 ? std::to_string(f.first_divergence) : "-");
+    c.push_back(first ? "-" : strfmt("%+.1f%%", f.overhead_pct));
+    return c;
+  };
+  const std::vector<std::string> head = {"format", "ctx", "prefill tok/s", "decode tok/s", "attn share", "KV bytes",
+                                         "vs f32", "vs f16", "token match", "1st diverge", "overhead"};
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = 0; i < r.formats.size(); ++i) rows.push_back(cells(r.formats[i], i == 0));
+  std::vector<size_t> w(head.size());
+  for (size_t k = 0; k < head.size(); ++k) {
+    w[k] = head[k].size();
+    for (const auto& row : rows) w[k] = std::max(w[k], row[k].size());
+  }
+  auto line = [&](const std::vector<std::string>& c) {
+    std::string s = markdown ? "|" : "";
+    for (size_t k = 0; k < c.size(); ++k) {
+      const std::string cell = k == 0 ? c[k] + std::string(w[k] - c[k].size(), ' ') : std::string(w[k] - c[k].size(), ' ') + c[k];
+      s += markdown ? " " + cell + " |" : (k ? "  " : "") + cell;
+    }
+    std::printf("%s\n", s.c_str());
+  };
+  line(head);
+  if (markdown) {
+    std::string s = "|";
+    for (size_t k = 0; k < head.size(); ++k) s += (k == 0 ? " :" : " ") + std::string(w[k] - 1, '-') + (k == 0 ? " |" : ": |");
+    std::printf("%s\n", s.c_str());
+  }
+  for (const auto& row : rows) line(row);
+  if (random_fill) std::printf("%s* %s\n", markdown ? "\n" : "", kRandomLabel);
+  return 0;
+}
+
+}  // namespace kivi::tools
