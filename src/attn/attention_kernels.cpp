@@ -343,14 +343,16 @@ void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, in
                        const float* z, size_t gstride, float* out) {
   const int p = 8 / bits;
   const int W = D / p;  // bytes of one token's packed row
+  const int mask = (1 << bits) - 1;
   auto scalar_token = [&](int i) {  // token i of the range, element by element
     const int slot = t4 + i;
-    const uint8_t* qd = quad + static_cast<size_t>(slot / 4) * 4 * W;
-    uint8_t row[1024];
-    for (int j = 0; j < W; ++j) row[j] = qd[4 * j + slot % 4];
-    for (int c = 0; c < D; ++c) {
-      const int g = c / Gc;
-      out[static_cast<size_t>(i) * D + c] = kv::unpack_code(row, c, bits, D) * s[i * gstride + g] + z[i * gstride + g];
+    const uint8_t* qd = quad + static_cast<size_t>(slot / 4) * 4 * W + slot % 4;
+    float* o = out + static_cast<size_t>(i) * D;
+    for (int k = 0, c = 0; k < p; ++k) {
+      for (int j = 0; j < W; ++j, ++c) {  // channel c = kW + j is in byte j, bits [bits*k, bits*k + bits)
+        const int g = c / Gc;
+        o[c] = static_cast<float>((qd[4 * j] >> (bits * k)) & mask) * s[i * gstride + g] + z[i * gstride + g];
+      }
     }
   };
   const int unit = std::gcd(Gc, W);
@@ -440,11 +442,16 @@ void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int ou
 #define KIVI_FAST_INT 1
 
 // AVX512-VNNI is used when the CPU has it (checked at run time). It is compiled into
-// separate functions with their own target attribute: Highway's AVX3_DL target also
-// enables AVX-VNNI, whose VEX encoding of vpdpbusd faults on CPUs (AMD Zen 4) that have
-// only the EVEX form.
-#if HWY_TARGET == HWY_AVX3
-#define KIVI_VNNI_ATTR __attribute__((target("avx512vnni")))
+// separate functions with their own target attribute (AVX3 plus avx512vnni): Highway's
+// AVX3_DL target also enables AVX-VNNI, whose VEX encoding of the same instructions
+// faults on CPUs (AMD Zen 4) that have only the EVEX form. Clang checks intrinsics
+// against the function they are written in rather than where they are inlined, so clang
+// builds use the AVX2 instruction sequence instead.
+#undef KIVI_VNNI
+#undef KIVI_VNNI_ATTR
+#if HWY_TARGET == HWY_AVX3 && !defined(__clang__)
+#define KIVI_VNNI 1
+#define KIVI_VNNI_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
 inline bool HasVnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni");
   return has;
@@ -452,16 +459,6 @@ inline bool HasVnni() {
 #else
 inline bool HasVnni() { return false; }
 #endif
-
-// acc += sum over each group of 4 bytes of u8(a) * s8(b). Without VNNI the pairs go
-// through 16 bits: callers keep |a * b| sums of pairs below 32768.
-template <bool kVnni>
-HWY_INLINE __m256i DotU8S8(__m256i acc, __m256i a, __m256i b) {
-#if HWY_TARGET == HWY_AVX3
-  if constexpr (kVnni) return _mm256_dpbusd_epi32(acc, a, b);
-#endif
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
-}
 
 // The four lane sums of a0..a3, as floats.
 HWY_INLINE __m128 SumsOf4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
@@ -548,7 +545,7 @@ HWY_INLINE float QuantizeQuery16(const float* x, const float* mul, int D, int16_
 // acc += pairwise int16 products (vpdpwssd with VNNI, else vpmaddwd + vpaddd).
 template <bool kVnni>
 HWY_INLINE __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
-#if HWY_TARGET == HWY_AVX3
+#ifdef KIVI_VNNI
   if constexpr (kVnni) return _mm256_dpwssd_epi32(acc, a, b);
 #endif
   return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
@@ -560,7 +557,7 @@ HWY_INLINE float Dot8(const float* a, const float* b, int D) {
   return HSum(acc);
 }
 
-bool FastKiviKeysOk(int D, int bits) { return (D * bits / 8) % 32 == 0 && D % 8 == 0; }
+bool FastKiviKeysOk(int D, int bits) { return (D * bits / 8) % 16 == 0 && D % 8 == 0; }
 
 // Scores of rows [0, n) of one KIVI key group (query q, params sp/zp), two rows at a
 // time so the widened codes of a row serve every head and eight sums overlap.
@@ -574,11 +571,16 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
     qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, q16 + static_cast<size_t>(hh) * D);
     bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
   }
-  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
   const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
   const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
   auto qload = [&](int hh, int ch) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + static_cast<size_t>(hh) * D + ch));
+  };
+  const __m128i mask16 = _mm_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  // Codes of channels kW + c .. kW + c + 15 of a row, as int16: bytes c .. c + 15, plane k.
+  auto widen = [&](const uint8_t* row, int c, int k) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+    return _mm256_cvtepu8_epi16(BITS == 8 ? x : _mm_and_si128(_mm_srli_epi16(x, BITS * k), mask16));
   };
   int t = 0;
   // Two rows at a time need 8 accumulators: only with 32 vector registers (AVX3).
@@ -590,24 +592,15 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
     for (int hh = 0; hh < 4; ++hh) a[hh] = b[hh] = _mm256_setzero_si256();
     const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
     const uint8_t* r1 = r0 + stride;
-    for (int c = 0; c < W; c += 32) {
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
-      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c));
+    for (int c = 0; c < W; c += 16) {
 #pragma GCC unroll 4
       for (int k = 0; k < p; ++k) {
-        const __m256i p0 = BITS == 8 ? x0 : _mm256_and_si256(_mm256_srli_epi16(x0, BITS * k), mask);
-        const __m256i p1 = BITS == 8 ? x1 : _mm256_and_si256(_mm256_srli_epi16(x1, BITS * k), mask);
-        // channels kW + c .. + 15 and kW + c + 16 .. + 31, as int16
-        const __m256i p0l = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p0));
-        const __m256i p0h = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p0, 1));
-        const __m256i p1l = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p1));
-        const __m256i p1h = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p1, 1));
-        const int ch = k * W + c;
+        const __m256i w0 = widen(r0, c, k), w1 = widen(r1, c, k);
 #pragma GCC unroll 4
         for (int hh = 0; hh < NH; ++hh) {
-          const __m256i ql = qload(hh, ch), qh = qload(hh, ch + 16);
-          a[hh] = DotI16<kVnni>(DotI16<kVnni>(a[hh], p0l, ql), p0h, qh);
-          b[hh] = DotI16<kVnni>(DotI16<kVnni>(b[hh], p1l, ql), p1h, qh);
+          const __m256i qv = qload(hh, k * W + c);
+          a[hh] = DotI16<kVnni>(a[hh], w0, qv);
+          b[hh] = DotI16<kVnni>(b[hh], w1, qv);
         }
       }
     }
@@ -629,16 +622,12 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
 #pragma GCC unroll 4
     for (int hh = 0; hh < 4; ++hh) a[hh] = _mm256_setzero_si256();
     const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    for (int c = 0; c < W; c += 32) {
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
+    for (int c = 0; c < W; c += 16) {
 #pragma GCC unroll 4
       for (int k = 0; k < p; ++k) {
-        const __m256i p0 = BITS == 8 ? x0 : _mm256_and_si256(_mm256_srli_epi16(x0, BITS * k), mask);
-        const __m256i p0l = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(p0));
-        const __m256i p0h = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(p0, 1));
-        for (int hh = 0; hh < NH; ++hh) {
-          a[hh] = DotI16<kVnni>(DotI16<kVnni>(a[hh], p0l, qload(hh, k * W + c)), p0h, qload(hh, k * W + c + 16));
-        }
+        const __m256i w0 = widen(r0, c, k);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) a[hh] = DotI16<kVnni>(a[hh], w0, qload(hh, k * W + c));
       }
     }
     alignas(16) float out[4];
@@ -673,7 +662,7 @@ HWY_INLINE void FastKiviKeysT(const float* qp, int rep, int D, int bits, const f
   }
 }
 
-#if HWY_TARGET == HWY_AVX3
+#ifdef KIVI_VNNI
 KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviKeysVnni(const float* qp, int rep, int D, int bits, const float* sp,
                                                    const float* zp, const uint8_t* rows, size_t stride, int n, float* S,
                                                    int ld, int16_t* q8, Prefetcher& pf) {
@@ -683,7 +672,7 @@ KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviKeysVnni(const float* qp, int rep, int 
 
 void FastKiviKeys(const float* qp, int rep, int D, int bits, const float* sp, const float* zp, const uint8_t* rows,
                   size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
-#if HWY_TARGET == HWY_AVX3
+#ifdef KIVI_VNNI
   if (HasVnni()) return FastKiviKeysVnni(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
 #endif
   FastKiviKeysT<false>(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
@@ -727,7 +716,7 @@ HWY_INLINE void FastInt8KeysT(const int16_t* q16, const float* qsc, int rep, int
   }
 }
 
-#if HWY_TARGET == HWY_AVX3
+#ifdef KIVI_VNNI
 KIVI_VNNI_ATTR HWY_NOINLINE void FastInt8KeysVnni(const int16_t* q16, const float* qsc, int rep, int D,
                                                    const int8_t* rows, size_t stride, int n, const float* rs, float* S,
                                                    int ld, Prefetcher& pf) {
@@ -737,7 +726,7 @@ KIVI_VNNI_ATTR HWY_NOINLINE void FastInt8KeysVnni(const int16_t* q16, const floa
 
 void FastInt8Keys(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows, size_t stride, int n,
                   const float* rs, float* S, int ld, Prefetcher& pf) {
-#if HWY_TARGET == HWY_AVX3
+#ifdef KIVI_VNNI
   if (HasVnni()) return FastInt8KeysVnni(q16, qsc, rep, D, rows, stride, n, rs, S, ld, pf);
 #endif
   FastInt8KeysT<false>(q16, qsc, rep, D, rows, stride, n, rs, S, ld, pf);
@@ -864,7 +853,7 @@ HWY_INLINE void FastKiviValuesT(const float* P, int ld, int rep, int D, int bits
   }
 }
 
-#if HWY_TARGET == HWY_AVX3
+#ifdef KIVI_VNNI
 KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviValuesVnni(const float* P, int ld, int rep, int D, int bits, int Gc,
                                                      const uint8_t* quad0, int t4, int n, const float* vs,
                                                      const float* vz, float* O, size_t ostride, uint64_t* wq,
@@ -875,7 +864,7 @@ KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviValuesVnni(const float* P, int ld, int 
 
 void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
                     const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
-#if HWY_TARGET == HWY_AVX3
+#ifdef KIVI_VNNI
   if (HasVnni()) return FastKiviValuesVnni(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
 #endif
   FastKiviValuesT<false>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
