@@ -480,42 +480,6 @@ HWY_INLINE float HSum(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-// 8 floats rounded to nearest (even) -> 8 saturated int8 / uint8 at dst.
-HWY_INLINE void StoreI8(__m256 v, int8_t* dst) {
-  const __m256i q = _mm256_cvtps_epi32(v);
-  const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(p16, p16));
-}
-HWY_INLINE void StoreU8(__m256 v, uint8_t* dst) {
-  const __m256i q = _mm256_cvtps_epi32(v);
-  const __m128i p16 = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(p16, p16));
-}
-
-// Rounds x[0..D) (times mul[0..D) if given) to int8 (|q| <= 127); returns the scale of
-// the codes. D is a multiple of 8.
-HWY_INLINE float QuantizeQuery(const float* x, const float* mul, int D, int8_t* q) {
-  __m256 amax = _mm256_setzero_ps();
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int d = 0; d < D; d += 8) {
-    __m256 v = _mm256_loadu_ps(x + d);
-    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
-  }
-  const float m = HMax(amax);
-  if (m == 0.0f) {
-    std::fill(q, q + D, int8_t{0});
-    return 0.0f;
-  }
-  const __m256 inv = _mm256_set1_ps(127.0f / m);
-  for (int d = 0; d < D; d += 8) {
-    __m256 v = _mm256_loadu_ps(x + d);
-    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
-    StoreI8(_mm256_mul_ps(v, inv), q + d);
-  }
-  return m / 127.0f;
-}
-
 // Rounds x[0..D) (times mul[0..D) if given) to int16 (|q| <= 32767); returns the scale
 // of the codes. D is a multiple of 8.
 HWY_INLINE float QuantizeQuery16(const float* x, const float* mul, int D, int16_t* q) {

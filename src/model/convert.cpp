@@ -1,5 +1,7 @@
 #include "model/convert.h"
 
+#include "model/model.h"
+
 #include <vector>
 
 #include "core/error.h"
@@ -71,15 +73,7 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
   auto ck = io::read_llama2c(in);
   const auto& h = ck->header;
   const auto tk = tok::Tokenizer::from_llama2c(tok_path, h.vocab_size);
-  ModelConfig c;
-  c.dim = h.dim;
-  c.hidden_dim = h.hidden_dim;
-  c.n_layers = h.n_layers;
-  c.n_heads = h.n_heads;
-  c.n_kv_heads = h.n_kv_heads;
-  c.vocab_size = h.vocab_size;
-  c.ctx = h.seq_len;
-  c.shared_classifier = ck->shared_classifier;  // llama2.c: RMS eps 1e-5, RoPE theta 10000 (the defaults)
+  const ModelConfig c = llama2c_config(*ck);
 
   io::GgufWriter w;
   add_llama_metadata(w, c, !name.empty() ? name : in.substr(in.find_last_of('/') + 1), f16);

@@ -44,6 +44,20 @@ size_t Model::weight_bytes() const {
   return b + w_.output_norm.size() * 4;
 }
 
+ModelConfig llama2c_config(const io::Llama2cCheckpoint& ck) {
+  const io::Llama2cHeader& h = ck.header;
+  ModelConfig c;
+  c.dim = h.dim;
+  c.hidden_dim = h.hidden_dim;
+  c.n_layers = h.n_layers;
+  c.n_heads = h.n_heads;
+  c.n_kv_heads = h.n_kv_heads;
+  c.vocab_size = h.vocab_size;
+  c.ctx = h.seq_len;
+  c.shared_classifier = ck.shared_classifier;
+  return c;
+}
+
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tok) {
   io::check_regular_file(path, "model");
   if (io::is_gguf_file(path)) return load_gguf(path, tok);
@@ -60,17 +74,9 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
   m->format_ = "llama2.c";
   m->l2c_ = io::read_llama2c(path);
   const io::Llama2cCheckpoint& ck = *m->l2c_;
-  const io::Llama2cHeader& h = ck.header;
   ModelConfig& c = m->cfg_;
+  c = llama2c_config(ck);
   c.name = path.substr(path.find_last_of('/') + 1);
-  c.dim = h.dim;
-  c.hidden_dim = h.hidden_dim;
-  c.n_layers = h.n_layers;
-  c.n_heads = h.n_heads;
-  c.n_kv_heads = h.n_kv_heads;
-  c.vocab_size = h.vocab_size;
-  c.ctx = h.seq_len;
-  c.shared_classifier = ck.shared_classifier;
   c.validate(path);
   const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim();
   Weights& w = m->w_;

@@ -61,6 +61,10 @@ class Model {
   std::string path_, format_;
 };
 
+// The configuration a llama2.c header describes (RMS eps 1e-5 and RoPE theta 10000, the
+// llama2.c values, are the defaults); not yet validated.
+ModelConfig llama2c_config(const io::Llama2cCheckpoint& ck);
+
 // Default model path: --model, then $KIVI_MODEL, then models/stories260K.bin, then
 // ../shared/models/stories260K.bin. Returns "" if none exists.
 std::string default_model_path(const std::string& cli_value);
