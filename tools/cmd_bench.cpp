@@ -68,11 +68,7 @@ int cmd_bench(int argc, char** argv) {
   a.add_flag("markdown", 0, "Print the table as GitHub Markdown.");
   add_model_options(a);
   add_kv_options(a, true);
-  if (!a.parse(argc, argv)) {
-    std::fputs(a.help().c_str(), stdout);
-    return 0;
-  }
-  apply_simd(a);
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json"), markdown = a.flag("markdown");
   if (json && markdown) fail("give --json or --markdown, not both");
   const int n_gen = static_cast<int>(a.integer("n", 1, 1 << 20));

@@ -56,11 +56,7 @@ int cmd_bench_attn(int argc, char** argv) {
              "Print {\"probe_gbps\", \"results\": [{format, ctx, threads, batch, median_us, bytes_read, gbps, "
              "vs_f16, floor_us}]}.");
   add_kv_options(a, true);
-  if (!a.parse(argc, argv)) {
-    std::fputs(a.help().c_str(), stdout);
-    return 0;
-  }
-  apply_simd(a);
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   const auto ctxs = a.int_list("ctx", 1, 1 << 22);
   const int H = static_cast<int>(a.integer("heads", 1, 1024));

@@ -20,10 +20,7 @@ int cmd_convert(int argc, char** argv) {
   a.add("outtype", 0, "TYPE", "Matrix storage: f32 (bit-exact) or f16. Norms stay f32.", "f32");
   a.add("name", 0, "NAME", "general.name (default: the input file name).");
   a.positionals("IN.bin", 1, 1);
-  if (!a.parse(argc, argv)) {
-    std::fputs(a.help().c_str(), stdout);
-    return 0;
-  }
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const std::string in = a.positional()[0];
   if (!a.given("tokenizer")) fail("convert: give the tokenizer with -t TOKENIZER.bin");
   if (!a.given("output")) fail("convert: give the output path with -o OUT.gguf");

@@ -57,10 +57,7 @@ int cmd_info(int argc, char** argv) {
   add_model_options(a);
   add_kv_options(a, true);
   a.positionals("MODEL", 0, 1);
-  if (!a.parse(argc, argv)) {
-    std::fputs(a.help().c_str(), stdout);
-    return 0;
-  }
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   std::unique_ptr<model::Model> m;
   model::ModelConfig c;

@@ -27,11 +27,7 @@ int cmd_logits(int argc, char** argv) {
   a.add_flag("json", 0, "Print JSON (the default when -o is not given).");
   add_model_options(a);
   add_kv_options(a);
-  if (!a.parse(argc, argv)) {
-    std::fputs(a.help().c_str(), stdout);
-    return 0;
-  }
-  apply_simd(a);
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const std::string mode = a.str("mode");
   if (mode != "prefill" && mode != "stream" && mode != "no-cache") {
     fail("--mode: unknown value '%s' (valid: prefill, stream, no-cache)", mode.c_str());

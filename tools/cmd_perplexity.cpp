@@ -61,11 +61,7 @@ int cmd_perplexity(int argc, char** argv) {
   a.add_flag("json", 0, "Print one JSON object: ppl, mean_nll, nll_stderr, tokens, mode, ... (and kld_* fields).");
   add_model_options(a);
   add_kv_options(a);
-  if (!a.parse(argc, argv)) {
-    std::fputs(a.help().c_str(), stdout);
-    return 0;
-  }
-  apply_simd(a);
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   if (!a.given("file")) fail("perplexity: give the text with -f TEXT");
   const bool json = a.flag("json");
   const auto mode = runtime::parse_eval_mode(a.str("mode"));

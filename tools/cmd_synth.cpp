@@ -66,10 +66,7 @@ int cmd_synth(int argc, char** argv) {
   a.add("outtype", 0, "TYPE", "Matrix storage: f16 or f32. Norms are always f32.", "f16");
   a.add("seed", 's', "S", "Random seed.", "0");
   a.add_flag("json", 0, "Print one JSON object: output, name, bytes, tensors, params, outtype, seed, shape, seconds, mb_per_s.");
-  if (!a.parse(argc, argv)) {
-    std::fputs(a.help().c_str(), stdout);
-    return 0;
-  }
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   if (!a.given("output")) fail("synth: give the output path with -o OUT.gguf");
   const std::string out = a.str("output"), outtype = a.str("outtype");

@@ -66,8 +66,13 @@ std::unique_ptr<model::Model> load_model(const Args& a) {
   return m;
 }
 
-void apply_simd(const Args& a) {
+bool parse_command_line(Args& a, int argc, char** argv) {
+  if (!a.parse(argc, argv)) {
+    std::fputs(a.help().c_str(), stdout);
+    return false;
+  }
   if (a.given("simd")) cpu::force_target(a.str("simd"));
+  return true;
 }
 
 int threads_option(const Args& a) {

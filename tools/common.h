@@ -19,8 +19,9 @@ void add_kv_options(Args& a, bool allow_list = false);
 // Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
 // ../shared/models/stories260K.bin) and loads it, applying --alibi.
 std::unique_ptr<model::Model> load_model(const Args& a);
-// Applies --simd if given.
-void apply_simd(const Args& a);
+// Parses the command line and applies --simd if given. Returns false when --help was asked
+// for (the help is then printed to stdout); throws on a bad option.
+bool parse_command_line(Args& a, int argc, char** argv);
 
 // Cache configuration from the KV options; `format` overrides --kv-cache when set.
 kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
