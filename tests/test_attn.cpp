@@ -83,6 +83,15 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
   return num / std::max(den, 1e-30);
 }
 
+// Attention over shape s with head size D and the usual 1/sqrt(D) scale; ALiBi when slopes is set.
+attn::Params params_for(const Shape& s, int D, const float* slopes) {
+  attn::Params p;
+  p.n_heads = s.n_heads;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  p.alibi_slopes = slopes;
+  return p;
+}
+
 void check(const Case& c, const Shape& s, int D, int n, int G, int R, bool alibi, int window, ThreadPool* pool,
            const std::string& target) {
   auto cache = filled_cache(c, s.n_kv_heads, D, n, G, R, n * 7 + D);
@@ -90,10 +99,7 @@ void check(const Case& c, const Shape& s, int D, int n, int G, int R, bool alibi
   std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size());
   for (auto& x : q) x = r.normal();
   const auto slopes = attn::alibi_slopes(s.n_heads);
-  attn::Params p;
-  p.n_heads = s.n_heads;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  p.alibi_slopes = alibi ? slopes.data() : nullptr;
+  attn::Params p = params_for(s, D, alibi ? slopes.data() : nullptr);
   p.window = window;
   attn::Workspace ws(pool ? pool->size() : 1, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
   const auto view = cache->view(0);
@@ -206,10 +212,7 @@ double fast_error(const Case& c, const Shape& s, int D, int n, bool alibi) {
   std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size()), exact(q.size());
   for (auto& x : q) x = r.normal();
   const auto slopes = attn::alibi_slopes(s.n_heads);
-  attn::Params p;
-  p.n_heads = s.n_heads;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  p.alibi_slopes = alibi ? slopes.data() : nullptr;
+  attn::Params p = params_for(s, D, alibi ? slopes.data() : nullptr);
   ThreadPool pool(2);
   attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
   const auto view = cache->view(0);
