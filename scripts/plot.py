@@ -72,6 +72,15 @@ def colours(names):
     return out
 
 
+def save(fig, out, name):
+    """Writes the figure to OUT/NAME as PNG, closes it and returns the path."""
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_bench_attn(paths, out):
     rows, probes = [], []
     for p in paths:
@@ -120,11 +129,7 @@ def plot_bench_attn(paths, out):
     ax2.set_title("Fraction of the memory-bandwidth floor reached")
     ax2.grid(True, alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "attn_time_vs_ctx.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out, "attn_time_vs_ctx.png")
 
 
 def plot_bench(paths, out):
@@ -176,11 +181,7 @@ def plot_bench(paths, out):
         ax.set_title("kivi bench: decode speed against context")
         ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out, "bench_decode.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out, "bench_decode.png")
 
 
 def plot_quality(paths, out):
@@ -232,11 +233,7 @@ def plot_quality(paths, out):
         ax.set_ylabel("KL divergence to the base run (nats per token)")
         ax.set_title("KL divergence: mean (o) and 99th percentile (^)")
         ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out, "quality.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out, "quality.png")
 
 
 def main():
