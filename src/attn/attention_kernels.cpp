@@ -111,13 +111,15 @@ template <class DF>
 HWY_INLINE void SumEach(DF df, const hn::Vec<DF>* v, int n, float* HWY_RESTRICT out) {
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (hn::MaxLanes(DF()) == 8) {
-    if (n == 8) {
+    if (n % 8 == 0) {
+      for (int blk = 0; blk < n; blk += 8, v += 8, out += 8) {
       const __m256 h01 = _mm256_hadd_ps(v[0].raw, v[1].raw), h23 = _mm256_hadd_ps(v[2].raw, v[3].raw);
       const __m256 h45 = _mm256_hadd_ps(v[4].raw, v[5].raw), h67 = _mm256_hadd_ps(v[6].raw, v[7].raw);
       const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
       // a = [s0 s1 s2 s3 (low halves) | s0 s1 s2 s3 (high halves)], b likewise for 4..7
       const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
       _mm256_storeu_ps(out, r);
+      }
       return;
     }
   }
@@ -197,7 +199,7 @@ void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int l
              Prefetcher& pf) {
   WithTag(static_cast<size_t>(D), [&](auto df) {
     // 4 heads x 4 rows when there are 32 vector registers, 4 x 2 otherwise.
-    constexpr int kNT = hn::MaxLanes(decltype(df)()) == 16 ? 4 : 2;
+    constexpr int kNT = (HWY_TARGET == HWY_AVX3 || hn::MaxLanes(decltype(df)()) == 16) ? 4 : 2;
     for (int r = 0; r < rep; r += 4) {
       const float* qr = q + static_cast<size_t>(r) * D;
       float* Sr = S + static_cast<size_t>(r) * ld;
@@ -213,42 +215,47 @@ void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int l
 
 // ---------------------------------------------------------------------------------
 // O_h[0..D) += sum_i P[h * ld + i] * row_i   for NH heads; O_h at O + h * ostride.
-// Two vectors of channels per pass, so each broadcast weight feeds two FMAs.
+// NV vectors of channels per pass, so each broadcast weight feeds NV FMAs and NH * NV
+// independent accumulators hide the FMA latency.
 
-template <int NH, class DF, class T>
+template <int NH, int NV, class DF, class T>
 HWY_INLINE void AccumRowsN(DF df, const float* HWY_RESTRICT P, int ld, int D, const T* HWY_RESTRICT rows,
                            size_t stride, int len, float* HWY_RESTRICT O, size_t ostride, Prefetcher& pf) {
   const size_t N = hn::Lanes(df);
-  const size_t step = (static_cast<size_t>(D) % (2 * N) == 0) ? 2 * N : N;
-  for (size_t d = 0; d < static_cast<size_t>(D); d += step) {
-    hn::Vec<DF> o[NH][2];
+  size_t d = 0;
+  for (; d + NV * N <= static_cast<size_t>(D); d += NV * N) {
+    hn::Vec<DF> o[NH][NV];
     #pragma GCC unroll 16
-    for (int h = 0; h < NH; ++h) {
-      o[h][0] = hn::LoadU(df, O + h * ostride + d);
-      o[h][1] = step == 2 * N ? hn::LoadU(df, O + h * ostride + d + N) : hn::Zero(df);
-    }
-    for (int i = 0; i < len; ++i) {
+    for (int h = 0; h < NH; ++h)
+      #pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) o[h][v] = hn::LoadU(df, O + h * ostride + d + v * N);
+    const T* r = rows + d;
+    const float* Pi = P;
+    for (int i = 0; i < len; ++i, r += stride, ++Pi) {
       if (d == 0) pf.step(1);
-      const T* r = rows + static_cast<size_t>(i) * stride + d;
-      const auto v0 = LoadRow(df, r);
-      if (step == 2 * N) {
-        const auto v1 = LoadRow(df, r + N);
+      hn::Vec<DF> x[NV];
+      #pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) x[v] = LoadRow(df, r + v * N);
+      #pragma GCC unroll 16
+      for (int h = 0; h < NH; ++h) {
+        const auto p = hn::Set(df, Pi[h * ld]);
         #pragma GCC unroll 16
-        for (int h = 0; h < NH; ++h) {
-          const auto p = hn::Set(df, P[h * ld + i]);
-          o[h][0] = hn::MulAdd(p, v0, o[h][0]);
-          o[h][1] = hn::MulAdd(p, v1, o[h][1]);
-        }
-      } else {
-        #pragma GCC unroll 16
-        for (int h = 0; h < NH; ++h) o[h][0] = hn::MulAdd(hn::Set(df, P[h * ld + i]), v0, o[h][0]);
+        for (int v = 0; v < NV; ++v) o[h][v] = hn::MulAdd(p, x[v], o[h][v]);
       }
     }
     #pragma GCC unroll 16
-    for (int h = 0; h < NH; ++h) {
-      hn::StoreU(o[h][0], df, O + h * ostride + d);
-      if (step == 2 * N) hn::StoreU(o[h][1], df, O + h * ostride + d + N);
+    for (int h = 0; h < NH; ++h)
+      #pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) hn::StoreU(o[h][v], df, O + h * ostride + d + v * N);
+  }
+  for (; d < static_cast<size_t>(D); d += N) {  // leftover vectors, one at a time
+    hn::Vec<DF> o[NH];
+    for (int h = 0; h < NH; ++h) o[h] = hn::LoadU(df, O + h * ostride + d);
+    for (int i = 0; i < len; ++i) {
+      const auto x = LoadRow(df, rows + static_cast<size_t>(i) * stride + d);
+      for (int h = 0; h < NH; ++h) o[h] = hn::MulAdd(hn::Set(df, P[h * ld + i]), x, o[h]);
     }
+    for (int h = 0; h < NH; ++h) hn::StoreU(o[h], df, O + h * ostride + d);
   }
 }
 
@@ -256,14 +263,16 @@ template <class T>
 void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t stride, int len, float* O,
                size_t ostride, Prefetcher& pf) {
   WithTag(static_cast<size_t>(D), [&](auto df) {
+    // 4 vectors per pass with 32 vector registers (16 accumulators), 2 otherwise.
+    constexpr int kNV = HWY_TARGET == HWY_AVX3 ? 4 : 2;
     for (int r = 0; r < rep; r += 4) {
       const float* Pr = P + static_cast<size_t>(r) * ld;
       float* Or = O + static_cast<size_t>(r) * ostride;
       switch (std::min(4, rep - r)) {
-        case 1: AccumRowsN<1>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
-        case 2: AccumRowsN<2>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
-        case 3: AccumRowsN<3>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
-        default: AccumRowsN<4>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
+        case 1: AccumRowsN<1, 4>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
+        case 2: AccumRowsN<2, kNV>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
+        case 3: AccumRowsN<3, 2>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
+        default: AccumRowsN<4, kNV>(df, Pr, ld, D, rows, stride, len, Or, ostride, pf); break;
       }
     }
   });
@@ -400,7 +409,13 @@ void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int ou
     float* s = S + static_cast<size_t>(h) * ld;
     float* o = out + static_cast<size_t>(h) * out_stride;
     float mx = o[D];
-    for (int i = 0; i < len; ++i) mx = std::max(mx, s[i]);
+    {
+      auto mv4 = hn::Set(df, mx);
+      int i = 0;
+      for (; i + static_cast<int>(N) <= len; i += static_cast<int>(N)) mv4 = hn::Max(mv4, hn::LoadU(df, s + i));
+      mx = hn::GetLane(hn::MaxOfLanes(df, mv4));
+      for (; i < len; ++i) mx = std::max(mx, s[i]);
+    }
     const float corr = std::exp(o[D] - mx);  // 0 when the state is empty (m = -inf)
     const auto mv = hn::Set(df, mx);
     auto sum = hn::Zero(df);
