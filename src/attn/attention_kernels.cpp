@@ -85,23 +85,39 @@ HWY_INLINE float SumLanes(DF df, hn::Vec<DF> v) {
 // ---------------------------------------------------------------------------------
 // S[h * ld + i] = q_h . row_i   for NH heads and `len` rows (row i at rows + i*stride).
 
-// Prefetching of the next tile while this one computes. The kernels stream the cache
-// once per step; a tile's worth of prefetches is issued a few lines at a time from the
-// inner loops (a burst of hundreds would overflow the miss buffers and stall).
+// Software prefetching runs a fixed distance ahead of the kernels over the byte ranges
+// a task reads (its K rows, then its V rows, block by block). The task issues a lead of
+// kPrefetchLead bytes when it starts; afterwards every row a kernel consumes issues one
+// row's worth of lines further ahead, so the distance stays constant and the misses of
+// the next rows overlap with the arithmetic on this one.
+inline constexpr size_t kPrefetchLead = 8192;
+
 struct Prefetcher {
-  const char* p = nullptr;
-  const char* end = nullptr;
-  size_t lines_per_row = 1;
-  void set(const void* ptr, size_t bytes, size_t row_bytes) {
-    p = static_cast<const char*>(ptr);
-    end = p + bytes;
-    lines_per_row = std::max<size_t>(1, (row_bytes + 63) / 64);
+  struct Range {
+    const char* p;
+    const char* end;
+    size_t lines_per_row;
+  };
+  static constexpr int kMaxRanges = 64;
+  Range r[kMaxRanges];
+  int n = 0, i = 0;
+  void add(const void* ptr, size_t bytes, size_t row_bytes) {
+    if (n == kMaxRanges || bytes == 0) return;
+    const char* c = static_cast<const char*>(ptr);
+    r[n++] = Range{c, c + bytes, std::max<size_t>(1, (row_bytes + 63) / 64)};
   }
-  // Issues the prefetches for `rows` rows' worth of the pending range.
+  HWY_INLINE void lines(size_t count) {
+    for (; count > 0 && i < n; --count) {
+      hwy::Prefetch(r[i].p);
+      r[i].p += 64;
+      if (r[i].p >= r[i].end) ++i;
+    }
+  }
+  // Issues the prefetches for `rows` consumed rows.
   HWY_INLINE void step(size_t rows) {
-    for (size_t i = 0; i < rows * lines_per_row && p < end; ++i, p += 64) hwy::Prefetch(p);
+    if (i < n) lines(rows * r[i].lines_per_row);
   }
-  void flush() { step(1u << 20); }
+  void lead(size_t bytes) { lines(bytes / 64); }
 };
 
 // Sums of `n` vectors (n = 8 or 16 on x86; any n elsewhere) into out[0..n).
@@ -927,48 +943,60 @@ void AttendTask(const TaskArgs& a) {
   const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
 #endif
 
-  // Points the prefetcher at the tile of `st` starting at token t (if any).
+  // The byte ranges this task reads, in order: K codes then V codes, block by block,
+  // with the residual rows at the end of each.
   Prefetcher pf;
-  auto prefetch_tile = [&](const kv::StreamView& st, int t, int end) {
-    pf.flush();
-    if (t >= end) return;
-    const int n = std::min({end - t, kTile, (t / B + 1) * B - t});
-    if (t + n <= st.n_stored) {
-      pf.set(st.quad ? st.quad_row(t, h) : st.row(t, h), static_cast<size_t>(n + 3) * st.token_stride,
-             st.token_stride);
-      // The tile's quantization parameters live in their own arrays: fetch them now.
-      if (st.head_block_params > 0 || st.fmt.granularity == kv::Int8Granularity::kToken) {
-        const size_t ps = kv::param_size(st.param_type);
-        size_t first = 0, count = 0;
-        if (st.per_channel) {  // KIVI keys: [B/G][D] per head and block
-          first = st.param_base(t, h) + static_cast<size_t>((t % B) / st.group) * D;
-          count = static_cast<size_t>((n + st.group - 1) / st.group + 1) * D;
-        } else if (kv::is_kivi(st.fmt.format) || st.fmt.granularity == kv::Int8Granularity::kGroup) {
-          first = st.param_base(t, h) + static_cast<size_t>(t % B) * (D / st.group);
-          count = static_cast<size_t>(n) * (D / st.group);
-        } else if (st.fmt.granularity == kv::Int8Granularity::kHead) {
-          first = st.param_base(t, h) + static_cast<size_t>(t % B);
-          count = static_cast<size_t>(n);
-        } else {
-          first = st.token_param_index(t);
-          count = static_cast<size_t>(n);
-        }
-        for (size_t b = 0; b < count * ps; b += 64) {
-          hwy::Prefetch(st.scales + first * ps + b);
-          if (st.zeros) hwy::Prefetch(st.zeros + first * ps + b);
-        }
+  auto add_stream = [&](const kv::StreamView& st) {
+    for (int t = a.t0; t < a.t1;) {
+      if (t < st.n_stored) {
+        const int e = std::min({a.t1, st.n_stored, (t / B + 1) * B});
+        const uint8_t* p = st.quad ? st.quad_row(t, h) : st.row(t, h);
+        const size_t bytes = st.quad ? static_cast<size_t>((e - t / 4 * 4 + 3) / 4) * 4 * st.code_row_bytes
+                                     : static_cast<size_t>(e - t) * st.token_stride;
+        pf.add(p, bytes, st.quad ? st.code_row_bytes : st.token_stride);
+        t = e;
+      } else {
+        const int e = std::min(a.t1, (t / st.ring_capacity + 1) * st.ring_capacity);
+        pf.add(st.residual_row(t, h), static_cast<size_t>(e - t) * D * sizeof(float), static_cast<size_t>(D) * sizeof(float));
+        t = e;
       }
-    } else if (t >= st.n_stored) {
-      pf.set(st.residual_row(t, h), static_cast<size_t>(std::min(n, st.ring_capacity - t % st.ring_capacity)) * D * 4,
-             static_cast<size_t>(D) * 4);
     }
   };
+  add_stream(K);
+  add_stream(V);
+  pf.lead(kPrefetchLead);
+  // The quantization parameters of a tile live in their own arrays: fetched a tile ahead.
+  auto prefetch_params = [&](const kv::StreamView& st, int t, int end) {
+    if (t >= end || t >= st.n_stored) return;
+    if (st.head_block_params == 0 && st.fmt.granularity != kv::Int8Granularity::kToken) return;
+    const int n = std::min({end - t, kTile, (t / B + 1) * B - t});
+    const size_t ps = kv::param_size(st.param_type);
+    size_t first = 0, count = 0;
+    if (st.per_channel) {  // KIVI keys: [B/G][D] per head and block
+      first = st.param_base(t, h) + static_cast<size_t>((t % B) / st.group) * D;
+      count = static_cast<size_t>((n + st.group - 1) / st.group + 1) * D;
+    } else if (kv::is_kivi(st.fmt.format) || st.fmt.granularity == kv::Int8Granularity::kGroup) {
+      first = st.param_base(t, h) + static_cast<size_t>(t % B) * (D / st.group);
+      count = static_cast<size_t>(n) * (D / st.group);
+    } else if (st.fmt.granularity == kv::Int8Granularity::kHead) {
+      first = st.param_base(t, h) + static_cast<size_t>(t % B);
+      count = static_cast<size_t>(n);
+    } else {
+      first = st.token_param_index(t);
+      count = static_cast<size_t>(n);
+    }
+    for (size_t b = 0; b < count * ps; b += 64) {
+      hwy::Prefetch(st.scales + first * ps + b);
+      if (st.zeros) hwy::Prefetch(st.zeros + first * ps + b);
+    }
+  };
+  prefetch_params(K, a.t0, a.t1);
   for (int t0 = a.t0; t0 < a.t1;) {
     const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
     if (t1 < a.t1) {
-      prefetch_tile(K, t1, a.t1);
+      prefetch_params(K, t1, a.t1);
     } else {
-      prefetch_tile(V, a.t0, a.t1);  // the value pass starts next
+      prefetch_params(V, a.t0, a.t1);  // the value pass starts next
     }
 
     // 1. Scores.
@@ -1050,7 +1078,7 @@ void AttendTask(const TaskArgs& a) {
   // 3. Values.
   for (int t0 = a.t0; t0 < a.t1;) {
     const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
-    prefetch_tile(V, t1, a.t1);
+    prefetch_params(V, t1, a.t1);
     const int ve = std::max(t0, std::min(t1, V.n_stored));
     if (ve > t0) {
       const int n = ve - t0;
