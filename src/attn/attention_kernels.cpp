@@ -632,12 +632,154 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
   }
 }
 
+#if HWY_TARGET == HWY_AVX3
+// 512-bit integer helpers (AVX3 only).
+// (The builtin rather than _mm512_dpwssd_epi32: GCC checks an always-inline intrinsic
+// against each function it passes through, while the builtin is checked where the
+// code is finally emitted: inside the KIVI_VNNI_ATTR functions.)
+template <bool kVnni>
+HWY_INLINE __m512i DotI16x32(__m512i acc, __m512i a, __m512i b) {
+#ifdef KIVI_VNNI
+  if constexpr (kVnni) return reinterpret_cast<__m512i>(__builtin_ia32_vpdpwssd_v16si(
+      reinterpret_cast<__v16si>(acc), reinterpret_cast<__v16si>(a), reinterpret_cast<__v16si>(b)));
+#endif
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+}
+// The two 256-bit halves of a, added.
+HWY_INLINE __m256i Fold512(__m512i a) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+}
+
+// QuantizeQuery16 for KIVI keys with 512-bit vectors (D a multiple of 32): rounds
+// x * mul to int16 in q, returns the scale of the codes and sets *bias = x . zero.
+HWY_INLINE float QuantizeQuery16x32(const float* x, const float* mul, const float* zero, int D, int16_t* q,
+                                    float* bias) {
+  __m512 amax = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+  for (int d = 0; d < D; d += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + d);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_mul_ps(xv, _mm512_loadu_ps(mul + d))));
+    b = _mm512_fmadd_ps(xv, _mm512_loadu_ps(zero + d), b);
+  }
+  *bias = _mm512_reduce_add_ps(b);
+  const float m = _mm512_reduce_max_ps(amax);
+  if (m == 0.0f) {
+    std::fill(q, q + D, int16_t{0});
+    return 0.0f;
+  }
+  const __m512 inv = _mm512_set1_ps(32767.0f / m);
+  for (int d = 0; d < D; d += 32) {
+    const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + d), _mm512_loadu_ps(mul + d)), inv));
+    const __m512i hi =
+        _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + d + 16), _mm512_loadu_ps(mul + d + 16)), inv));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm512_cvtsepi32_epi16(lo));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d + 16), _mm512_cvtsepi32_epi16(hi));
+  }
+  return m / 32767.0f;
+}
+
+// FastKiviKeysN with 512-bit vectors: 32 bytes of a row widen to 32 int16 codes at once,
+// and each vpdpwssd covers 32 channels. Needs W = D * BITS / 8 to be a multiple of 32.
+template <int NH, int BITS, bool kVnni, int kD>
+HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const float* zp, const uint8_t* rows,
+                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+  constexpr int p = 8 / BITS;
+  const int D = kD > 0 ? kD : D_;  // a compile-time constant for the common head sizes
+  const int W = D / p;
+  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
+  for (int hh = 0; hh < NH; ++hh) {
+    qsc[hh] = QuantizeQuery16x32(qp + static_cast<size_t>(hh) * D, sp, zp, D, q16 + static_cast<size_t>(hh) * D, &bias[hh]);
+  }
+  const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
+  const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
+  const __m512i mask = _mm512_set1_epi16((1 << BITS) - 1);
+  auto widen = [&](const uint8_t* row, int c) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c)));
+  };
+  auto plane = [&](__m512i x, int k) {
+    if constexpr (BITS == 8) return x;
+    return k == 0 ? _mm512_and_si512(x, mask) : _mm512_and_si512(_mm512_srli_epi16(x, BITS * k), mask);
+  };
+  auto qload = [&](int hh, int ch) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + ch); };
+  int t = 0;
+  for (; t + 2 <= n; t += 2) {
+    pf.step(2);
+    __m512i a[4], b[4];
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) a[hh] = b[hh] = _mm512_setzero_si512();
+    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+    const uint8_t* r1 = r0 + stride;
+    for (int c = 0; c < W; c += 32) {
+      const __m512i x0 = widen(r0, c), x1 = widen(r1, c);
+#pragma GCC unroll 4
+      for (int k = 0; k < p; ++k) {
+        const __m512i w0 = plane(x0, k), w1 = plane(x1, k);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const __m512i qv = qload(hh, k * W + c);
+          a[hh] = DotI16x32<kVnni>(a[hh], w0, qv);
+          b[hh] = DotI16x32<kVnni>(b[hh], w1, qv);
+        }
+      }
+    }
+    const __m256i ha = _mm256_hadd_epi32(_mm256_hadd_epi32(Fold512(a[0]), Fold512(a[1])),
+                                         _mm256_hadd_epi32(Fold512(a[2]), Fold512(a[3])));
+    const __m256i hb = _mm256_hadd_epi32(_mm256_hadd_epi32(Fold512(b[0]), Fold512(b[1])),
+                                         _mm256_hadd_epi32(Fold512(b[2]), Fold512(b[3])));
+    const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(ha, hb, 0x20), _mm256_permute2x128_si256(ha, hb, 0x31));
+    alignas(32) float out[8];
+    _mm256_store_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), qscv, biasv));
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      S[hh * ld + t] = out[hh];
+      S[hh * ld + t + 1] = out[4 + hh];
+    }
+  }
+  for (; t < n; ++t) {
+    pf.step(1);
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) a[hh] = _mm512_setzero_si512();
+    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+    for (int c = 0; c < W; c += 32) {
+      const __m512i x0 = widen(r0, c);
+#pragma GCC unroll 4
+      for (int k = 0; k < p; ++k) {
+        const __m512i w0 = plane(x0, k);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) a[hh] = DotI16x32<kVnni>(a[hh], w0, qload(hh, k * W + c));
+      }
+    }
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(Fold512(a[0]), Fold512(a[1]), Fold512(a[2]), Fold512(a[3])),
+                                   _mm256_castps256_ps128(qscv), _mm256_castps256_ps128(biasv)));
+    for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
+  }
+}
+#endif  // HWY_AVX3
+
 template <int BITS, bool kVnni>
 HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
                               size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
   for (int r = 0; r < rep; r += 4) {
     const float* q = qp + static_cast<size_t>(r) * D;
     float* Sr = S + static_cast<size_t>(r) * ld;
+#if HWY_TARGET == HWY_AVX3
+    if ((D * BITS / 8) % 32 == 0) {
+      switch (std::min(4, rep - r)) {
+        case 1: FastKiviKeys512N<1, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 2: FastKiviKeys512N<2, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 3: FastKiviKeys512N<3, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        default:
+          if (D == 128) {
+            FastKiviKeys512N<4, BITS, kVnni, 128>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
+          } else {
+            FastKiviKeys512N<4, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
+          }
+          break;
+      }
+      continue;
+    }
+#endif
     switch (std::min(4, rep - r)) {
       case 1: FastKiviKeysN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
       case 2: FastKiviKeysN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
@@ -736,11 +878,13 @@ bool FastKiviValuesOk(int D, int bits, int Gc) {
 // params vs/vz [n][D/Gc]). Weights p * s are rounded to int16 per head, channel group
 // and tile; a quad's four codes of one channel, widened to int16, pair with the four
 // weights in vpdpwssd / vpmaddwd.
-template <int NH, int BITS, bool kVnni>
-HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int t4, int n,
-                                const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
-  constexpr int p = 8 / BITS;
-  const int W = D / p, NG = D / Gc;
+// Weights for FastKiviValues*: wq[(h * NG + g) * nq + q] holds the four int16 weights
+// p * s of quad q's tokens for head h, channel group g; wsc[h * NG + g] their scale.
+// The zero points' contribution, sum_t p_t z_{t,g}, is added to o here.
+template <int NH>
+HWY_INLINE void PrepareValueWeights(const float* P, int ld, int D, int Gc, int t4, int n, const float* vs,
+                                    const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
+  const int NG = D / Gc;
   const int nq = (t4 + n + 3) / 4;
   // vs, vz are [n][NG]; vsT, vzT (scratch after the weight scales) hold them [NG][n].
   float* vsT = wsc + 4 * NG;
@@ -786,6 +930,15 @@ HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int Gc, const uin
       for (; i < n; ++i) w[t4 + i] = static_cast<int16_t>(std::nearbyint(Ph[i] * sg[i] * inv));
     }
   }
+}
+
+template <int NH, int BITS, bool kVnni>
+HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int t4, int n,
+                                const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p, NG = D / Gc;
+  const int nq = (t4 + n + 3) / 4;
+  PrepareValueWeights<NH>(P, ld, D, Gc, t4, n, vs, vz, O, ostride, wq, wsc);
   const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
   const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
   for (int l = 0; l < W / 8; ++l) {  // 32 bytes of every quad: columns 8l .. 8l+7
@@ -819,15 +972,148 @@ HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int Gc, const uin
   }
 }
 
+#if HWY_TARGET == HWY_AVX3
+// PrepareValueWeights for four channel groups (D = 4 Gc) and whole quads (t4 = 0,
+// n % 4 == 0), with 512-bit vectors: one vector holds a quad's 4 tokens x 4 groups, so
+// no transposition of the per-token parameters is needed. Layout of the result:
+// wq[(q * NH + h) * 4 + g]. wtmp: scratch of n / 4 * NH * 16 floats.
+template <int NH>
+HWY_INLINE void PrepareValueWeightsG4(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
+                                      float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
+  // Lane 4g + b takes token b, group g: from vs[4b + g], and P[b].
+  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const int nq = n / 4;
+  __m512 vmax[4], zacc[4];
+#pragma GCC unroll 4
+  for (int hh = 0; hh < 4; ++hh) vmax[hh] = zacc[hh] = _mm512_setzero_ps();
+  for (int q = 0; q < nq; ++q) {
+    const __m512 sv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vs + 16 * q));
+    const __m512 zv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vz + 16 * q));
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      const __m512 pv = _mm512_broadcast_f32x4(_mm_loadu_ps(P + static_cast<size_t>(hh) * ld + 4 * q));
+      const __m512 w = _mm512_mul_ps(pv, sv);
+      _mm512_storeu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16, w);
+      vmax[hh] = _mm512_max_ps(vmax[hh], w);
+      zacc[hh] = _mm512_fmadd_ps(pv, zv, zacc[hh]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int hh = 0; hh < NH; ++hh) {
+    // Reduce within each 128-bit block (one group): every lane gets its group's value.
+    __m512 m = _mm512_max_ps(vmax[hh], _mm512_permute_ps(vmax[hh], 0xB1));
+    m = _mm512_max_ps(m, _mm512_permute_ps(m, 0x4E));
+    __m512 z = _mm512_add_ps(zacc[hh], _mm512_permute_ps(zacc[hh], 0xB1));
+    z = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
+    alignas(64) float mg[16], zg[16];
+    _mm512_store_ps(mg, m);
+    _mm512_store_ps(zg, z);
+    float* o = O + static_cast<size_t>(hh) * ostride;
+    for (int g = 0; g < 4; ++g) {
+      wsc[hh * 4 + g] = mg[4 * g] / 32767.0f;
+      // Zero points: sum_t p_t z_{t,g} lands on every channel of group g.
+      const __m512 zsv = _mm512_set1_ps(zg[4 * g]);
+      for (int c = g * Gc; c < (g + 1) * Gc; c += 16) _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), zsv));
+    }
+    const __mmask16 pos = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+    const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(32767.0f), m);
+    for (int q = 0; q < nq; ++q) {
+      const __m512 w = _mm512_loadu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + (static_cast<size_t>(q) * NH + hh) * 4),
+                          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w, inv))));
+    }
+  }
+}
+#endif  // HWY_AVX3
+
+#if HWY_TARGET == HWY_AVX3
+// FastKiviValuesN with 512-bit vectors: 64 bytes of a quad (16 channel bytes of four
+// tokens) per load; each vpdpwssd covers 8 channels x 4 tokens. Needs W % 16 == 0 and
+// Gc % 16 == 0 (the 16 channels of a load share one group).
+template <int NH, int BITS, bool kVnni, int kD>
+HWY_INLINE void FastKiviValues512N(const float* P, int ld, int D_, int Gc, const uint8_t* quad0, int t4, int n,
+                                   const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq,
+                                   float* wsc, float* wtmp) {
+  constexpr int p = 8 / BITS;
+  const int D = kD > 0 ? kD : D_;
+  const int W = D / p, NG = D / Gc;
+  const int nq = (t4 + n + 3) / 4;
+  // Weight of head h, group g, quad q: wq[h * hs + g * gs + q * qs].
+  size_t hs, gs, qs;
+  if (NG == 4 && t4 == 0 && n % 4 == 0) {
+    PrepareValueWeightsG4<NH>(P, ld, Gc, n, vs, vz, O, ostride, wq, wsc, wtmp);
+    hs = 4, gs = 1, qs = 4 * NH;
+  } else {
+    PrepareValueWeights<NH>(P, ld, D, Gc, t4, n, vs, vz, O, ostride, wq, wsc);
+    hs = static_cast<size_t>(NG) * nq, gs = nq, qs = 1;
+  }
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  // Lane pairs (2c, 2c + 1) hold channel c's two token-pair sums; these pick them from
+  // [lo | hi] so that even + odd is channels 0..15 in order.
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int l = 0; l < W / 16; ++l) {  // 64 bytes of every quad: channel bytes 16l .. 16l + 15
+#pragma GCC unroll 8
+    for (int k = 0; k < p; ++k) {
+      const int g = (k * W + 16 * l) / Gc;
+      const uint64_t* wg[4];
+#pragma GCC unroll 4
+      for (int hh = 0; hh < NH; ++hh) wg[hh] = wq + hh * hs + g * gs;
+      __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+      for (int hh = 0; hh < 4; ++hh) lo[hh] = hi[hh] = _mm512_setzero_si512();
+      const uint8_t* src = quad0 + 64 * l;
+      for (int q = 0; q < nq; ++q, src += 4 * W) {
+        const __m512i x = _mm512_loadu_si512(src);
+        const __m512i pl = BITS == 8 ? x : _mm512_and_si512(k == 0 ? x : _mm512_srli_epi16(x, BITS * k), mask);
+        const __m512i cl = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(pl));
+        const __m512i ch = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(pl, 1));
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const __m512i w = _mm512_set1_epi64(static_cast<long long>(wg[hh][q * qs]));
+          lo[hh] = DotI16x32<kVnni>(lo[hh], cl, w);
+          hi[hh] = DotI16x32<kVnni>(hi[hh], ch, w);
+        }
+      }
+#pragma GCC unroll 4
+      for (int hh = 0; hh < NH; ++hh) {
+        const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[hh], even, hi[hh]),
+                                             _mm512_permutex2var_epi32(lo[hh], odd, hi[hh]));
+        float* o = O + static_cast<size_t>(hh) * ostride + static_cast<size_t>(k) * W + 16 * l;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(wsc[hh * NG + g]), _mm512_loadu_ps(o)));
+      }
+    }
+  }
+}
+#endif  // HWY_AVX3
+
 template <int BITS, bool kVnni>
 HWY_INLINE void FastKiviValuesB(const float* P, int ld, int rep, int D, int Gc, const uint8_t* quad0, int t4, int n,
-                                const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
+                                const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc,
+                                float* wtmp) {
   // Four heads need 8 accumulators plus temporaries: with 16 vector registers (AVX2)
   // two heads at a time avoid spills.
   constexpr int kMaxH = HWY_TARGET == HWY_AVX3 ? 4 : 2;
   for (int r = 0; r < rep; r += kMaxH) {
     const float* Pr = P + static_cast<size_t>(r) * ld;
     float* Or = O + static_cast<size_t>(r) * ostride;
+#if HWY_TARGET == HWY_AVX3
+    if ((D * BITS / 8) % 16 == 0 && Gc % 16 == 0) {
+      switch (std::min(4, rep - r)) {
+        case 1: FastKiviValues512N<1, BITS, kVnni, 0>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, wtmp); break;
+        case 2: FastKiviValues512N<2, BITS, kVnni, 0>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, wtmp); break;
+        case 3: FastKiviValues512N<3, BITS, kVnni, 0>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, wtmp); break;
+        default:
+          if (D == 128) {
+            FastKiviValues512N<4, BITS, kVnni, 128>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, wtmp);
+          } else {
+            FastKiviValues512N<4, BITS, kVnni, 0>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc, wtmp);
+          }
+          break;
+      }
+      continue;
+    }
+#endif
     switch (std::min(kMaxH, rep - r)) {
       case 1: FastKiviValuesN<1, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
       case 2: FastKiviValuesN<2, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
@@ -840,11 +1126,11 @@ HWY_INLINE void FastKiviValuesB(const float* P, int ld, int rep, int D, int Gc, 
 template <bool kVnni>
 HWY_INLINE void FastKiviValuesT(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4,
                                 int n, const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq,
-                                float* wsc) {
+                                float* wsc, float* wtmp) {
   switch (bits) {
-    case 2: return FastKiviValuesB<2, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
-    case 4: return FastKiviValuesB<4, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
-    default: return FastKiviValuesB<8, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
+    case 2: return FastKiviValuesB<2, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, wtmp);
+    case 4: return FastKiviValuesB<4, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, wtmp);
+    default: return FastKiviValuesB<8, kVnni>(P, ld, rep, D, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, wtmp);
   }
 }
 
@@ -852,17 +1138,17 @@ HWY_INLINE void FastKiviValuesT(const float* P, int ld, int rep, int D, int bits
 KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviValuesVnni(const float* P, int ld, int rep, int D, int bits, int Gc,
                                                      const uint8_t* quad0, int t4, int n, const float* vs,
                                                      const float* vz, float* O, size_t ostride, uint64_t* wq,
-                                                     float* wsc) {
-  FastKiviValuesT<true>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
+                                                     float* wsc, float* wtmp) {
+  FastKiviValuesT<true>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, wtmp);
 }
 #endif
 
 void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
-                    const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
+                    const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
 #ifdef KIVI_VNNI
-  if (HasVnni()) return FastKiviValuesVnni(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
+  if (HasVnni()) return FastKiviValuesVnni(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, wtmp);
 #endif
-  FastKiviValuesT<false>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc);
+  FastKiviValuesT<false>(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, wtmp);
 }
 
 #else
@@ -1115,7 +1401,7 @@ void AttendTask(const TaskArgs& a) {
           if (fast_kivi_v) {
             pf.step(static_cast<size_t>(n));
             FastKiviValues(S + (t0 - a.t0), ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, vs, vz, a.out,
-                           a.out_stride, wq, wsc);
+                           a.out_stride, wq, wsc, kbuf);
             break;
           }
 #endif
