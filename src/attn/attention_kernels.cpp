@@ -650,6 +650,30 @@ HWY_INLINE __m256i Fold512(__m512i a) {
   return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
 }
 
+// Lane sums of 16 int32 vectors: lane l of the result is the sum of v[kSum16Order[l]],
+// kSum16Order = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15}. A tree of
+// 128-bit-block and in-block shuffles: ~2.3 instructions per sum.
+HWY_INLINE __m512i Sum16(const __m512i* v) {
+  __m512i t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i) {
+    const __m512i x = v[2 * i], y = v[2 * i + 1];
+    t[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x44), _mm512_shuffle_i32x4(x, y, 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512i x = t[2 * i], y = t[2 * i + 1];
+    u[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xDD));
+  }
+  auto shuf = [](__m512i x, __m512i y, int imm_sel) {
+    const __m512 xf = _mm512_castsi512_ps(x), yf = _mm512_castsi512_ps(y);
+    return imm_sel == 0 ? _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0x44))
+         : imm_sel == 1 ? _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0xEE))
+         : imm_sel == 2 ? _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0x88))
+                        : _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0xDD));
+  };
+  for (int i = 0; i < 2; ++i) w[i] = _mm512_add_epi32(shuf(u[2 * i], u[2 * i + 1], 0), shuf(u[2 * i], u[2 * i + 1], 1));
+  return _mm512_add_epi32(shuf(w[0], w[1], 2), shuf(w[0], w[1], 3));
+}
+
 // QuantizeQuery16 for KIVI keys with 512-bit vectors (D a multiple of 32): rounds
 // x * mul to int16 in q, returns the scale of the codes and sets *bias = x . zero.
 HWY_INLINE float QuantizeQuery16x32(const float* x, const float* mul, const float* zero, int D, int16_t* q,
@@ -700,39 +724,38 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
     return k == 0 ? _mm512_and_si512(x, mask) : _mm512_and_si512(_mm512_srli_epi16(x, BITS * k), mask);
   };
   auto qload = [&](int hh, int ch) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + ch); };
+  // Four rows at a time: 16 accumulators acc[4 * row + head], reduced together by
+  // Sum16 into lanes 4 * head + row.
+  const __m512 qsc16 = _mm512_setr_ps(qsc[0], qsc[0], qsc[0], qsc[0], qsc[1], qsc[1], qsc[1], qsc[1], qsc[2], qsc[2],
+                                      qsc[2], qsc[2], qsc[3], qsc[3], qsc[3], qsc[3]);
+  const __m512 bias16 = _mm512_setr_ps(bias[0], bias[0], bias[0], bias[0], bias[1], bias[1], bias[1], bias[1], bias[2],
+                                       bias[2], bias[2], bias[2], bias[3], bias[3], bias[3], bias[3]);
   int t = 0;
-  for (; t + 2 <= n; t += 2) {
-    pf.step(2);
-    __m512i a[4], b[4];
-#pragma GCC unroll 4
-    for (int hh = 0; hh < 4; ++hh) a[hh] = b[hh] = _mm512_setzero_si512();
+  for (; t + 4 <= n; t += 4) {
+    pf.step(4);
+    __m512i acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
     const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    const uint8_t* r1 = r0 + stride;
     for (int c = 0; c < W; c += 32) {
-      const __m512i x0 = widen(r0, c), x1 = widen(r1, c);
+      __m512i x[4];
+#pragma GCC unroll 4
+      for (int rr = 0; rr < 4; ++rr) x[rr] = widen(r0 + rr * stride, c);
 #pragma GCC unroll 4
       for (int k = 0; k < p; ++k) {
-        const __m512i w0 = plane(x0, k), w1 = plane(x1, k);
 #pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          const __m512i qv = qload(hh, k * W + c);
-          a[hh] = DotI16x32<kVnni>(a[hh], w0, qv);
-          b[hh] = DotI16x32<kVnni>(b[hh], w1, qv);
+        for (int rr = 0; rr < 4; ++rr) {
+          const __m512i w = plane(x[rr], k);
+#pragma GCC unroll 4
+          for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], w, qload(hh, k * W + c));
         }
       }
     }
-    const __m256i ha = _mm256_hadd_epi32(_mm256_hadd_epi32(Fold512(a[0]), Fold512(a[1])),
-                                         _mm256_hadd_epi32(Fold512(a[2]), Fold512(a[3])));
-    const __m256i hb = _mm256_hadd_epi32(_mm256_hadd_epi32(Fold512(b[0]), Fold512(b[1])),
-                                         _mm256_hadd_epi32(Fold512(b[2]), Fold512(b[3])));
-    const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(ha, hb, 0x20), _mm256_permute2x128_si256(ha, hb, 0x31));
-    alignas(32) float out[8];
-    _mm256_store_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), qscv, biasv));
+    const __m512 sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16, bias16);
+    alignas(64) float out[16];
+    _mm512_store_ps(out, sums);
 #pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) {
-      S[hh * ld + t] = out[hh];
-      S[hh * ld + t + 1] = out[4 + hh];
-    }
+    for (int hh = 0; hh < NH; ++hh) std::memcpy(S + hh * ld + t, out + 4 * hh, 4 * sizeof(float));
   }
   for (; t < n; ++t) {
     pf.step(1);
