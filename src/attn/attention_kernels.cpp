@@ -76,6 +76,13 @@ HWY_INLINE hn::Vec<DF> LoadRow(DF df, const f16_t* HWY_RESTRICT p) {
   return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
 }
 
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadRow(DF df, const int8_t* HWY_RESTRICT p) {
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<int8_t, DF> d8;
+  return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, p)));
+}
+
 // Sum of all lanes of v.
 template <class DF>
 HWY_INLINE float SumLanes(DF df, hn::Vec<DF> v) {
@@ -1410,8 +1417,19 @@ void AttendTask(const TaskArgs& a) {
             case kv::Int8Granularity::kHead: LoadParams(V, base + slot, n, rs); break;
             case kv::Int8Granularity::kGroup: LoadParams(V, base + slot * (D / Gc), n * (D / Gc), vs); break;
           }
-          DequantInt8(reinterpret_cast<const int8_t*>(V.row(t0, h)), V.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
-                      D / Gc, vbuf);
+          if (!grp && rep <= D) {  // (the weights fit in the value staging buffer)
+            // One scale per row: folded into the weights (p * s), and the codes are
+            // converted inside the accumulation, so nothing is staged.
+            float* pw = vbuf;  // [rep][kTile]
+            for (int r = 0; r < rep; ++r) {
+              const float* Pr = S + static_cast<size_t>(r) * ld + (t0 - a.t0);
+              for (int i = 0; i < n; ++i) pw[r * kTile + i] = Pr[i] * rs[i];
+            }
+            AccumRows(pw, kTile, rep, D, reinterpret_cast<const int8_t*>(V.row(t0, h)), V.token_stride, n, a.out,
+                      a.out_stride, pf);
+            break;
+          }
+          DequantInt8(reinterpret_cast<const int8_t*>(V.row(t0, h)), V.token_stride, n, D, rs, vs, Gc, D / Gc, vbuf);
           AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
           break;
         }
