@@ -662,10 +662,12 @@ HWY_INLINE __m256i Fold512(__m512i a) {
 // 128-bit-block and in-block shuffles: ~2.3 instructions per sum.
 HWY_INLINE __m512i Sum16(const __m512i* v) {
   __m512i t[8], u[4], w[2];
+#pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
     const __m512i x = v[2 * i], y = v[2 * i + 1];
     t[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x44), _mm512_shuffle_i32x4(x, y, 0xEE));
   }
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     const __m512i x = t[2 * i], y = t[2 * i + 1];
     u[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xDD));
@@ -677,6 +679,7 @@ HWY_INLINE __m512i Sum16(const __m512i* v) {
          : imm_sel == 2 ? _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0x88))
                         : _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0xDD));
   };
+#pragma GCC unroll 2
   for (int i = 0; i < 2; ++i) w[i] = _mm512_add_epi32(shuf(u[2 * i], u[2 * i + 1], 0), shuf(u[2 * i], u[2 * i + 1], 1));
   return _mm512_add_epi32(shuf(w[0], w[1], 2), shuf(w[0], w[1], 3));
 }
@@ -744,17 +747,21 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
     const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+#pragma GCC unroll 4
     for (int c = 0; c < W; c += 32) {
       __m512i x[4];
 #pragma GCC unroll 4
       for (int rr = 0; rr < 4; ++rr) x[rr] = widen(r0 + rr * stride, c);
 #pragma GCC unroll 4
       for (int k = 0; k < p; ++k) {
+        __m512i qv[4];  // loaded once for the four rows (one 512-bit load per cycle)
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) qv[hh] = qload(hh, k * W + c);
 #pragma GCC unroll 4
         for (int rr = 0; rr < 4; ++rr) {
           const __m512i w = plane(x[rr], k);
 #pragma GCC unroll 4
-          for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], w, qload(hh, k * W + c));
+          for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], w, qv[hh]);
         }
       }
     }
@@ -871,9 +878,10 @@ HWY_INLINE void FastInt8KeysN(const int16_t* q16, const float* qsc, int D, const
 #if HWY_TARGET == HWY_AVX3
 // FastInt8KeysN with 512-bit vectors, four rows at a time (D a multiple of 32): each
 // row widens to int16 32 channels per instruction; Sum16 reduces the 16 sums at once.
-template <int NH, bool kVnni>
-HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D, const int8_t* rows, size_t stride,
+template <int NH, bool kVnni, int kD>
+HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D_, const int8_t* rows, size_t stride,
                                  int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+  const int D = kD > 0 ? kD : D_;
   float qs[4] = {0, 0, 0, 0};
   for (int hh = 0; hh < NH; ++hh) qs[hh] = qsc[hh];
   const __m512 qsc16 = _mm512_setr_ps(qs[0], qs[0], qs[0], qs[0], qs[1], qs[1], qs[1], qs[1], qs[2], qs[2], qs[2], qs[2],
@@ -886,13 +894,17 @@ HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D, co
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
     const int8_t* r0 = rows + static_cast<size_t>(t) * stride;
+#pragma GCC unroll 4
     for (int c = 0; c < D; c += 32) {
+      __m512i qv[4];  // loaded once for the four rows (one 512-bit load per cycle)
+#pragma GCC unroll 4
+      for (int hh = 0; hh < NH; ++hh) qv[hh] = qload(hh, c);
 #pragma GCC unroll 4
       for (int rr = 0; rr < 4; ++rr) {
         const __m512i x =
             _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + rr * stride + c)));
 #pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], x, qload(hh, c));
+        for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], x, qv[hh]);
       }
     }
     // Lanes 4 * head + row: times the head's query scale and the row's scale.
@@ -916,10 +928,16 @@ HWY_INLINE void FastInt8KeysT(const int16_t* q16, const float* qsc, int rep, int
 #if HWY_TARGET == HWY_AVX3
     if (D % 32 == 0) {
       switch (std::min(4, rep - r)) {
-        case 1: FastInt8Keys512N<1, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-        case 2: FastInt8Keys512N<2, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-        case 3: FastInt8Keys512N<3, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-        default: FastInt8Keys512N<4, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+        case 1: FastInt8Keys512N<1, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+        case 2: FastInt8Keys512N<2, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+        case 3: FastInt8Keys512N<3, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+        default:
+          if (D == 128) {
+            FastInt8Keys512N<4, kVnni, 128>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+          } else {
+            FastInt8Keys512N<4, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+          }
+          break;
       }
       continue;
     }
