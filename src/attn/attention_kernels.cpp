@@ -51,7 +51,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // At most 256-bit vectors: on the AVX-512 CPUs measured (AMD Zen 4) 512-bit FMAs run
 // at the same element rate as 256-bit ones while the shuffles of the reductions get
-// slower, so the float kernels are fastest at 8 lanes (docs/PERFORMANCE.md).
+// slower, so kernels with reductions are fastest at 8 lanes (docs/KERNELS.md). Kernels
+// without reductions choose 512-bit tags themselves on AVX3.
 template <class F>
 HWY_INLINE void WithTag(size_t multiple, const F& f) {
   const hn::CappedTag<float, 8> full;
