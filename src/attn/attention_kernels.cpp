@@ -698,6 +698,19 @@ HWY_INLINE __m512i Sum16(const __m512i* v) {
   return _mm512_add_epi32(shuf(w[0], w[1], 2), shuf(w[0], w[1], 3));
 }
 
+// Lanes 4 h + r = v[h]: a per-head factor laid out like Sum16's result for acc[4 r + h].
+HWY_INLINE __m512 PerHead16(const float* v) {
+  return _mm512_setr_ps(v[0], v[0], v[0], v[0], v[1], v[1], v[1], v[1], v[2], v[2], v[2], v[2], v[3], v[3], v[3], v[3]);
+}
+// S[h * ld + t + r] = lanes 4 h + r of sums, for the NH heads in use.
+template <int NH>
+HWY_INLINE void StoreScores4x4(__m512 sums, float* S, int ld, int t) {
+  alignas(64) float out[16];
+  _mm512_store_ps(out, sums);
+#pragma GCC unroll 4
+  for (int hh = 0; hh < NH; ++hh) std::memcpy(S + hh * ld + t, out + 4 * hh, 4 * sizeof(float));
+}
+
 // QuantizeQuery16 for KIVI keys with 512-bit vectors (D a multiple of 32): rounds
 // x * mul to int16 in q, returns the scale of the codes and sets *bias = x . zero.
 HWY_INLINE float QuantizeQuery16x32(const float* x, const float* mul, const float* zero, int D, int16_t* q,
@@ -750,10 +763,7 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
   auto qload = [&](int hh, int ch) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + ch); };
   // Four rows at a time: 16 accumulators acc[4 * row + head], reduced together by
   // Sum16 into lanes 4 * head + row.
-  const __m512 qsc16 = _mm512_setr_ps(qsc[0], qsc[0], qsc[0], qsc[0], qsc[1], qsc[1], qsc[1], qsc[1], qsc[2], qsc[2],
-                                      qsc[2], qsc[2], qsc[3], qsc[3], qsc[3], qsc[3]);
-  const __m512 bias16 = _mm512_setr_ps(bias[0], bias[0], bias[0], bias[0], bias[1], bias[1], bias[1], bias[1], bias[2],
-                                       bias[2], bias[2], bias[2], bias[3], bias[3], bias[3], bias[3]);
+  const __m512 qsc16 = PerHead16(qsc), bias16 = PerHead16(bias);
   int t = 0;
   for (; t + 4 <= n; t += 4) {
     pf.step(4);
@@ -779,11 +789,7 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
         }
       }
     }
-    const __m512 sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16, bias16);
-    alignas(64) float out[16];
-    _mm512_store_ps(out, sums);
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) std::memcpy(S + hh * ld + t, out + 4 * hh, 4 * sizeof(float));
+    StoreScores4x4<NH>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16, bias16), S, ld, t);
   }
   for (; t < n; ++t) {
     pf.step(1);
@@ -898,8 +904,7 @@ HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D_, c
   const int D = kD > 0 ? kD : D_;
   float qs[4] = {0, 0, 0, 0};
   for (int hh = 0; hh < NH; ++hh) qs[hh] = qsc[hh];
-  const __m512 qsc16 = _mm512_setr_ps(qs[0], qs[0], qs[0], qs[0], qs[1], qs[1], qs[1], qs[1], qs[2], qs[2], qs[2], qs[2],
-                                      qs[3], qs[3], qs[3], qs[3]);
+  const __m512 qsc16 = PerHead16(qs);
   auto qload = [&](int hh, int c) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + c); };
   int t = 0;
   for (; t + 4 <= n; t += 4) {
@@ -922,12 +927,9 @@ HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D_, c
       }
     }
     // Lanes 4 * head + row: times the head's query scale and the row's scale.
-    const __m512 sums = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
-                                      _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t)));
-    alignas(64) float out[16];
-    _mm512_store_ps(out, sums);
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) std::memcpy(S + hh * ld + t, out + 4 * hh, 4 * sizeof(float));
+    StoreScores4x4<NH>(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
+                                     _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t))),
+                       S, ld, t);
   }
   if (t < n) FastInt8KeysN<NH, kVnni>(q16, qsc, D, rows + static_cast<size_t>(t) * stride, stride, n - t, rs + t, S + t, ld, pf);
 }
