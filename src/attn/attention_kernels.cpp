@@ -483,9 +483,10 @@ void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int ou
 // and group (relative rounding 2^-16 of its largest element; int8 rounding, as in
 // llama.cpp's q8 dot products, proved too coarse next to outlier channels), and
 // multiplied with the codes widened to int16 by vpdpwssd (AVX512-VNNI) or vpmaddwd.
-// Values: per tile, head and channel group the weights p * s are rounded to 8 bits and
+// Values: per tile, head and channel group the weights p * s are rounded to int16 and
 // the weighted sum over tokens runs on the codes stored in quads (four tokens' codes of
-// one channel in one 32-bit lane), again with vpdpbusd / vpmaddubsw.
+// one channel in one 32-bit lane), widened to int16, again with vpdpwssd / vpmaddwd
+// (8-bit weights with vpdpbusd were measured and rejected: docs/KERNELS.md).
 // The rounding of the query and of the weights is the only approximation; its effect
 // is measured in docs/KERNELS.md.
 
