@@ -654,6 +654,68 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
   }
 }
 
+// Each block of 32 int16 of q[0..D) (D a multiple of 32) becomes its 16 even-indexed
+// entries followed by its 16 odd-indexed ones, in order.
+HWY_INLINE void DeinterleaveQuery32(int16_t* q, int D) {
+  for (int d = 0; d < D; d += 32) {
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + d));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + d + 16));
+    const __m256i e = _mm256_packs_epi32(_mm256_srai_epi32(_mm256_slli_epi32(v0, 16), 16),
+                                         _mm256_srai_epi32(_mm256_slli_epi32(v1, 16), 16));
+    const __m256i o = _mm256_packs_epi32(_mm256_srai_epi32(v0, 16), _mm256_srai_epi32(v1, 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permute4x64_epi64(e, 0xD8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d + 16), _mm256_permute4x64_epi64(o, 0xD8));
+  }
+}
+
+// KIVI keys with 256-bit vectors and no widening (W = D * BITS / 8 a multiple of 32).
+// 32 bytes of a row, read as 16 int16 lanes, hold channels kW + c + 2i (low byte) and
+// kW + c + 2i + 1 (high byte) in plane k: masking gives the even channels, shifting by
+// 8 first the odd ones, each meeting the matching half of a deinterleaved query block.
+// The partial sums per head are pinned plane by plane (empty asm) so the compiler keeps
+// four accumulators instead of hoisting every product into registers and spilling.
+template <int NH, int BITS>
+HWY_INLINE void FastKiviKeys256N(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
+                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p;
+  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
+  for (int hh = 0; hh < NH; ++hh) {
+    int16_t* qh = q16 + static_cast<size_t>(hh) * D;
+    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, qh);
+    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
+    DeinterleaveQuery32(qh, D);
+  }
+  const __m128 qscv = _mm_loadu_ps(qsc), biasv = _mm_loadu_ps(bias);
+  const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
+  for (int t = 0; t < n; ++t) {
+    pf.step(1);
+    const uint8_t* row = rows + static_cast<size_t>(t) * stride;
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < W; c += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+#pragma GCC unroll 4
+      for (int k = 0; k < p; ++k) {
+        const __m256i a = BITS == 8 ? _mm256_and_si256(x, mask) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);
+        const __m256i b = BITS == 8 ? _mm256_srli_epi16(x, 8) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);
+        const int16_t* qk = q16 + k * W + c;
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const int16_t* q = qk + static_cast<size_t>(hh) * D;
+          const __m256i pe = _mm256_madd_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+          const __m256i po = _mm256_madd_epi16(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+          acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(pe, po));
+        }
+        asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
+      }
+    }
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), qscv, biasv));
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
+  }
+}
+
 #if HWY_TARGET == HWY_AVX3
 // 512-bit integer helpers (AVX3 only).
 // (The builtin rather than _mm512_dpwssd_epi32: GCC checks an always-inline intrinsic
@@ -712,7 +774,42 @@ HWY_INLINE void StoreScores4x4(__m512 sums, float* S, int ld, int t) {
   for (int hh = 0; hh < NH; ++hh) std::memcpy(S + hh * ld + t, out + 4 * hh, 4 * sizeof(float));
 }
 
-// QuantizeQuery16 for KIVI keys with 512-bit vectors (D a multiple of 32): rounds
+// The four-row loop shared by the 512-bit key kernels: for rows t..t+3 it keeps 16
+// accumulators acc[4 * row + head] over the rows' W bytes, 32 at a time. load(row, c)
+// widens 32 bytes of a row to int16; plane(x, k) picks the k-th of P code planes packed
+// in them, which meet the query's channels k * W + c. finish(acc, t) reduces and stores.
+// Returns the first row not covered (n rounded down to a multiple of 4).
+template <int NH, int P, bool kVnni, class Load, class Plane, class QLoad, class Finish>
+HWY_INLINE int FourRowDots512(int n, int W, Prefetcher& pf, const Load& load, const Plane& plane, const QLoad& qload,
+                              const Finish& finish) {
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    pf.step(4);
+    __m512i acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < W; c += 32) {
+      __m512i x[4];
+#pragma GCC unroll 4
+      for (int rr = 0; rr < 4; ++rr) x[rr] = load(t + rr, c);
+#pragma GCC unroll 4
+      for (int k = 0; k < P; ++k) {
+        __m512i qv[4];  // loaded once for the four rows (one 512-bit load per cycle)
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) qv[hh] = qload(hh, k * W + c);
+#pragma GCC unroll 4
+        for (int rr = 0; rr < 4; ++rr) {
+          const __m512i w = plane(x[rr], k);
+#pragma GCC unroll 4
+          for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], w, qv[hh]);
+        }
+      }
+    }
+    finish(acc, t);
+  }
+  return t;
+}// QuantizeQuery16 for KIVI keys with 512-bit vectors (D a multiple of 32): rounds
 // x * mul to int16 in q, returns the scale of the codes and sets *bias = x . zero.
 HWY_INLINE float QuantizeQuery16x32(const float* x, const float* mul, const float* zero, int D, int16_t* q,
                                     float* bias) {
@@ -762,36 +859,13 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
     return k == 0 ? _mm512_and_si512(x, mask) : _mm512_and_si512(_mm512_srli_epi16(x, BITS * k), mask);
   };
   auto qload = [&](int hh, int ch) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + ch); };
-  // Four rows at a time: 16 accumulators acc[4 * row + head], reduced together by
-  // Sum16 into lanes 4 * head + row.
+  // Four rows at a time, reduced together by Sum16 into lanes 4 * head + row.
   const __m512 qsc16 = PerHead16(qsc), bias16 = PerHead16(bias);
-  int t = 0;
-  for (; t + 4 <= n; t += 4) {
-    pf.step(4);
-    __m512i acc[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
-    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-#pragma GCC unroll 4
-    for (int c = 0; c < W; c += 32) {
-      __m512i x[4];
-#pragma GCC unroll 4
-      for (int rr = 0; rr < 4; ++rr) x[rr] = widen(r0 + rr * stride, c);
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        __m512i qv[4];  // loaded once for the four rows (one 512-bit load per cycle)
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) qv[hh] = qload(hh, k * W + c);
-#pragma GCC unroll 4
-        for (int rr = 0; rr < 4; ++rr) {
-          const __m512i w = plane(x[rr], k);
-#pragma GCC unroll 4
-          for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], w, qv[hh]);
-        }
-      }
-    }
-    StoreScores4x4<NH>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16, bias16), S, ld, t);
-  }
+  int t = FourRowDots512<NH, p, kVnni>(
+      n, W, pf, [&](int row, int c) { return widen(rows + static_cast<size_t>(row) * stride, c); }, plane, qload,
+      [&](const __m512i* acc, int t0) {
+        StoreScores4x4<NH>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16, bias16), S, ld, t0);
+      });
   for (; t < n; ++t) {
     pf.step(1);
     __m512i a[4];
@@ -838,6 +912,15 @@ HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, 
       continue;
     }
 #endif
+    if (HWY_TARGET == HWY_AVX2 && !kVnni && (D * BITS / 8) % 32 == 0) {
+      switch (std::min(4, rep - r)) {
+        case 1: FastKiviKeys256N<1, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 2: FastKiviKeys256N<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 3: FastKiviKeys256N<3, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        default: FastKiviKeys256N<4, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      }
+      continue;
+    }
     switch (std::min(4, rep - r)) {
       case 1: FastKiviKeysN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
       case 2: FastKiviKeysN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
@@ -907,31 +990,17 @@ HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D_, c
   for (int hh = 0; hh < NH; ++hh) qs[hh] = qsc[hh];
   const __m512 qsc16 = PerHead16(qs);
   auto qload = [&](int hh, int c) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + c); };
-  int t = 0;
-  for (; t + 4 <= n; t += 4) {
-    pf.step(4);
-    __m512i acc[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
-    const int8_t* r0 = rows + static_cast<size_t>(t) * stride;
-#pragma GCC unroll 4
-    for (int c = 0; c < D; c += 32) {
-      __m512i qv[4];  // loaded once for the four rows (one 512-bit load per cycle)
-#pragma GCC unroll 4
-      for (int hh = 0; hh < NH; ++hh) qv[hh] = qload(hh, c);
-#pragma GCC unroll 4
-      for (int rr = 0; rr < 4; ++rr) {
-        const __m512i x =
-            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + rr * stride + c)));
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], x, qv[hh]);
-      }
-    }
-    // Lanes 4 * head + row: times the head's query scale and the row's scale.
-    StoreScores4x4<NH>(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
-                                     _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t))),
-                       S, ld, t);
-  }
+  auto load = [&](int row, int c) {
+    return _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + static_cast<size_t>(row) * stride + c)));
+  };
+  // Lanes 4 * head + row: times the head's query scale and the row's scale.
+  const int t = FourRowDots512<NH, 1, kVnni>(
+      n, D, pf, load, [](__m512i x, int) { return x; }, qload, [&](const __m512i* acc, int t0) {
+        StoreScores4x4<NH>(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
+                                         _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t0))),
+                           S, ld, t0);
+      });
   if (t < n) FastInt8KeysN<NH, kVnni>(q16, qsc, D, rows + static_cast<size_t>(t) * stride, stride, n - t, rs + t, S + t, ld, pf);
 }
 #endif
@@ -1087,6 +1156,142 @@ HWY_INLINE void FastKiviValuesN(const float* P, int ld, int D, int Gc, const uin
   }
 }
 
+// Weights for FastKiviValuesPairs: for head h, channel group g and quad q, the two
+// 32-bit words wp[((h * NG + g) * nq + q) * 2 + {0, 1}] hold the int16 weight pairs
+// (w0, w2) and (w1, w3) of the quad's tokens 0..3 (w = p * s rounded to int16 with the
+// scale wsc[h * NG + g]). The zero points' contribution, sum_t p_t z_{t,g}, is added
+// to o here. vs, vz are [n][NG]; tmp holds at least 2 * NG * (n + 8) floats.
+template <int NH>
+HWY_INLINE void PrepareValueWeightPairs(const float* P, int ld, int NG, int Gc, int t4, int n, const float* vs,
+                                        const float* vz, float* O, size_t ostride, uint32_t* wp, float* wsc,
+                                        float* tmp) {
+  const int nq = (t4 + n + 3) / 4;
+  const int np = (n + 7) / 8 * 8;  // padded row length of the transposed parameters
+  float* vsT = tmp;                // [NG][np]
+  float* vzT = tmp + static_cast<size_t>(NG) * np;
+  int i = 0;
+  if (NG % 4 == 0) {  // 4 x 4 blocks: tokens i..i+3, groups g..g+3
+    for (; i + 4 <= n; i += 4) {
+      for (int g = 0; g < NG; g += 4) {
+        __m128 s0 = _mm_loadu_ps(vs + static_cast<size_t>(i) * NG + g), s1 = _mm_loadu_ps(vs + static_cast<size_t>(i + 1) * NG + g);
+        __m128 s2 = _mm_loadu_ps(vs + static_cast<size_t>(i + 2) * NG + g), s3 = _mm_loadu_ps(vs + static_cast<size_t>(i + 3) * NG + g);
+        _MM_TRANSPOSE4_PS(s0, s1, s2, s3);
+        _mm_storeu_ps(vsT + static_cast<size_t>(g) * np + i, s0);
+        _mm_storeu_ps(vsT + static_cast<size_t>(g + 1) * np + i, s1);
+        _mm_storeu_ps(vsT + static_cast<size_t>(g + 2) * np + i, s2);
+        _mm_storeu_ps(vsT + static_cast<size_t>(g + 3) * np + i, s3);
+        __m128 z0 = _mm_loadu_ps(vz + static_cast<size_t>(i) * NG + g), z1 = _mm_loadu_ps(vz + static_cast<size_t>(i + 1) * NG + g);
+        __m128 z2 = _mm_loadu_ps(vz + static_cast<size_t>(i + 2) * NG + g), z3 = _mm_loadu_ps(vz + static_cast<size_t>(i + 3) * NG + g);
+        _MM_TRANSPOSE4_PS(z0, z1, z2, z3);
+        _mm_storeu_ps(vzT + static_cast<size_t>(g) * np + i, z0);
+        _mm_storeu_ps(vzT + static_cast<size_t>(g + 1) * np + i, z1);
+        _mm_storeu_ps(vzT + static_cast<size_t>(g + 2) * np + i, z2);
+        _mm_storeu_ps(vzT + static_cast<size_t>(g + 3) * np + i, z3);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    for (int g = 0; g < NG; ++g) {
+      vsT[static_cast<size_t>(g) * np + i] = vs[static_cast<size_t>(i) * NG + g];
+      vzT[static_cast<size_t>(g) * np + i] = vz[static_cast<size_t>(i) * NG + g];
+    }
+  }
+  alignas(32) int16_t w[4 * (kTile / 4 + 2) + 16];  // one (head, group): slots of all quads
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* Ph = P + static_cast<size_t>(hh) * ld;
+    float* o = O + static_cast<size_t>(hh) * ostride;
+    for (int g = 0; g < NG; ++g) {
+      const float* sg = vsT + static_cast<size_t>(g) * np;
+      const float* zg = vzT + static_cast<size_t>(g) * np;
+      __m256 vmax = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
+      i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const __m256 pv = _mm256_loadu_ps(Ph + i);
+        vmax = _mm256_max_ps(vmax, _mm256_mul_ps(pv, _mm256_loadu_ps(sg + i)));
+        zacc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(zg + i), zacc);
+      }
+      float wmax = HMax(vmax), zs = HSum(zacc);
+      for (; i < n; ++i) {
+        wmax = std::max(wmax, Ph[i] * sg[i]);
+        zs += Ph[i] * zg[i];
+      }
+      const __m256 zsv = _mm256_set1_ps(zs);
+      for (int c = g * Gc; c < (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zsv));
+      wsc[hh * NG + g] = wmax / 32767.0f;
+      const float inv = wmax > 0.0f ? 32767.0f / wmax : 0.0f;
+      // Slots [0, t4) and [t4 + n, 4 nq) are outside the range: weight 0.
+      for (int z = 0; z < t4; ++z) w[z] = 0;
+      for (int z = t4 + n; z < 4 * nq; ++z) w[z] = 0;
+      const __m256 invv = _mm256_set1_ps(inv);
+      i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Ph + i), _mm256_loadu_ps(sg + i)), invv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(w + t4 + i),
+                         _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1)));
+      }
+      for (; i < n; ++i) w[t4 + i] = static_cast<int16_t>(std::nearbyint(Ph[i] * sg[i] * inv));
+      // [w0 w1 w2 w3] -> [w0 w2 w1 w3] in every quad.
+      uint32_t* dst = wp + (static_cast<size_t>(hh) * NG + g) * nq * 2;
+      int q = 0;
+      for (; q + 4 <= nq; q += 4) {
+        const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 4 * q));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * q), _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(x, 0xD8), 0xD8));
+      }
+      for (; q < nq; ++q) {
+        const uint16_t* s = reinterpret_cast<const uint16_t*>(w + 4 * q);
+        dst[2 * q] = s[0] | (static_cast<uint32_t>(s[2]) << 16);
+        dst[2 * q + 1] = s[1] | (static_cast<uint32_t>(s[3]) << 16);
+      }
+    }
+  }
+}
+
+// KIVI values with 256-bit vectors, up to four heads in one pass over the codes. A
+// quad's 32-bit lane holds one channel's codes of tokens 0..3 (kv/codec.h); as two
+// int16 lanes, masking keeps tokens 0 and 2, shifting by 8 first keeps tokens 1 and 3.
+// vpmaddwd with the weight pairs (w0, w2) and (w1, w3) then yields each channel's sum
+// over the quad in its own 32-bit lane, in channel order: no widening, no reduction.
+template <int NH, int BITS>
+HWY_INLINE void FastKiviValuesPairsN(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int t4, int n,
+                                     const float* vs, const float* vz, float* O, size_t ostride, uint32_t* wp,
+                                     float* wsc, float* tmp) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p, NG = D / Gc;
+  const int nq = (t4 + n + 3) / 4;
+  PrepareValueWeightPairs<NH>(P, ld, NG, Gc, t4, n, vs, vz, O, ostride, wp, wsc, tmp);
+  const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
+  for (int l = 0; l < W / 8; ++l) {  // bytes 8l .. 8l+7 of every token: 32 bytes of every quad
+#pragma GCC unroll 4
+    for (int k = 0; k < p; ++k) {
+      const int c0 = k * W + 8 * l;  // channels c0 .. c0+7, one group
+      const int g = c0 / Gc;
+      __m256i acc[NH];
+#pragma GCC unroll 4
+      for (int hh = 0; hh < NH; ++hh) acc[hh] = _mm256_setzero_si256();
+      const uint32_t* wg = wp + static_cast<size_t>(g) * nq * 2;
+      const size_t hstride = static_cast<size_t>(NG) * nq * 2;
+      const uint8_t* src = quad0 + 32 * l;
+      for (int q = 0; q < nq; ++q, src += 4 * W) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+        const __m256i a = _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);      // tokens 0, 2
+        const __m256i b = _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);  // tokens 1, 3
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const uint32_t* wq = wg + hh * hstride + 2 * q;
+          const __m256i w02 = _mm256_set1_epi32(static_cast<int>(wq[0]));
+          const __m256i w13 = _mm256_set1_epi32(static_cast<int>(wq[1]));
+          acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(_mm256_madd_epi16(a, w02), _mm256_madd_epi16(b, w13)));
+        }
+      }
+#pragma GCC unroll 4
+      for (int hh = 0; hh < NH; ++hh) {
+        float* o = O + static_cast<size_t>(hh) * ostride + c0;
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[hh]), _mm256_set1_ps(wsc[hh * NG + g]), _mm256_loadu_ps(o)));
+      }
+    }
+  }
+}
+
 #if HWY_TARGET == HWY_AVX3
 // PrepareValueWeights for four channel groups (D = 4 Gc) and whole quads (t4 = 0,
 // n % 4 == 0), with 512-bit vectors: one vector holds a quad's 4 tokens x 4 groups, so
@@ -1209,6 +1414,8 @@ HWY_INLINE void FastKiviValuesB(const float* P, int ld, int rep, int D, int Gc, 
   // Four heads need 8 accumulators plus temporaries: with 16 vector registers (AVX2)
   // two heads at a time avoid spills.
   constexpr int kMaxH = HWY_TARGET == HWY_AVX3 ? 4 : 2;
+  uint32_t* wp = reinterpret_cast<uint32_t*>(wq);
+  const bool W8ok = HWY_TARGET == HWY_AVX2;  // (FastKiviValuesOk holds: W % 8 == 0, Gc % 8 == 0)
   for (int r = 0; r < rep; r += kMaxH) {
     const float* Pr = P + static_cast<size_t>(r) * ld;
     float* Or = O + static_cast<size_t>(r) * ostride;
@@ -1229,6 +1436,18 @@ HWY_INLINE void FastKiviValuesB(const float* P, int ld, int rep, int D, int Gc, 
       continue;
     }
 #endif
+    if constexpr (!kVnni) {
+      if (W8ok) {
+        switch (std::min(4, rep - r)) {
+          case 1: FastKiviValuesPairsN<1, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+          case 2: FastKiviValuesPairsN<2, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+          case 3: FastKiviValuesPairsN<3, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+          default: FastKiviValuesPairsN<4, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+        }
+        r += 4 - kMaxH;
+        continue;
+      }
+    }
     switch (std::min(kMaxH, rep - r)) {
       case 1: FastKiviValuesN<1, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
       case 2: FastKiviValuesN<2, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
