@@ -1219,28 +1219,30 @@ HWY_INLINE void PrepareValueWeightPairs(const float* P, int ld, int NG, int Gc, 
       for (int c = g * Gc; c < (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zsv));
       wsc[hh * NG + g] = wmax / 32767.0f;
       const float inv = wmax > 0.0f ? 32767.0f / wmax : 0.0f;
-      // Slots [0, t4) and [t4 + n, 4 nq) are outside the range: weight 0.
-      for (int z = 0; z < t4; ++z) w[z] = 0;
-      for (int z = t4 + n; z < 4 * nq; ++z) w[z] = 0;
       const __m256 invv = _mm256_set1_ps(inv);
-      i = 0;
-      for (; i + 8 <= n; i += 8) {
-        const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Ph + i), _mm256_loadu_ps(sg + i)), invv));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(w + t4 + i),
-                         _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1)));
-      }
-      for (; i < n; ++i) w[t4 + i] = static_cast<int16_t>(std::nearbyint(Ph[i] * sg[i] * inv));
-      // [w0 w1 w2 w3] -> [w0 w2 w1 w3] in every quad.
       uint32_t* dst = wp + (static_cast<size_t>(hh) * NG + g) * nq * 2;
-      int q = 0;
-      for (; q + 4 <= nq; q += 4) {
-        const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 4 * q));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * q), _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(x, 0xD8), 0xD8));
+      i = 0;
+      if (t4 == 0) {
+        // Eight tokens are two whole quads: rounded, packed and reordered in registers.
+        for (; i + 8 <= n; i += 8) {
+          const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Ph + i), _mm256_loadu_ps(sg + i)), invv));
+          const __m128i w8 = _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i / 2), _mm_shufflehi_epi16(_mm_shufflelo_epi16(w8, 0xD8), 0xD8));
+        }
       }
-      for (; q < nq; ++q) {
-        const uint16_t* s = reinterpret_cast<const uint16_t*>(w + 4 * q);
-        dst[2 * q] = s[0] | (static_cast<uint32_t>(s[2]) << 16);
-        dst[2 * q + 1] = s[1] | (static_cast<uint32_t>(s[3]) << 16);
+      // The rest (and ranges not starting a quad) slot by slot: slots [0, t4) and
+      // [t4 + n, 4 nq) are outside the range, weight 0.
+      if (i < n) {
+        const int s0 = (t4 + i) / 4 * 4;  // first slot still to write, at a quad start
+        for (int z = s0; z < 4 * nq; ++z) {
+          const int tok = z - t4;
+          w[z - s0] = tok < i || tok >= n ? int16_t{0} : static_cast<int16_t>(std::nearbyint(Ph[tok] * sg[tok] * inv));
+        }
+        for (int q = s0 / 4; q < nq; ++q) {
+          const uint16_t* s = reinterpret_cast<const uint16_t*>(w + 4 * q - s0);
+          dst[2 * q] = s[0] | (static_cast<uint32_t>(s[2]) << 16);
+          dst[2 * q + 1] = s[1] | (static_cast<uint32_t>(s[3]) << 16);
+        }
       }
     }
   }
