@@ -231,7 +231,18 @@ void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int l
         case 1: DotRowsN<1, 8>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
         case 2: DotRowsN<2, 4>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
         case 3: DotRowsN<3, 2>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
-        default: DotRowsN<4, kNT>(df, qr, D, rows, stride, len, Sr, ld, pf); break;
+        default:
+          if constexpr (kNT == 2) {
+            // 16 vector registers: two passes of 2 heads x 4 rows load each query vector
+            // once per 4 rows (4 heads x 2 rows is bound by the query loads). The second
+            // pass reads the rows from L1 and leaves the prefetcher alone.
+            Prefetcher none;
+            DotRowsN<2, 4>(df, qr, D, rows, stride, len, Sr, ld, pf);
+            DotRowsN<2, 4>(df, qr + 2 * static_cast<size_t>(D), D, rows, stride, len, Sr + 2 * static_cast<size_t>(ld), ld, none);
+          } else {
+            DotRowsN<4, kNT>(df, qr, D, rows, stride, len, Sr, ld, pf);
+          }
+          break;
       }
     }
   });
