@@ -164,6 +164,30 @@ TEST(Attention, ResultDoesNotDependOnThreadCount) {
   }
 }
 
+TEST(Attention, ChunkLengthFollowsContextAndHeads) {
+  for (int block : {1, 32, 128, 256, 3000}) {
+    const int lo = attn::min_chunk_tokens(block), hi = attn::chunk_tokens(block);
+    EXPECT_EQ(lo % block, 0);
+    EXPECT_EQ(hi % block, 0);
+    EXPECT_GE(lo, 512);
+    EXPECT_GE(hi, 2048);
+    for (int heads : {1, 2, 8, 32}) {
+      for (int range : {1, 100, 4096, 16384, 65536, 1 << 20}) {
+        const int C = attn::chunk_tokens_for(block, heads, range);
+        EXPECT_EQ(C % block, 0);
+        EXPECT_GE(C, lo);
+        EXPECT_LE(C, hi);
+        // Shorter than the longest only when the longest would give fewer than 32 tasks.
+        if (C < hi) EXPECT_LT(static_cast<long>(heads) * ((range + 2 * C - 1) / (2 * C)), 32);
+      }
+    }
+  }
+  // 8 KV heads at 64K: the longest chunks; at 2K: the shortest.
+  EXPECT_EQ(attn::chunk_tokens_for(32, 8, 65536), 2048);
+  EXPECT_EQ(attn::chunk_tokens_for(32, 8, 2048), 512);
+  EXPECT_EQ(attn::chunk_tokens_for(32, 8, 4096), 1024);
+}
+
 TEST(Attention, MergeOfSplitStatesEqualsOnePass) {
   // (m, d, o) states of two halves merge into the state of the whole.
   const int D = 4;

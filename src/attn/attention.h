@@ -69,8 +69,12 @@ class Workspace {
   int max_tasks_ = 0;
 };
 
-// Tokens per sequence chunk (a multiple of the block size).
+// Tokens per sequence chunk (multiples of the block size): the longest (it sizes the
+// score scratch), the shortest (it bounds the number of tasks), and the one decode()
+// uses for n_kv_heads heads and `range` tokens (independent of the thread count).
 int chunk_tokens(int block);
+int min_chunk_tokens(int block);
+int chunk_tokens_for(int block, int n_kv_heads, int range);
 
 // out[n_heads, D] = softmax(q K^T * scale + alibi) V over the tokens in `kv`.
 // q: [n_heads, D]. The query sits at position kv.n_tokens - 1.
