@@ -178,7 +178,9 @@ TEST(Attention, ChunkLengthFollowsContextAndHeads) {
         EXPECT_GE(C, lo);
         EXPECT_LE(C, hi);
         // Shorter than the longest only when the longest would give fewer than 32 tasks.
-        if (C < hi) EXPECT_LT(static_cast<long>(heads) * ((range + 2 * C - 1) / (2 * C)), 32);
+        if (C < hi) {
+          EXPECT_LT(static_cast<long>(heads) * ((range + 2 * C - 1) / (2 * C)), 32);
+        }
       }
     }
   }
