@@ -233,13 +233,14 @@ namespace {
 // The fast path rounds the query (keys) and the weights (values) to 16 bits; its output
 // stays within a stated relative error of dequantize-then-attend (docs/KERNELS.md), and
 // formats it does not apply to (f32, f16, int8/group, small heads) give the exact bits.
-double fast_error(const Case& c, const Shape& s, int D, int n, bool alibi) {
+double fast_error(const Case& c, const Shape& s, int D, int n, bool alibi, int window = 0) {
   auto cache = filled_cache(c, s.n_kv_heads, D, n, 32, 128, n * 3 + 1);
   Rng r(n + 5);
   std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size()), exact(q.size());
   for (auto& x : q) x = r.normal();
   const auto slopes = attn::alibi_slopes(s.n_heads);
   attn::Params p = params_for(s, D, alibi ? slopes.data() : nullptr);
+  p.window = window;  // a window start off the group and quad boundaries: partial groups and quads
   ThreadPool pool(2);
   attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
   const auto view = cache->view(0);
@@ -270,9 +271,14 @@ TEST(Attention, FastPathErrorBound) {
           worst = std::max(worst, e);
           EXPECT_LT(e, kBound) << target.name << " " << c.name << " " << s.name << " n=" << n;
         }
-        const double e = fast_error(c, s, 64, 500, false);
-        worst = std::max(worst, e);
-        EXPECT_LT(e, kBound) << target.name << " " << c.name << " D=64";
+        for (int window : {0, 333}) {
+          const double e = fast_error(c, s, 64, 500, false, window);
+          worst = std::max(worst, e);
+          EXPECT_LT(e, kBound) << target.name << " " << c.name << " D=64 window=" << window;
+        }
+        const double ew = fast_error(c, s, 128, 1000, true, 555);
+        worst = std::max(worst, ew);
+        EXPECT_LT(ew, kBound) << target.name << " " << c.name << " D=128 window=555";
         fast_error(c, s, 8, 100, false);  // too small for the integer kernels: exact bits
       }
     }

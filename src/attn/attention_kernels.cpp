@@ -727,6 +727,71 @@ HWY_INLINE void FastKiviKeys256N(const float* qp, int D, const float* sp, const 
   }
 }
 
+// Each block of 16 int16 of q[0..D) (D a multiple of 16): its 8 even-indexed entries,
+// then its 8 odd-indexed ones.
+HWY_INLINE void DeinterleaveQuery16(int16_t* q, int D) {
+  const __m128i evens_odds = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+  for (int d = 0; d < D; d += 16) {
+    const __m128i v0 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + d)), evens_odds);
+    const __m128i v1 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + d + 8)), evens_odds);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + d), _mm_unpacklo_epi64(v0, v1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + d + 8), _mm_unpackhi_epi64(v0, v1));
+  }
+}
+
+// FastKiviKeys256N for rows of 16-byte multiples (W % 32 == 16, e.g. 2-bit keys of head
+// size 64): two rows share a vector, one per 128-bit half, against the query block
+// broadcast to both halves; in-lane horizontal adds then leave [row t: heads 0..3 | row
+// t+1: heads 0..3].
+template <int NH, int BITS>
+HWY_INLINE void FastKiviKeys256PairsN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
+                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p;
+  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
+  for (int hh = 0; hh < NH; ++hh) {
+    int16_t* qh = q16 + static_cast<size_t>(hh) * D;
+    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, qh);
+    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
+    DeinterleaveQuery16(qh, D);
+  }
+  const __m256 qsc8 = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
+  const __m256 bias8 = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
+  const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
+  auto qload = [&](const int16_t* q) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  };
+  for (int t = 0; t < n; t += 2) {
+    pf.step(2);
+    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+    const uint8_t* r1 = t + 1 < n ? r0 + stride : r0;  // an odd last row pairs with itself
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < W; c += 16) {
+      const __m256i x = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r1 + c), reinterpret_cast<const __m128i*>(r0 + c));
+#pragma GCC unroll 4
+      for (int k = 0; k < p; ++k) {
+        const __m256i a = BITS == 8 ? _mm256_and_si256(x, mask) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);
+        const __m256i b = BITS == 8 ? _mm256_srli_epi16(x, 8) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);
+        const int16_t* qk = q16 + k * W + c;
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const int16_t* q = qk + static_cast<size_t>(hh) * D;
+          acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(_mm256_madd_epi16(a, qload(q)), _mm256_madd_epi16(b, qload(q + 8))));
+        }
+        asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
+      }
+    }
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
+    alignas(32) float out[8];
+    _mm256_store_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), qsc8, bias8));
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      S[hh * ld + t] = out[hh];
+      if (t + 1 < n) S[hh * ld + t + 1] = out[4 + hh];
+    }
+  }
+}
+
 #if HWY_TARGET == HWY_AVX3
 // 512-bit integer helpers (AVX3 only).
 // (The builtin rather than _mm512_dpwssd_epi32: GCC checks an always-inline intrinsic
@@ -929,6 +994,15 @@ HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, 
         case 2: FastKiviKeys256N<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
         case 3: FastKiviKeys256N<3, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
         default: FastKiviKeys256N<4, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      }
+      continue;
+    }
+    if (HWY_TARGET == HWY_AVX2 && !kVnni && (D * BITS / 8) % 16 == 0) {
+      switch (std::min(4, rep - r)) {
+        case 1: FastKiviKeys256PairsN<1, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 2: FastKiviKeys256PairsN<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 3: FastKiviKeys256PairsN<3, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        default: FastKiviKeys256PairsN<4, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
       }
       continue;
     }
