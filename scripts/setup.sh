@@ -7,7 +7,6 @@ packages=(
   g++ cmake make pkg-config
   libhwy-dev            # Highway: SIMD kernels with run-time dispatch
   libgtest-dev googletest
-  libbenchmark-dev
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
   python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
 )
