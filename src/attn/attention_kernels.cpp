@@ -585,6 +585,17 @@ HWY_INLINE float Dot8(const float* a, const float* b, int D) {
   return HSum(acc);
 }
 
+// The query of NH heads for one KIVI key group: q s rounded to int16 into q16 [NH][D]
+// (scale per head in qsc), and the exact bias q . z per head.
+template <int NH>
+HWY_INLINE void PrepareKeyQuery(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
+                                float* bias) {
+  for (int hh = 0; hh < NH; ++hh) {
+    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, q16 + static_cast<size_t>(hh) * D);
+    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
+  }
+}
+
 bool FastKiviKeysOk(int D, int bits) { return (D * bits / 8) % 16 == 0 && D % 8 == 0; }
 
 // Scores of rows [0, n) of one KIVI key group (query q, params sp/zp), two rows at a
@@ -595,10 +606,7 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  for (int hh = 0; hh < NH; ++hh) {
-    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, q16 + static_cast<size_t>(hh) * D);
-    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
-  }
+  PrepareKeyQuery<NH>(qp, D, sp, zp, q16, qsc, bias);
   const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
   const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
   auto qload = [&](int hh, int ch) {
@@ -691,12 +699,8 @@ HWY_INLINE void FastKiviKeys256N(const float* qp, int D, const float* sp, const 
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  for (int hh = 0; hh < NH; ++hh) {
-    int16_t* qh = q16 + static_cast<size_t>(hh) * D;
-    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, qh);
-    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
-    DeinterleaveQuery32(qh, D);
-  }
+  PrepareKeyQuery<NH>(qp, D, sp, zp, q16, qsc, bias);
+  for (int hh = 0; hh < NH; ++hh) DeinterleaveQuery32(q16 + static_cast<size_t>(hh) * D, D);
   const __m128 qscv = _mm_loadu_ps(qsc), biasv = _mm_loadu_ps(bias);
   const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
   for (int t = 0; t < n; ++t) {
@@ -749,12 +753,8 @@ HWY_INLINE void FastKiviKeys256PairsN(const float* qp, int D, const float* sp, c
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  for (int hh = 0; hh < NH; ++hh) {
-    int16_t* qh = q16 + static_cast<size_t>(hh) * D;
-    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, qh);
-    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
-    DeinterleaveQuery16(qh, D);
-  }
+  PrepareKeyQuery<NH>(qp, D, sp, zp, q16, qsc, bias);
+  for (int hh = 0; hh < NH; ++hh) DeinterleaveQuery16(q16 + static_cast<size_t>(hh) * D, D);
   const __m256 qsc8 = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
   const __m256 bias8 = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
   const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
@@ -987,8 +987,16 @@ HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, 
       }
       continue;
     }
-#endif
-    if (HWY_TARGET == HWY_AVX2 && !kVnni && (D * BITS / 8) % 32 == 0) {
+    // Rows of 16-byte multiples: the 256-bit kernel (VNNI when present).
+    switch (std::min(4, rep - r)) {
+      case 1: FastKiviKeysN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 2: FastKiviKeysN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 3: FastKiviKeysN<3, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      default: FastKiviKeysN<4, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+    }
+#else
+    // AVX2 (FastKiviKeysOk guarantees rows of 16-byte multiples).
+    if ((D * BITS / 8) % 32 == 0) {
       switch (std::min(4, rep - r)) {
         case 1: FastKiviKeys256N<1, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
         case 2: FastKiviKeys256N<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
@@ -997,21 +1005,13 @@ HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, 
       }
       continue;
     }
-    if (HWY_TARGET == HWY_AVX2 && !kVnni && (D * BITS / 8) % 16 == 0) {
-      switch (std::min(4, rep - r)) {
-        case 1: FastKiviKeys256PairsN<1, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 2: FastKiviKeys256PairsN<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 3: FastKiviKeys256PairsN<3, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        default: FastKiviKeys256PairsN<4, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      }
-      continue;
-    }
     switch (std::min(4, rep - r)) {
-      case 1: FastKiviKeysN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 2: FastKiviKeysN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 3: FastKiviKeysN<3, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      default: FastKiviKeysN<4, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 1: FastKiviKeys256PairsN<1, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 2: FastKiviKeys256PairsN<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      case 3: FastKiviKeys256PairsN<3, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      default: FastKiviKeys256PairsN<4, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
     }
+#endif
   }
 }
 
@@ -1147,6 +1147,60 @@ bool FastKiviValuesOk(int D, int bits, int Gc) {
 // params vs/vz [n][D/Gc]). Weights p * s are rounded to int16 per head, channel group
 // and tile; a quad's four codes of one channel, widened to int16, pair with the four
 // weights in vpdpwssd / vpmaddwd.
+// Per-token parameters [n][NG] (vs, vz) transposed to [NG][stride] (vsT, vzT): 4 x 4
+// blocks when NG is a multiple of 4, element by element otherwise.
+HWY_INLINE void TransposeParams(const float* vs, const float* vz, int n, int NG, size_t stride, float* vsT,
+                                float* vzT) {
+  auto block4 = [&](const float* src, float* dst, int i, int g) {
+    __m128 r0 = _mm_loadu_ps(src + static_cast<size_t>(i) * NG + g), r1 = _mm_loadu_ps(src + static_cast<size_t>(i + 1) * NG + g);
+    __m128 r2 = _mm_loadu_ps(src + static_cast<size_t>(i + 2) * NG + g), r3 = _mm_loadu_ps(src + static_cast<size_t>(i + 3) * NG + g);
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    _mm_storeu_ps(dst + static_cast<size_t>(g) * stride + i, r0);
+    _mm_storeu_ps(dst + static_cast<size_t>(g + 1) * stride + i, r1);
+    _mm_storeu_ps(dst + static_cast<size_t>(g + 2) * stride + i, r2);
+    _mm_storeu_ps(dst + static_cast<size_t>(g + 3) * stride + i, r3);
+  };
+  int i = 0;
+  if (NG % 4 == 0) {
+    for (; i + 4 <= n; i += 4) {
+      for (int g = 0; g < NG; g += 4) {
+        block4(vs, vsT, i, g);
+        block4(vz, vzT, i, g);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    for (int g = 0; g < NG; ++g) {
+      vsT[static_cast<size_t>(g) * stride + i] = vs[static_cast<size_t>(i) * NG + g];
+      vzT[static_cast<size_t>(g) * stride + i] = vz[static_cast<size_t>(i) * NG + g];
+    }
+  }
+}
+
+// One head and channel group of the KIVI value weights: adds the zero points'
+// contribution sum_t p_t z_t to the group's Gc channels og[0, Gc), stores the scale of
+// the int16 weights (max_t p_t s_t / 32767) in *scale and returns the factor that rounds
+// p_t s_t to them (0 when every weight is 0).
+HWY_INLINE float ValueGroupScale(const float* Ph, const float* sg, const float* zg, int n, int Gc, float* og,
+                                 float* scale) {
+  __m256 vmax = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 pv = _mm256_loadu_ps(Ph + i);
+    vmax = _mm256_max_ps(vmax, _mm256_mul_ps(pv, _mm256_loadu_ps(sg + i)));
+    zacc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(zg + i), zacc);
+  }
+  float wmax = HMax(vmax), zs = HSum(zacc);
+  for (; i < n; ++i) {
+    wmax = std::max(wmax, Ph[i] * sg[i]);
+    zs += Ph[i] * zg[i];
+  }
+  const __m256 zsv = _mm256_set1_ps(zs);
+  for (int c = 0; c < Gc; c += 8) _mm256_storeu_ps(og + c, _mm256_add_ps(_mm256_loadu_ps(og + c), zsv));
+  *scale = wmax / 32767.0f;
+  return wmax > 0.0f ? 32767.0f / wmax : 0.0f;
+}
+
 // Weights for FastKiviValues*: wq[(h * NG + g) * nq + q] holds the four int16 weights
 // p * s of quad q's tokens for head h, channel group g; wsc[h * NG + g] their scale.
 // The zero points' contribution, sum_t p_t z_{t,g}, is added to o here.
@@ -1155,42 +1209,21 @@ HWY_INLINE void PrepareValueWeights(const float* P, int ld, int D, int Gc, int t
                                     const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc) {
   const int NG = D / Gc;
   const int nq = (t4 + n + 3) / 4;
-  // vs, vz are [n][NG]; vsT, vzT (scratch after the weight scales) hold them [NG][n].
+  // vs, vz are [n][NG]; vsT, vzT (scratch after the weight scales) hold them [NG][kTile].
   float* vsT = wsc + 4 * NG;
   float* vzT = vsT + static_cast<size_t>(NG) * kTile;
-  for (int i = 0; i < n; ++i)
-    for (int g = 0; g < NG; ++g) {
-      vsT[g * kTile + i] = vs[i * NG + g];
-      vzT[g * kTile + i] = vz[i * NG + g];
-    }
+  TransposeParams(vs, vz, n, NG, kTile, vsT, vzT);
   for (int hh = 0; hh < NH; ++hh) {
     const float* Ph = P + static_cast<size_t>(hh) * ld;
     float* o = O + static_cast<size_t>(hh) * ostride;
     for (int g = 0; g < NG; ++g) {
       const float* sg = vsT + g * kTile;
-      const float* zg = vzT + g * kTile;
-      __m256 vmax = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
-      int i = 0;
-      for (; i + 8 <= n; i += 8) {
-        const __m256 pv = _mm256_loadu_ps(Ph + i);
-        vmax = _mm256_max_ps(vmax, _mm256_mul_ps(pv, _mm256_loadu_ps(sg + i)));
-        zacc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(zg + i), zacc);
-      }
-      float wmax = HMax(vmax), zs = HSum(zacc);
-      for (; i < n; ++i) {
-        wmax = std::max(wmax, Ph[i] * sg[i]);
-        zs += Ph[i] * zg[i];
-      }
-      // Zero points: sum_t p_t z_{t,g} lands on every channel of group g.
-      const __m256 zsv = _mm256_set1_ps(zs);
-      for (int c = g * Gc; c < (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zsv));
-      wsc[hh * NG + g] = wmax / 32767.0f;
-      const float inv = wmax > 0.0f ? 32767.0f / wmax : 0.0f;
+      const float inv = ValueGroupScale(Ph, sg, vzT + g * kTile, n, Gc, o + g * Gc, &wsc[hh * NG + g]);
       int16_t* w = reinterpret_cast<int16_t*>(wq + (static_cast<size_t>(hh) * NG + g) * nq);
       // Slots [0, t4) and [t4 + n, 4 nq) of the quads are outside the range: weight 0.
       std::memset(w, 0, static_cast<size_t>(4 * nq) * sizeof(int16_t));
       const __m256 invv = _mm256_set1_ps(inv);
-      i = 0;
+      int i = 0;
       for (; i + 8 <= n; i += 8) {
         const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Ph + i), _mm256_loadu_ps(sg + i)), invv));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(w + t4 + i),
@@ -1254,59 +1287,18 @@ HWY_INLINE void PrepareValueWeightPairs(const float* P, int ld, int NG, int Gc, 
   const int np = (n + 7) / 8 * 8;  // padded row length of the transposed parameters
   float* vsT = tmp;                // [NG][np]
   float* vzT = tmp + static_cast<size_t>(NG) * np;
-  int i = 0;
-  if (NG % 4 == 0) {  // 4 x 4 blocks: tokens i..i+3, groups g..g+3
-    for (; i + 4 <= n; i += 4) {
-      for (int g = 0; g < NG; g += 4) {
-        __m128 s0 = _mm_loadu_ps(vs + static_cast<size_t>(i) * NG + g), s1 = _mm_loadu_ps(vs + static_cast<size_t>(i + 1) * NG + g);
-        __m128 s2 = _mm_loadu_ps(vs + static_cast<size_t>(i + 2) * NG + g), s3 = _mm_loadu_ps(vs + static_cast<size_t>(i + 3) * NG + g);
-        _MM_TRANSPOSE4_PS(s0, s1, s2, s3);
-        _mm_storeu_ps(vsT + static_cast<size_t>(g) * np + i, s0);
-        _mm_storeu_ps(vsT + static_cast<size_t>(g + 1) * np + i, s1);
-        _mm_storeu_ps(vsT + static_cast<size_t>(g + 2) * np + i, s2);
-        _mm_storeu_ps(vsT + static_cast<size_t>(g + 3) * np + i, s3);
-        __m128 z0 = _mm_loadu_ps(vz + static_cast<size_t>(i) * NG + g), z1 = _mm_loadu_ps(vz + static_cast<size_t>(i + 1) * NG + g);
-        __m128 z2 = _mm_loadu_ps(vz + static_cast<size_t>(i + 2) * NG + g), z3 = _mm_loadu_ps(vz + static_cast<size_t>(i + 3) * NG + g);
-        _MM_TRANSPOSE4_PS(z0, z1, z2, z3);
-        _mm_storeu_ps(vzT + static_cast<size_t>(g) * np + i, z0);
-        _mm_storeu_ps(vzT + static_cast<size_t>(g + 1) * np + i, z1);
-        _mm_storeu_ps(vzT + static_cast<size_t>(g + 2) * np + i, z2);
-        _mm_storeu_ps(vzT + static_cast<size_t>(g + 3) * np + i, z3);
-      }
-    }
-  }
-  for (; i < n; ++i) {
-    for (int g = 0; g < NG; ++g) {
-      vsT[static_cast<size_t>(g) * np + i] = vs[static_cast<size_t>(i) * NG + g];
-      vzT[static_cast<size_t>(g) * np + i] = vz[static_cast<size_t>(i) * NG + g];
-    }
-  }
+  TransposeParams(vs, vz, n, NG, static_cast<size_t>(np), vsT, vzT);
   alignas(32) int16_t w[4 * (kTile / 4 + 2) + 16];  // one (head, group): slots of all quads
   for (int hh = 0; hh < NH; ++hh) {
     const float* Ph = P + static_cast<size_t>(hh) * ld;
     float* o = O + static_cast<size_t>(hh) * ostride;
     for (int g = 0; g < NG; ++g) {
       const float* sg = vsT + static_cast<size_t>(g) * np;
-      const float* zg = vzT + static_cast<size_t>(g) * np;
-      __m256 vmax = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
-      i = 0;
-      for (; i + 8 <= n; i += 8) {
-        const __m256 pv = _mm256_loadu_ps(Ph + i);
-        vmax = _mm256_max_ps(vmax, _mm256_mul_ps(pv, _mm256_loadu_ps(sg + i)));
-        zacc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(zg + i), zacc);
-      }
-      float wmax = HMax(vmax), zs = HSum(zacc);
-      for (; i < n; ++i) {
-        wmax = std::max(wmax, Ph[i] * sg[i]);
-        zs += Ph[i] * zg[i];
-      }
-      const __m256 zsv = _mm256_set1_ps(zs);
-      for (int c = g * Gc; c < (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zsv));
-      wsc[hh * NG + g] = wmax / 32767.0f;
-      const float inv = wmax > 0.0f ? 32767.0f / wmax : 0.0f;
+      const float inv =
+          ValueGroupScale(Ph, sg, vzT + static_cast<size_t>(g) * np, n, Gc, o + g * Gc, &wsc[hh * NG + g]);
       const __m256 invv = _mm256_set1_ps(inv);
       uint32_t* dst = wp + (static_cast<size_t>(hh) * NG + g) * nq * 2;
-      i = 0;
+      int i = 0;
       if (t4 == 0) {
         // Eight tokens are two whole quads: rounded, packed and reordered in registers.
         for (; i + 8 <= n; i += 8) {
@@ -1498,12 +1490,10 @@ template <int BITS, bool kVnni>
 HWY_INLINE void FastKiviValuesB(const float* P, int ld, int rep, int D, int Gc, const uint8_t* quad0, int t4, int n,
                                 const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc,
                                 float* wtmp) {
-  // Four heads need 8 accumulators plus temporaries: with 16 vector registers (AVX2)
-  // two heads at a time avoid spills.
-  constexpr int kMaxH = HWY_TARGET == HWY_AVX3 ? 4 : 2;
-  uint32_t* wp = reinterpret_cast<uint32_t*>(wq);
-  const bool W8ok = HWY_TARGET == HWY_AVX2;  // (FastKiviValuesOk holds: W % 8 == 0, Gc % 8 == 0)
-  for (int r = 0; r < rep; r += kMaxH) {
+  // Up to four heads per pass over the codes: 512-bit kernels on AVX3 (the 256-bit
+  // FastKiviValuesN where a load would span two channel groups), FastKiviValuesPairsN on
+  // AVX2 (FastKiviValuesOk guarantees its W % 8 == 0 and Gc % 8 == 0).
+  for (int r = 0; r < rep; r += 4) {
     const float* Pr = P + static_cast<size_t>(r) * ld;
     float* Or = O + static_cast<size_t>(r) * ostride;
 #if HWY_TARGET == HWY_AVX3
@@ -1522,25 +1512,21 @@ HWY_INLINE void FastKiviValuesB(const float* P, int ld, int rep, int D, int Gc, 
       }
       continue;
     }
-#endif
-    if constexpr (!kVnni) {
-      if (W8ok) {
-        switch (std::min(4, rep - r)) {
-          case 1: FastKiviValuesPairsN<1, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
-          case 2: FastKiviValuesPairsN<2, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
-          case 3: FastKiviValuesPairsN<3, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
-          default: FastKiviValuesPairsN<4, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
-        }
-        r += 4 - kMaxH;
-        continue;
-      }
-    }
-    switch (std::min(kMaxH, rep - r)) {
+    switch (std::min(4, rep - r)) {
       case 1: FastKiviValuesN<1, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
       case 2: FastKiviValuesN<2, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
       case 3: FastKiviValuesN<3, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
-      default: FastKiviValuesN<kMaxH, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
+      default: FastKiviValuesN<4, BITS, kVnni>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wq, wsc); break;
     }
+#else
+    uint32_t* wp = reinterpret_cast<uint32_t*>(wq);
+    switch (std::min(4, rep - r)) {
+      case 1: FastKiviValuesPairsN<1, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+      case 2: FastKiviValuesPairsN<2, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+      case 3: FastKiviValuesPairsN<3, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+      default: FastKiviValuesPairsN<4, BITS>(Pr, ld, D, Gc, quad0, t4, n, vs, vz, Or, ostride, wp, wsc, wtmp); break;
+    }
+#endif
   }
 }
 
