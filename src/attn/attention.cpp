@@ -53,8 +53,8 @@ int round_to_blocks(int tokens, int block) { return std::max(1, (tokens + block 
 }  // namespace
 
 // Chunks of 2048 tokens amortize a task's fixed costs (query preparation, prefetch
-// start, partial state and merge): at 64K context, 2 threads, ~5-15% faster than 512
-// (docs/PERFORMANCE.md). Shorter contexts, or few KV heads, halve the chunk down to 512
+// start, partial state and merge): at 64K context, 2 threads, 4-17% faster than 512
+// (docs/KERNELS.md). Shorter contexts, or few KV heads, halve the chunk down to 512
 // tokens while there are fewer than kMinTasks tasks. The choice does not depend on the
 // thread count, so results are the same bits with any number of threads.
 constexpr int kMinTasks = 32;
