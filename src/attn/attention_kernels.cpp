@@ -687,26 +687,74 @@ HWY_INLINE void DeinterleaveQuery32(int16_t* q, int D) {
   }
 }
 
+// PrepareKeyQuery followed by DeinterleaveQuery32, for D a multiple of 32 and at most
+// kMaxPrepD: q s is formed once (kept in `tmp`), the bias q . z accumulates in the same
+// pass, and the rounding splits each block of 32 into even and odd channels on the way
+// (float shuffles, then one lane permutation per 16 codes).
+inline constexpr int kMaxPrepD = 512;
+template <int NH>
+HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
+                                  float* bias) {
+  alignas(32) float tmp[kMaxPrepD];
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  // After the in-lane packs the pairs of channels sit as (0,2) (8,10) (16,18) (24,26) |
+  // (4,6) (12,14) (20,22) (28,30) (odd ones likewise): this order restores 0, 2, 4, ...
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* x = qp + static_cast<size_t>(hh) * D;
+    int16_t* q = q16 + static_cast<size_t>(hh) * D;
+    __m256 amax = _mm256_setzero_ps(), bacc = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + d);
+      const __m256 v = _mm256_mul_ps(xv, _mm256_loadu_ps(sp + d));
+      _mm256_store_ps(tmp + d, v);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+      bacc = _mm256_fmadd_ps(xv, _mm256_loadu_ps(zp + d), bacc);
+    }
+    bias[hh] = HSum(bacc);
+    const float m = HMax(amax);
+    qsc[hh] = m / 32767.0f;
+    const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+    for (int d = 0; d < D; d += 32) {
+      const __m256 f0 = _mm256_mul_ps(_mm256_load_ps(tmp + d), inv), f1 = _mm256_mul_ps(_mm256_load_ps(tmp + d + 8), inv);
+      const __m256 f2 = _mm256_mul_ps(_mm256_load_ps(tmp + d + 16), inv), f3 = _mm256_mul_ps(_mm256_load_ps(tmp + d + 24), inv);
+      const __m256i e = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0x88)),
+                                           _mm256_cvtps_epi32(_mm256_shuffle_ps(f2, f3, 0x88)));
+      const __m256i o = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0xDD)),
+                                           _mm256_cvtps_epi32(_mm256_shuffle_ps(f2, f3, 0xDD)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permutevar8x32_epi32(e, order));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d + 16), _mm256_permutevar8x32_epi32(o, order));
+    }
+  }
+}
+
 // KIVI keys with 256-bit vectors and no widening (W = D * BITS / 8 a multiple of 32).
 // 32 bytes of a row, read as 16 int16 lanes, hold channels kW + c + 2i (low byte) and
 // kW + c + 2i + 1 (high byte) in plane k: masking gives the even channels, shifting by
 // 8 first the odd ones, each meeting the matching half of a deinterleaved query block.
 // The partial sums per head are pinned plane by plane (empty asm) so the compiler keeps
 // four accumulators instead of hoisting every product into registers and spilling.
-template <int NH, int BITS>
-HWY_INLINE void FastKiviKeys256N(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
+// kD > 0 fixes D at compile time: every query address is then a constant offset from
+// one register. The scores of four rows are transposed in registers and stored as one
+// vector per head.
+template <int NH, int BITS, int kD>
+HWY_INLINE void FastKiviKeys256N(const float* qp, int D_, const float* sp, const float* zp, const uint8_t* rows,
                                  size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+  const int D = kD > 0 ? kD : D_;
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  PrepareKeyQuery<NH>(qp, D, sp, zp, q16, qsc, bias);
-  for (int hh = 0; hh < NH; ++hh) DeinterleaveQuery32(q16 + static_cast<size_t>(hh) * D, D);
+  if (D <= kMaxPrepD) {
+    PrepareKeyQuery32<NH>(qp, D, sp, zp, q16, qsc, bias);
+  } else {
+    PrepareKeyQuery<NH>(qp, D, sp, zp, q16, qsc, bias);
+    for (int hh = 0; hh < NH; ++hh) DeinterleaveQuery32(q16 + static_cast<size_t>(hh) * D, D);
+  }
   const __m128 qscv = _mm_loadu_ps(qsc), biasv = _mm_loadu_ps(bias);
   const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
-  for (int t = 0; t < n; ++t) {
-    pf.step(1);
-    const uint8_t* row = rows + static_cast<size_t>(t) * stride;
+  auto row_scores = [&](const uint8_t* row) {
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 2
     for (int c = 0; c < W; c += 32) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
 #pragma GCC unroll 4
@@ -724,8 +772,25 @@ HWY_INLINE void FastKiviKeys256N(const float* qp, int D, const float* sp, const 
         asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
       }
     }
-    alignas(16) float out[4];
-    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), qscv, biasv));
+    return _mm_fmadd_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), qscv, biasv);
+  };
+  alignas(16) float out[16];
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    pf.step(4);
+    const uint8_t* row = rows + static_cast<size_t>(t) * stride;
+#pragma GCC unroll 1
+    for (int j = 0; j < 4; ++j) _mm_store_ps(out + 4 * j, row_scores(row + j * stride));
+    // [row j: heads 0..3] -> [head h: rows t..t+3]
+    __m128 r0 = _mm_load_ps(out), r1 = _mm_load_ps(out + 4), r2 = _mm_load_ps(out + 8), r3 = _mm_load_ps(out + 12);
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    const __m128 rr[4] = {r0, r1, r2, r3};
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) _mm_storeu_ps(S + static_cast<size_t>(hh) * ld + t, rr[hh]);
+  }
+  for (; t < n; ++t) {
+    pf.step(1);
+    _mm_store_ps(out, row_scores(rows + static_cast<size_t>(t) * stride));
 #pragma GCC unroll 4
     for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
   }
@@ -998,10 +1063,19 @@ HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, 
     // AVX2 (FastKiviKeysOk guarantees rows of 16-byte multiples).
     if ((D * BITS / 8) % 32 == 0) {
       switch (std::min(4, rep - r)) {
-        case 1: FastKiviKeys256N<1, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 2: FastKiviKeys256N<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 3: FastKiviKeys256N<3, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        default: FastKiviKeys256N<4, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 1: FastKiviKeys256N<1, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 2: FastKiviKeys256N<2, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 3: FastKiviKeys256N<3, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        default:
+          // Common head sizes get a kernel with D fixed at compile time.
+          if (D == 128) {
+            FastKiviKeys256N<4, BITS, 128>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
+          } else if (D == 64) {
+            FastKiviKeys256N<4, BITS, 64>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
+          } else {
+            FastKiviKeys256N<4, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
+          }
+          break;
       }
       continue;
     }
@@ -1325,6 +1399,59 @@ HWY_INLINE void PrepareValueWeightPairs(const float* P, int ld, int NG, int Gc, 
   }
 }
 
+// PrepareValueWeightPairs for four channel groups (NG = 4) and whole quads (t4 = 0,
+// n % 4 == 0), without transposing the per-token parameters: a vector holds two tokens
+// x four groups, so the maximum and the zero-point sum per group are lane-wise, and the
+// int16 rounding of a quad (two vectors) packs to [t0 | t2] and [t1 | t3] per 128-bit
+// half, which one byte shuffle turns into the weight pairs. Layout of the result:
+// wp[(h * nq + q) * 8 + g] = (w0, w2) and wp[(h * nq + q) * 8 + 4 + g] = (w1, w3) of
+// group g. tmp holds at least 4 n floats.
+template <int NH>
+HWY_INLINE void PrepareValueWeightPairsG4(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
+                                          float* O, size_t ostride, uint32_t* wp, float* wsc, float* tmp) {
+  const int nq = n / 4;
+  const __m256i lo2 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i two = _mm256_set1_epi32(2);
+  const __m256i pairs = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                         0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* Ph = P + static_cast<size_t>(hh) * ld;
+    __m256 vmax = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+      // Eight weights; tokens i + 2j, i + 2j + 1 spread over four lanes each.
+      const __m256 p8 = _mm256_loadu_ps(Ph + i);
+      __m256i idx = lo2;
+#pragma GCC unroll 4
+      for (int j = 0; j < 4 && i + 2 * j < n; ++j, idx = _mm256_add_epi32(idx, two)) {
+        const __m256 pe = _mm256_permutevar8x32_ps(p8, idx);
+        const size_t o = static_cast<size_t>(i + 2 * j) * 4;
+        const __m256 w = _mm256_mul_ps(pe, _mm256_loadu_ps(vs + o));
+        _mm256_store_ps(tmp + o, w);
+        vmax = _mm256_max_ps(vmax, w);
+        zacc = _mm256_fmadd_ps(pe, _mm256_loadu_ps(vz + o), zacc);
+      }
+    }
+    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    const __m128 z4 = _mm_add_ps(_mm256_castps256_ps128(zacc), _mm256_extractf128_ps(zacc, 1));
+    _mm_storeu_ps(wsc + hh * 4, _mm_div_ps(m4, _mm_set1_ps(32767.0f)));
+    const __m128 inv4 = _mm_and_ps(_mm_cmpgt_ps(m4, _mm_setzero_ps()), _mm_div_ps(_mm_set1_ps(32767.0f), m4));
+    const __m256 inv = _mm256_set_m128(inv4, inv4);
+    alignas(16) float zs[4];
+    _mm_store_ps(zs, z4);
+    float* o = O + static_cast<size_t>(hh) * ostride;
+    for (int g = 0; g < 4; ++g) {
+      const __m256 zv = _mm256_set1_ps(zs[g]);
+      for (int c = g * Gc; c < (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zv));
+    }
+    uint32_t* dst = wp + static_cast<size_t>(hh) * nq * 8;
+    for (int q = 0; q < nq; ++q) {
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(tmp + 16 * q), inv));      // t0 | t1
+      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(tmp + 16 * q + 8), inv));  // t2 | t3
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 8 * q), _mm256_shuffle_epi8(_mm256_packs_epi32(a, b), pairs));
+    }
+  }
+}
+
 // KIVI values with 256-bit vectors, up to four heads in one pass over the codes. A
 // quad's 32-bit lane holds one channel's codes of tokens 0..3 (kv/codec.h); as two
 // int16 lanes, masking keeps tokens 0 and 2, shifting by 8 first keeps tokens 1 and 3.
@@ -1337,7 +1464,14 @@ HWY_INLINE void FastKiviValuesPairsN(const float* P, int ld, int D, int Gc, cons
   constexpr int p = 8 / BITS;
   const int W = D / p, NG = D / Gc;
   const int nq = (t4 + n + 3) / 4;
-  PrepareValueWeightPairs<NH>(P, ld, NG, Gc, t4, n, vs, vz, O, ostride, wp, wsc, tmp);
+  // Word offsets in wp: between quads, groups and heads, and from (w0, w2) to (w1, w3).
+  size_t qs = 2, gs = static_cast<size_t>(nq) * 2, hs = static_cast<size_t>(NG) * nq * 2, w13o = 1;
+  if (NG == 4 && t4 == 0 && n % 4 == 0) {
+    PrepareValueWeightPairsG4<NH>(P, ld, Gc, n, vs, vz, O, ostride, wp, wsc, tmp);
+    qs = 8, gs = 1, hs = static_cast<size_t>(nq) * 8, w13o = 4;
+  } else {
+    PrepareValueWeightPairs<NH>(P, ld, NG, Gc, t4, n, vs, vz, O, ostride, wp, wsc, tmp);
+  }
   const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
   for (int l = 0; l < W / 8; ++l) {  // bytes 8l .. 8l+7 of every token: 32 bytes of every quad
 #pragma GCC unroll 4
@@ -1347,18 +1481,16 @@ HWY_INLINE void FastKiviValuesPairsN(const float* P, int ld, int D, int Gc, cons
       __m256i acc[NH];
 #pragma GCC unroll 4
       for (int hh = 0; hh < NH; ++hh) acc[hh] = _mm256_setzero_si256();
-      const uint32_t* wg = wp + static_cast<size_t>(g) * nq * 2;
-      const size_t hstride = static_cast<size_t>(NG) * nq * 2;
+      const uint32_t* wq = wp + g * gs;
       const uint8_t* src = quad0 + 32 * l;
-      for (int q = 0; q < nq; ++q, src += 4 * W) {
+      for (int q = 0; q < nq; ++q, src += 4 * W, wq += qs) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
         const __m256i a = _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);      // tokens 0, 2
         const __m256i b = _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);  // tokens 1, 3
 #pragma GCC unroll 4
         for (int hh = 0; hh < NH; ++hh) {
-          const uint32_t* wq = wg + hh * hstride + 2 * q;
-          const __m256i w02 = _mm256_set1_epi32(static_cast<int>(wq[0]));
-          const __m256i w13 = _mm256_set1_epi32(static_cast<int>(wq[1]));
+          const __m256i w02 = _mm256_set1_epi32(static_cast<int>(wq[hh * hs]));
+          const __m256i w13 = _mm256_set1_epi32(static_cast<int>(wq[hh * hs + w13o]));
           acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(_mm256_madd_epi16(a, w02), _mm256_madd_epi16(b, w13)));
         }
       }
