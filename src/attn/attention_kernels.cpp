@@ -772,25 +772,37 @@ HWY_INLINE void FastKiviKeys256N(const float* qp, int D_, const float* sp, const
         asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
       }
     }
-    return _mm_fmadd_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), qscv, biasv);
+    // [heads 0..3, low-half sums | heads 0..3, high-half sums]
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
   };
-  alignas(16) float out[16];
+  const __m256 qsc8 = _mm256_set_m128(qscv, qscv), bias8 = _mm256_set_m128(biasv, biasv);
+  // Two rows' half sums -> [row a: heads 0..3 | row b: heads 0..3] as scores.
+  auto two_rows = [&](__m256i ha, __m256i hb) {
+    const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(ha, hb, 0x20), _mm256_permute2x128_si256(ha, hb, 0x31));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), qsc8, bias8);
+  };
+  const __m256i by_head = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   int t = 0;
   for (; t + 4 <= n; t += 4) {
     pf.step(4);
     const uint8_t* row = rows + static_cast<size_t>(t) * stride;
-#pragma GCC unroll 1
-    for (int j = 0; j < 4; ++j) _mm_store_ps(out + 4 * j, row_scores(row + j * stride));
-    // [row j: heads 0..3] -> [head h: rows t..t+3]
-    __m128 r0 = _mm_load_ps(out), r1 = _mm_load_ps(out + 4), r2 = _mm_load_ps(out + 8), r3 = _mm_load_ps(out + 12);
-    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-    const __m128 rr[4] = {r0, r1, r2, r3};
+    const __m256i h0 = row_scores(row);
+    const __m256 s01 = two_rows(h0, row_scores(row + stride));
+    const __m256i h2 = row_scores(row + 2 * stride);
+    const __m256 s23 = two_rows(h2, row_scores(row + 3 * stride));
+    // [r0 h0..3 | r1 h0..3], [r2 | r3] -> [h0: r0..3 | h1: r0..3], [h2 | h3]
+    const __m256 h01 = _mm256_permutevar8x32_ps(_mm256_unpacklo_ps(s01, s23), by_head);
+    const __m256 h23 = _mm256_permutevar8x32_ps(_mm256_unpackhi_ps(s01, s23), by_head);
+    const __m128 rr[4] = {_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1), _mm256_castps256_ps128(h23),
+                          _mm256_extractf128_ps(h23, 1)};
 #pragma GCC unroll 4
     for (int hh = 0; hh < NH; ++hh) _mm_storeu_ps(S + static_cast<size_t>(hh) * ld + t, rr[hh]);
   }
   for (; t < n; ++t) {
     pf.step(1);
-    _mm_store_ps(out, row_scores(rows + static_cast<size_t>(t) * stride));
+    const __m256i h = row_scores(rows + static_cast<size_t>(t) * stride);
+    alignas(32) float out[8];
+    _mm256_store_ps(out, two_rows(h, h));
 #pragma GCC unroll 4
     for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
   }
