@@ -1412,7 +1412,7 @@ HWY_INLINE void PrepareValueWeightPairs(const float* P, int ld, int NG, int Gc, 
 }
 
 // PrepareValueWeightPairs for four channel groups (NG = 4) and whole quads (t4 = 0,
-// n % 4 == 0), without transposing the per-token parameters: a vector holds two tokens
+// n % 8 == 0), without transposing the per-token parameters: a vector holds two tokens
 // x four groups, so the maximum and the zero-point sum per group are lane-wise, and the
 // int16 rounding of a quad (two vectors) packs to [t0 | t2] and [t1 | t3] per 128-bit
 // half, which one byte shuffle turns into the weight pairs. Layout of the result:
@@ -1422,27 +1422,39 @@ template <int NH>
 HWY_INLINE void PrepareValueWeightPairsG4(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
                                           float* O, size_t ostride, uint32_t* wp, float* wsc, float* tmp) {
   const int nq = n / 4;
-  const __m256i lo2 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  const __m256i two = _mm256_set1_epi32(2);
+  // Lanes of eight weights spread to [p_{2j} x 4 | p_{2j+1} x 4], j = 0..3.
+  const __m256i idx0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), idx1 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  const __m256i idx2 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), idx3 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
   const __m256i pairs = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
                                          0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
   for (int hh = 0; hh < NH; ++hh) {
     const float* Ph = P + static_cast<size_t>(hh) * ld;
-    __m256 vmax = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
+    // Four zero-point sums and two maxima in flight: the multiply-add latency would
+    // otherwise bound this loop.
+    __m256 mx0 = _mm256_setzero_ps(), mx1 = _mm256_setzero_ps();
+    __m256 z0 = _mm256_setzero_ps(), z1 = _mm256_setzero_ps(), z2 = _mm256_setzero_ps(), z3 = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) {
-      // Eight weights; tokens i + 2j, i + 2j + 1 spread over four lanes each.
       const __m256 p8 = _mm256_loadu_ps(Ph + i);
-      __m256i idx = lo2;
-#pragma GCC unroll 4
-      for (int j = 0; j < 4 && i + 2 * j < n; ++j, idx = _mm256_add_epi32(idx, two)) {
-        const __m256 pe = _mm256_permutevar8x32_ps(p8, idx);
-        const size_t o = static_cast<size_t>(i + 2 * j) * 4;
-        const __m256 w = _mm256_mul_ps(pe, _mm256_loadu_ps(vs + o));
-        _mm256_store_ps(tmp + o, w);
-        vmax = _mm256_max_ps(vmax, w);
-        zacc = _mm256_fmadd_ps(pe, _mm256_loadu_ps(vz + o), zacc);
-      }
+      const size_t o = static_cast<size_t>(i) * 4;
+      const __m256 e0 = _mm256_permutevar8x32_ps(p8, idx0), e1 = _mm256_permutevar8x32_ps(p8, idx1);
+      const __m256 w0 = _mm256_mul_ps(e0, _mm256_loadu_ps(vs + o)), w1 = _mm256_mul_ps(e1, _mm256_loadu_ps(vs + o + 8));
+      _mm256_store_ps(tmp + o, w0);
+      _mm256_store_ps(tmp + o + 8, w1);
+      mx0 = _mm256_max_ps(mx0, w0);
+      mx1 = _mm256_max_ps(mx1, w1);
+      z0 = _mm256_fmadd_ps(e0, _mm256_loadu_ps(vz + o), z0);
+      z1 = _mm256_fmadd_ps(e1, _mm256_loadu_ps(vz + o + 8), z1);
+      const __m256 e2 = _mm256_permutevar8x32_ps(p8, idx2), e3 = _mm256_permutevar8x32_ps(p8, idx3);
+      const __m256 w2 = _mm256_mul_ps(e2, _mm256_loadu_ps(vs + o + 16)), w3 = _mm256_mul_ps(e3, _mm256_loadu_ps(vs + o + 24));
+      _mm256_store_ps(tmp + o + 16, w2);
+      _mm256_store_ps(tmp + o + 24, w3);
+      mx0 = _mm256_max_ps(mx0, w2);
+      mx1 = _mm256_max_ps(mx1, w3);
+      z2 = _mm256_fmadd_ps(e2, _mm256_loadu_ps(vz + o + 16), z2);
+      z3 = _mm256_fmadd_ps(e3, _mm256_loadu_ps(vz + o + 24), z3);
     }
+    const __m256 vmax = _mm256_max_ps(mx0, mx1);
+    const __m256 zacc = _mm256_add_ps(_mm256_add_ps(z0, z1), _mm256_add_ps(z2, z3));
     const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     const __m128 z4 = _mm_add_ps(_mm256_castps256_ps128(zacc), _mm256_extractf128_ps(zacc, 1));
     _mm_storeu_ps(wsc + hh * 4, _mm_div_ps(m4, _mm_set1_ps(32767.0f)));
@@ -1478,7 +1490,7 @@ HWY_INLINE void FastKiviValuesPairsN(const float* P, int ld, int D, int Gc, cons
   const int nq = (t4 + n + 3) / 4;
   // Word offsets in wp: between quads, groups and heads, and from (w0, w2) to (w1, w3).
   size_t qs = 2, gs = static_cast<size_t>(nq) * 2, hs = static_cast<size_t>(NG) * nq * 2, w13o = 1;
-  if (NG == 4 && t4 == 0 && n % 4 == 0) {
+  if (NG == 4 && t4 == 0 && n % 8 == 0) {
     PrepareValueWeightPairsG4<NH>(P, ld, Gc, n, vs, vz, O, ostride, wp, wsc, tmp);
     qs = 8, gs = 1, hs = static_cast<size_t>(nq) * 8, w13o = 4;
   } else {
