@@ -1,7 +1,8 @@
 // kivi-isa-rates: issue rate of the vector instructions the attention kernels are built
 // from, on this core (x86-64 with AVX2). Each loop runs 12 independent dependency chains
 // of one instruction in inline assembly, so it measures throughput, not latency; a chain
-// of dependent scalar adds (one per cycle) gives the clock. docs/PERFORMANCE.md quotes
+// of dependent scalar adds (one per cycle) gives the clock. The last row mixes vpmaddwd
+// and vpaddd one to one, as the integer KIVI kernels issue them. docs/PERFORMANCE.md quotes
 // its output in the roofline of the decode-attention kernels.
 //
 //   kivi-isa-rates [--json]
@@ -56,6 +57,23 @@ KIVI_RATE_FN(maddubs_loop, KIVI_I3, "vpmaddubsw", __m256i, _mm256_set1_epi8(1), 
 KIVI_RATE_FN(addd_loop, KIVI_I3, "vpaddd", __m256i, _mm256_set1_epi32(1), __m256i, _mm256_set1_epi32(1))
 KIVI_RATE_FN(cvtph_loop, KIVI_I2, "vcvtph2ps", __m256, _mm256_set1_ps(0.0f), __m128i, _mm_set1_epi16(0x3c00))
 
+// The KIVI kernels' inner pattern: each vpmaddwd result is added into an accumulator
+// (6 products + 6 adds per iteration, 6 chains). Its rate bounds the integer kernels.
+#define KIVI_MIX(n) "vpmaddwd %[b], %[c], %[t" #n "]\n vpaddd %[t" #n "], %[a" #n "], %[a" #n "]\n"
+__attribute__((target("avx2"), noinline)) void madd_add_loop(long n) {
+  __m256i a[6], t[6];
+  for (auto& x : a) x = _mm256_set1_epi32(1);
+  const __m256i b = _mm256_set1_epi16(1), c = _mm256_set1_epi16(2);
+  for (long i = 0; i < n; ++i) {
+    asm volatile(KIVI_MIX(0) KIVI_MIX(1) KIVI_MIX(2) KIVI_MIX(3) KIVI_MIX(4) KIVI_MIX(5)
+                 : [a0] "+x"(a[0]), [a1] "+x"(a[1]), [a2] "+x"(a[2]), [a3] "+x"(a[3]), [a4] "+x"(a[4]), [a5] "+x"(a[5]),
+                   [t0] "=&x"(t[0]), [t1] "=&x"(t[1]), [t2] "=&x"(t[2]), [t3] "=&x"(t[3]), [t4] "=&x"(t[4]),
+                   [t5] "=&x"(t[5])
+                 : [b] "x"(b), [c] "x"(c));
+  }
+  asm volatile("" ::"x"(a[0]), "x"(a[5]));
+}
+
 __attribute__((noinline)) void clock_loop(long n) {
   long x = 0;
   for (long i = 0; i < n; ++i) {
@@ -78,6 +96,8 @@ int run(bool json) {
       {"vpmaddubsw", "32 u8 x s8 products, pairs summed", ns_per_op(maddubs_loop)},
       {"vpaddd", "8 int32 adds", ns_per_op(addd_loop)},
       {"vcvtph2ps", "8 f16 -> f32", ns_per_op(cvtph_loop)},
+      // 12 instructions per iteration as above: half of them multiplies.
+      {"madd+add", "vpmaddwd then vpaddd (kernel mix)", ns_per_op(madd_add_loop)},
   };
   if (json) {
     std::printf("{\"clock_ghz\": %.3f, \"instructions\": [", 1.0 / cycle_ns);
