@@ -703,16 +703,27 @@ HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const
   for (int hh = 0; hh < NH; ++hh) {
     const float* x = qp + static_cast<size_t>(hh) * D;
     int16_t* q = q16 + static_cast<size_t>(hh) * D;
-    __m256 amax = _mm256_setzero_ps(), bacc = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 8) {
-      const __m256 xv = _mm256_loadu_ps(x + d);
-      const __m256 v = _mm256_mul_ps(xv, _mm256_loadu_ps(sp + d));
-      _mm256_store_ps(tmp + d, v);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
-      bacc = _mm256_fmadd_ps(xv, _mm256_loadu_ps(zp + d), bacc);
+    // Four bias sums and two maxima in flight (one multiply-add chain bound this loop).
+    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 32) {
+      const __m256 x0 = _mm256_loadu_ps(x + d), x1 = _mm256_loadu_ps(x + d + 8);
+      const __m256 x2 = _mm256_loadu_ps(x + d + 16), x3 = _mm256_loadu_ps(x + d + 24);
+      const __m256 v0 = _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)), v1 = _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8));
+      const __m256 v2 = _mm256_mul_ps(x2, _mm256_loadu_ps(sp + d + 16)), v3 = _mm256_mul_ps(x3, _mm256_loadu_ps(sp + d + 24));
+      _mm256_store_ps(tmp + d, v0);
+      _mm256_store_ps(tmp + d + 8, v1);
+      _mm256_store_ps(tmp + d + 16, v2);
+      _mm256_store_ps(tmp + d + 24, v3);
+      m0 = _mm256_max_ps(m0, _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v2)));
+      m1 = _mm256_max_ps(m1, _mm256_max_ps(_mm256_andnot_ps(sign, v1), _mm256_andnot_ps(sign, v3)));
+      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
+      b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
+      b2 = _mm256_fmadd_ps(x2, _mm256_loadu_ps(zp + d + 16), b2);
+      b3 = _mm256_fmadd_ps(x3, _mm256_loadu_ps(zp + d + 24), b3);
     }
-    bias[hh] = HSum(bacc);
-    const float m = HMax(amax);
+    bias[hh] = HSum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+    const float m = HMax(_mm256_max_ps(m0, m1));
     qsc[hh] = m / 32767.0f;
     const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
     for (int d = 0; d < D; d += 32) {
