@@ -1887,8 +1887,16 @@ void AttendTask(const TaskArgs& a) {
             break;
           }
 #endif
-          DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, rs, grp ? vs : nullptr, Gc,
-                      D / Gc, kbuf);
+          if (!grp) {
+            // One scale per row: the codes are converted inside the dot products and the
+            // scores scaled afterwards, so nothing is staged.
+            float* St = S + (t0 - a.t0);
+            DotRows(qn, rep, D, reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, St, ld, pf);
+            for (int r = 0; r < rep; ++r)
+              for (int i = 0; i < n; ++i) St[static_cast<size_t>(r) * ld + i] *= rs[i];
+            break;
+          }
+          DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, rs, vs, Gc, D / Gc, kbuf);
           DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
           break;
         }
