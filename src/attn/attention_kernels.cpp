@@ -383,6 +383,28 @@ HWY_INLINE void DequantKiviRow(DF df, const uint8_t* HWY_RESTRICT row, int D, in
 // Keys: rows [0, len) of one key group, params sp/zp [D].
 void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bits, const float* sp,
                      const float* zp, float* out) {
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+  if (bits == 2 && (D / 4) % 8 == 0) {
+    // 2-bit codes become floats by a lookup (vpermilps reads the low two bits of each
+    // lane, so no mask and no conversion); s c + z is then the same FMA as below.
+    const int W = D / 4;
+    const __m256 lut = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+    for (int i = 0; i < len; ++i) {
+      const uint8_t* row = rows + static_cast<size_t>(i) * stride;
+      float* o = out + static_cast<size_t>(i) * D;
+      for (int j = 0; j < W; j += 8) {
+        const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + j)));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          const __m256 c = _mm256_permutevar_ps(lut, k == 0 ? x : _mm256_srli_epi32(x, 2 * k));
+          const int pos = k * W + j;
+          _mm256_storeu_ps(o + pos, _mm256_fmadd_ps(c, _mm256_loadu_ps(sp + pos), _mm256_loadu_ps(zp + pos)));
+        }
+      }
+    }
+    return;
+  }
+#endif
   const int p = 8 / bits;
   WithTag(static_cast<size_t>(D / p), [&](auto df) {
     for (int i = 0; i < len; ++i) {
@@ -397,10 +419,45 @@ void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bit
 // Channel kW + j lies in group (kW + j) / Gc, so a vector over lanes j.. shares one
 // group when its width divides Gc.
 void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, int Gc, const float* s,
-                       const float* z, size_t gstride, float* out) {
+                       const float* z, size_t gstride, float* out, float* lut_buf) {
   const int p = 8 / bits;
   const int W = D / p;  // bytes of one token's packed row
   const int mask = (1 << bits) - 1;
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+  if (bits == 2 && t4 == 0 && len % 4 == 0 && W % 8 == 0 && Gc % 8 == 0 && lut_buf) {
+    // Per token and channel group, the four values a 2-bit code can take, s c + z (the
+    // same FMA as below), twice [v0 v1 v2 v3 | v0 v1 v2 v3]: vpermilps then maps the
+    // shifted codes (their low two bits) straight to dequantized values.
+    const int NG = D / Gc;
+    const __m256 c4 = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+    for (int i = 0; i < len; ++i)
+      for (int g = 0; g < NG; ++g) {
+        const size_t o = (static_cast<size_t>(i) * NG + g) * 8;
+        _mm256_storeu_ps(lut_buf + o, _mm256_fmadd_ps(c4, _mm256_set1_ps(s[i * gstride + g]), _mm256_set1_ps(z[i * gstride + g])));
+      }
+    for (int i = 0; i < len; i += 4) {
+      const uint8_t* qd = quad + static_cast<size_t>(i / 4) * 4 * W;
+      for (int j = 0; j < W; j += 8) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qd + 4 * j));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          const int c0 = k * W + j;  // first channel of these lanes
+          const int g = c0 / Gc;
+#pragma GCC unroll 4
+          for (int b = 0; b < 4; ++b) {
+            const __m256 lut = _mm256_loadu_ps(lut_buf + (static_cast<size_t>(i + b) * NG + g) * 8);
+            const int sh = 8 * b + 2 * k;
+            const __m256i idx = sh == 0 ? x : _mm256_srli_epi32(x, sh);
+            _mm256_storeu_ps(out + static_cast<size_t>(i + b) * D + c0, _mm256_permutevar_ps(lut, idx));
+          }
+        }
+      }
+    }
+    return;
+  }
+#else
+  (void)lut_buf;
+#endif
   auto scalar_token = [&](int i) {  // token i of the range, element by element
     const int slot = t4 + i;
     const uint8_t* qd = quad + static_cast<size_t>(slot / 4) * 4 * W + slot % 4;
@@ -449,6 +506,77 @@ void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, in
 
 // ---------------------------------------------------------------------------------
 // Online softmax over one tile: S[h][0..len) -> exp(S - m_new); d, o rescaled.
+
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+// Exact KIVI 2-bit values without staging: per token and channel group the four values a
+// code can take, s c + z, sit in a lookup table (the FMA DequantKiviValues uses), and
+// vpermilps maps the shifted codes of a quad straight to dequantized values, which meet
+// the softmax weights as AccumRows would meet a staged tile: the same products, added in
+// the same order, so the result is bit for bit that of dequantize-then-accumulate. Two
+// planes (16 channels) per pass keep 2 x NH accumulators. Whole quads only (t4 = 0,
+// n % 4 == 0); W % 8 == 0 and Gc % 8 == 0. lut: n * NG * 8 floats.
+template <int NH>
+HWY_INLINE void AccumKivi2N(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int n, const float* lut, float* O,
+                            size_t ostride) {
+  const int W = D / 4, NG = D / Gc;
+  for (int j = 0; j < W; j += 8) {
+    for (int k = 0; k < 4; k += 2) {
+      const int c0 = k * W + j, c1 = c0 + W;  // channels of planes k and k + 1
+      const int g0 = c0 / Gc, g1 = c1 / Gc;
+      __m256 o0[NH], o1[NH];
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) {
+        o0[h] = _mm256_loadu_ps(O + h * ostride + c0);
+        o1[h] = _mm256_loadu_ps(O + h * ostride + c1);
+      }
+      const uint8_t* src = quad0 + 4 * j;
+      for (int t = 0; t < n; t += 4, src += 4 * W) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; ++b) {
+          const float* lt = lut + static_cast<size_t>(t + b) * NG * 8;
+          const int sh = 8 * b + 2 * k;
+          const __m256 v0 = _mm256_permutevar_ps(_mm256_loadu_ps(lt + g0 * 8), sh == 0 ? x : _mm256_srli_epi32(x, sh));
+          const __m256 v1 = _mm256_permutevar_ps(_mm256_loadu_ps(lt + g1 * 8), _mm256_srli_epi32(x, sh + 2));
+#pragma GCC unroll 4
+          for (int h = 0; h < NH; ++h) {
+            const __m256 p = _mm256_broadcast_ss(P + static_cast<size_t>(h) * ld + t + b);
+            o0[h] = _mm256_fmadd_ps(p, v0, o0[h]);
+            o1[h] = _mm256_fmadd_ps(p, v1, o1[h]);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) {
+        _mm256_storeu_ps(O + h * ostride + c0, o0[h]);
+        _mm256_storeu_ps(O + h * ostride + c1, o1[h]);
+      }
+    }
+  }
+}
+
+bool ExactKivi2ValuesOk(int D, int Gc, int t4, int n) { return t4 == 0 && n % 4 == 0 && (D / 4) % 8 == 0 && Gc % 8 == 0; }
+
+void AccumKivi2(const float* P, int ld, int rep, int D, int Gc, const uint8_t* quad0, int n, const float* s,
+                const float* z, size_t gstride, float* O, size_t ostride, float* lut) {
+  const int NG = D / Gc;
+  const __m256 c4 = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+  for (int i = 0; i < n; ++i)
+    for (int g = 0; g < NG; ++g)
+      _mm256_storeu_ps(lut + (static_cast<size_t>(i) * NG + g) * 8,
+                       _mm256_fmadd_ps(c4, _mm256_set1_ps(s[i * gstride + g]), _mm256_set1_ps(z[i * gstride + g])));
+  for (int r = 0; r < rep; r += 4) {
+    const float* Pr = P + static_cast<size_t>(r) * ld;
+    float* Or = O + static_cast<size_t>(r) * ostride;
+    switch (std::min(4, rep - r)) {
+      case 1: AccumKivi2N<1>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
+      case 2: AccumKivi2N<2>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
+      case 3: AccumKivi2N<3>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
+      default: AccumKivi2N<4>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
+    }
+  }
+}
+#endif
 
 void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int out_stride) {
   const hn::ScalableTag<float> df;
@@ -1998,7 +2126,18 @@ void AttendTask(const TaskArgs& a) {
             break;
           }
 #endif
-          DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, vs, vz, static_cast<size_t>(NG), vbuf);
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+          if (vbits == 2 && ExactKivi2ValuesOk(D, Gc, t0 % 4, n) &&
+              static_cast<size_t>(n) * NG * 8 <= static_cast<size_t>(kTile) * D) {
+            pf.step(static_cast<size_t>(n));
+            AccumKivi2(S + (t0 - a.t0), ld, rep, D, Gc, V.quad_row(t0, h), n, vs, vz, static_cast<size_t>(NG), a.out,
+                       a.out_stride, kbuf);
+            break;
+          }
+#endif
+          // kbuf (free during the value pass) holds the 2-bit lookup tables.
+          DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, vs, vz, static_cast<size_t>(NG), vbuf,
+                            static_cast<size_t>(n) * NG * 8 <= static_cast<size_t>(kTile) * D ? kbuf : nullptr);
           AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
           break;
         }
