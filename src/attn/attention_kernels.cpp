@@ -555,6 +555,91 @@ HWY_INLINE void AccumKivi2N(const float* P, int ld, int D, int Gc, const uint8_t
   }
 }
 
+HWY_INLINE float Sum8(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+}
+
+// Exact KIVI 2-bit keys of one group without staging, four heads at a time (rep % 4 ==
+// 0, (D / 4) % 8 == 0): q . (s c + z) = (q s) . c + q . z with q s formed per group in
+// float, the codes mapped to floats by vpermilps, two rows per pass (8 accumulators).
+// qs: rep * D floats of scratch.
+void DotKivi2Rows(const float* qn, int rep, int D, const float* sp, const float* zp, const uint8_t* rows, size_t stride,
+                  int len, float* S, int ld, float* qs, Prefetcher& pf) {
+  const int W = D / 4;
+  const __m256 lut = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+  alignas(32) float bias[64];
+  for (int r0 = 0; r0 < rep; r0 += 64) {
+    const int nr = std::min(64, rep - r0);
+    for (int r = 0; r < nr; ++r) {
+      const float* q = qn + static_cast<size_t>(r0 + r) * D;
+      float* o = qs + static_cast<size_t>(r) * D;
+      __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+      for (int d = 0; d < D; d += 16) {
+        const __m256 x0 = _mm256_loadu_ps(q + d), x1 = _mm256_loadu_ps(q + d + 8);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)));
+        _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8)));
+        b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
+        b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
+      }
+      bias[r] = Sum8(_mm256_add_ps(b0, b1));
+    }
+    for (int hb = 0; hb < nr; hb += 4) {
+      const float* q4 = qs + static_cast<size_t>(hb) * D;
+      float* Sh = S + static_cast<size_t>(r0 + hb) * ld;
+      int i = 0;
+      for (; i + 2 <= len; i += 2) {
+        pf.step(2);
+        const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
+        const uint8_t* rb = ra + stride;
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
+        for (int j = 0; j < W; j += 8) {
+          const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
+          const __m256i xb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rb + j)));
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            const __m256 ca = _mm256_permutevar_ps(lut, k == 0 ? xa : _mm256_srli_epi32(xa, 2 * k));
+            const __m256 cb = _mm256_permutevar_ps(lut, k == 0 ? xb : _mm256_srli_epi32(xb, 2 * k));
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; ++h) {
+              const __m256 q = _mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j);
+              acc[2 * h] = _mm256_fmadd_ps(q, ca, acc[2 * h]);
+              acc[2 * h + 1] = _mm256_fmadd_ps(q, cb, acc[2 * h + 1]);
+            }
+          }
+        }
+        // acc[2h + t]: head h, row i + t.
+        const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+        const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+        const __m256 x = _mm256_hadd_ps(h01, h23), y = _mm256_hadd_ps(h45, h67);
+        alignas(32) float sums[8];
+        _mm256_store_ps(sums, _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31)));
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; ++h) {
+          Sh[static_cast<size_t>(h) * ld + i] = sums[2 * h] + bias[hb + h];
+          Sh[static_cast<size_t>(h) * ld + i + 1] = sums[2 * h + 1] + bias[hb + h];
+        }
+      }
+      for (; i < len; ++i) {
+        const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int j = 0; j < W; j += 8) {
+          const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
+          for (int k = 0; k < 4; ++k) {
+            const __m256 ca = _mm256_permutevar_ps(lut, _mm256_srli_epi32(xa, 2 * k));
+            for (int h = 0; h < 4; ++h)
+              acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j), ca, acc[h]);
+          }
+        }
+        for (int h = 0; h < 4; ++h) Sh[static_cast<size_t>(h) * ld + i] = Sum8(acc[h]) + bias[hb + h];
+      }
+    }
+  }
+}
+
 bool ExactKivi2ValuesOk(int D, int Gc, int t4, int n) { return t4 == 0 && n % 4 == 0 && (D / 4) % 8 == 0 && Gc % 8 == 0; }
 
 void AccumKivi2(const float* P, int ld, int rep, int D, int Gc, const uint8_t* quad0, int n, const float* s,
@@ -1912,6 +1997,9 @@ void AttendTask(const TaskArgs& a) {
   }
 
   const int B = K.block;
+  // Exact 2-bit KIVI keys without staging (AVX2/AVX3; kbuf holds q s per group).
+  const bool exact_kivi2_k = (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3) && kbits == 2 && k_kivi &&
+                             rep % 4 == 0 && (D / 4) % 8 == 0 && rep <= kTile;
 #if KIVI_FAST_INT
   const bool fast = a.precision == Precision::kFast;
   // Fast-path scratch (bytes), carved from the staging buffers it does not use.
@@ -2042,9 +2130,17 @@ void AttendTask(const TaskArgs& a) {
               continue;
             }
 #endif
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+            if (exact_kivi2_k) {
+              DotKivi2Rows(qn, rep, D, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, kbuf, pf);
+              g0 = g1;
+              continue;
+            }
+#endif
             DequantKiviKeys(K.row(g0, h), K.token_stride, g1 - g0, D, kbits, sp, zp, kbuf + static_cast<size_t>(g0 - t0) * D);
             g0 = g1;
           }
+          if (exact_kivi2_k) break;
 #if KIVI_FAST_INT
           if (fast_kivi_k) break;
 #endif
