@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 #include "attn/kernels.h"
 #include "core/f16.h"
@@ -508,19 +509,23 @@ void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, in
 // Online softmax over one tile: S[h][0..len) -> exp(S - m_new); d, o rescaled.
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
-// Exact KIVI 2-bit values without staging: per token and channel group the four values a
-// code can take, s c + z, sit in a lookup table (the FMA DequantKiviValues uses), and
-// vpermilps maps the shifted codes of a quad straight to dequantized values, which meet
-// the softmax weights as AccumRows would meet a staged tile: the same products, added in
-// the same order, so the result is bit for bit that of dequantize-then-accumulate. Two
-// planes (16 channels) per pass keep 2 x NH accumulators. Whole quads only (t4 = 0,
-// n % 4 == 0); W % 8 == 0 and Gc % 8 == 0. lut: n * NG * 8 floats.
-template <int NH>
-HWY_INLINE void AccumKivi2N(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int n, const float* lut, float* O,
-                            size_t ostride) {
-  const int W = D / 4, NG = D / Gc;
+// Exact KIVI values without staging (2- and 4-bit codes). 2-bit: per token and channel
+// group the four values a code can take, s c + z, sit in a lookup table (the FMA
+// DequantKiviValues uses) and vpermilps maps the shifted codes of a quad straight to
+// dequantized values; 4-bit: the codes are masked, converted and scaled (s c + z) in
+// registers. Either way the dequantized values meet the softmax weights as AccumRows
+// would meet a staged tile: the same products, added in the same order, so the result
+// is bit for bit that of dequantize-then-accumulate. Two planes (2-bit) or both planes
+// (4-bit) per pass keep 2 x NH accumulators. Whole quads only (t4 = 0, n % 4 == 0);
+// W % 8 == 0 and Gc % 8 == 0. lut (2-bit): n * NG * 8 floats.
+template <int NH, int BITS>
+HWY_INLINE void AccumKiviExactN(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int n, const float* lut,
+                                const float* s, const float* z, float* O, size_t ostride) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p, NG = D / Gc;
+  const __m256i mask = _mm256_set1_epi32((1 << BITS) - 1);
   for (int j = 0; j < W; j += 8) {
-    for (int k = 0; k < 4; k += 2) {
+    for (int k = 0; k < p; k += 2) {
       const int c0 = k * W + j, c1 = c0 + W;  // channels of planes k and k + 1
       const int g0 = c0 / Gc, g1 = c1 / Gc;
       __m256 o0[NH], o1[NH];
@@ -534,15 +539,25 @@ HWY_INLINE void AccumKivi2N(const float* P, int ld, int D, int Gc, const uint8_t
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
 #pragma GCC unroll 4
         for (int b = 0; b < 4; ++b) {
-          const float* lt = lut + static_cast<size_t>(t + b) * NG * 8;
-          const int sh = 8 * b + 2 * k;
-          const __m256 v0 = _mm256_permutevar_ps(_mm256_loadu_ps(lt + g0 * 8), sh == 0 ? x : _mm256_srli_epi32(x, sh));
-          const __m256 v1 = _mm256_permutevar_ps(_mm256_loadu_ps(lt + g1 * 8), _mm256_srli_epi32(x, sh + 2));
+          const int sh = 8 * b + BITS * k;
+          __m256 v0, v1;
+          if constexpr (BITS == 2) {
+            const float* lt = lut + static_cast<size_t>(t + b) * NG * 8;
+            v0 = _mm256_permutevar_ps(_mm256_loadu_ps(lt + g0 * 8), sh == 0 ? x : _mm256_srli_epi32(x, sh));
+            v1 = _mm256_permutevar_ps(_mm256_loadu_ps(lt + g1 * 8), _mm256_srli_epi32(x, sh + 2));
+          } else {
+            const float* st = s + static_cast<size_t>(t + b) * NG;
+            const float* zt = z + static_cast<size_t>(t + b) * NG;
+            const __m256 a0 = _mm256_cvtepi32_ps(_mm256_and_si256(sh == 0 ? x : _mm256_srli_epi32(x, sh), mask));
+            const __m256 a1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, sh + BITS), mask));
+            v0 = _mm256_fmadd_ps(a0, _mm256_broadcast_ss(st + g0), _mm256_broadcast_ss(zt + g0));
+            v1 = _mm256_fmadd_ps(a1, _mm256_broadcast_ss(st + g1), _mm256_broadcast_ss(zt + g1));
+          }
 #pragma GCC unroll 4
           for (int h = 0; h < NH; ++h) {
-            const __m256 p = _mm256_broadcast_ss(P + static_cast<size_t>(h) * ld + t + b);
-            o0[h] = _mm256_fmadd_ps(p, v0, o0[h]);
-            o1[h] = _mm256_fmadd_ps(p, v1, o1[h]);
+            const __m256 pw = _mm256_broadcast_ss(P + static_cast<size_t>(h) * ld + t + b);
+            o0[h] = _mm256_fmadd_ps(pw, v0, o0[h]);
+            o1[h] = _mm256_fmadd_ps(pw, v1, o1[h]);
           }
         }
       }
@@ -555,20 +570,63 @@ HWY_INLINE void AccumKivi2N(const float* P, int ld, int D, int Gc, const uint8_t
   }
 }
 
+bool ExactKiviValuesOk(int D, int bits, int Gc, int t4, int n) {
+  return (bits == 2 || bits == 4) && t4 == 0 && n % 4 == 0 && (D * bits / 8) % 8 == 0 && Gc % 8 == 0;
+}
+
+// vs, vz: [n][NG] (gstride == NG).
+void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int n,
+                    const float* s, const float* z, float* O, size_t ostride, float* lut) {
+  const int NG = D / Gc;
+  if (bits == 2) {
+    const __m256 c4 = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+    for (int i = 0; i < n; ++i)
+      for (int g = 0; g < NG; ++g)
+        _mm256_storeu_ps(lut + (static_cast<size_t>(i) * NG + g) * 8,
+                         _mm256_fmadd_ps(c4, _mm256_set1_ps(s[i * NG + g]), _mm256_set1_ps(z[i * NG + g])));
+  }
+  auto run = [&](auto bits_c) {
+    constexpr int BITS = decltype(bits_c)::value;
+    for (int r = 0; r < rep; r += 4) {
+      const float* Pr = P + static_cast<size_t>(r) * ld;
+      float* Or = O + static_cast<size_t>(r) * ostride;
+      switch (std::min(4, rep - r)) {
+        case 1: AccumKiviExactN<1, BITS>(Pr, ld, D, Gc, quad0, n, lut, s, z, Or, ostride); break;
+        case 2: AccumKiviExactN<2, BITS>(Pr, ld, D, Gc, quad0, n, lut, s, z, Or, ostride); break;
+        case 3: AccumKiviExactN<3, BITS>(Pr, ld, D, Gc, quad0, n, lut, s, z, Or, ostride); break;
+        default: AccumKiviExactN<4, BITS>(Pr, ld, D, Gc, quad0, n, lut, s, z, Or, ostride); break;
+      }
+    }
+  };
+  if (bits == 2) {
+    run(std::integral_constant<int, 2>());
+  } else {
+    run(std::integral_constant<int, 4>());
+  }
+}
+
 HWY_INLINE float Sum8(__m256 v) {
   __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_add_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
 }
 
-// Exact KIVI 2-bit keys of one group without staging, four heads at a time (rep % 4 ==
-// 0, (D / 4) % 8 == 0): q . (s c + z) = (q s) . c + q . z with q s formed per group in
-// float, the codes mapped to floats by vpermilps, two rows per pass (8 accumulators).
-// qs: rep * D floats of scratch.
-void DotKivi2Rows(const float* qn, int rep, int D, const float* sp, const float* zp, const uint8_t* rows, size_t stride,
-                  int len, float* S, int ld, float* qs, Prefetcher& pf) {
-  const int W = D / 4;
+// Exact KIVI keys (2- and 4-bit) of one group without staging, four heads at a time
+// (rep % 4 == 0, W % 8 == 0): q . (s c + z) = (q s) . c + q . z with q s formed per group
+// in float and the codes converted in registers (2-bit: mapped to floats by vpermilps;
+// 4-bit: masked and converted), two rows per pass (8 accumulators). qs: rep * D floats.
+template <int BITS>
+void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
+                      size_t stride, int len, float* S, int ld, float* qs, Prefetcher& pf) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p;
   const __m256 lut = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+  const __m256i mask = _mm256_set1_epi32((1 << BITS) - 1);
+  // Plane k of eight codes (one per 32-bit lane) as floats.
+  auto codes = [&](__m256i x, int k) {
+    if constexpr (BITS == 2) return _mm256_permutevar_ps(lut, k == 0 ? x : _mm256_srli_epi32(x, 2 * k));
+    return _mm256_cvtepi32_ps(k == 0 ? _mm256_and_si256(x, mask) : _mm256_srli_epi32(x, BITS * k));
+  };
   alignas(32) float bias[64];
   for (int r0 = 0; r0 < rep; r0 += 64) {
     const int nr = std::min(64, rep - r0);
@@ -600,9 +658,8 @@ void DotKivi2Rows(const float* qn, int rep, int D, const float* sp, const float*
           const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
           const __m256i xb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rb + j)));
 #pragma GCC unroll 4
-          for (int k = 0; k < 4; ++k) {
-            const __m256 ca = _mm256_permutevar_ps(lut, k == 0 ? xa : _mm256_srli_epi32(xa, 2 * k));
-            const __m256 cb = _mm256_permutevar_ps(lut, k == 0 ? xb : _mm256_srli_epi32(xb, 2 * k));
+          for (int k = 0; k < p; ++k) {
+            const __m256 ca = codes(xa, k), cb = codes(xb, k);
 #pragma GCC unroll 4
             for (int h = 0; h < 4; ++h) {
               const __m256 q = _mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j);
@@ -628,8 +685,8 @@ void DotKivi2Rows(const float* qn, int rep, int D, const float* sp, const float*
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int j = 0; j < W; j += 8) {
           const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
-          for (int k = 0; k < 4; ++k) {
-            const __m256 ca = _mm256_permutevar_ps(lut, _mm256_srli_epi32(xa, 2 * k));
+          for (int k = 0; k < p; ++k) {
+            const __m256 ca = codes(xa, k);
             for (int h = 0; h < 4; ++h)
               acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j), ca, acc[h]);
           }
@@ -640,27 +697,6 @@ void DotKivi2Rows(const float* qn, int rep, int D, const float* sp, const float*
   }
 }
 
-bool ExactKivi2ValuesOk(int D, int Gc, int t4, int n) { return t4 == 0 && n % 4 == 0 && (D / 4) % 8 == 0 && Gc % 8 == 0; }
-
-void AccumKivi2(const float* P, int ld, int rep, int D, int Gc, const uint8_t* quad0, int n, const float* s,
-                const float* z, size_t gstride, float* O, size_t ostride, float* lut) {
-  const int NG = D / Gc;
-  const __m256 c4 = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
-  for (int i = 0; i < n; ++i)
-    for (int g = 0; g < NG; ++g)
-      _mm256_storeu_ps(lut + (static_cast<size_t>(i) * NG + g) * 8,
-                       _mm256_fmadd_ps(c4, _mm256_set1_ps(s[i * gstride + g]), _mm256_set1_ps(z[i * gstride + g])));
-  for (int r = 0; r < rep; r += 4) {
-    const float* Pr = P + static_cast<size_t>(r) * ld;
-    float* Or = O + static_cast<size_t>(r) * ostride;
-    switch (std::min(4, rep - r)) {
-      case 1: AccumKivi2N<1>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
-      case 2: AccumKivi2N<2>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
-      case 3: AccumKivi2N<3>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
-      default: AccumKivi2N<4>(Pr, ld, D, Gc, quad0, n, lut, Or, ostride); break;
-    }
-  }
-}
 #endif
 
 void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int out_stride) {
@@ -1997,9 +2033,9 @@ void AttendTask(const TaskArgs& a) {
   }
 
   const int B = K.block;
-  // Exact 2-bit KIVI keys without staging (AVX2/AVX3; kbuf holds q s per group).
-  const bool exact_kivi2_k = (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3) && kbits == 2 && k_kivi &&
-                             rep % 4 == 0 && (D / 4) % 8 == 0 && rep <= kTile;
+  // Exact 2- and 4-bit KIVI keys without staging (AVX2/AVX3; kbuf holds q s per group).
+  const bool exact_kivi_k = (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3) && k_kivi && (kbits == 2 || kbits == 4) &&
+                            rep % 4 == 0 && (D * kbits / 8) % 8 == 0 && rep <= kTile;
 #if KIVI_FAST_INT
   const bool fast = a.precision == Precision::kFast;
   // Fast-path scratch (bytes), carved from the staging buffers it does not use.
@@ -2131,8 +2167,12 @@ void AttendTask(const TaskArgs& a) {
             }
 #endif
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
-            if (exact_kivi2_k) {
-              DotKivi2Rows(qn, rep, D, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, kbuf, pf);
+            if (exact_kivi_k) {
+              if (kbits == 2) {
+                DotKiviExactRows<2>(qn, rep, D, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, kbuf, pf);
+              } else {
+                DotKiviExactRows<4>(qn, rep, D, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, kbuf, pf);
+              }
               g0 = g1;
               continue;
             }
@@ -2140,7 +2180,7 @@ void AttendTask(const TaskArgs& a) {
             DequantKiviKeys(K.row(g0, h), K.token_stride, g1 - g0, D, kbits, sp, zp, kbuf + static_cast<size_t>(g0 - t0) * D);
             g0 = g1;
           }
-          if (exact_kivi2_k) break;
+          if (exact_kivi_k) break;
 #if KIVI_FAST_INT
           if (fast_kivi_k) break;
 #endif
@@ -2223,11 +2263,10 @@ void AttendTask(const TaskArgs& a) {
           }
 #endif
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
-          if (vbits == 2 && ExactKivi2ValuesOk(D, Gc, t0 % 4, n) &&
-              static_cast<size_t>(n) * NG * 8 <= static_cast<size_t>(kTile) * D) {
+          if (ExactKiviValuesOk(D, vbits, Gc, t0 % 4, n) && static_cast<size_t>(n) * NG * 8 <= static_cast<size_t>(kTile) * D) {
             pf.step(static_cast<size_t>(n));
-            AccumKivi2(S + (t0 - a.t0), ld, rep, D, Gc, V.quad_row(t0, h), n, vs, vz, static_cast<size_t>(NG), a.out,
-                       a.out_stride, kbuf);
+            AccumKiviExact(S + (t0 - a.t0), ld, rep, D, vbits, Gc, V.quad_row(t0, h), n, vs, vz, a.out, a.out_stride,
+                           kbuf);
             break;
           }
 #endif
