@@ -6,9 +6,11 @@
 //   2. ALiBi bias, then the softmax-state update of (m, d, o)    (Milakov & Gimelshein 2018)
 //   3. o_r += sum_i p_r[i] v_i                                  (V read in its format)
 // K and V are each read in one sequential pass over the range, tile by tile.
-// f32/f16 rows are read in place. Quantized rows are dequantized a tile at a time into
-// an L1-resident staging buffer and consumed at once: the bytes read from memory are
-// the compressed ones, and no copy of the history is kept.
+// f32/f16 rows are read in place, and so are int8 rows with one scale per row and, on
+// AVX2/AVX3, 2- and 4-bit KIVI rows (codes converted in registers). Other quantized rows
+// are dequantized a tile at a time into an L1-resident staging buffer and consumed at
+// once. Either way the bytes read from memory are the compressed ones, and no copy of
+// the history is kept.
 //
 // KIVI codes pack p = 8/bits channels per byte: byte j of a row of W = D/p bytes holds
 // channels j, j + W, ... (kv/codec.h), so shifting a vector of row bytes by bits * k and
