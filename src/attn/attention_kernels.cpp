@@ -508,7 +508,7 @@ void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, in
 }
 
 // ---------------------------------------------------------------------------------
-// Online softmax over one tile: S[h][0..len) -> exp(S - m_new); d, o rescaled.
+// Exact path without staging for KIVI rows (AVX2/AVX3).
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
 // Exact KIVI values without staging (2- and 4-bit codes). 2-bit: per token and channel
@@ -700,6 +700,9 @@ void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const fl
 }
 
 #endif
+
+// ---------------------------------------------------------------------------------
+// Online softmax over one tile: S[h][0..len) -> exp(S - m_new); d, o rescaled.
 
 void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int out_stride) {
   const hn::ScalableTag<float> df;
