@@ -386,28 +386,6 @@ HWY_INLINE void DequantKiviRow(DF df, const uint8_t* HWY_RESTRICT row, int D, in
 // Keys: rows [0, len) of one key group, params sp/zp [D].
 void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bits, const float* sp,
                      const float* zp, float* out) {
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
-  if (bits == 2 && (D / 4) % 8 == 0) {
-    // 2-bit codes become floats by a lookup (vpermilps reads the low two bits of each
-    // lane, so no mask and no conversion); s c + z is then the same FMA as below.
-    const int W = D / 4;
-    const __m256 lut = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
-    for (int i = 0; i < len; ++i) {
-      const uint8_t* row = rows + static_cast<size_t>(i) * stride;
-      float* o = out + static_cast<size_t>(i) * D;
-      for (int j = 0; j < W; j += 8) {
-        const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + j)));
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) {
-          const __m256 c = _mm256_permutevar_ps(lut, k == 0 ? x : _mm256_srli_epi32(x, 2 * k));
-          const int pos = k * W + j;
-          _mm256_storeu_ps(o + pos, _mm256_fmadd_ps(c, _mm256_loadu_ps(sp + pos), _mm256_loadu_ps(zp + pos)));
-        }
-      }
-    }
-    return;
-  }
-#endif
   const int p = 8 / bits;
   WithTag(static_cast<size_t>(D / p), [&](auto df) {
     for (int i = 0; i < len; ++i) {
@@ -422,45 +400,10 @@ void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bit
 // Channel kW + j lies in group (kW + j) / Gc, so a vector over lanes j.. shares one
 // group when its width divides Gc.
 void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, int Gc, const float* s,
-                       const float* z, size_t gstride, float* out, float* lut_buf) {
+                       const float* z, size_t gstride, float* out) {
   const int p = 8 / bits;
   const int W = D / p;  // bytes of one token's packed row
   const int mask = (1 << bits) - 1;
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
-  if (bits == 2 && t4 == 0 && len % 4 == 0 && W % 8 == 0 && Gc % 8 == 0 && lut_buf) {
-    // Per token and channel group, the four values a 2-bit code can take, s c + z (the
-    // same FMA as below), twice [v0 v1 v2 v3 | v0 v1 v2 v3]: vpermilps then maps the
-    // shifted codes (their low two bits) straight to dequantized values.
-    const int NG = D / Gc;
-    const __m256 c4 = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
-    for (int i = 0; i < len; ++i)
-      for (int g = 0; g < NG; ++g) {
-        const size_t o = (static_cast<size_t>(i) * NG + g) * 8;
-        _mm256_storeu_ps(lut_buf + o, _mm256_fmadd_ps(c4, _mm256_set1_ps(s[i * gstride + g]), _mm256_set1_ps(z[i * gstride + g])));
-      }
-    for (int i = 0; i < len; i += 4) {
-      const uint8_t* qd = quad + static_cast<size_t>(i / 4) * 4 * W;
-      for (int j = 0; j < W; j += 8) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qd + 4 * j));
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) {
-          const int c0 = k * W + j;  // first channel of these lanes
-          const int g = c0 / Gc;
-#pragma GCC unroll 4
-          for (int b = 0; b < 4; ++b) {
-            const __m256 lut = _mm256_loadu_ps(lut_buf + (static_cast<size_t>(i + b) * NG + g) * 8);
-            const int sh = 8 * b + 2 * k;
-            const __m256i idx = sh == 0 ? x : _mm256_srli_epi32(x, sh);
-            _mm256_storeu_ps(out + static_cast<size_t>(i + b) * D + c0, _mm256_permutevar_ps(lut, idx));
-          }
-        }
-      }
-    }
-    return;
-  }
-#else
-  (void)lut_buf;
-#endif
   auto scalar_token = [&](int i) {  // token i of the range, element by element
     const int slot = t4 + i;
     const uint8_t* qd = quad + static_cast<size_t>(slot / 4) * 4 * W + slot % 4;
@@ -511,6 +454,20 @@ void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, in
 // Exact path without staging for KIVI rows (AVX2/AVX3).
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
+// Horizontal max and sum of 8 floats.
+HWY_INLINE float HMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+HWY_INLINE float HSum(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 // Exact KIVI values without staging (2- and 4-bit codes). 2-bit: per token and channel
 // group the four values a code can take, s c + z, sit in a lookup table (the FMA
 // DequantKiviValues uses) and vpermilps maps the shifted codes of a quad straight to
@@ -607,16 +564,11 @@ void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, co
   }
 }
 
-HWY_INLINE float Sum8(__m256 v) {
-  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
-}
-
 // Exact KIVI keys (2- and 4-bit) of one group without staging, four heads at a time
 // (rep % 4 == 0, W % 8 == 0): q . (s c + z) = (q s) . c + q . z with q s formed per group
 // in float and the codes converted in registers (2-bit: mapped to floats by vpermilps;
-// 4-bit: masked and converted), two rows per pass (8 accumulators). qs: rep * D floats.
+// 4-bit: masked and converted), two rows per pass (8 accumulators). qs: rep * D floats;
+// rep <= kTile.
 template <int BITS>
 void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
                       size_t stride, int len, float* S, int ld, float* qs, Prefetcher& pf) {
@@ -629,72 +581,66 @@ void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const fl
     if constexpr (BITS == 2) return _mm256_permutevar_ps(lut, k == 0 ? x : _mm256_srli_epi32(x, 2 * k));
     return _mm256_cvtepi32_ps(k == 0 ? _mm256_and_si256(x, mask) : _mm256_srli_epi32(x, BITS * k));
   };
-  alignas(32) float bias[64];
-  for (int r0 = 0; r0 < rep; r0 += 64) {
-    const int nr = std::min(64, rep - r0);
-    for (int r = 0; r < nr; ++r) {
-      const float* q = qn + static_cast<size_t>(r0 + r) * D;
-      float* o = qs + static_cast<size_t>(r) * D;
-      __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-      for (int d = 0; d < D; d += 16) {
-        const __m256 x0 = _mm256_loadu_ps(q + d), x1 = _mm256_loadu_ps(q + d + 8);
-        _mm256_storeu_ps(o + d, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)));
-        _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8)));
-        b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
-        b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
-      }
-      bias[r] = Sum8(_mm256_add_ps(b0, b1));
+  alignas(32) float bias[kTile];  // rep <= kTile
+  for (int r = 0; r < rep; ++r) {
+    const float* q = qn + static_cast<size_t>(r) * D;
+    float* o = qs + static_cast<size_t>(r) * D;
+    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+      const __m256 x0 = _mm256_loadu_ps(q + d), x1 = _mm256_loadu_ps(q + d + 8);
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)));
+      _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8)));
+      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
+      b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
     }
-    for (int hb = 0; hb < nr; hb += 4) {
-      const float* q4 = qs + static_cast<size_t>(hb) * D;
-      float* Sh = S + static_cast<size_t>(r0 + hb) * ld;
-      int i = 0;
-      for (; i + 2 <= len; i += 2) {
-        pf.step(2);
-        const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
-        const uint8_t* rb = ra + stride;
-        __m256 acc[8];
+    bias[r] = HSum(_mm256_add_ps(b0, b1));
+  }
+  const hn::Full256<float> d8;
+  for (int hb = 0; hb < rep; hb += 4) {
+    const float* q4 = qs + static_cast<size_t>(hb) * D;
+    float* Sh = S + static_cast<size_t>(hb) * ld;
+    int i = 0;
+    for (; i + 2 <= len; i += 2) {
+      pf.step(2);
+      const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
+      const uint8_t* rb = ra + stride;
+      hn::Vec<decltype(d8)> acc[8];  // head h, row i + t: acc[2h + t]
 #pragma GCC unroll 8
-        for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
-        for (int j = 0; j < W; j += 8) {
-          const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
-          const __m256i xb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rb + j)));
+      for (int a = 0; a < 8; ++a) acc[a] = hn::Zero(d8);
+      for (int j = 0; j < W; j += 8) {
+        const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
+        const __m256i xb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rb + j)));
 #pragma GCC unroll 4
-          for (int k = 0; k < p; ++k) {
-            const __m256 ca = codes(xa, k), cb = codes(xb, k);
+        for (int k = 0; k < p; ++k) {
+          const __m256 ca = codes(xa, k), cb = codes(xb, k);
 #pragma GCC unroll 4
-            for (int h = 0; h < 4; ++h) {
-              const __m256 q = _mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j);
-              acc[2 * h] = _mm256_fmadd_ps(q, ca, acc[2 * h]);
-              acc[2 * h + 1] = _mm256_fmadd_ps(q, cb, acc[2 * h + 1]);
-            }
+          for (int h = 0; h < 4; ++h) {
+            const __m256 q = _mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j);
+            acc[2 * h].raw = _mm256_fmadd_ps(q, ca, acc[2 * h].raw);
+            acc[2 * h + 1].raw = _mm256_fmadd_ps(q, cb, acc[2 * h + 1].raw);
           }
         }
-        // acc[2h + t]: head h, row i + t.
-        const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
-        const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
-        const __m256 x = _mm256_hadd_ps(h01, h23), y = _mm256_hadd_ps(h45, h67);
-        alignas(32) float sums[8];
-        _mm256_store_ps(sums, _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31)));
+      }
+      float sums[8];
+      SumEach(d8, acc, 8, sums);
 #pragma GCC unroll 4
-        for (int h = 0; h < 4; ++h) {
-          Sh[static_cast<size_t>(h) * ld + i] = sums[2 * h] + bias[hb + h];
-          Sh[static_cast<size_t>(h) * ld + i + 1] = sums[2 * h + 1] + bias[hb + h];
+      for (int h = 0; h < 4; ++h) {
+        Sh[static_cast<size_t>(h) * ld + i] = sums[2 * h] + bias[hb + h];
+        Sh[static_cast<size_t>(h) * ld + i + 1] = sums[2 * h + 1] + bias[hb + h];
+      }
+    }
+    for (; i < len; ++i) {
+      const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int j = 0; j < W; j += 8) {
+        const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
+        for (int k = 0; k < p; ++k) {
+          const __m256 ca = codes(xa, k);
+          for (int h = 0; h < 4; ++h)
+            acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j), ca, acc[h]);
         }
       }
-      for (; i < len; ++i) {
-        const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int j = 0; j < W; j += 8) {
-          const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
-          for (int k = 0; k < p; ++k) {
-            const __m256 ca = codes(xa, k);
-            for (int h = 0; h < 4; ++h)
-              acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j), ca, acc[h]);
-          }
-        }
-        for (int h = 0; h < 4; ++h) Sh[static_cast<size_t>(h) * ld + i] = Sum8(acc[h]) + bias[hb + h];
-      }
+      for (int h = 0; h < 4; ++h) Sh[static_cast<size_t>(h) * ld + i] = HSum(acc[h]) + bias[hb + h];
     }
   }
 }
@@ -782,20 +728,6 @@ inline bool HasVnni() { return false; }
 HWY_INLINE __m128 SumsOf4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
   const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
   return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-}
-
-// Horizontal max and sum of 8 floats.
-HWY_INLINE float HMax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-HWY_INLINE float HSum(__m256 v) {
-  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
 }
 
 // Rounds x[0..D) (times mul[0..D) if given) to int16 (|q| <= 32767); returns the scale
@@ -927,29 +859,13 @@ HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const flo
   }
 }
 
-// Each block of 32 int16 of q[0..D) (D a multiple of 32) becomes its 16 even-indexed
-// entries followed by its 16 odd-indexed ones, in order.
-HWY_INLINE void DeinterleaveQuery32(int16_t* q, int D) {
-  for (int d = 0; d < D; d += 32) {
-    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + d));
-    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + d + 16));
-    const __m256i e = _mm256_packs_epi32(_mm256_srai_epi32(_mm256_slli_epi32(v0, 16), 16),
-                                         _mm256_srai_epi32(_mm256_slli_epi32(v1, 16), 16));
-    const __m256i o = _mm256_packs_epi32(_mm256_srai_epi32(v0, 16), _mm256_srai_epi32(v1, 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permute4x64_epi64(e, 0xD8));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d + 16), _mm256_permute4x64_epi64(o, 0xD8));
-  }
-}
-
-// PrepareKeyQuery followed by DeinterleaveQuery32, for D a multiple of 32 and at most
-// kMaxPrepD: q s is formed once (kept in `tmp`), the bias q . z accumulates in the same
-// pass, and the rounding splits each block of 32 into even and odd channels on the way
-// (float shuffles, then one lane permutation per 16 codes).
-inline constexpr int kMaxPrepD = 512;
+// PrepareKeyQuery with each block of 32 codes split into its 16 even and 16 odd channels
+// (D a multiple of 32): the bias q . z accumulates in the pass that finds the maximum,
+// and the rounding pass (which forms q s again: the same products) splits the channels
+// on the way (float shuffles, then one lane permutation per 16 codes).
 template <int NH>
 HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
                                   float* bias) {
-  alignas(32) float tmp[kMaxPrepD];
   const __m256 sign = _mm256_set1_ps(-0.0f);
   // After the in-lane packs the pairs of channels sit as (0,2) (8,10) (16,18) (24,26) |
   // (4,6) (12,14) (20,22) (28,30) (odd ones likewise): this order restores 0, 2, 4, ...
@@ -965,10 +881,6 @@ HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const
       const __m256 x2 = _mm256_loadu_ps(x + d + 16), x3 = _mm256_loadu_ps(x + d + 24);
       const __m256 v0 = _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)), v1 = _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8));
       const __m256 v2 = _mm256_mul_ps(x2, _mm256_loadu_ps(sp + d + 16)), v3 = _mm256_mul_ps(x3, _mm256_loadu_ps(sp + d + 24));
-      _mm256_store_ps(tmp + d, v0);
-      _mm256_store_ps(tmp + d + 8, v1);
-      _mm256_store_ps(tmp + d + 16, v2);
-      _mm256_store_ps(tmp + d + 24, v3);
       m0 = _mm256_max_ps(m0, _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v2)));
       m1 = _mm256_max_ps(m1, _mm256_max_ps(_mm256_andnot_ps(sign, v1), _mm256_andnot_ps(sign, v3)));
       b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
@@ -981,8 +893,8 @@ HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const
     qsc[hh] = m / 32767.0f;
     const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
     for (int d = 0; d < D; d += 32) {
-      const __m256 f0 = _mm256_mul_ps(_mm256_load_ps(tmp + d), inv), f1 = _mm256_mul_ps(_mm256_load_ps(tmp + d + 8), inv);
-      const __m256 f2 = _mm256_mul_ps(_mm256_load_ps(tmp + d + 16), inv), f3 = _mm256_mul_ps(_mm256_load_ps(tmp + d + 24), inv);
+      auto qs = [&](int o) { return _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + o), _mm256_loadu_ps(sp + d + o)), inv); };
+      const __m256 f0 = qs(0), f1 = qs(8), f2 = qs(16), f3 = qs(24);
       const __m256i e = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0x88)),
                                            _mm256_cvtps_epi32(_mm256_shuffle_ps(f2, f3, 0x88)));
       const __m256i o = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0xDD)),
@@ -993,13 +905,34 @@ HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const
   }
 }
 
+// The plane loop of the 256-bit KIVI key kernels: x holds 32 code bytes read as 16 int16
+// lanes; for each plane k, masking gives the even channels and shifting by 8 first the
+// odd ones, which meet qload(q + kW + hD) and qload(q + kW + hD + odd) for head h. Each
+// head's partial sums are pinned plane by plane (empty asm) so the compiler keeps the
+// four accumulators instead of hoisting every product into registers and spilling.
+template <int NH, int BITS, class QLoad>
+HWY_INLINE void KeyPlanes256(__m256i x, const int16_t* q, int W, int D, int odd, __m256i mask, const QLoad& qload,
+                             __m256i (&acc)[4]) {
+  constexpr int p = 8 / BITS;
+#pragma GCC unroll 4
+  for (int k = 0; k < p; ++k) {
+    const __m256i a = BITS == 8 ? _mm256_and_si256(x, mask) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);
+    const __m256i b = BITS == 8 ? _mm256_srli_epi16(x, 8) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);
+    const int16_t* qk = q + k * W;
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      const int16_t* qh = qk + static_cast<size_t>(hh) * D;
+      acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(_mm256_madd_epi16(a, qload(qh)), _mm256_madd_epi16(b, qload(qh + odd))));
+    }
+    asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
+  }
+}
+
 // KIVI keys with 256-bit vectors and no widening (W = D * BITS / 8 a multiple of 32).
 // 32 bytes of a row, read as 16 int16 lanes, hold channels kW + c + 2i (low byte) and
 // kW + c + 2i + 1 (high byte) in plane k: masking gives the even channels, shifting by
-// 8 first the odd ones, each meeting the matching half of a deinterleaved query block.
-// The partial sums per head are pinned plane by plane (empty asm) so the compiler keeps
-// four accumulators instead of hoisting every product into registers and spilling.
-// kD > 0 fixes D at compile time: every query address is then a constant offset from
+// 8 first the odd ones, each meeting the matching half of a deinterleaved query block
+// (KeyPlanes256). kD > 0 fixes D at compile time: every query address is then a constant offset from
 // one register. The scores of four rows are transposed in registers and stored as one
 // vector per head.
 template <int NH, int BITS, int kD>
@@ -1009,33 +942,16 @@ HWY_INLINE void FastKiviKeys256N(const float* qp, int D_, const float* sp, const
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  if (D <= kMaxPrepD) {
-    PrepareKeyQuery32<NH>(qp, D, sp, zp, q16, qsc, bias);
-  } else {
-    PrepareKeyQuery<NH>(qp, D, sp, zp, q16, qsc, bias);
-    for (int hh = 0; hh < NH; ++hh) DeinterleaveQuery32(q16 + static_cast<size_t>(hh) * D, D);
-  }
+  PrepareKeyQuery32<NH>(qp, D, sp, zp, q16, qsc, bias);
   const __m128 qscv = _mm_loadu_ps(qsc), biasv = _mm_loadu_ps(bias);
   const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
+  auto qload = [](const int16_t* q) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)); };
   auto row_scores = [&](const uint8_t* row) {
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 2
     for (int c = 0; c < W; c += 32) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        const __m256i a = BITS == 8 ? _mm256_and_si256(x, mask) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);
-        const __m256i b = BITS == 8 ? _mm256_srli_epi16(x, 8) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);
-        const int16_t* qk = q16 + k * W + c;
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          const int16_t* q = qk + static_cast<size_t>(hh) * D;
-          const __m256i pe = _mm256_madd_epi16(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-          const __m256i po = _mm256_madd_epi16(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
-          acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(pe, po));
-        }
-        asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
-      }
+      KeyPlanes256<NH, BITS>(x, q16 + c, W, D, 16, mask, qload, acc);
     }
     // [heads 0..3, low-half sums | heads 0..3, high-half sums]
     return _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
@@ -1110,18 +1026,7 @@ HWY_INLINE void FastKiviKeys256PairsN(const float* qp, int D, const float* sp, c
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int c = 0; c < W; c += 16) {
       const __m256i x = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r1 + c), reinterpret_cast<const __m128i*>(r0 + c));
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        const __m256i a = BITS == 8 ? _mm256_and_si256(x, mask) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);
-        const __m256i b = BITS == 8 ? _mm256_srli_epi16(x, 8) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);
-        const int16_t* qk = q16 + k * W + c;
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          const int16_t* q = qk + static_cast<size_t>(hh) * D;
-          acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(_mm256_madd_epi16(a, qload(q)), _mm256_madd_epi16(b, qload(q + 8))));
-        }
-        asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
-      }
+      KeyPlanes256<NH, BITS>(x, q16 + c, W, D, 8, mask, qload, acc);
     }
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
     alignas(32) float out[8];
@@ -2275,9 +2180,7 @@ void AttendTask(const TaskArgs& a) {
             break;
           }
 #endif
-          // kbuf (free during the value pass) holds the 2-bit lookup tables.
-          DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, vs, vz, static_cast<size_t>(NG), vbuf,
-                            static_cast<size_t>(n) * NG * 8 <= static_cast<size_t>(kTile) * D ? kbuf : nullptr);
+          DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, vs, vz, static_cast<size_t>(NG), vbuf);
           AccumRows(S + (t0 - a.t0), ld, rep, D, vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
           break;
         }
