@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "attn/attention.h"
+#include "attn/kernels.h"
 #include "core/cpu.h"
 #include "core/rng.h"
 #include "core/threadpool.h"
@@ -228,6 +230,39 @@ TEST(Attention, AlibiSlopes) {
   EXPECT_FLOAT_EQ(s8[7], 1.0f / 256);
   const auto s12 = attn::alibi_slopes(12);
   EXPECT_FLOAT_EQ(s12[8], std::pow(2.0f, -0.5f));  // interleaved extension
+}
+
+
+TEST(Attention, ExpOfNonPositive) {
+  // The softmax's vector exp against a double exp: within 3 ulp (relative 3 x 2^-23)
+  // where e^x is a normal float, 0 below -87.3 and for -inf.
+  std::vector<float> x;
+  for (int i = 0; i <= 400000; ++i) x.push_back(-87.0f * static_cast<float>(i) / 400000.0f);
+  for (float v : {-0.0f, -1e-30f, -1e-7f, -0.34657359f, -0.34657362f, -0.6931472f, -1.0f, -86.99f})
+    x.push_back(v);
+  const size_t n_normal = x.size();
+  for (float v : {-87.31f, -88.0f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()}) x.push_back(v);
+  for (const auto& target : cpu::available_targets()) {
+    cpu::force_target_bits(target.bits);
+    // Every length up to 20 covers the vector tail of every width.
+    for (int len = 1; len <= 20; ++len) {
+      std::vector<float> y(len, -1.0f);
+      attn::exp_nonpositive(x.data() + 1000, y.data(), len);
+      for (int i = 0; i < len; ++i) EXPECT_GT(y[i], 0.0f) << target.name << " len=" << len;
+    }
+    std::vector<float> y(x.size(), -1.0f);
+    attn::exp_nonpositive(x.data(), y.data(), static_cast<int>(x.size()));
+    double worst = 0.0;
+    for (size_t i = 0; i < n_normal; ++i) {
+      const double ref = std::exp(static_cast<double>(x[i]));
+      worst = std::max(worst, std::abs(y[i] - ref) / ref);
+    }
+    EXPECT_LT(worst, 3.0 * 0x1p-23) << target.name;
+    std::printf("%s: worst relative error of the softmax exp: %.3g (%.2f ulp)\n", target.name.c_str(), worst,
+                worst / 0x1p-23);
+    for (size_t i = n_normal; i < x.size(); ++i) EXPECT_EQ(y[i], 0.0f) << target.name << " x=" << x[i];
+  }
+  cpu::reset_target();
 }
 
 }  // namespace

@@ -648,6 +648,46 @@ void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const fl
 #endif
 
 // ---------------------------------------------------------------------------------
+// exp(x) for x <= 0 (scores minus their maximum), without the range handling a general
+// exp needs: n = round(x log2 e), f = x - n ln 2 (ln 2 in two parts, so f is exact to
+// a few ulp) in [-ln2/2, ln2/2], e^f by its degree-6 Taylor polynomial (remainder below
+// |f|^7 / 7! = 1.2e-7 relative), and 2^n added to the exponent bits. x below -87.3
+// (e^x under the smallest normal float), and -inf, give 0. Measured against a double
+// exp by test_attn (ExpOfNonPositive): within 3 ulp. About 15 operations per vector
+// against hwy::Exp's 40; the softmax was 8-13% of a call in cache before.
+template <class DF>
+HWY_INLINE hn::Vec<DF> ExpNonPositive(DF df, hn::Vec<DF> x) {
+  const hn::RebindToSigned<DF> di;
+  const auto n = hn::Round(hn::Mul(x, hn::Set(df, 1.44269504088896341f)));
+  auto f = hn::NegMulAdd(n, hn::Set(df, 0.693145751953125f), x);  // ln 2 = 0.693145751953125 + 1.42860677e-6
+  f = hn::NegMulAdd(n, hn::Set(df, 1.428606765330187e-6f), f);
+  auto p = hn::MulAdd(f, hn::Set(df, 1.0f / 720), hn::Set(df, 1.0f / 120));
+  p = hn::MulAdd(p, f, hn::Set(df, 1.0f / 24));
+  p = hn::MulAdd(p, f, hn::Set(df, 1.0f / 6));
+  p = hn::MulAdd(p, f, hn::Set(df, 0.5f));
+  p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
+  p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
+  // Scale by 2^n (n >= -126 wherever the result is kept): add n to the exponent field.
+  const auto e = hn::ShiftLeft<23>(hn::ConvertTo(di, hn::Max(n, hn::Set(df, -126.0f))));
+  const auto r = hn::BitCast(df, hn::Add(hn::BitCast(di, p), e));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, -87.3f)), r);
+}
+
+void ExpNonPositiveArray(const float* x, float* y, int n) {
+  const hn::ScalableTag<float> df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  int i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(ExpNonPositive(df, hn::LoadU(df, x + i)), df, y + i);
+  if (i < n) {
+    HWY_ALIGN float buf[hn::MaxLanes(df)];
+    std::fill(buf, buf + N, 0.0f);
+    std::copy(x + i, x + n, buf);
+    hn::Store(ExpNonPositive(df, hn::Load(df, buf)), df, buf);
+    std::copy(buf, buf + (n - i), y + i);
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // Online softmax over one tile: S[h][0..len) -> exp(S - m_new); d, o rescaled.
 
 void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int out_stride) {
@@ -669,15 +709,20 @@ void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int ou
     auto sum = hn::Zero(df);
     int i = 0;
     for (; i + static_cast<int>(N) <= len; i += static_cast<int>(N)) {
-      const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), mv));
+      const auto e = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + i), mv));
       hn::StoreU(e, df, s + i);
       sum = hn::Add(sum, e);
     }
-    float total = SumLanes(df, sum);
-    for (; i < len; ++i) {
-      s[i] = std::exp(s[i] - mx);
-      total += s[i];
+    if (i < len) {  // the last len % N scores, padded with -inf (exp 0)
+      HWY_ALIGN float buf[hn::MaxLanes(df)];
+      std::fill(buf, buf + N, -std::numeric_limits<float>::infinity());
+      std::copy(s + i, s + len, buf);
+      const auto e = ExpNonPositive(df, hn::Sub(hn::Load(df, buf), mv));
+      hn::Store(e, df, buf);
+      std::copy(buf, buf + (len - i), s + i);
+      sum = hn::Add(sum, e);
     }
+    const float total = SumLanes(df, sum);
     if (corr != 1.0f) {
       for (int d = 0; d < D; ++d) o[d] *= corr;
     }
@@ -2205,6 +2250,7 @@ HWY_AFTER_NAMESPACE();
 namespace kivi::attn {
 
 HWY_EXPORT(AttendTask);
+HWY_EXPORT(ExpNonPositiveArray);
 
 size_t kernel_scratch_floats(int rep, int D, int block) {
   return 2 * static_cast<size_t>(rep) * D + static_cast<size_t>(rep) * chunk_tokens(block) +
@@ -2213,6 +2259,8 @@ size_t kernel_scratch_floats(int rep, int D, int block) {
 }
 
 void attend_range(const TaskArgs& a) { HWY_DYNAMIC_DISPATCH(AttendTask)(a); }
+
+void exp_nonpositive(const float* x, float* y, int n) { HWY_DYNAMIC_DISPATCH(ExpNonPositiveArray)(x, y, n); }
 
 }  // namespace kivi::attn
 #endif  // HWY_ONCE

@@ -30,4 +30,8 @@ size_t kernel_scratch_floats(int rep, int head_dim, int block);
 // Runs a task on the SIMD target chosen at run time.
 void attend_range(const TaskArgs& a);
 
+// y[i] = exp(x[i]) for x[i] <= 0 with the softmax's vector exp (0 below -87.3), on the
+// SIMD target chosen at run time. For tests.
+void exp_nonpositive(const float* x, float* y, int n);
+
 }  // namespace kivi::attn
