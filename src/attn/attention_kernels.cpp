@@ -1691,6 +1691,69 @@ HWY_INLINE void PrepareValueWeightPairsG4(const float* P, int ld, int Gc, int n,
   }
 }
 
+// PrepareValueWeightPairsG4 for two channel groups (NG = 2, head_dim 64 with Gc = 32),
+// whole quads and n % 8 == 0: a vector holds one quad's four tokens x two groups, in
+// the order of vs and vz, so the maximum and the zero-point sum per group are again
+// lane-wise (even lanes group 0, odd lanes group 1). Two quads round to int16 together;
+// one 64-bit lane permutation puts each quad's eight weights in its own 128-bit half
+// as [t0 t1 t2 t3] x [g0 g1], and the byte shuffle of G4 forms the pairs. Layout:
+// wp[(h * nq + q) * 4 + g] = (w0, w2) and wp[(h * nq + q) * 4 + 2 + g] = (w1, w3) of
+// group g. tmp holds at least 2 n floats.
+template <int NH>
+HWY_INLINE void PrepareValueWeightPairsG2(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
+                                          float* O, size_t ostride, uint32_t* wp, float* wsc, float* tmp) {
+  const int nq = n / 4;
+  // Lanes of eight weights spread to [p_{4j} p_{4j} p_{4j+1} p_{4j+1} ... p_{4j+3}], j = 0, 1.
+  const __m256i idx0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), idx1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  const __m256i pairs = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                         0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* Ph = P + static_cast<size_t>(hh) * ld;
+    __m256 mx0 = _mm256_setzero_ps(), mx1 = _mm256_setzero_ps();
+    __m256 z0 = _mm256_setzero_ps(), z1 = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+      const __m256 p8 = _mm256_loadu_ps(Ph + i);
+      const size_t o = static_cast<size_t>(i) * 2;
+      const __m256 e0 = _mm256_permutevar8x32_ps(p8, idx0), e1 = _mm256_permutevar8x32_ps(p8, idx1);
+      const __m256 w0 = _mm256_mul_ps(e0, _mm256_loadu_ps(vs + o)), w1 = _mm256_mul_ps(e1, _mm256_loadu_ps(vs + o + 8));
+      _mm256_store_ps(tmp + o, w0);
+      _mm256_store_ps(tmp + o + 8, w1);
+      mx0 = _mm256_max_ps(mx0, w0);
+      mx1 = _mm256_max_ps(mx1, w1);
+      z0 = _mm256_fmadd_ps(e0, _mm256_loadu_ps(vz + o), z0);
+      z1 = _mm256_fmadd_ps(e1, _mm256_loadu_ps(vz + o + 8), z1);
+    }
+    // Lanes 2j + g -> group g.
+    const __m256 vmax = _mm256_max_ps(mx0, mx1);
+    const __m256 zacc = _mm256_add_ps(z0, z1);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    __m128 z4 = _mm_add_ps(_mm256_castps256_ps128(zacc), _mm256_extractf128_ps(zacc, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));  // [g0 g1 . .]
+    z4 = _mm_add_ps(z4, _mm_movehl_ps(z4, z4));
+    const __m128 m2 = _mm_movelh_ps(m4, m4);     // [g0 g1 g0 g1]
+    alignas(16) float sc[4], zs[4];
+    _mm_store_ps(sc, _mm_div_ps(m2, _mm_set1_ps(32767.0f)));
+    _mm_store_ps(zs, z4);
+    wsc[hh * 2] = sc[0];
+    wsc[hh * 2 + 1] = sc[1];
+    const __m128 inv4 = _mm_and_ps(_mm_cmpgt_ps(m2, _mm_setzero_ps()), _mm_div_ps(_mm_set1_ps(32767.0f), m2));
+    const __m256 inv = _mm256_set_m128(inv4, inv4);
+    float* o = O + static_cast<size_t>(hh) * ostride;
+    for (int g = 0; g < 2; ++g) {
+      const __m256 zv = _mm256_set1_ps(zs[g]);
+      for (int c = g * Gc; c < (g + 1) * Gc; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), zv));
+    }
+    uint32_t* dst = wp + static_cast<size_t>(hh) * nq * 4;
+    for (int q = 0; q < nq; q += 2) {
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(tmp + 8 * q), inv));      // quad q
+      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(tmp + 8 * q + 8), inv));  // quad q + 1
+      // packs: [q t0 t1 | q+1 t0 t1 | q t2 t3 | q+1 t2 t3] (64-bit lanes) -> [q | q+1]
+      const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 4 * q), _mm256_shuffle_epi8(w, pairs));
+    }
+  }
+}
+
 // KIVI values with 256-bit vectors, up to four heads in one pass over the codes. A
 // quad's 32-bit lane holds one channel's codes of tokens 0..3 (kv/codec.h); as two
 // int16 lanes, masking keeps tokens 0 and 2, shifting by 8 first keeps tokens 1 and 3.
@@ -1708,6 +1771,9 @@ HWY_INLINE void FastKiviValuesPairsN(const float* P, int ld, int D, int Gc, cons
   if (NG == 4 && t4 == 0 && n % 8 == 0) {
     PrepareValueWeightPairsG4<NH>(P, ld, Gc, n, vs, vz, O, ostride, wp, wsc, tmp);
     qs = 8, gs = 1, hs = static_cast<size_t>(nq) * 8, w13o = 4;
+  } else if (NG == 2 && t4 == 0 && n % 8 == 0) {
+    PrepareValueWeightPairsG2<NH>(P, ld, Gc, n, vs, vz, O, ostride, wp, wsc, tmp);
+    qs = 4, gs = 1, hs = static_cast<size_t>(nq) * 4, w13o = 2;
   } else {
     PrepareValueWeightPairs<NH>(P, ld, NG, Gc, t4, n, vs, vz, O, ostride, wp, wsc, tmp);
   }
