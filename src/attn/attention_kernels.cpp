@@ -267,19 +267,28 @@ HWY_INLINE void AccumRowsN(DF df, const float* HWY_RESTRICT P, int ld, int D, co
     for (int h = 0; h < NH; ++h)
       #pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) o[h][v] = hn::LoadU(df, O + h * ostride + d + v * N);
-    const T* r = rows + d;
-    const float* Pi = P;
-    for (int i = 0; i < len; ++i, r += stride, ++Pi) {
-      if (d == 0) pf.step(1);
-      hn::Vec<DF> x[NV];
-      #pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) x[v] = LoadRow(df, r + v * N);
-      #pragma GCC unroll 16
-      for (int h = 0; h < NH; ++h) {
-        const auto p = hn::Set(df, Pi[h * ld]);
+    // The first pass over the rows issues their prefetches; the loop is compiled twice so
+    // that the others carry no test for it.
+    auto pass = [&](auto prefetch) {
+      const T* r = rows + d;
+      const float* Pi = P;
+      for (int i = 0; i < len; ++i, r += stride, ++Pi) {
+        if constexpr (decltype(prefetch)::value) pf.step(1);
+        hn::Vec<DF> x[NV];
         #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) o[h][v] = hn::MulAdd(p, x[v], o[h][v]);
+        for (int v = 0; v < NV; ++v) x[v] = LoadRow(df, r + v * N);
+        #pragma GCC unroll 16
+        for (int h = 0; h < NH; ++h) {
+          const auto p = hn::Set(df, Pi[h * ld]);
+          #pragma GCC unroll 16
+          for (int v = 0; v < NV; ++v) o[h][v] = hn::MulAdd(p, x[v], o[h][v]);
+        }
       }
+    };
+    if (d == 0) {
+      pass(std::true_type());
+    } else {
+      pass(std::false_type());
     }
     #pragma GCC unroll 16
     for (int h = 0; h < NH; ++h)
