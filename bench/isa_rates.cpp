@@ -1,8 +1,9 @@
 // kivi-isa-rates: issue rate of the vector instructions the attention kernels are built
 // from, on this core (x86-64 with AVX2). Each loop runs 12 independent dependency chains
 // of one instruction in inline assembly, so it measures throughput, not latency; a chain
-// of dependent scalar adds (one per cycle) gives the clock. The last row mixes vpmaddwd
-// and vpaddd one to one, as the integer KIVI kernels issue them. docs/PERFORMANCE.md quotes
+// of dependent scalar adds (one per cycle) gives the clock. The sixth row mixes vpmaddwd
+// and vpaddd one to one, as the integer KIVI kernels issue them on AVX2. On CPUs with
+// AVX-512 the 512-bit forms follow (and VNNI's vpdpwssd/vpdpbusd where present). docs/PERFORMANCE.md quotes
 // its output in the roofline of the decode-attention kernels.
 //
 //   kivi-isa-rates [--json]
@@ -74,6 +75,32 @@ __attribute__((target("avx2"), noinline)) void madd_add_loop(long n) {
   asm volatile("" ::"x"(a[0]), "x"(a[5]));
 }
 
+// The same with 512-bit registers (AVX-512 CPUs; the AVX3 kernels use these).
+#define KIVI_CHAINS512                                                                                        \
+  [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [a4] "+v"(a[4]), [a5] "+v"(a[5]),       \
+      [a6] "+v"(a[6]), [a7] "+v"(a[7]), [a8] "+v"(a[8]), [a9] "+v"(a[9]), [a10] "+v"(a[10]), [a11] "+v"(a[11])
+#define KIVI_RATE_FN512(name, targets, M, op, T, init, TB, initb)     \
+  __attribute__((target(targets), noinline)) void name(long n) {     \
+    T a[12];                                                          \
+    for (auto& x : a) x = init;                                       \
+    const TB b = initb;                                               \
+    for (long i = 0; i < n; ++i) {                                    \
+      asm volatile(KIVI_X12(M, op) : KIVI_CHAINS512 : [b] "v"(b));    \
+    }                                                                 \
+    asm volatile("" ::"v"(a[0]), "v"(a[5]), "v"(a[11]));              \
+  }
+
+KIVI_RATE_FN512(fma512_loop, "avx512f", KIVI_I3, "vfmadd231ps", __m512, _mm512_set1_ps(0.0f), __m512,
+                _mm512_set1_ps(0.0f))
+KIVI_RATE_FN512(dpwssd512_loop, "avx512f,avx512vnni", KIVI_I3, "vpdpwssd", __m512i, _mm512_set1_epi32(1), __m512i,
+                _mm512_set1_epi16(1))
+KIVI_RATE_FN512(dpbusd512_loop, "avx512f,avx512vnni", KIVI_I3, "vpdpbusd", __m512i, _mm512_set1_epi32(1), __m512i,
+                _mm512_set1_epi8(1))
+KIVI_RATE_FN512(cvtph512_loop, "avx512f", KIVI_I2, "vcvtph2ps", __m512, _mm512_set1_ps(0.0f), __m256i,
+                _mm256_set1_epi16(0x3c00))
+KIVI_RATE_FN512(maddwd512_loop, "avx512f,avx512bw", KIVI_I3, "vpmaddwd", __m512i, _mm512_set1_epi16(1), __m512i,
+                _mm512_set1_epi16(1))
+
 __attribute__((noinline)) void clock_loop(long n) {
   long x = 0;
   for (long i = 0; i < n; ++i) {
@@ -90,7 +117,8 @@ int run(bool json) {
     const char* name;
     const char* what;
     double ns;
-  } rows[] = {
+  };
+  Row rows[16] = {
       {"vfmadd231ps", "8 float multiply-adds", ns_per_op(fma_loop)},
       {"vpmaddwd", "16 int16 products, pairs summed", ns_per_op(madd_loop)},
       {"vpmaddubsw", "32 u8 x s8 products, pairs summed", ns_per_op(maddubs_loop)},
@@ -99,9 +127,19 @@ int run(bool json) {
       // 12 instructions per iteration as above: half of them multiplies.
       {"madd+add", "vpmaddwd then vpaddd (kernel mix)", ns_per_op(madd_add_loop)},
   };
+  size_t n_rows = 6;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    rows[n_rows++] = {"zmm vfmadd231ps", "16 float multiply-adds (512-bit)", ns_per_op(fma512_loop)};
+    rows[n_rows++] = {"zmm vpmaddwd", "32 int16 products (512-bit)", ns_per_op(maddwd512_loop)};
+    rows[n_rows++] = {"zmm vcvtph2ps", "16 f16 -> f32 (512-bit)", ns_per_op(cvtph512_loop)};
+    if (__builtin_cpu_supports("avx512vnni")) {
+      rows[n_rows++] = {"zmm vpdpwssd", "32 int16 products, accumulated", ns_per_op(dpwssd512_loop)};
+      rows[n_rows++] = {"zmm vpdpbusd", "64 u8 x s8 products, accumulated", ns_per_op(dpbusd512_loop)};
+    }
+  }
   if (json) {
     std::printf("{\"clock_ghz\": %.3f, \"instructions\": [", 1.0 / cycle_ns);
-    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); ++i) {
+    for (size_t i = 0; i < n_rows; ++i) {
       std::printf("%s{\"name\": \"%s\", \"ns\": %.4f, \"per_cycle\": %.3f}", i ? ", " : "", rows[i].name, rows[i].ns,
                   cycle_ns / rows[i].ns);
     }
@@ -109,8 +147,9 @@ int run(bool json) {
     return 0;
   }
   std::printf("clock ~%.2f GHz (dependent scalar adds)\n", 1.0 / cycle_ns);
-  std::printf("%-12s %-36s %10s %12s\n", "instruction", "work (256-bit)", "ns each", "per cycle");
-  for (const auto& r : rows) std::printf("%-12s %-36s %10.3f %12.2f\n", r.name, r.what, r.ns, cycle_ns / r.ns);
+  std::printf("%-16s %-36s %10s %12s\n", "instruction", "work (256-bit unless noted)", "ns each", "per cycle");
+  for (size_t i = 0; i < n_rows; ++i)
+    std::printf("%-16s %-36s %10.3f %12.2f\n", rows[i].name, rows[i].what, rows[i].ns, cycle_ns / rows[i].ns);
   return 0;
 }
 
@@ -123,7 +162,8 @@ int main(int argc, char** argv) {
     const bool help = std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0;
     std::fprintf(help ? stdout : stderr,
                  "%susage: kivi-isa-rates [--json]\n"
-                 "Measures the issue rate of the AVX2 instructions the attention kernels use\n"
+                 "Measures the issue rate of the AVX2 (and, where the CPU has them, AVX-512)\n"
+                 "instructions the attention kernels use\n"
                  "(12 independent chains each) and the clock (a chain of dependent adds).\n"
                  "  --json  print {\"clock_ghz\", \"instructions\": [{name, ns, per_cycle}]}\n",
                  help ? "" : "kivi-isa-rates: unknown option\n");

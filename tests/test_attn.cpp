@@ -172,6 +172,46 @@ TEST(Attention, ResultDoesNotDependOnThreadCount) {
   }
 }
 
+// On AVX3 the exact KIVI value kernel runs on 512-bit vectors; per output channel it
+// does the 256-bit kernel's products in the same order, so the two give the same bits.
+// Keys go through formats whose exact kernels have one width only (f16, int8), so the
+// comparison isolates the values. Runs only where the CPU has AVX3.
+TEST(Attention, WideExactKiviValuesGiveTheSameBits) {
+  int64_t avx3 = 0;
+  for (const auto& t : cpu::available_targets())
+    if (t.name == "AVX3") avx3 = t.bits;
+  if (avx3 == 0) GTEST_SKIP() << "needs a CPU with AVX-512 (AVX3)";
+  cpu::force_target_bits(avx3);
+  ThreadPool pool(2);
+  int compared = 0;
+  for (const auto& c : all_formats()) {
+    if (c.k.format == Format::kKivi2 || c.k.format == Format::kKivi4) continue;
+    if (c.v.format != Format::kKivi2 && c.v.format != Format::kKivi4) continue;
+    for (int D : {64, 128}) {
+      for (int n : {31, 200, 1000}) {
+        auto cache = filled_cache(c, 2, D, n, 32, n == 200 ? 0 : 128, n + D);
+        std::vector<float> q(8 * D), wide(q.size()), narrow(q.size()), ref(q.size());
+        Rng r(n + 11);
+        for (auto& x : q) x = r.normal();
+        const auto slopes = attn::alibi_slopes(8);
+        attn::Params p = params_for(kShapes[1], D, n == 1000 ? slopes.data() : nullptr);
+        attn::Workspace ws(2, 8, 2, D, cache->config().block(), cache->capacity());
+        attn::set_wide_exact_kivi(true);
+        attn::decode(cache->view(0), q.data(), wide.data(), p, &pool, ws);
+        attn::set_wide_exact_kivi(false);
+        attn::decode(cache->view(0), q.data(), narrow.data(), p, &pool, ws);
+        attn::set_wide_exact_kivi(true);
+        EXPECT_EQ(std::memcmp(wide.data(), narrow.data(), wide.size() * 4), 0) << c.name << " D=" << D << " n=" << n;
+        attn::decode_reference(cache->view(0), q.data(), ref.data(), p);
+        EXPECT_LT(rel_error(wide, ref), 1e-5) << c.name << " D=" << D << " n=" << n;
+        ++compared;
+      }
+    }
+  }
+  cpu::reset_target();
+  EXPECT_EQ(compared, 2 * 2 * 3);
+}
+
 TEST(Attention, ChunkLengthFollowsContextAndHeads) {
   for (int block : {1, 32, 128, 256, 3000}) {
     const int lo = attn::min_chunk_tokens(block), hi = attn::chunk_tokens(block);

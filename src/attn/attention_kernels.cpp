@@ -17,6 +17,7 @@
 // masking gives channels kW + j in order: no shuffles, and everything stays in channel
 // order.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -40,6 +41,9 @@ namespace kivi::attn {
 
 // Tokens per tile: a tile's staged K and V rows (2 x 64 x D floats) stay in L1/L2.
 inline constexpr int kTile = 64;
+
+// Whether AVX3 runs its 512-bit exact KIVI kernels (set_wide_exact_kivi; tests compare).
+inline std::atomic<bool> g_wide_exact_kivi{true};
 
 
 }  // namespace kivi::attn
@@ -538,6 +542,62 @@ HWY_INLINE void AccumKiviExactN(const float* P, int ld, int D, int Gc, const uin
   }
 }
 
+#if HWY_TARGET == HWY_AVX3
+// AccumKiviExactN with 512-bit vectors (16 channels per vector, W % 16 == 0, Gc % 16 ==
+// 0) and every plane of a byte column in one pass (NH x 8/BITS accumulators, at most 16),
+// so each code vector is loaded once. Per channel the products and their order are those
+// of AccumKiviExactN: bit for bit the same result. The 2-bit table of a token and group
+// (s c + z for c = 0..3) is broadcast to every 128-bit block, where vpermilps looks up.
+template <int NH, int BITS>
+HWY_INLINE void AccumKiviExact512N(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int n,
+                                   const float* lut, const float* s, const float* z, float* O, size_t ostride) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p, NG = D / Gc;
+  const __m512i mask = _mm512_set1_epi32((1 << BITS) - 1);
+  for (int j = 0; j < W; j += 16) {
+    int g[p];
+    __m512 o[p][NH];
+#pragma GCC unroll 4
+    for (int k = 0; k < p; ++k) {
+      g[k] = (k * W + j) / Gc;
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) o[k][h] = _mm512_loadu_ps(O + h * ostride + k * W + j);
+    }
+    const uint8_t* src = quad0 + 4 * j;
+    for (int t = 0; t < n; t += 4, src += 4 * W) {
+      const __m512i x = _mm512_loadu_si512(src);
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; ++b) {
+        __m512 v[p];
+#pragma GCC unroll 4
+        for (int k = 0; k < p; ++k) {
+          const int sh = 8 * b + BITS * k;
+          const __m512i xs = sh == 0 ? x : _mm512_srli_epi32(x, static_cast<unsigned>(sh));
+          if constexpr (BITS == 2) {
+            const float* lt = lut + static_cast<size_t>(t + b) * NG * 8;
+            v[k] = _mm512_permutevar_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(lt + g[k] * 8)), xs);
+          } else {
+            const size_t pi = static_cast<size_t>(t + b) * NG + g[k];
+            v[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(xs, mask)), _mm512_set1_ps(s[pi]),
+                                   _mm512_set1_ps(z[pi]));
+          }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; ++h) {
+          const __m512 pw = _mm512_set1_ps(P[static_cast<size_t>(h) * ld + t + b]);
+#pragma GCC unroll 4
+          for (int k = 0; k < p; ++k) o[k][h] = _mm512_fmadd_ps(pw, v[k], o[k][h]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < p; ++k)
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) _mm512_storeu_ps(O + h * ostride + k * W + j, o[k][h]);
+  }
+}
+#endif
+
 bool ExactKiviValuesOk(int D, int bits, int Gc, int t4, int n) {
   return (bits == 2 || bits == 4) && t4 == 0 && n % 4 == 0 && (D * bits / 8) % 8 == 0 && Gc % 8 == 0;
 }
@@ -555,6 +615,14 @@ void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, co
   }
   auto run = [&](auto bits_c) {
     constexpr int BITS = decltype(bits_c)::value;
+#if HWY_TARGET == HWY_AVX3
+    if ((D * BITS / 8) % 16 == 0 && Gc % 16 == 0 && rep % 4 == 0 && g_wide_exact_kivi.load(std::memory_order_relaxed)) {
+      for (int r = 0; r < rep; r += 4)
+        AccumKiviExact512N<4, BITS>(P + static_cast<size_t>(r) * ld, ld, D, Gc, quad0, n, lut, s, z,
+                                    O + static_cast<size_t>(r) * ostride, ostride);
+      return;
+    }
+#endif
     for (int r = 0; r < rep; r += 4) {
       const float* Pr = P + static_cast<size_t>(r) * ld;
       float* Or = O + static_cast<size_t>(r) * ostride;
@@ -2378,6 +2446,8 @@ size_t kernel_scratch_floats(int rep, int D, int block) {
 void attend_range(const TaskArgs& a) { HWY_DYNAMIC_DISPATCH(AttendTask)(a); }
 
 void exp_nonpositive(const float* x, float* y, int n) { HWY_DYNAMIC_DISPATCH(ExpNonPositiveArray)(x, y, n); }
+
+void set_wide_exact_kivi(bool on) { g_wide_exact_kivi.store(on, std::memory_order_relaxed); }
 
 }  // namespace kivi::attn
 #endif  // HWY_ONCE

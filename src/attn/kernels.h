@@ -34,4 +34,8 @@ void attend_range(const TaskArgs& a);
 // SIMD target chosen at run time. For tests.
 void exp_nonpositive(const float* x, float* y, int n);
 
+// Whether the AVX3 target runs its 512-bit exact-path KIVI kernels (the default) or the
+// 256-bit ones it shares with AVX2. For tests, which compare the two.
+void set_wide_exact_kivi(bool on);
+
 }  // namespace kivi::attn
