@@ -34,8 +34,9 @@ void attend_range(const TaskArgs& a);
 // SIMD target chosen at run time. For tests.
 void exp_nonpositive(const float* x, float* y, int n);
 
-// Whether the AVX3 target runs its 512-bit exact-path KIVI kernels (the default) or the
-// 256-bit ones it shares with AVX2. For tests, which compare the two.
-void set_wide_exact_kivi(bool on);
+// Whether the AVX3 target runs its 512-bit exact-path kernels (the default) or the
+// 256-bit ones it shares with AVX2: for scores (float, f16 and int8 rows, KIVI keys) and
+// for KIVI values. For tests, which compare the two.
+void set_wide_exact_kernels(bool scores, bool kivi_values);
 
 }  // namespace kivi::attn
