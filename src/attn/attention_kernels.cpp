@@ -332,8 +332,8 @@ void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t str
 #if HWY_TARGET == HWY_AVX3
   // 512-bit vectors for the weighted sum of values: 4 heads x 4 vectors x 16 lanes. The
   // FMA rate is the same as with 256 bits on Zen 4, but the f16 conversions, broadcasts and
-  // loop overhead per product halve (f16 and int8 ~9% faster in cache). The scores stay at
-  // 256 bits, where their reductions are cheaper (512-bit scores were ~25% slower).
+  // loop overhead per product halve (f16 and int8 ~9% faster in cache there); Zen 5 runs
+  // two 512-bit FMAs per cycle.
   if (D % 64 == 0 && rep % 4 == 0) {
     const hn::CappedTag<float, 16> d16;
     for (int r = 0; r < rep; r += 4)
@@ -2251,8 +2251,22 @@ void AttendTask(const TaskArgs& a) {
       q8sc[r] = QuantizeQuery16(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
     }
   }
+#if HWY_TARGET == HWY_AVX3
+  // Rows of 16-byte (not 32-byte) multiples, e.g. 2-bit keys of head size 64: the 512-bit
+  // exact kernel is faster than the 256-bit integer one (and exact).
+  const bool narrow_rows = (D * kbits / 8) % 32 != 0 && (D * kbits / 8) % 16 == 0;
+  const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits) &&
+                           !(exact_kivi_k && narrow_rows && g_wide_scores.load(std::memory_order_relaxed));
+#else
   const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
+#endif
+#if HWY_TARGET == HWY_AVX3
+  const bool narrow_v = (D * vbits / 8) % 32 != 0 && (D * vbits / 8) % 16 == 0 && V.group % 16 == 0;
+  const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group) &&
+                           !(narrow_v && rep % 4 == 0 && g_wide_kivi_values.load(std::memory_order_relaxed));
+#else
   const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
+#endif
 #endif
 
   // The byte ranges this task reads, in order: K codes then V codes, block by block,
