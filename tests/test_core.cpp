@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/error.h"
 #include "core/f16.h"
 #include "core/json.h"
@@ -22,6 +23,31 @@ __attribute__((target("f16c"))) uint16_t hw_f32_to_f16(float f) {
 __attribute__((target("f16c"))) float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
 bool have_f16c() { return __builtin_cpu_supports("avx2"); }  // every AVX2 CPU has F16C
+
+// Buffers of a huge page or more start on a 2 MiB boundary (their whole 2 MiB pages are
+// offered as transparent huge pages); smaller ones on a cache line. Every byte up to
+// the requested size is zeroed and writable (AddressSanitizer checks the bounds), and
+// the size is not rounded up.
+TEST(AlignedBuffer, AlignmentZeroingAndSize) {
+  for (size_t n : {size_t{1}, size_t{63}, size_t{4096}, kHugePage - 1, kHugePage, 3 * kHugePage + 5,
+                   9 * kHugePage + 100}) {
+    AlignedBuffer<uint8_t> b(n);
+    ASSERT_NE(b.data(), nullptr);
+    EXPECT_EQ(b.size(), n);
+    const auto addr = reinterpret_cast<uintptr_t>(b.data());
+    EXPECT_EQ(addr % (n >= kHugePage ? kHugePage : kAlign), 0u) << n;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; ++i) nonzero += b[i] != 0;
+    EXPECT_EQ(nonzero, 0u) << n;
+    std::memset(b.data(), 0xAB, n);
+    EXPECT_EQ(b[n - 1], 0xAB);
+  }
+  AlignedBuffer<float> f(kHugePage / sizeof(float) + 3);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data()) % kHugePage, 0u);
+  f.reset(5);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data()) % kAlign, 0u);
+  EXPECT_EQ(f.size(), 5u);
+}
 
 TEST(F16, AllHalvesRoundTripExactly) {
   for (uint32_t h = 0; h < 65536; ++h) {

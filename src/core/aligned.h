@@ -13,11 +13,14 @@
 namespace kivi {
 
 inline constexpr size_t kAlign = 64;  // a cache line; also the widest SIMD vector
-// Buffers of at least this size are aligned to 2 MiB and offered to the kernel as
-// transparent huge pages: long KV caches are streamed every step, and huge pages keep
-// TLB misses and page-bounded hardware prefetching out of the way.
+// Buffers of at least one huge page are aligned to 2 MiB and their whole 2 MiB pages are
+// offered to the kernel as transparent huge pages: long KV caches are streamed every
+// step, and huge pages keep TLB misses and page-bounded hardware prefetching out of the
+// way (the weights' matrix products sweep the TLB between two layers' attention). The
+// size is not rounded up: a tail shorter than 2 MiB stays on small pages, so no memory
+// is wasted.
 inline constexpr size_t kHugePage = size_t{2} << 20;
-inline constexpr size_t kHugeThreshold = size_t{8} << 20;
+inline constexpr size_t kHugeThreshold = kHugePage;
 
 template <class T>
 class AlignedBuffer {
@@ -44,11 +47,12 @@ class AlignedBuffer {
     size_ = n;
     if (n == 0) return;
     const size_t align = n * sizeof(T) >= kHugeThreshold ? kHugePage : kAlign;
-    size_t bytes = (n * sizeof(T) + align - 1) / align * align;
-    data_ = static_cast<T*>(std::aligned_alloc(align, bytes));
-    if (!data_) throw std::bad_alloc();
+    const size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    void* p = nullptr;
+    if (posix_memalign(&p, align, bytes) != 0) throw std::bad_alloc();
+    data_ = static_cast<T*>(p);
 #ifdef MADV_HUGEPAGE
-    if (align == kHugePage) madvise(static_cast<void*>(data_), bytes, MADV_HUGEPAGE);
+    if (align == kHugePage) madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);
 #endif
     if (zero) std::memset(static_cast<void*>(data_), 0, bytes);
   }
