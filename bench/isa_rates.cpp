@@ -3,8 +3,8 @@
 // of one instruction in inline assembly, so it measures throughput, not latency; a chain
 // of dependent scalar adds (one per cycle) gives the clock. The sixth row mixes vpmaddwd
 // and vpaddd one to one, as the integer KIVI kernels issue them on AVX2. On CPUs with
-// AVX-512 the 512-bit forms follow (and VNNI's vpdpwssd/vpdpbusd where present). docs/PERFORMANCE.md quotes
-// its output in the roofline of the decode-attention kernels.
+// AVX-512 the 512-bit forms follow (and VNNI's vpdpwssd/vpdpbusd where present).
+// docs/PERFORMANCE.md quotes its output in the roofline of the decode-attention kernels.
 //
 //   kivi-isa-rates [--json]
 #include <algorithm>
@@ -36,27 +36,49 @@ double ns_per_op(F f) {
 #define KIVI_I2(op, n) op " %[b], %[a" #n "]\n"
 #define KIVI_X12(M, op) \
   M(op, 0) M(op, 1) M(op, 2) M(op, 3) M(op, 4) M(op, 5) M(op, 6) M(op, 7) M(op, 8) M(op, 9) M(op, 10) M(op, 11)
-#define KIVI_CHAINS                                                                                           \
-  [a0] "+x"(a[0]), [a1] "+x"(a[1]), [a2] "+x"(a[2]), [a3] "+x"(a[3]), [a4] "+x"(a[4]), [a5] "+x"(a[5]),       \
-      [a6] "+x"(a[6]), [a7] "+x"(a[7]), [a8] "+x"(a[8]), [a9] "+x"(a[9]), [a10] "+x"(a[10]), [a11] "+x"(a[11])
+// The 12 accumulators as asm operands; C is the register constraint ("x": xmm/ymm 0-15,
+// "v": any of the 32 AVX-512 registers, needed for zmm).
+#define KIVI_CHAINS(C)                                                                                        \
+  [a0] "+" C(a[0]), [a1] "+" C(a[1]), [a2] "+" C(a[2]), [a3] "+" C(a[3]), [a4] "+" C(a[4]), [a5] "+" C(a[5]), \
+      [a6] "+" C(a[6]), [a7] "+" C(a[7]), [a8] "+" C(a[8]), [a9] "+" C(a[9]), [a10] "+" C(a[10]),             \
+      [a11] "+" C(a[11])
 
-// op b, a_i, a_i on 12 accumulators (M = KIVI_I3), or op b, a_i (M = KIVI_I2).
-#define KIVI_RATE_FN(name, M, op, T, init, TB, initb)                 \
-  __attribute__((target("avx2,fma,f16c"), noinline)) void name(long n) { \
-    T a[12];                                                          \
-    for (auto& x : a) x = init;                                       \
-    const TB b = initb;                                               \
-    for (long i = 0; i < n; ++i) {                                    \
-      asm volatile(KIVI_X12(M, op) : KIVI_CHAINS : [b] "x"(b));       \
-    }                                                                 \
-    asm volatile("" ::"x"(a[0]), "x"(a[5]), "x"(a[11]));              \
+// op b, a_i, a_i on 12 accumulators (M = KIVI_I3), or op b, a_i (M = KIVI_I2), compiled for
+// the ISA extensions `targets` with register constraint C.
+#define KIVI_RATE_FN(name, targets, C, M, op, T, init, TB, initb)   \
+  __attribute__((target(targets), noinline)) void name(long n) {   \
+    T a[12];                                                        \
+    for (auto& x : a) x = init;                                     \
+    const TB b = initb;                                             \
+    for (long i = 0; i < n; ++i) {                                  \
+      asm volatile(KIVI_X12(M, op) : KIVI_CHAINS(C) : [b] C(b));    \
+    }                                                               \
+    asm volatile("" ::C(a[0]), C(a[5]), C(a[11]));                  \
   }
 
-KIVI_RATE_FN(fma_loop, KIVI_I3, "vfmadd231ps", __m256, _mm256_set1_ps(0.0f), __m256, _mm256_set1_ps(0.0f))
-KIVI_RATE_FN(madd_loop, KIVI_I3, "vpmaddwd", __m256i, _mm256_set1_epi16(1), __m256i, _mm256_set1_epi16(1))
-KIVI_RATE_FN(maddubs_loop, KIVI_I3, "vpmaddubsw", __m256i, _mm256_set1_epi8(1), __m256i, _mm256_set1_epi8(1))
-KIVI_RATE_FN(addd_loop, KIVI_I3, "vpaddd", __m256i, _mm256_set1_epi32(1), __m256i, _mm256_set1_epi32(1))
-KIVI_RATE_FN(cvtph_loop, KIVI_I2, "vcvtph2ps", __m256, _mm256_set1_ps(0.0f), __m128i, _mm_set1_epi16(0x3c00))
+#define KIVI_AVX2 "avx2,fma,f16c"
+KIVI_RATE_FN(fma_loop, KIVI_AVX2, "x", KIVI_I3, "vfmadd231ps", __m256, _mm256_set1_ps(0.0f), __m256,
+             _mm256_set1_ps(0.0f))
+KIVI_RATE_FN(madd_loop, KIVI_AVX2, "x", KIVI_I3, "vpmaddwd", __m256i, _mm256_set1_epi16(1), __m256i,
+             _mm256_set1_epi16(1))
+KIVI_RATE_FN(maddubs_loop, KIVI_AVX2, "x", KIVI_I3, "vpmaddubsw", __m256i, _mm256_set1_epi8(1), __m256i,
+             _mm256_set1_epi8(1))
+KIVI_RATE_FN(addd_loop, KIVI_AVX2, "x", KIVI_I3, "vpaddd", __m256i, _mm256_set1_epi32(1), __m256i,
+             _mm256_set1_epi32(1))
+KIVI_RATE_FN(cvtph_loop, KIVI_AVX2, "x", KIVI_I2, "vcvtph2ps", __m256, _mm256_set1_ps(0.0f), __m128i,
+             _mm_set1_epi16(0x3c00))
+
+// The same with 512-bit registers (AVX-512 CPUs; the AVX3 kernels use these).
+KIVI_RATE_FN(fma512_loop, "avx512f", "v", KIVI_I3, "vfmadd231ps", __m512, _mm512_set1_ps(0.0f), __m512,
+             _mm512_set1_ps(0.0f))
+KIVI_RATE_FN(maddwd512_loop, "avx512f,avx512bw", "v", KIVI_I3, "vpmaddwd", __m512i, _mm512_set1_epi16(1), __m512i,
+             _mm512_set1_epi16(1))
+KIVI_RATE_FN(cvtph512_loop, "avx512f", "v", KIVI_I2, "vcvtph2ps", __m512, _mm512_set1_ps(0.0f), __m256i,
+             _mm256_set1_epi16(0x3c00))
+KIVI_RATE_FN(dpwssd512_loop, "avx512f,avx512vnni", "v", KIVI_I3, "vpdpwssd", __m512i, _mm512_set1_epi32(1), __m512i,
+             _mm512_set1_epi16(1))
+KIVI_RATE_FN(dpbusd512_loop, "avx512f,avx512vnni", "v", KIVI_I3, "vpdpbusd", __m512i, _mm512_set1_epi32(1), __m512i,
+             _mm512_set1_epi8(1))
 
 // The KIVI kernels' inner pattern: each vpmaddwd result is added into an accumulator
 // (6 products + 6 adds per iteration, 6 chains). Its rate bounds the integer kernels.
@@ -74,32 +96,6 @@ __attribute__((target("avx2"), noinline)) void madd_add_loop(long n) {
   }
   asm volatile("" ::"x"(a[0]), "x"(a[5]));
 }
-
-// The same with 512-bit registers (AVX-512 CPUs; the AVX3 kernels use these).
-#define KIVI_CHAINS512                                                                                        \
-  [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [a4] "+v"(a[4]), [a5] "+v"(a[5]),       \
-      [a6] "+v"(a[6]), [a7] "+v"(a[7]), [a8] "+v"(a[8]), [a9] "+v"(a[9]), [a10] "+v"(a[10]), [a11] "+v"(a[11])
-#define KIVI_RATE_FN512(name, targets, M, op, T, init, TB, initb)     \
-  __attribute__((target(targets), noinline)) void name(long n) {     \
-    T a[12];                                                          \
-    for (auto& x : a) x = init;                                       \
-    const TB b = initb;                                               \
-    for (long i = 0; i < n; ++i) {                                    \
-      asm volatile(KIVI_X12(M, op) : KIVI_CHAINS512 : [b] "v"(b));    \
-    }                                                                 \
-    asm volatile("" ::"v"(a[0]), "v"(a[5]), "v"(a[11]));              \
-  }
-
-KIVI_RATE_FN512(fma512_loop, "avx512f", KIVI_I3, "vfmadd231ps", __m512, _mm512_set1_ps(0.0f), __m512,
-                _mm512_set1_ps(0.0f))
-KIVI_RATE_FN512(dpwssd512_loop, "avx512f,avx512vnni", KIVI_I3, "vpdpwssd", __m512i, _mm512_set1_epi32(1), __m512i,
-                _mm512_set1_epi16(1))
-KIVI_RATE_FN512(dpbusd512_loop, "avx512f,avx512vnni", KIVI_I3, "vpdpbusd", __m512i, _mm512_set1_epi32(1), __m512i,
-                _mm512_set1_epi8(1))
-KIVI_RATE_FN512(cvtph512_loop, "avx512f", KIVI_I2, "vcvtph2ps", __m512, _mm512_set1_ps(0.0f), __m256i,
-                _mm256_set1_epi16(0x3c00))
-KIVI_RATE_FN512(maddwd512_loop, "avx512f,avx512bw", KIVI_I3, "vpmaddwd", __m512i, _mm512_set1_epi16(1), __m512i,
-                _mm512_set1_epi16(1))
 
 __attribute__((noinline)) void clock_loop(long n) {
   long x = 0;

@@ -2251,21 +2251,16 @@ void AttendTask(const TaskArgs& a) {
       q8sc[r] = QuantizeQuery16(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
     }
   }
+  bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
+  bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
 #if HWY_TARGET == HWY_AVX3
-  // Rows of 16-byte (not 32-byte) multiples, e.g. 2-bit keys of head size 64: the 512-bit
-  // exact kernel is faster than the 256-bit integer one (and exact).
-  const bool narrow_rows = (D * kbits / 8) % 32 != 0 && (D * kbits / 8) % 16 == 0;
-  const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits) &&
-                           !(exact_kivi_k && narrow_rows && g_wide_scores.load(std::memory_order_relaxed));
-#else
-  const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
-#endif
-#if HWY_TARGET == HWY_AVX3
-  const bool narrow_v = (D * vbits / 8) % 32 != 0 && (D * vbits / 8) % 16 == 0 && V.group % 16 == 0;
-  const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group) &&
-                           !(narrow_v && rep % 4 == 0 && g_wide_kivi_values.load(std::memory_order_relaxed));
-#else
-  const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
+  // Rows of 16-byte (not 32-byte) multiples, e.g. 2-bit codes of head size 64, would take
+  // the 256-bit integer kernels here; the 512-bit exact ones are faster (and exact).
+  auto narrow = [](int bytes) { return bytes % 32 != 0 && bytes % 16 == 0; };
+  if (exact_kivi_k && narrow(D * kbits / 8) && g_wide_scores.load(std::memory_order_relaxed)) fast_kivi_k = false;
+  if (narrow(D * vbits / 8) && V.group % 16 == 0 && rep % 4 == 0 &&
+      g_wide_kivi_values.load(std::memory_order_relaxed))
+    fast_kivi_v = false;
 #endif
 #endif
 

@@ -20,7 +20,6 @@ inline constexpr size_t kAlign = 64;  // a cache line; also the widest SIMD vect
 // size is not rounded up: a tail shorter than 2 MiB stays on small pages, so no memory
 // is wasted.
 inline constexpr size_t kHugePage = size_t{2} << 20;
-inline constexpr size_t kHugeThreshold = kHugePage;
 
 template <class T>
 class AlignedBuffer {
@@ -46,7 +45,7 @@ class AlignedBuffer {
     data_ = nullptr;
     size_ = n;
     if (n == 0) return;
-    const size_t align = n * sizeof(T) >= kHugeThreshold ? kHugePage : kAlign;
+    const size_t align = n * sizeof(T) >= kHugePage ? kHugePage : kAlign;
     const size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
     void* p = nullptr;
     if (posix_memalign(&p, align, bytes) != 0) throw std::bad_alloc();
