@@ -942,7 +942,10 @@ HWY_INLINE float QuantizeQuery16(const float* x, const float* mul, int D, int16_
 template <bool kVnni>
 HWY_INLINE __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
 #ifdef KIVI_VNNI
-  if constexpr (kVnni) return _mm256_dpwssd_epi32(acc, a, b);
+  if constexpr (kVnni) {
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+    return acc;
+  }
 #endif
   return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
@@ -1271,8 +1274,10 @@ HWY_NOINLINE void FastKiviKeys256PairsN(const float* qp, int D, const float* sp,
 template <bool kVnni>
 HWY_INLINE __m512i DotI16x32(__m512i acc, __m512i a, __m512i b) {
 #ifdef KIVI_VNNI
-  if constexpr (kVnni) return reinterpret_cast<__m512i>(__builtin_ia32_vpdpwssd_v16si(
-      reinterpret_cast<__v16si>(acc), reinterpret_cast<__v16si>(a), reinterpret_cast<__v16si>(b)));
+  if constexpr (kVnni) {
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+    return acc;
+  }
 #endif
   return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
 }
@@ -1356,31 +1361,46 @@ HWY_INLINE int FourRowDots512(int n, int W, Prefetcher& pf, const Load& load, co
     finish(acc, t);
   }
   return t;
-}// QuantizeQuery16 for KIVI keys with 512-bit vectors (D a multiple of 32): rounds
-// x * mul to int16 in q, returns the scale of the codes and sets *bias = x . zero.
-HWY_INLINE float QuantizeQuery16x32(const float* x, const float* mul, const float* zero, int D, int16_t* q,
-                                    float* bias) {
-  __m512 amax = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+}// QuantizeQuery16 for the KIVI keys of NH heads with 512-bit vectors (D a multiple of
+// 32): rounds x_h * mul to int16 in q + h D, sets qsc[h] to the scale of the codes and
+// bias[h] = x_h . zero. The heads share the loads of mul and zero, and their maxima and
+// sums are independent chains.
+template <int NH>
+HWY_INLINE void QuantizeKeyQuery512(const float* x, const float* mul, const float* zero, int D, int16_t* q,
+                                    float* qsc, float* bias) {
+  __m512 amax[NH], b[NH];
+#pragma GCC unroll 4
+  for (int hh = 0; hh < NH; ++hh) amax[hh] = b[hh] = _mm512_setzero_ps();
   for (int d = 0; d < D; d += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + d);
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_mul_ps(xv, _mm512_loadu_ps(mul + d))));
-    b = _mm512_fmadd_ps(xv, _mm512_loadu_ps(zero + d), b);
+    const __m512 mv = _mm512_loadu_ps(mul + d), zv = _mm512_loadu_ps(zero + d);
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      const __m512 xv = _mm512_loadu_ps(x + static_cast<size_t>(hh) * D + d);
+      amax[hh] = _mm512_max_ps(amax[hh], _mm512_abs_ps(_mm512_mul_ps(xv, mv)));
+      b[hh] = _mm512_fmadd_ps(xv, zv, b[hh]);
+    }
   }
-  *bias = _mm512_reduce_add_ps(b);
-  const float m = _mm512_reduce_max_ps(amax);
-  if (m == 0.0f) {
-    std::fill(q, q + D, int16_t{0});
-    return 0.0f;
+  float inv[NH];
+#pragma GCC unroll 4
+  for (int hh = 0; hh < NH; ++hh) {
+    bias[hh] = _mm512_reduce_add_ps(b[hh]);
+    const float m = _mm512_reduce_max_ps(amax[hh]);
+    qsc[hh] = m / 32767.0f;
+    inv[hh] = m > 0.0f ? 32767.0f / m : 0.0f;  // all-zero products round to zero codes
   }
-  const __m512 inv = _mm512_set1_ps(32767.0f / m);
   for (int d = 0; d < D; d += 32) {
-    const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + d), _mm512_loadu_ps(mul + d)), inv));
-    const __m512i hi =
-        _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + d + 16), _mm512_loadu_ps(mul + d + 16)), inv));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm512_cvtsepi32_epi16(lo));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d + 16), _mm512_cvtsepi32_epi16(hi));
+    const __m512 m0 = _mm512_loadu_ps(mul + d), m1 = _mm512_loadu_ps(mul + d + 16);
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      const float* xh = x + static_cast<size_t>(hh) * D + d;
+      const __m512 iv = _mm512_set1_ps(inv[hh]);
+      const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xh), m0), iv));
+      const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xh + 16), m1), iv));
+      int16_t* qh = q + static_cast<size_t>(hh) * D + d;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh), _mm512_cvtsepi32_epi16(lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh + 16), _mm512_cvtsepi32_epi16(hi));
+    }
   }
-  return m / 32767.0f;
 }
 
 // FastKiviKeysN with 512-bit vectors: 32 bytes of a row widen to 32 int16 codes at once,
@@ -1392,9 +1412,7 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
   const int D = kD > 0 ? kD : D_;  // a compile-time constant for the common head sizes
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  for (int hh = 0; hh < NH; ++hh) {
-    qsc[hh] = QuantizeQuery16x32(qp + static_cast<size_t>(hh) * D, sp, zp, D, q16 + static_cast<size_t>(hh) * D, &bias[hh]);
-  }
+  QuantizeKeyQuery512<NH>(qp, sp, zp, D, q16, qsc, bias);
   const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
   const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
   const __m512i mask = _mm512_set1_epi16((1 << BITS) - 1);
