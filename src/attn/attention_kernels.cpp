@@ -2060,6 +2060,54 @@ HWY_INLINE void PrepareValueWeightsG4(const float* P, int ld, int Gc, int n, con
 #endif  // HWY_AVX3
 
 #if HWY_TARGET == HWY_AVX3
+// One 64-byte column (16 channel bytes of four tokens) of FastKiviValues512N, code plane
+// K: over the nq quads, head h's weights are w[h * hs + q * qs]; the sums of the 16
+// channels, times the head's weight scale wsc[h * NG], are added to o + h * ostride.
+// Out of line, with a pointer loop, so that its accumulators, pointers and counter stay
+// in registers (inlined into the value kernel, GCC kept the loop counter on the stack).
+template <int NH, int BITS, bool kVnni, int K>
+HWY_NOINLINE void ValueColumn512K(const uint8_t* src, size_t qbytes, int nq, const uint64_t* w, size_t hs, size_t qs,
+                                  const float* wsc, int NG, float* o, size_t ostride) {
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+  for (int hh = 0; hh < 4; ++hh) lo[hh] = hi[hh] = _mm512_setzero_si512();
+  const uint8_t* const end = src + static_cast<size_t>(nq) * qbytes;
+  for (; src != end; src += qbytes, w += qs) {
+    const __m512i x = _mm512_loadu_si512(src);
+    const __m512i pl = BITS == 8 ? x : _mm512_and_si512(K == 0 ? x : _mm512_srli_epi16(x, BITS * K), mask);
+    const __m512i cl = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(pl));
+    const __m512i ch = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(pl, 1));
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      const __m512i wv = _mm512_set1_epi64(static_cast<long long>(w[hh * hs]));
+      lo[hh] = DotI16x32<kVnni>(lo[hh], cl, wv);
+      hi[hh] = DotI16x32<kVnni>(hi[hh], ch, wv);
+    }
+  }
+  // Lane pairs (2c, 2c + 1) hold channel c's two token-pair sums; these pick them from
+  // [lo | hi] so that even + odd is channels 0..15 in order.
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#pragma GCC unroll 4
+  for (int hh = 0; hh < NH; ++hh) {
+    const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[hh], even, hi[hh]),
+                                         _mm512_permutex2var_epi32(lo[hh], odd, hi[hh]));
+    float* oh = o + static_cast<size_t>(hh) * ostride;
+    _mm512_storeu_ps(oh, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(wsc[hh * NG]), _mm512_loadu_ps(oh)));
+  }
+}
+template <int NH, int BITS, bool kVnni>
+HWY_INLINE void ValueColumn512(int k, const uint8_t* src, size_t qbytes, int nq, const uint64_t* w, size_t hs,
+                               size_t qs, const float* wsc, int NG, float* o, size_t ostride) {
+  switch (k) {
+    case 0: return ValueColumn512K<NH, BITS, kVnni, 0>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+    case 1: return ValueColumn512K<NH, BITS, kVnni, 1>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+    case 2: return ValueColumn512K<NH, BITS, kVnni, 2>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+    default: return ValueColumn512K<NH, BITS, kVnni, 3>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+  }
+}
+
 // FastKiviValuesN with 512-bit vectors: 64 bytes of a quad (16 channel bytes of four
 // tokens) per load; each vpdpwssd covers 8 channels x 4 tokens. Needs W % 16 == 0 and
 // Gc % 16 == 0 (the 16 channels of a load share one group).
@@ -2080,41 +2128,12 @@ HWY_INLINE void FastKiviValues512N(const float* P, int ld, int D_, int Gc, const
     PrepareValueWeights<NH>(P, ld, D, Gc, t4, n, vs, vz, O, ostride, wq, wsc);
     hs = static_cast<size_t>(NG) * nq, gs = nq, qs = 1;
   }
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
-  // Lane pairs (2c, 2c + 1) hold channel c's two token-pair sums; these pick them from
-  // [lo | hi] so that even + odd is channels 0..15 in order.
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   for (int l = 0; l < W / 16; ++l) {  // 64 bytes of every quad: channel bytes 16l .. 16l + 15
 #pragma GCC unroll 8
     for (int k = 0; k < p; ++k) {
       const int g = (k * W + 16 * l) / Gc;
-      const uint64_t* wg[4];
-#pragma GCC unroll 4
-      for (int hh = 0; hh < NH; ++hh) wg[hh] = wq + hh * hs + g * gs;
-      __m512i lo[4], hi[4];
-#pragma GCC unroll 4
-      for (int hh = 0; hh < 4; ++hh) lo[hh] = hi[hh] = _mm512_setzero_si512();
-      const uint8_t* src = quad0 + 64 * l;
-      for (int q = 0; q < nq; ++q, src += 4 * W) {
-        const __m512i x = _mm512_loadu_si512(src);
-        const __m512i pl = BITS == 8 ? x : _mm512_and_si512(k == 0 ? x : _mm512_srli_epi16(x, BITS * k), mask);
-        const __m512i cl = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(pl));
-        const __m512i ch = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(pl, 1));
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          const __m512i w = _mm512_set1_epi64(static_cast<long long>(wg[hh][q * qs]));
-          lo[hh] = DotI16x32<kVnni>(lo[hh], cl, w);
-          hi[hh] = DotI16x32<kVnni>(hi[hh], ch, w);
-        }
-      }
-#pragma GCC unroll 4
-      for (int hh = 0; hh < NH; ++hh) {
-        const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[hh], even, hi[hh]),
-                                             _mm512_permutex2var_epi32(lo[hh], odd, hi[hh]));
-        float* o = O + static_cast<size_t>(hh) * ostride + static_cast<size_t>(k) * W + 16 * l;
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(wsc[hh * NG + g]), _mm512_loadu_ps(o)));
-      }
+      ValueColumn512<NH, BITS, kVnni>(k, quad0 + 64 * l, static_cast<size_t>(4 * W), nq, wq + g * gs, hs, qs,
+                                     wsc + g, NG, O + static_cast<size_t>(k) * W + 16 * l, ostride);
     }
   }
 }
