@@ -2011,7 +2011,7 @@ HWY_INLINE void FastKiviValuesPairsN(const float* P, int ld, int D, int Gc, cons
 // no transposition of the per-token parameters is needed. Layout of the result:
 // wq[(q * NH + h) * 4 + g]. wtmp: scratch of n / 4 * NH * 16 floats.
 template <int NH>
-HWY_INLINE void PrepareValueWeightsG4(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
+HWY_NOINLINE void PrepareValueWeightsG4(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
                                       float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
   // Lane 4g + b takes token b, group g: from vs[4b + g], and P[b].
   const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -2224,13 +2224,17 @@ void LoadParams(const kv::StreamView& st, size_t index, int count, float* out, b
     return;
   }
   const f16_t* p = reinterpret_cast<const f16_t*>(base) + index;
-  const hn::CappedTag<float, 8> df;
-  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
-  const int N = static_cast<int>(hn::Lanes(df));
   int i = 0;
-  for (; i + N <= count; i += N) {
-    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p + i))), df, out + i);
-  }
+  // Full vectors, then (on targets wider than 8 lanes) one of 8, then one at a time.
+  auto convert = [&](auto df) {
+    const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+    const int N = static_cast<int>(hn::Lanes(df));
+    for (; i + N <= count; i += N) {
+      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p + i))), df, out + i);
+    }
+  };
+  convert(hn::ScalableTag<float>());
+  convert(hn::CappedTag<float, 8>());
   for (; i < count; ++i) out[i] = f16_to_f32(p[i]);
 }
 
