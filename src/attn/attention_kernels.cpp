@@ -1452,6 +1452,97 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
     for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
   }
 }
+
+// FastKiviKeys512N for rows of 16-byte (not 32-byte) multiples, e.g. 2-bit codes at
+// head_dim 64: 16 bytes of two rows widen into one vector (words 0-15 row t, 16-31 row
+// t + 1) against the head's 16 query channels in both halves, so each vpdpwssd still
+// covers 32 products. Four rows per iteration keep 8 accumulators (2 row pairs x 4
+// heads); their 16 sums need one 21-instruction tree. Needs D % 32 == 0.
+template <int NH, int BITS, bool kVnni>
+HWY_INLINE void FastKiviKeys512PairsN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
+                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+  constexpr int p = 8 / BITS;
+  const int W = D / p;
+  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
+  QuantizeKeyQuery512<NH>(qp, sp, zp, D, q16, qsc, bias);
+  const __m512i mask = _mm512_set1_epi16((1 << BITS) - 1);
+  auto plane = [&](__m512i x, int k) {
+    return k == 0 ? _mm512_and_si512(x, mask) : _mm512_and_si512(_mm512_srli_epi16(x, BITS * k), mask);
+  };
+  // Query channels ch .. ch + 15 of head hh, in both 256-bit halves.
+  auto qload = [&](int hh, int ch) {
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + static_cast<size_t>(hh) * D + ch)));
+  };
+  auto load16 = [](const uint8_t* b) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)); };
+  // Lane 4 r + h of the sums is row r, head h: the per-head factors repeat every 4 lanes,
+  // and `tr` moves the scores to lanes 4 h + r for StoreScores4x4.
+  const __m512 qsc16 = _mm512_broadcast_f32x4(_mm_loadu_ps(qsc)), bias16 = _mm512_broadcast_f32x4(_mm_loadu_ps(bias));
+  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  auto shuf = [](__m512i x, __m512i y, auto imm) {
+    return _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(y), decltype(imm)::value));
+  };
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    pf.step(4);
+    __m512i acc[8];  // acc[2 h + j]: head h, rows t + 2j and t + 2j + 1
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_si512();
+    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+    for (int c = 0; c < W; c += 16) {
+      __m512i x[2];
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        const uint8_t* a = r0 + static_cast<size_t>(2 * j) * stride + c;
+        x[j] = _mm512_cvtepu8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(load16(a)), load16(a + stride), 1));
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < p; ++k) {
+        const __m512i w0 = plane(x[0], k), w1 = plane(x[1], k);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) {
+          const __m512i qv = qload(hh, k * W + c);
+          acc[2 * hh] = DotI16x32<kVnni>(acc[2 * hh], w0, qv);
+          acc[2 * hh + 1] = DotI16x32<kVnni>(acc[2 * hh + 1], w1, qv);
+        }
+      }
+    }
+    // u[h] block r = the four partial sums of row t + r, head h.
+    __m512i u[4];
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) {
+      const __m512i a = acc[2 * hh], b = acc[2 * hh + 1];
+      u[hh] = hh < NH ? _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD))
+                      : _mm512_setzero_si512();
+    }
+    const __m512i w0 = _mm512_add_epi32(shuf(u[0], u[1], std::integral_constant<int, 0x44>{}),
+                                        shuf(u[0], u[1], std::integral_constant<int, 0xEE>{}));
+    const __m512i w1 = _mm512_add_epi32(shuf(u[2], u[3], std::integral_constant<int, 0x44>{}),
+                                        shuf(u[2], u[3], std::integral_constant<int, 0xEE>{}));
+    const __m512i sums = _mm512_add_epi32(shuf(w0, w1, std::integral_constant<int, 0x88>{}),
+                                          shuf(w0, w1, std::integral_constant<int, 0xDD>{}));
+    const __m512 sc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), qsc16, bias16);
+    StoreScores4x4<NH>(_mm512_permutexvar_ps(tr, sc), S, ld, t);
+  }
+  for (; t < n; ++t) {  // the last n % 4 rows, one at a time (words 16-31 zero)
+    pf.step(1);
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int hh = 0; hh < 4; ++hh) a[hh] = _mm512_setzero_si512();
+    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
+    for (int c = 0; c < W; c += 16) {
+      const __m512i xz = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(load16(r0 + c)));
+#pragma GCC unroll 4
+      for (int k = 0; k < p; ++k) {
+        const __m512i w0 = plane(xz, k);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < NH; ++hh) a[hh] = DotI16x32<kVnni>(a[hh], w0, qload(hh, k * W + c));
+      }
+    }
+    for (int hh = 0; hh < NH; ++hh) {
+      S[hh * ld + t] = static_cast<float>(_mm512_reduce_add_epi32(a[hh])) * qsc[hh] + bias[hh];
+    }
+  }
+}
 #endif  // HWY_AVX3
 
 template <int BITS, bool kVnni>
@@ -1476,7 +1567,17 @@ HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, 
       }
       continue;
     }
-    // Rows of 16-byte multiples: the 256-bit kernel (VNNI when present).
+    // Rows of 16-byte multiples: two rows per 512-bit vector where the query rounding can
+    // use 512-bit vectors, else the 256-bit kernel (VNNI when present).
+    if (D % 32 == 0) {
+      switch (std::min(4, rep - r)) {
+        case 1: FastKiviKeys512PairsN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 2: FastKiviKeys512PairsN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        case 3: FastKiviKeys512PairsN<3, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+        default: FastKiviKeys512PairsN<4, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
+      }
+      continue;
+    }
     switch (std::min(4, rep - r)) {
       case 1: FastKiviKeysN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
       case 2: FastKiviKeysN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
@@ -2057,6 +2158,60 @@ HWY_NOINLINE void PrepareValueWeightsG4(const float* P, int ld, int Gc, int n, c
     }
   }
 }
+
+// PrepareValueWeightsG4 for two channel groups (head_dim 64 at G = 32): one vector holds
+// two quads' 8 tokens x 2 groups, lane 8 d + 4 g + b for token 4 d + b, group g. The
+// weights of head h land at wq[h * hs + 2 q + g] (hs = 2 nq; n a multiple of 8).
+template <int NH>
+HWY_NOINLINE void PrepareValueWeightsG2(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
+                                        float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
+  const __m512i tr = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const int np = n / 8;  // quad pairs
+  const size_t hs = static_cast<size_t>(n) / 2;
+  __m512 vmax[4], zacc[4];
+#pragma GCC unroll 4
+  for (int hh = 0; hh < 4; ++hh) vmax[hh] = zacc[hh] = _mm512_setzero_ps();
+  for (int q = 0; q < np; ++q) {
+    const __m512 sv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vs + 16 * q));
+    const __m512 zv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vz + 16 * q));
+#pragma GCC unroll 4
+    for (int hh = 0; hh < NH; ++hh) {
+      // [P0-3 | P0-3 | P4-7 | P4-7] of the pair's 8 tokens.
+      const __m512 p8 = _mm512_broadcast_f32x8(_mm256_loadu_ps(P + static_cast<size_t>(hh) * ld + 8 * q));
+      const __m512 pv = _mm512_shuffle_f32x4(p8, p8, _MM_SHUFFLE(1, 1, 0, 0));
+      const __m512 w = _mm512_mul_ps(pv, sv);
+      _mm512_storeu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16, w);
+      vmax[hh] = _mm512_max_ps(vmax[hh], w);
+      zacc[hh] = _mm512_fmadd_ps(pv, zv, zacc[hh]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int hh = 0; hh < NH; ++hh) {
+    // Reduce over each group's 8 lanes (blocks g and g + 2): every lane gets its group's value.
+    __m512 m = _mm512_max_ps(vmax[hh], _mm512_permute_ps(vmax[hh], 0xB1));
+    m = _mm512_max_ps(m, _mm512_permute_ps(m, 0x4E));
+    m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    __m512 z = _mm512_add_ps(zacc[hh], _mm512_permute_ps(zacc[hh], 0xB1));
+    z = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
+    z = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(1, 0, 3, 2)));
+    alignas(64) float mg[16], zg[16];
+    _mm512_store_ps(mg, m);
+    _mm512_store_ps(zg, z);
+    float* o = O + static_cast<size_t>(hh) * ostride;
+    for (int g = 0; g < 2; ++g) {
+      wsc[hh * 2 + g] = mg[4 * g] / 32767.0f;
+      const __m512 zsv = _mm512_set1_ps(zg[4 * g]);
+      for (int c = g * Gc; c < (g + 1) * Gc; c += 16) _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), zsv));
+    }
+    const __mmask16 pos = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+    const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(32767.0f), m);
+    for (int q = 0; q < np; ++q) {
+      const __m512 w = _mm512_loadu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + hh * hs + 4 * static_cast<size_t>(q)),
+                          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w, inv))));
+    }
+  }
+}
 #endif  // HWY_AVX3
 
 #if HWY_TARGET == HWY_AVX3
@@ -2124,6 +2279,9 @@ HWY_INLINE void FastKiviValues512N(const float* P, int ld, int D_, int Gc, const
   if (NG == 4 && t4 == 0 && n % 4 == 0) {
     PrepareValueWeightsG4<NH>(P, ld, Gc, n, vs, vz, O, ostride, wq, wsc, wtmp);
     hs = 4, gs = 1, qs = 4 * NH;
+  } else if (NG == 2 && t4 == 0 && n % 8 == 0) {
+    PrepareValueWeightsG2<NH>(P, ld, Gc, n, vs, vz, O, ostride, wq, wsc, wtmp);
+    hs = static_cast<size_t>(n) / 2, gs = 1, qs = 2;
   } else {
     PrepareValueWeights<NH>(P, ld, D, Gc, t4, n, vs, vz, O, ostride, wq, wsc);
     hs = static_cast<size_t>(NG) * nq, gs = nq, qs = 1;
@@ -2292,17 +2450,8 @@ void AttendTask(const TaskArgs& a) {
       q8sc[r] = QuantizeQuery16(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
     }
   }
-  bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
-  bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
-#if HWY_TARGET == HWY_AVX3
-  // Rows of 16-byte (not 32-byte) multiples, e.g. 2-bit codes of head size 64, would take
-  // the 256-bit integer kernels here; the 512-bit exact ones are faster (and exact).
-  auto narrow = [](int bytes) { return bytes % 32 != 0 && bytes % 16 == 0; };
-  if (exact_kivi_k && narrow(D * kbits / 8) && g_wide_scores.load(std::memory_order_relaxed)) fast_kivi_k = false;
-  if (narrow(D * vbits / 8) && V.group % 16 == 0 && rep % 4 == 0 &&
-      g_wide_kivi_values.load(std::memory_order_relaxed))
-    fast_kivi_v = false;
-#endif
+  const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
+  const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
 #endif
 
   // The byte ranges this task reads, in order: K codes then V codes, block by block,
