@@ -939,11 +939,16 @@ HWY_INLINE float QuantizeQuery16(const float* x, const float* mul, int D, int16_
 }
 
 // acc += pairwise int16 products (vpdpwssd with VNNI, else vpmaddwd + vpaddd).
+// vpdpwssd is issued by inline asm with the accumulator tied to its register ("+v"):
+// with GCC's builtin (or intrinsic) the register allocator copied every accumulator
+// before and after the instruction in the value loops (two vmovdqa per product). The
+// {evex} prefix keeps the AVX512-VNNI encoding (the VEX one, AVX-VNNI, faults on CPUs
+// without it, e.g. AMD Zen 4); the kVnni functions run only where HasVnni() holds.
 template <bool kVnni>
 HWY_INLINE __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
 #ifdef KIVI_VNNI
   if constexpr (kVnni) {
-    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+    asm("%{evex%} vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "vm"(b));
     return acc;
   }
 #endif
@@ -1267,15 +1272,12 @@ HWY_NOINLINE void FastKiviKeys256PairsN(const float* qp, int D, const float* sp,
 }
 
 #if HWY_TARGET == HWY_AVX3
-// 512-bit integer helpers (AVX3 only).
-// (The builtin rather than _mm512_dpwssd_epi32: GCC checks an always-inline intrinsic
-// against each function it passes through, while the builtin is checked where the
-// code is finally emitted: inside the KIVI_VNNI_ATTR functions.)
+// 512-bit integer helpers (AVX3 only). DotI16x32: as DotI16, 32 products per vector.
 template <bool kVnni>
 HWY_INLINE __m512i DotI16x32(__m512i acc, __m512i a, __m512i b) {
 #ifdef KIVI_VNNI
   if constexpr (kVnni) {
-    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+    asm("%{evex%} vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "vm"(b));
     return acc;
   }
 #endif
