@@ -1060,9 +1060,9 @@ HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const
   // After the in-lane packs the pairs of channels sit as (0,2) (8,10) (16,18) (24,26) |
   // (4,6) (12,14) (20,22) (28,30) (odd ones likewise): this order restores 0, 2, 4, ...
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  float inv_h[4];
   for (int hh = 0; hh < NH; ++hh) {
     const float* x = qp + static_cast<size_t>(hh) * D;
-    int16_t* q = q16 + static_cast<size_t>(hh) * D;
     // Four bias sums and two maxima in flight (one multiply-add chain bound this loop).
     __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
     __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
@@ -1081,7 +1081,13 @@ HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const
     bias[hh] = HSum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
     const float m = HMax(_mm256_max_ps(m0, m1));
     qsc[hh] = m / 32767.0f;
-    const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+    inv_h[hh] = m > 0.0f ? 32767.0f / m : 0.0f;
+  }
+  // Rounding after every head's maximum is known: no head waits on its own reduction.
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* x = qp + static_cast<size_t>(hh) * D;
+    int16_t* q = q16 + static_cast<size_t>(hh) * D;
+    const __m256 inv = _mm256_set1_ps(inv_h[hh]);
     for (int d = 0; d < D; d += 32) {
       auto qs = [&](int o) { return _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + o), _mm256_loadu_ps(sp + d + o)), inv); };
       const __m256 f0 = qs(0), f1 = qs(8), f2 = qs(16), f3 = qs(24);
@@ -1104,9 +1110,9 @@ HWY_INLINE void PrepareKeyQuery16(const float* qp, int D, const float* sp, const
   const __m256 sign = _mm256_set1_ps(-0.0f);
   // Pairs (0,2) (8,10) (1,3) (9,11) | (4,6) (12,14) (5,7) (13,15) after the in-lane pack.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  float inv_h[4];
   for (int hh = 0; hh < NH; ++hh) {
     const float* x = qp + static_cast<size_t>(hh) * D;
-    int16_t* q = q16 + static_cast<size_t>(hh) * D;
     __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 16) {
       const __m256 x0 = _mm256_loadu_ps(x + d), x1 = _mm256_loadu_ps(x + d + 8);
@@ -1118,7 +1124,12 @@ HWY_INLINE void PrepareKeyQuery16(const float* qp, int D, const float* sp, const
     bias[hh] = HSum(_mm256_add_ps(b0, b1));
     const float m = HMax(_mm256_max_ps(m0, m1));
     qsc[hh] = m / 32767.0f;
-    const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+    inv_h[hh] = m > 0.0f ? 32767.0f / m : 0.0f;
+  }
+  for (int hh = 0; hh < NH; ++hh) {  // (as in PrepareKeyQuery32: maxima first, then rounding)
+    const float* x = qp + static_cast<size_t>(hh) * D;
+    int16_t* q = q16 + static_cast<size_t>(hh) * D;
+    const __m256 inv = _mm256_set1_ps(inv_h[hh]);
     for (int d = 0; d < D; d += 16) {
       const __m256 f0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv);
       const __m256 f1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), _mm256_loadu_ps(sp + d + 8)), inv);
