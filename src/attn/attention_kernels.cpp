@@ -861,7 +861,10 @@ void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out, int ou
     }
     const float total = SumLanes(df, sum);
     if (corr != 1.0f) {
-      for (int d = 0; d < D; ++d) o[d] *= corr;
+      const auto cv = hn::Set(df, corr);
+      int d = 0;
+      for (; d + static_cast<int>(N) <= D; d += static_cast<int>(N)) hn::StoreU(hn::Mul(hn::LoadU(df, o + d), cv), df, o + d);
+      for (; d < D; ++d) o[d] *= corr;
     }
     o[D] = mx;
     o[D + 1] = o[D + 1] * corr + total;
@@ -2433,11 +2436,16 @@ void AttendTask(const TaskArgs& a) {
   float* vz = vs + static_cast<size_t>(kTile) * D;
   float* rs = vz + static_cast<size_t>(kTile) * D;
 
+  {
+    // The scaled query, [rep][D] (contiguous in both).
+    const hn::ScalableTag<float> df;
+    const int N = static_cast<int>(hn::Lanes(df)), n = rep * D;
+    const auto sv = hn::Set(df, a.scale);
+    int i = 0;
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, a.q + i), sv), df, qn + i);
+    for (; i < n; ++i) qn[i] = a.q[i] * a.scale;
+  }
   for (int r = 0; r < rep; ++r) {
-    const float* q = a.q + static_cast<size_t>(r) * D;
-    for (int d = 0; d < D; ++d) {
-      qn[r * D + d] = q[d] * a.scale;
-    }
     float* o = a.out + static_cast<size_t>(r) * a.out_stride;
     std::fill(o, o + D, 0.0f);
     o[D] = -std::numeric_limits<float>::infinity();
