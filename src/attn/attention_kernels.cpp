@@ -623,11 +623,27 @@ void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, co
                     const float* s, const float* z, float* O, size_t ostride, float* lut) {
   const int NG = D / Gc;
   if (bits == 2) {
+    // lut[8 e + j] = (j % 4) s[e] + z[e] for the n NG (token, group) entries e.
+    const int ne = n * NG;
+    int e = 0;
+#if HWY_TARGET == HWY_AVX3
+    // 16 entries per pair of loads; each store covers two entries.
+    const __m512 c8 = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    for (; e + 16 <= ne; e += 16) {
+      const __m512 sv = _mm512_loadu_ps(s + e), zv = _mm512_loadu_ps(z + e);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i idx = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1,
+                                              2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+        _mm512_storeu_ps(lut + static_cast<size_t>(e + 2 * k) * 8,
+                         _mm512_fmadd_ps(c8, _mm512_permutexvar_ps(idx, sv), _mm512_permutexvar_ps(idx, zv)));
+      }
+    }
+#endif
     const __m256 c4 = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
-    for (int i = 0; i < n; ++i)
-      for (int g = 0; g < NG; ++g)
-        _mm256_storeu_ps(lut + (static_cast<size_t>(i) * NG + g) * 8,
-                         _mm256_fmadd_ps(c4, _mm256_set1_ps(s[i * NG + g]), _mm256_set1_ps(z[i * NG + g])));
+    for (; e < ne; ++e) {
+      _mm256_storeu_ps(lut + static_cast<size_t>(e) * 8, _mm256_fmadd_ps(c4, _mm256_set1_ps(s[e]), _mm256_set1_ps(z[e])));
+    }
   }
   auto run = [&](auto bits_c) {
     constexpr int BITS = decltype(bits_c)::value;
