@@ -2139,107 +2139,72 @@ HWY_INLINE void FastKiviValuesPairsN(const float* P, int ld, int D, int Gc, cons
 }
 
 #if HWY_TARGET == HWY_AVX3
-// PrepareValueWeights for four channel groups (D = 4 Gc) and whole quads (t4 = 0,
-// n % 4 == 0), with 512-bit vectors: one vector holds a quad's 4 tokens x 4 groups, so
-// no transposition of the per-token parameters is needed. Layout of the result:
-// wq[(q * NH + h) * 4 + g]. wtmp: scratch of n / 4 * NH * 16 floats.
-template <int NH>
-HWY_NOINLINE void PrepareValueWeightsG4(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
-                                      float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
-  // Lane 4g + b takes token b, group g: from vs[4b + g], and P[b].
-  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const int nq = n / 4;
+// PrepareValueWeights for NG = 4 or 2 channel groups (D = NG Gc; head_dim 128 or 64 at
+// G = 32) with 512-bit vectors. One vector holds 16 / NG tokens x NG groups, so no
+// transposition of the per-token parameters is needed: with four groups a quad's 4
+// tokens, lane 4 g + b for token b; with two a pair of quads' 8 tokens, lane 8 d + 4 g + b
+// for token 4 d + b. n must cover whole vectors (t4 = 0, n % (16 / NG) == 0). Layout of
+// the result: wq[h * hs + NG q + g] with hs = n NG / 4 (the 16 lanes of vector i, rounded
+// to int16, are uint64s 4i .. 4i + 3). wtmp: scratch of n NG / 16 * NH * 16 floats.
+template <int NH, int NG>
+HWY_NOINLINE void PrepareValueWeightsWide(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
+                                          float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
+  static_assert(NG == 4 || NG == 2, "four or two channel groups");
+  constexpr int kTok = 16 / NG;  // tokens per vector
+  // Lane l takes vs[tr[l]] (token-major input [token][group]).
+  const __m512i tr = NG == 4 ? _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
+                             : _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const int nv = n / kTok;
+  const size_t hs = static_cast<size_t>(n) * NG / 4;
   __m512 vmax[4], zacc[4];
 #pragma GCC unroll 4
   for (int hh = 0; hh < 4; ++hh) vmax[hh] = zacc[hh] = _mm512_setzero_ps();
-  for (int q = 0; q < nq; ++q) {
-    const __m512 sv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vs + 16 * q));
-    const __m512 zv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vz + 16 * q));
+  for (int i = 0; i < nv; ++i) {
+    const __m512 sv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vs + 16 * i));
+    const __m512 zv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vz + 16 * i));
 #pragma GCC unroll 4
     for (int hh = 0; hh < NH; ++hh) {
-      const __m512 pv = _mm512_broadcast_f32x4(_mm_loadu_ps(P + static_cast<size_t>(hh) * ld + 4 * q));
+      const float* Ph = P + static_cast<size_t>(hh) * ld + kTok * i;
+      __m512 pv;  // the weights p of each lane's token
+      if constexpr (NG == 4) {
+        pv = _mm512_broadcast_f32x4(_mm_loadu_ps(Ph));
+      } else {  // [P0-3 | P0-3 | P4-7 | P4-7]
+        const __m512 p8 = _mm512_broadcast_f32x8(_mm256_loadu_ps(Ph));
+        pv = _mm512_shuffle_f32x4(p8, p8, _MM_SHUFFLE(1, 1, 0, 0));
+      }
       const __m512 w = _mm512_mul_ps(pv, sv);
-      _mm512_storeu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16, w);
+      _mm512_storeu_ps(wtmp + (static_cast<size_t>(i) * NH + hh) * 16, w);
       vmax[hh] = _mm512_max_ps(vmax[hh], w);
       zacc[hh] = _mm512_fmadd_ps(pv, zv, zacc[hh]);
     }
   }
 #pragma GCC unroll 4
   for (int hh = 0; hh < NH; ++hh) {
-    // Reduce within each 128-bit block (one group): every lane gets its group's value.
+    // Reduce over each group's lanes (its 128-bit block; with two groups, blocks g and
+    // g + 2): every lane gets its group's value.
     __m512 m = _mm512_max_ps(vmax[hh], _mm512_permute_ps(vmax[hh], 0xB1));
     m = _mm512_max_ps(m, _mm512_permute_ps(m, 0x4E));
     __m512 z = _mm512_add_ps(zacc[hh], _mm512_permute_ps(zacc[hh], 0xB1));
     z = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
+    if constexpr (NG == 2) {
+      m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+      z = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(1, 0, 3, 2)));
+    }
     alignas(64) float mg[16], zg[16];
     _mm512_store_ps(mg, m);
     _mm512_store_ps(zg, z);
     float* o = O + static_cast<size_t>(hh) * ostride;
-    for (int g = 0; g < 4; ++g) {
-      wsc[hh * 4 + g] = mg[4 * g] / 32767.0f;
+    for (int g = 0; g < NG; ++g) {
+      wsc[hh * NG + g] = mg[4 * g] / 32767.0f;
       // Zero points: sum_t p_t z_{t,g} lands on every channel of group g.
       const __m512 zsv = _mm512_set1_ps(zg[4 * g]);
       for (int c = g * Gc; c < (g + 1) * Gc; c += 16) _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), zsv));
     }
     const __mmask16 pos = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
     const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(32767.0f), m);
-    for (int q = 0; q < nq; ++q) {
-      const __m512 w = _mm512_loadu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + (static_cast<size_t>(q) * NH + hh) * 4),
-                          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w, inv))));
-    }
-  }
-}
-
-// PrepareValueWeightsG4 for two channel groups (head_dim 64 at G = 32): one vector holds
-// two quads' 8 tokens x 2 groups, lane 8 d + 4 g + b for token 4 d + b, group g. The
-// weights of head h land at wq[h * hs + 2 q + g] (hs = 2 nq; n a multiple of 8).
-template <int NH>
-HWY_NOINLINE void PrepareValueWeightsG2(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
-                                        float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
-  const __m512i tr = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-  const int np = n / 8;  // quad pairs
-  const size_t hs = static_cast<size_t>(n) / 2;
-  __m512 vmax[4], zacc[4];
-#pragma GCC unroll 4
-  for (int hh = 0; hh < 4; ++hh) vmax[hh] = zacc[hh] = _mm512_setzero_ps();
-  for (int q = 0; q < np; ++q) {
-    const __m512 sv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vs + 16 * q));
-    const __m512 zv = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(vz + 16 * q));
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) {
-      // [P0-3 | P0-3 | P4-7 | P4-7] of the pair's 8 tokens.
-      const __m512 p8 = _mm512_broadcast_f32x8(_mm256_loadu_ps(P + static_cast<size_t>(hh) * ld + 8 * q));
-      const __m512 pv = _mm512_shuffle_f32x4(p8, p8, _MM_SHUFFLE(1, 1, 0, 0));
-      const __m512 w = _mm512_mul_ps(pv, sv);
-      _mm512_storeu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16, w);
-      vmax[hh] = _mm512_max_ps(vmax[hh], w);
-      zacc[hh] = _mm512_fmadd_ps(pv, zv, zacc[hh]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int hh = 0; hh < NH; ++hh) {
-    // Reduce over each group's 8 lanes (blocks g and g + 2): every lane gets its group's value.
-    __m512 m = _mm512_max_ps(vmax[hh], _mm512_permute_ps(vmax[hh], 0xB1));
-    m = _mm512_max_ps(m, _mm512_permute_ps(m, 0x4E));
-    m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
-    __m512 z = _mm512_add_ps(zacc[hh], _mm512_permute_ps(zacc[hh], 0xB1));
-    z = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
-    z = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(1, 0, 3, 2)));
-    alignas(64) float mg[16], zg[16];
-    _mm512_store_ps(mg, m);
-    _mm512_store_ps(zg, z);
-    float* o = O + static_cast<size_t>(hh) * ostride;
-    for (int g = 0; g < 2; ++g) {
-      wsc[hh * 2 + g] = mg[4 * g] / 32767.0f;
-      const __m512 zsv = _mm512_set1_ps(zg[4 * g]);
-      for (int c = g * Gc; c < (g + 1) * Gc; c += 16) _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), zsv));
-    }
-    const __mmask16 pos = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
-    const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(32767.0f), m);
-    for (int q = 0; q < np; ++q) {
-      const __m512 w = _mm512_loadu_ps(wtmp + (static_cast<size_t>(q) * NH + hh) * 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + hh * hs + 4 * static_cast<size_t>(q)),
+    for (int i = 0; i < nv; ++i) {
+      const __m512 w = _mm512_loadu_ps(wtmp + (static_cast<size_t>(i) * NH + hh) * 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + hh * hs + 4 * static_cast<size_t>(i)),
                           _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w, inv))));
     }
   }
@@ -2308,12 +2273,13 @@ HWY_INLINE void FastKiviValues512N(const float* P, int ld, int D_, int Gc, const
   const int nq = (t4 + n + 3) / 4;
   // Weight of head h, group g, quad q: wq[h * hs + g * gs + q * qs].
   size_t hs, gs, qs;
-  if (NG == 4 && t4 == 0 && n % 4 == 0) {
-    PrepareValueWeightsG4<NH>(P, ld, Gc, n, vs, vz, O, ostride, wq, wsc, wtmp);
-    hs = 4, gs = 1, qs = 4 * NH;
-  } else if (NG == 2 && t4 == 0 && n % 8 == 0) {
-    PrepareValueWeightsG2<NH>(P, ld, Gc, n, vs, vz, O, ostride, wq, wsc, wtmp);
-    hs = static_cast<size_t>(n) / 2, gs = 1, qs = 2;
+  if ((NG == 4 || NG == 2) && t4 == 0 && n % (16 / NG) == 0) {
+    if (NG == 4) {
+      PrepareValueWeightsWide<NH, 4>(P, ld, Gc, n, vs, vz, O, ostride, wq, wsc, wtmp);
+    } else {
+      PrepareValueWeightsWide<NH, 2>(P, ld, Gc, n, vs, vz, O, ostride, wq, wsc, wtmp);
+    }
+    hs = static_cast<size_t>(n) * NG / 4, gs = 1, qs = static_cast<size_t>(NG);
   } else {
     PrepareValueWeights<NH>(P, ld, D, Gc, t4, n, vs, vz, O, ostride, wq, wsc);
     hs = static_cast<size_t>(NG) * nq, gs = nq, qs = 1;
