@@ -112,29 +112,76 @@ struct Prefetcher {
   struct Range {
     const char* p;
     const char* end;
-    size_t lines_per_row;
+    size_t row_bytes;
   };
   static constexpr int kMaxRanges = 64;
   Range r[kMaxRanges];
   int n = 0, i = 0;
+  size_t credit = 0;  // bytes consumed and not yet matched by prefetched lines
   void add(const void* ptr, size_t bytes, size_t row_bytes) {
     if (n == kMaxRanges || bytes == 0) return;
     const char* c = static_cast<const char*>(ptr);
-    r[n++] = Range{c, c + bytes, std::max<size_t>(1, (row_bytes + 63) / 64)};
+    r[n++] = Range{c, c + bytes, std::max<size_t>(1, row_bytes)};
   }
-  HWY_INLINE void lines(size_t count) {
-    for (; count > 0 && i < n; --count) {
-      hwy::Prefetch(r[i].p);
-      r[i].p += 64;
-      if (r[i].p >= r[i].end) ++i;
+  // Issues one prefetch per whole line of credit, range by range. Rows shorter than a
+  // line (2-bit codes) carry the remainder over, so the distance ahead stays constant.
+  HWY_INLINE void issue() {
+    while (credit >= 64 && i < n) {
+      Range& R = r[i];
+      const char* p = R.p;
+      const size_t left = static_cast<size_t>(R.end - p + 63) / 64;
+      const size_t k = std::min(credit / 64, left);
+      for (size_t j = 0; j < k; ++j) hwy::Prefetch(p + 64 * j);
+      credit -= 64 * k;
+      if (k == left) {
+        ++i;
+      } else {
+        R.p = p + 64 * k;
+      }
     }
   }
   // Issues the prefetches for `rows` consumed rows.
   HWY_INLINE void step(size_t rows) {
-    if (i < n) lines(rows * r[i].lines_per_row);
+    if (i < n) {
+      credit += rows * r[i].row_bytes;
+      issue();
+    }
   }
-  void lead(size_t bytes) { lines(bytes / 64); }
+  void lead(size_t bytes) {
+    credit += bytes;
+    issue();
+  }
 };
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Lane i of the result is the sum of the lanes of v[i] (16 vectors).
+HWY_INLINE __m512 SumEach16(const __m512* v) {
+  // Pairs: [a.b01 + a.b23 | b.b01 + b.b23] per 256-bit half, then blocks, then lanes.
+  // Fully unrolled: as loops, GCC kept t, u, w in memory.
+  __m512 t[8], u[4], w[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = v[2 * i], y = v[2 * i + 1];
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512 x = t[2 * i], y = t[2 * i + 1];
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    const __m512 x = u[2 * i], y = u[2 * i + 1];
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
+  }
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+  // Lane l of r holds the sum of vector 4 (l % 4) + l / 4 (a 4 x 4 transposition, its
+  // own inverse): one permutation puts the sums in order (a scalar loop here was
+  // turned into a scatter, which is slow on AMD cores).
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, r);
+}
+#endif
 
 // Sums of `n` vectors (n = 8 or 16 on x86; any n elsewhere) into out[0..n).
 // A tree of horizontal adds and shuffles costs ~1-3 instructions per sum instead of
@@ -159,30 +206,9 @@ HWY_INLINE void SumEach(DF df, const hn::Vec<DF>* v, int n, float* HWY_RESTRICT 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (hn::MaxLanes(DF()) == 16) {
     if (n == 16) {
-      // Pairs: [a.b01 + a.b23 | b.b01 + b.b23] per 256-bit half, then blocks, then lanes.
-      // Fully unrolled: as loops, GCC kept t, u, w in memory.
-      __m512 t[8], u[4], w[2];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-        const __m512 x = v[2 * i].raw, y = v[2 * i + 1].raw;
-        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const __m512 x = t[2 * i], y = t[2 * i + 1];
-        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
-      }
-#pragma GCC unroll 2
-      for (int i = 0; i < 2; ++i) {
-        const __m512 x = u[2 * i], y = u[2 * i + 1];
-        w[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
-      }
-      const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
-      // Lane l of r holds the sum of vector 4 (l % 4) + l / 4 (a 4 x 4 transposition, its
-      // own inverse): one permutation puts the sums in order (a scalar loop here was
-      // turned into a scatter, which is slow on AMD cores).
-      const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-      _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+      __m512 raw[16];
+      for (int i = 0; i < 16; ++i) raw[i] = v[i].raw;
+      _mm512_storeu_ps(out, SumEach16(raw));
       return;
     }
   }
@@ -212,6 +238,21 @@ HWY_INLINE void DotRowsN(DF df, const float* HWY_RESTRICT q, int D, const T* HWY
         for (int t = 0; t < NT; ++t) acc[h * NT + t] = hn::MulAdd(qv, kv[t], acc[h * NT + t]);
       }
     }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (NH == 4 && NT == 4 && hn::MaxLanes(DF()) == 16) {
+      // Block h of the sums holds head h's four rows: one 128-bit store per head (a
+      // 512-bit store read back by 128-bit loads stalled store forwarding).
+      __m512 raw[16];
+      #pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k) raw[k] = acc[k].raw;
+      const __m512 sums = SumEach16(raw);
+      _mm_storeu_ps(S + i, _mm512_castps512_ps128(sums));
+      _mm_storeu_ps(S + ld + i, _mm512_extractf32x4_ps(sums, 1));
+      _mm_storeu_ps(S + 2 * ld + i, _mm512_extractf32x4_ps(sums, 2));
+      _mm_storeu_ps(S + 3 * ld + i, _mm512_extractf32x4_ps(sums, 3));
+      continue;
+    }
+#endif
     float sums[NH * NT];
     SumEach(df, acc, NH * NT, sums);
     #pragma GCC unroll 16
