@@ -116,10 +116,10 @@ struct Prefetcher {
   };
   static constexpr int kMaxRanges = 64;
   Range r[kMaxRanges];
-  int n = 0, i = 0;
+  size_t n = 0, i = 0;  // ranges added; the range being issued
   size_t credit = 0;  // bytes consumed and not yet matched by prefetched lines
   void add(const void* ptr, size_t bytes, size_t row_bytes) {
-    if (n == kMaxRanges || bytes == 0) return;
+    if (n == static_cast<size_t>(kMaxRanges) || bytes == 0) return;
     const char* c = static_cast<const char*>(ptr);
     r[n++] = Range{c, c + bytes, std::max<size_t>(1, row_bytes)};
   }
@@ -152,6 +152,83 @@ struct Prefetcher {
     issue();
   }
 };
+
+// A kernel's view of a Prefetcher whose position lives in locals (registers) for the
+// kernel's loop: the Prefetcher's cursor is read at construction and written back at
+// destruction, so the loop stores nothing to memory for its prefetches. When it stored
+// its cursor on every step, the speed in cache depended on where the stack fell
+// relative to the query vectors (loads waited on stores whose addresses matched in their
+// low 12 bits): up to 1.7x between runs of the same binary. One cursor per Prefetcher at
+// a time.
+class PrefetchCursor {
+ public:
+  explicit PrefetchCursor(Prefetcher& pf) : pf_(pf), i_(pf.i), credit_(pf.credit) { Load(); }
+  ~PrefetchCursor() {
+    pf_.i = i_;
+    pf_.credit = credit_;
+    if (i_ < pf_.n) pf_.r[i_].p = p_;
+  }
+  PrefetchCursor(const PrefetchCursor&) = delete;
+  PrefetchCursor& operator=(const PrefetchCursor&) = delete;
+
+  // Issues the prefetches for `rows` consumed rows.
+  HWY_INLINE void step(size_t rows) {
+    credit_ += rows * row_bytes_;
+    const size_t k = credit_ / 64;
+    if (k == 0) return;
+    if (p_ + 64 * k >= end_) return Cross();
+    for (size_t j = 0; j < k; ++j) hwy::Prefetch(p_ + 64 * j);
+    p_ += 64 * k;
+    credit_ -= 64 * k;
+  }
+
+ private:
+  HWY_INLINE void Load() {
+    if (i_ < pf_.n) {
+      p_ = pf_.r[i_].p;
+      end_ = pf_.r[i_].end;
+      row_bytes_ = pf_.r[i_].row_bytes;
+    } else {  // every range issued: nothing more to do
+      p_ = end_ = nullptr;
+      row_bytes_ = 0;
+      credit_ = 0;
+    }
+  }
+  // The credit reaches the end of the current range: finish it and go on to the next.
+  HWY_INLINE void Cross() {
+    while (credit_ >= 64 && row_bytes_ != 0) {
+      const size_t left = static_cast<size_t>(end_ - p_ + 63) / 64;
+      const size_t k = std::min(credit_ / 64, left);
+      for (size_t j = 0; j < k; ++j) hwy::Prefetch(p_ + 64 * j);
+      p_ += 64 * k;
+      credit_ -= 64 * k;
+      if (k == left) {
+        ++i_;
+        Load();
+      }
+    }
+  }
+
+  Prefetcher& pf_;
+  size_t i_;
+  size_t credit_;
+  const char* p_;
+  const char* end_;
+  size_t row_bytes_;
+};
+
+
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Lane i of the result is the sum of the lanes of v[i] (8 vectors of 8 floats).
+template <class V>
+HWY_INLINE __m256 SumEach8(const V* v) {
+  const __m256 h01 = _mm256_hadd_ps(v[0].raw, v[1].raw), h23 = _mm256_hadd_ps(v[2].raw, v[3].raw);
+  const __m256 h45 = _mm256_hadd_ps(v[4].raw, v[5].raw), h67 = _mm256_hadd_ps(v[6].raw, v[7].raw);
+  const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+  // a = [s0 s1 s2 s3 (low halves) | s0 s1 s2 s3 (high halves)], b likewise for 4..7
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+#endif
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // Lane i of the result is the sum of the lanes of v[i] (16 vectors).
@@ -191,14 +268,7 @@ HWY_INLINE void SumEach(DF df, const hn::Vec<DF>* v, int n, float* HWY_RESTRICT 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (hn::MaxLanes(DF()) == 8) {
     if (n % 8 == 0) {
-      for (int blk = 0; blk < n; blk += 8, v += 8, out += 8) {
-      const __m256 h01 = _mm256_hadd_ps(v[0].raw, v[1].raw), h23 = _mm256_hadd_ps(v[2].raw, v[3].raw);
-      const __m256 h45 = _mm256_hadd_ps(v[4].raw, v[5].raw), h67 = _mm256_hadd_ps(v[6].raw, v[7].raw);
-      const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
-      // a = [s0 s1 s2 s3 (low halves) | s0 s1 s2 s3 (high halves)], b likewise for 4..7
-      const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-      _mm256_storeu_ps(out, r);
-      }
+      for (int blk = 0; blk < n; blk += 8, v += 8, out += 8) _mm256_storeu_ps(out, SumEach8(v));
       return;
     }
   }
@@ -219,7 +289,8 @@ HWY_INLINE void SumEach(DF df, const hn::Vec<DF>* v, int n, float* HWY_RESTRICT 
 // S[h * ld + i] = q_h . row_i for NH heads and `len` rows, NT rows at a time.
 template <int NH, int NT, class DF, class T>
 HWY_INLINE void DotRowsN(DF df, const float* HWY_RESTRICT q, int D, const T* HWY_RESTRICT rows,
-                         size_t stride, int len, float* HWY_RESTRICT S, int ld, Prefetcher& pf) {
+                         size_t stride, int len, float* HWY_RESTRICT S, int ld, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   const size_t N = hn::Lanes(df);
   int i = 0;
   for (; i + NT <= len; i += NT) {
@@ -250,6 +321,24 @@ HWY_INLINE void DotRowsN(DF df, const float* HWY_RESTRICT q, int D, const T* HWY
       _mm_storeu_ps(S + ld + i, _mm512_extractf32x4_ps(sums, 1));
       _mm_storeu_ps(S + 2 * ld + i, _mm512_extractf32x4_ps(sums, 2));
       _mm_storeu_ps(S + 3 * ld + i, _mm512_extractf32x4_ps(sums, 3));
+      continue;
+    }
+#endif
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (NH * NT == 8 && (NT == 2 || NT == 4) && hn::MaxLanes(DF()) == 8) {
+      // Lanes h NT .. h NT + NT - 1 hold head h's rows: stored straight from the register
+      // (an array store read back by narrower loads stalled store forwarding).
+      const __m256 sums = SumEach8(acc);
+      const __m128 lo = _mm256_castps256_ps128(sums), hi = _mm256_extractf128_ps(sums, 1);
+      if constexpr (NT == 4) {
+        _mm_storeu_ps(S + i, lo);
+        _mm_storeu_ps(S + ld + i, hi);
+      } else {
+        _mm_storel_pi(reinterpret_cast<__m64*>(S + i), lo);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(S + ld + i), lo);
+        _mm_storel_pi(reinterpret_cast<__m64*>(S + 2 * static_cast<size_t>(ld) + i), hi);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(S + 3 * static_cast<size_t>(ld) + i), hi);
+      }
       continue;
     }
 #endif
@@ -331,10 +420,11 @@ HWY_INLINE void AccumRowsN(DF df, const float* HWY_RESTRICT P, int ld, int D, co
     // The first pass over the rows issues their prefetches; the loop is compiled twice so
     // that the others carry no test for it.
     auto pass = [&](auto prefetch) {
+      PrefetchCursor pfc(pf);
       const T* r = rows + d;
       const float* Pi = P;
       for (int i = 0; i < len; ++i, r += stride, ++Pi) {
-        if constexpr (decltype(prefetch)::value) pf.step(1);
+        if constexpr (decltype(prefetch)::value) pfc.step(1);
         hn::Vec<DF> x[NV];
         #pragma GCC unroll 16
         for (int v = 0; v < NV; ++v) x[v] = LoadRow(df, r + v * N);
@@ -721,7 +811,8 @@ void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, co
 // rep <= kTile.
 template <int BITS>
 void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
-                      size_t stride, int len, float* S, int ld, float* qs, Prefetcher& pf) {
+                      size_t stride, int len, float* S, int ld, float* qs, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   constexpr int p = 8 / BITS;
   const int W = D / p;
   const __m256 lut = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
@@ -785,12 +876,15 @@ void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const fl
             }
           }
         }
-        float sums[16];
-        SumEach(d16, acc, 16, sums);
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; ++h)
-#pragma GCC unroll 4
-          for (int t = 0; t < 4; ++t) Sh[static_cast<size_t>(h) * ld + i + t] = sums[4 * h + t] + bias[hb + h];
+        // Block h of the sums holds head h's four rows: one 128-bit store per head.
+        __m512 raw[16];
+#pragma GCC unroll 16
+        for (int a = 0; a < 16; ++a) raw[a] = acc[a].raw;
+        const __m512 sums = SumEach16(raw);
+        _mm_storeu_ps(Sh + i, _mm_add_ps(_mm512_castps512_ps128(sums), _mm_set1_ps(bias[hb])));
+        _mm_storeu_ps(Sh + ld + i, _mm_add_ps(_mm512_extractf32x4_ps(sums, 1), _mm_set1_ps(bias[hb + 1])));
+        _mm_storeu_ps(Sh + 2 * static_cast<size_t>(ld) + i, _mm_add_ps(_mm512_extractf32x4_ps(sums, 2), _mm_set1_ps(bias[hb + 2])));
+        _mm_storeu_ps(Sh + 3 * static_cast<size_t>(ld) + i, _mm_add_ps(_mm512_extractf32x4_ps(sums, 3), _mm_set1_ps(bias[hb + 3])));
       }
     }
 #endif
@@ -1038,7 +1132,8 @@ bool FastKiviKeysOk(int D, int bits) { return (D * bits / 8) % 16 == 0 && D % 8 
 // time so the widened codes of a row serve every head and eight sums overlap.
 template <int NH, int BITS, bool kVnni>
 HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
-                              size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+                              size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
@@ -1232,7 +1327,8 @@ HWY_INLINE void KeyPlanes256(__m256i x, const int16_t* q, int W, int D, int odd,
 // vector per head.
 template <int NH, int BITS, int kD>
 HWY_INLINE void FastKiviKeys256N(const float* qp, int D_, const float* sp, const float* zp, const uint8_t* rows,
-                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   const int D = kD > 0 ? kD : D_;
   constexpr int p = 8 / BITS;
   const int W = D / p;
@@ -1292,7 +1388,8 @@ HWY_INLINE void FastKiviKeys256N(const float* qp, int D_, const float* sp, const
 // kernel's code, and 4-bit keys of head size 64 ran 4% slower in cache.
 template <int NH, int BITS>
 HWY_NOINLINE void FastKiviKeys256PairsN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
-                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
@@ -1404,8 +1501,8 @@ HWY_INLINE void StoreScores4x4(__m512 sums, float* S, int ld, int t) {
 // widens 32 bytes of a row to int16; plane(x, k) picks the k-th of P code planes packed
 // in them, which meet the query's channels k * W + c. finish(acc, t) reduces and stores.
 // Returns the first row not covered (n rounded down to a multiple of 4).
-template <int NH, int P, bool kVnni, class Load, class Plane, class QLoad, class Finish>
-HWY_INLINE int FourRowDots512(int n, int W, Prefetcher& pf, const Load& load, const Plane& plane, const QLoad& qload,
+template <int NH, int P, bool kVnni, class PF, class Load, class Plane, class QLoad, class Finish>
+HWY_INLINE int FourRowDots512(int n, int W, PF& pf, const Load& load, const Plane& plane, const QLoad& qload,
                               const Finish& finish) {
   int t = 0;
   for (; t + 4 <= n; t += 4) {
@@ -1480,7 +1577,8 @@ HWY_INLINE void QuantizeKeyQuery512(const float* x, const float* mul, const floa
 // and each vpdpwssd covers 32 channels. Needs W = D * BITS / 8 to be a multiple of 32.
 template <int NH, int BITS, bool kVnni, int kD>
 HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const float* zp, const uint8_t* rows,
-                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   constexpr int p = 8 / BITS;
   const int D = kD > 0 ? kD : D_;  // a compile-time constant for the common head sizes
   const int W = D / p;
@@ -1533,7 +1631,8 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
 // heads); their 16 sums need one 21-instruction tree. Needs D % 32 == 0.
 template <int NH, int BITS, bool kVnni>
 HWY_INLINE void FastKiviKeys512PairsN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
-                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf) {
+                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   constexpr int p = 8 / BITS;
   const int W = D / p;
   float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
@@ -1717,7 +1816,8 @@ void FastKiviKeys(const float* qp, int rep, int D, int bits, const float* sp, co
 // prepared once per task.
 template <int NH, bool kVnni>
 HWY_INLINE void FastInt8KeysN(const int16_t* q16, const float* qsc, int D, const int8_t* rows, size_t stride, int n,
-                              const float* rs, float* S, int ld, Prefetcher& pf) {
+                              const float* rs, float* S, int ld, Prefetcher& pf_ranges) {
+  PrefetchCursor pf(pf_ranges);
   for (int t = 0; t < n; ++t) {
     pf.step(1);
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -1752,12 +1852,16 @@ HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D_, c
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + static_cast<size_t>(row) * stride + c)));
   };
   // Lanes 4 * head + row: times the head's query scale and the row's scale.
-  const int t = FourRowDots512<NH, 1, kVnni>(
-      n, D, pf, load, [](__m512i x, int) { return x; }, qload, [&](const __m512i* acc, int t0) {
-        StoreScores4x4<NH>(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
-                                         _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t0))),
-                           S, ld, t0);
-      });
+  int t;
+  {
+    PrefetchCursor pc(pf);  // released before the tail's own cursor
+    t = FourRowDots512<NH, 1, kVnni>(
+        n, D, pc, load, [](__m512i x, int) { return x; }, qload, [&](const __m512i* acc, int t0) {
+          StoreScores4x4<NH>(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
+                                           _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t0))),
+                             S, ld, t0);
+        });
+  }
   if (t < n) FastInt8KeysN<NH, kVnni>(q16, qsc, D, rows + static_cast<size_t>(t) * stride, stride, n - t, rs + t, S + t, ld, pf);
 }
 #endif
