@@ -1599,7 +1599,7 @@ HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const
   const __m512 qsc16 = PerHead16(qsc), bias16 = PerHead16(bias);
   int t = FourRowDots512<NH, p, kVnni>(
       n, W, pf, [&](int row, int c) { return widen(rows + static_cast<size_t>(row) * stride, c); }, plane, qload,
-      [&](const __m512i* acc, int t0) {
+      [&](const __m512i* acc, int t0) __attribute__((always_inline)) {
         StoreScores4x4<NH>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16, bias16), S, ld, t0);
       });
   for (; t < n; ++t) {
@@ -1856,7 +1856,7 @@ HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D_, c
   {
     PrefetchCursor pc(pf);  // released before the tail's own cursor
     t = FourRowDots512<NH, 1, kVnni>(
-        n, D, pc, load, [](__m512i x, int) { return x; }, qload, [&](const __m512i* acc, int t0) {
+        n, D, pc, load, [](__m512i x, int) { return x; }, qload, [&](const __m512i* acc, int t0) __attribute__((always_inline)) {
           StoreScores4x4<NH>(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
                                            _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t0))),
                              S, ld, t0);
