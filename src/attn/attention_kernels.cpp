@@ -123,34 +123,10 @@ struct Prefetcher {
     const char* c = static_cast<const char*>(ptr);
     r[n++] = Range{c, c + bytes, std::max<size_t>(1, row_bytes)};
   }
-  // Issues one prefetch per whole line of credit, range by range. Rows shorter than a
-  // line (2-bit codes) carry the remainder over, so the distance ahead stays constant.
-  HWY_INLINE void issue() {
-    while (credit >= 64 && i < n) {
-      Range& R = r[i];
-      const char* p = R.p;
-      const size_t left = static_cast<size_t>(R.end - p + 63) / 64;
-      const size_t k = std::min(credit / 64, left);
-      for (size_t j = 0; j < k; ++j) hwy::Prefetch(p + 64 * j);
-      credit -= 64 * k;
-      if (k == left) {
-        ++i;
-      } else {
-        R.p = p + 64 * k;
-      }
-    }
-  }
-  // Issues the prefetches for `rows` consumed rows.
-  HWY_INLINE void step(size_t rows) {
-    if (i < n) {
-      credit += rows * r[i].row_bytes;
-      issue();
-    }
-  }
-  void lead(size_t bytes) {
-    credit += bytes;
-    issue();
-  }
+  // Issues the prefetches for `rows` consumed rows (defined after PrefetchCursor).
+  void step(size_t rows);
+  // Issues `bytes` of prefetches ahead of the first row (when a task starts).
+  void lead(size_t bytes);
 };
 
 // A kernel's view of a Prefetcher whose position lives in locals (registers) for the
@@ -169,12 +145,16 @@ class PrefetchCursor {
   PrefetchCursor(const PrefetchCursor&) = delete;
   PrefetchCursor& operator=(const PrefetchCursor&) = delete;
 
-  // Issues the prefetches for `rows` consumed rows.
-  HWY_INLINE void step(size_t rows) {
-    credit_ += rows * row_bytes_;
+  // Issues the prefetches for `rows` consumed rows (of the range being issued).
+  HWY_INLINE void step(size_t rows) { advance(rows * row_bytes_); }
+  // One prefetch per whole line of credit: rows shorter than a line (2-bit codes) carry
+  // the remainder over, so the distance ahead stays constant.
+  HWY_INLINE void advance(size_t bytes) {
+    if (row_bytes_ == 0) return;  // every range issued
+    credit_ += bytes;
     const size_t k = credit_ / 64;
     if (k == 0) return;
-    if (p_ + 64 * k >= end_) return Cross();
+    if (64 * k >= static_cast<size_t>(end_ - p_)) return Cross();
     for (size_t j = 0; j < k; ++j) hwy::Prefetch(p_ + 64 * j);
     p_ += 64 * k;
     credit_ -= 64 * k;
@@ -215,6 +195,8 @@ class PrefetchCursor {
   size_t row_bytes_;
 };
 
+inline void Prefetcher::step(size_t rows) { PrefetchCursor(*this).step(rows); }
+inline void Prefetcher::lead(size_t bytes) { PrefetchCursor(*this).advance(bytes); }
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // Lane i of the result is the sum of the lanes of v[i] (8 vectors of 8 floats).
@@ -229,32 +211,65 @@ HWY_INLINE __m256 SumEach8(const V* v) {
 #endif
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// Lane i of the result is the sum of the lanes of v[i] (16 vectors).
-HWY_INLINE __m512 SumEach16(const __m512* v) {
-  // Pairs: [a.b01 + a.b23 | b.b01 + b.b23] per 256-bit half, then blocks, then lanes.
-  // Fully unrolled: as loops, GCC kept t, u, w in memory.
+// The lane sums of 16 vectors of 16 32-bit lanes, added by add(x, y) (float or int32
+// lanes, bit patterns in __m512): lane l of the result is the sum of v[4 (l % 4) + l / 4]
+// (a 4 x 4 transposition). A tree of 128-bit-block and in-block shuffles: ~2.3
+// instructions per sum. Fully unrolled: as loops, GCC kept t, u, w in memory.
+template <class Add>
+HWY_INLINE __m512 SumTree16(const __m512* v, const Add& add) {
   __m512 t[8], u[4], w[2];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
     const __m512 x = v[2 * i], y = v[2 * i + 1];
-    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+    t[i] = add(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
   }
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     const __m512 x = t[2 * i], y = t[2 * i + 1];
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+    u[i] = add(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
   }
 #pragma GCC unroll 2
   for (int i = 0; i < 2; ++i) {
     const __m512 x = u[2 * i], y = u[2 * i + 1];
-    w[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
+    w[i] = add(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
   }
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
-  // Lane l of r holds the sum of vector 4 (l % 4) + l / 4 (a 4 x 4 transposition, its
-  // own inverse): one permutation puts the sums in order (a scalar loop here was
-  // turned into a scatter, which is slow on AMD cores).
+  return add(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+// Lane i of the result is the sum of the lanes of v[i] (16 float vectors): the tree,
+// then one permutation into order (a scalar loop here was turned into a scatter, which
+// is slow on AMD cores).
+HWY_INLINE __m512 SumEach16(const __m512* v) {
+  const __m512 r = SumTree16(v, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, r);
+}
+
+// Lane sums of 16 int32 vectors, in the tree's order: lane l is the sum of
+// v[4 (l % 4) + l / 4] (StoreScores4x4 takes them in that order).
+HWY_INLINE __m512i Sum16(const __m512i* v) {
+  __m512 f[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(v[i]);
+  return _mm512_castps_si512(SumTree16(f, [](__m512 x, __m512 y) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_castps_si512(y)));
+  }));
+}
+
+// Lanes 4 h + r = v[h]: a per-head factor laid out like Sum16's result for acc[4 r + h].
+HWY_INLINE __m512 PerHead16(const float* v) {
+  return _mm512_setr_ps(v[0], v[0], v[0], v[0], v[1], v[1], v[1], v[1], v[2], v[2], v[2], v[2], v[3], v[3], v[3], v[3]);
+}
+// S[h * ld + t + r] = lanes 4 h + r of sums, for the NH heads in use: one 128-bit store
+// per head, straight from the register (a 512-bit store read back by 128-bit loads
+// stalled store forwarding).
+template <int NH>
+HWY_INLINE void StoreScores4x4(__m512 sums, float* S, int ld, int t) {
+  const size_t l = static_cast<size_t>(ld);
+  _mm_storeu_ps(S + t, _mm512_castps512_ps128(sums));
+  if constexpr (NH > 1) _mm_storeu_ps(S + l + t, _mm512_extractf32x4_ps(sums, 1));
+  if constexpr (NH > 2) _mm_storeu_ps(S + 2 * l + t, _mm512_extractf32x4_ps(sums, 2));
+  if constexpr (NH > 3) _mm_storeu_ps(S + 3 * l + t, _mm512_extractf32x4_ps(sums, 3));
 }
 #endif
 
@@ -309,16 +324,10 @@ HWY_INLINE void DotRowsN(DF df, const float* HWY_RESTRICT q, int D, const T* HWY
     }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if constexpr (NH == 4 && NT == 4 && hn::MaxLanes(DF()) == 16) {
-      // Block h of the sums holds head h's four rows: one 128-bit store per head (a
-      // 512-bit store read back by 128-bit loads stalled store forwarding).
       __m512 raw[16];
       #pragma GCC unroll 16
       for (int k = 0; k < 16; ++k) raw[k] = acc[k].raw;
-      const __m512 sums = SumEach16(raw);
-      _mm_storeu_ps(S + i, _mm512_castps512_ps128(sums));
-      _mm_storeu_ps(S + ld + i, _mm512_extractf32x4_ps(sums, 1));
-      _mm_storeu_ps(S + 2 * ld + i, _mm512_extractf32x4_ps(sums, 2));
-      _mm_storeu_ps(S + 3 * ld + i, _mm512_extractf32x4_ps(sums, 3));
+      StoreScores4x4<4>(SumEach16(raw), S, ld, i);  // lane 4 h + t: head h, row i + t
       continue;
     }
 #endif
@@ -874,15 +883,11 @@ void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const fl
             }
           }
         }
-        // Block h of the sums holds head h's four rows: one 128-bit store per head.
         __m512 raw[16];
 #pragma GCC unroll 16
         for (int a = 0; a < 16; ++a) raw[a] = acc[a].raw;
-        const __m512 sums = SumEach16(raw);
-        _mm_storeu_ps(Sh + i, _mm_add_ps(_mm512_castps512_ps128(sums), _mm_set1_ps(bias[hb])));
-        _mm_storeu_ps(Sh + ld + i, _mm_add_ps(_mm512_extractf32x4_ps(sums, 1), _mm_set1_ps(bias[hb + 1])));
-        _mm_storeu_ps(Sh + 2 * static_cast<size_t>(ld) + i, _mm_add_ps(_mm512_extractf32x4_ps(sums, 2), _mm_set1_ps(bias[hb + 2])));
-        _mm_storeu_ps(Sh + 3 * static_cast<size_t>(ld) + i, _mm_add_ps(_mm512_extractf32x4_ps(sums, 3), _mm_set1_ps(bias[hb + 3])));
+        // Lane 4 h + t: head h, row i + t.
+        StoreScores4x4<4>(_mm512_add_ps(SumEach16(raw), PerHead16(bias + hb)), Sh, ld, i);
       }
     }
 #endif
@@ -1452,46 +1457,6 @@ HWY_INLINE __m512i DotI16x32(__m512i acc, __m512i a, __m512i b) {
 // The two 256-bit halves of a, added.
 HWY_INLINE __m256i Fold512(__m512i a) {
   return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
-}
-
-// Lane sums of 16 int32 vectors: lane l of the result is the sum of v[kSum16Order[l]],
-// kSum16Order = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15}. A tree of
-// 128-bit-block and in-block shuffles: ~2.3 instructions per sum.
-HWY_INLINE __m512i Sum16(const __m512i* v) {
-  __m512i t[8], u[4], w[2];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    const __m512i x = v[2 * i], y = v[2 * i + 1];
-    t[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x44), _mm512_shuffle_i32x4(x, y, 0xEE));
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    const __m512i x = t[2 * i], y = t[2 * i + 1];
-    u[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xDD));
-  }
-  auto shuf = [](__m512i x, __m512i y, int imm_sel) {
-    const __m512 xf = _mm512_castsi512_ps(x), yf = _mm512_castsi512_ps(y);
-    return imm_sel == 0 ? _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0x44))
-         : imm_sel == 1 ? _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0xEE))
-         : imm_sel == 2 ? _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0x88))
-                        : _mm512_castps_si512(_mm512_shuffle_ps(xf, yf, 0xDD));
-  };
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i) w[i] = _mm512_add_epi32(shuf(u[2 * i], u[2 * i + 1], 0), shuf(u[2 * i], u[2 * i + 1], 1));
-  return _mm512_add_epi32(shuf(w[0], w[1], 2), shuf(w[0], w[1], 3));
-}
-
-// Lanes 4 h + r = v[h]: a per-head factor laid out like Sum16's result for acc[4 r + h].
-HWY_INLINE __m512 PerHead16(const float* v) {
-  return _mm512_setr_ps(v[0], v[0], v[0], v[0], v[1], v[1], v[1], v[1], v[2], v[2], v[2], v[2], v[3], v[3], v[3], v[3]);
-}
-// S[h * ld + t + r] = lanes 4 h + r of sums, for the NH heads in use.
-template <int NH>
-HWY_INLINE void StoreScores4x4(__m512 sums, float* S, int ld, int t) {
-  alignas(64) float out[16];
-  _mm512_store_ps(out, sums);
-#pragma GCC unroll 4
-  for (int hh = 0; hh < NH; ++hh) std::memcpy(S + hh * ld + t, out + 4 * hh, 4 * sizeof(float));
 }
 
 // The four-row loop shared by the 512-bit key kernels: for rows t..t+3 it keeps 16
