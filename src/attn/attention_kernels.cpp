@@ -132,8 +132,9 @@ struct Prefetcher {
 // A kernel's view of a Prefetcher whose position lives in locals (registers) for the
 // kernel's loop: the Prefetcher's cursor is read at construction and written back at
 // destruction, so a step is a few register operations and its prefetches, with no load
-// or store of the cursor (Prefetcher::step reloads and stores it every time; in cache,
-// f16 scores ran ~10% faster with the cursor). One cursor per Prefetcher at a time.
+// or store of the cursor (an earlier per-line loop that loaded and stored it made f16
+// scores ~10% slower in cache). Prefetcher::step and lead, called between kernels, use a
+// short-lived cursor. One cursor per Prefetcher at a time.
 class PrefetchCursor {
  public:
   explicit PrefetchCursor(Prefetcher& pf) : pf_(pf), i_(pf.i), credit_(pf.credit) { Load(); }
