@@ -100,6 +100,42 @@ TEST(KiviCodec, PackingLayout) {
   EXPECT_EQ(q2.out, w);
 }
 
+// Key groups interleave their rows in 32-bit words, with the row bytes 4c .. 4c + 3 of
+// word c at positions 0, 2, 1, 3 (kv/codec.h). Positions worked out by hand.
+TEST(KiviCodec, KeyGroupLayout) {
+  // W = 8 (2-bit, 32 channels), G = 4: word 0 of tokens 0..3, then word 1 of tokens 0..3.
+  EXPECT_EQ(kv::key_group_offset(0, 0, 8, 4), 0u);
+  EXPECT_EQ(kv::key_group_offset(0, 1, 8, 4), 2u);
+  EXPECT_EQ(kv::key_group_offset(0, 2, 8, 4), 1u);
+  EXPECT_EQ(kv::key_group_offset(0, 3, 8, 4), 3u);
+  EXPECT_EQ(kv::key_group_offset(1, 0, 8, 4), 4u);
+  EXPECT_EQ(kv::key_group_offset(3, 3, 8, 4), 15u);
+  EXPECT_EQ(kv::key_group_offset(0, 4, 8, 4), 16u);
+  EXPECT_EQ(kv::key_group_offset(2, 6, 8, 4), 16u + 8 + 1);
+  // W = 2 (2-bit, 8 channels): 2-byte units, in order; W = 1: plain rows.
+  EXPECT_EQ(kv::key_group_offset(1, 1, 2, 4), 3u);
+  EXPECT_EQ(kv::key_group_offset(3, 0, 1, 4), 3u);
+
+  // Through the quantizer: 2-bit, 16 channels (W = 4), G = 4. Every channel spans [0, 3]
+  // (tokens 1 and 2), so token 0 with values d % 4 has codes d % 4.
+  std::vector<float> k(4 * 16);
+  for (int d = 0; d < 16; ++d) {
+    k[d] = static_cast<float>(d % 4);
+    k[16 + d] = 0.0f;
+    k[32 + d] = 3.0f;
+    k[48 + d] = 1.0f;
+  }
+  const auto q = keys_roundtrip(k, 1, 4, 16, 4, 2, ParamType::kF32);
+  // Row bytes of token 0: byte j holds channels j, j + 4, j + 8, j + 12, all with code j.
+  // Byte j = j * 0b01010101; word 0 of token 0 keeps bytes 0, 2, 1, 3 in that order.
+  const uint8_t b[4] = {0x00, 0x55, 0xAA, 0xFF};
+  EXPECT_EQ(q.codes[0], b[0]);
+  EXPECT_EQ(q.codes[1], b[2]);
+  EXPECT_EQ(q.codes[2], b[1]);
+  EXPECT_EQ(q.codes[3], b[3]);
+  EXPECT_EQ(q.out, k);
+}
+
 // |x - x'| <= scale / 2 for every element (plus float rounding of the dequantization).
 TEST(KiviCodec, RoundTripErrorIsAtMostHalfAScale) {
   for (int bits : {2, 4, 8}) {

@@ -5,17 +5,19 @@
 //   1. scores S[r][i] = q_r . k_i for the rep query heads of h  (K read in its format)
 //   2. ALiBi bias, then the softmax-state update of (m, d, o)    (Milakov & Gimelshein 2018)
 //   3. o_r += sum_i p_r[i] v_i                                  (V read in its format)
-// K and V are each read in one sequential pass over the range, tile by tile.
+// K and V are each read in one sequential pass over the range, tile by tile (stored
+// KIVI keys on AVX2/AVX3: group by group, before the tiles).
 // f32/f16 rows are read in place, and so are int8 rows with one scale per row and, on
-// AVX2/AVX3, 2- and 4-bit KIVI rows (codes converted in registers). Other quantized rows
-// are dequantized a tile at a time into an L1-resident staging buffer and consumed at
-// once. Either way the bytes read from memory are the compressed ones, and no copy of
-// the history is kept.
+// AVX2/AVX3, KIVI keys (a group of tokens per pass, scores lane-wise) and 2- and 4-bit
+// KIVI values (codes converted in registers). Other quantized rows are dequantized a
+// tile at a time into an L1-resident staging buffer and consumed at once. Either way the
+// bytes read from memory are the compressed ones, and no copy of the history is kept.
 //
 // KIVI codes pack p = 8/bits channels per byte: byte j of a row of W = D/p bytes holds
 // channels j, j + W, ... (kv/codec.h), so shifting a vector of row bytes by bits * k and
 // masking gives channels kW + j in order: no shuffles, and everything stays in channel
-// order.
+// order. Key groups interleave their rows in 32-bit words (kv/codec.h; the group
+// kernels below).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -551,13 +553,16 @@ HWY_INLINE void DequantKiviRow(DF df, const uint8_t* HWY_RESTRICT row, int D, in
   }
 }
 
-// Keys: rows [0, len) of one key group, params sp/zp [D].
-void DequantKiviKeys(const uint8_t* rows, size_t stride, int len, int D, int bits, const float* sp,
+// Keys: tokens [i0, i0 + len) of one key group of G interleaved rows (kv/codec.h) at
+// `group`, params sp/zp [D]. Each row is gathered back into `row` (W bytes) first.
+void DequantKiviKeys(const uint8_t* group, int G, int i0, int len, int D, int bits, const float* sp,
                      const float* zp, float* out) {
-  const int p = 8 / bits;
-  WithTag(static_cast<size_t>(D / p), [&](auto df) {
+  const int W = D * bits / 8;
+  alignas(64) uint8_t row[1024 + 64];  // W <= D <= 1024, plus a vector's overhang
+  WithTag(static_cast<size_t>(W), [&](auto df) {
     for (int i = 0; i < len; ++i) {
-      DequantKiviRow(df, rows + static_cast<size_t>(i) * stride, D, bits, sp, zp, out + static_cast<size_t>(i) * D);
+      for (int j = 0; j < W; ++j) row[j] = group[kv::key_group_offset(i0 + i, j, W, G)];
+      DequantKiviRow(df, row, D, bits, sp, zp, out + static_cast<size_t>(i) * D);
     }
   });
 }
@@ -812,131 +817,6 @@ void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, co
   }
 }
 
-// Exact KIVI keys (2- and 4-bit) of one group without staging, four heads at a time
-// (rep % 4 == 0, W % 8 == 0): q . (s c + z) = (q s) . c + q . z with q s formed per group
-// in float and the codes converted in registers (2-bit: mapped to floats by vpermilps;
-// 4-bit: masked and converted), two rows per pass (8 accumulators). qs: rep * D floats;
-// rep <= kTile.
-template <int BITS>
-void DotKiviExactRows(const float* qn, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
-                      size_t stride, int len, float* S, int ld, float* qs, Prefetcher& pf_ranges) {
-  PrefetchCursor pf(pf_ranges);
-  constexpr int p = 8 / BITS;
-  const int W = D / p;
-  const __m256 lut = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
-  const __m256i mask = _mm256_set1_epi32((1 << BITS) - 1);
-  // Plane k of eight codes (one per 32-bit lane) as floats.
-  auto codes = [&](__m256i x, int k) {
-    if constexpr (BITS == 2) return _mm256_permutevar_ps(lut, k == 0 ? x : _mm256_srli_epi32(x, 2 * k));
-    return _mm256_cvtepi32_ps(k == 0 ? _mm256_and_si256(x, mask) : _mm256_srli_epi32(x, BITS * k));
-  };
-  alignas(32) float bias[kTile];  // rep <= kTile
-  for (int r = 0; r < rep; ++r) {
-    const float* q = qn + static_cast<size_t>(r) * D;
-    float* o = qs + static_cast<size_t>(r) * D;
-    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-      const __m256 x0 = _mm256_loadu_ps(q + d), x1 = _mm256_loadu_ps(q + d + 8);
-      _mm256_storeu_ps(o + d, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)));
-      _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8)));
-      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
-      b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
-    }
-    bias[r] = HSum(_mm256_add_ps(b0, b1));
-  }
-  const hn::Full256<float> d8;
-  for (int hb = 0; hb < rep; hb += 4) {
-    const float* q4 = qs + static_cast<size_t>(hb) * D;
-    float* Sh = S + static_cast<size_t>(hb) * ld;
-    int i = 0;
-#if HWY_TARGET == HWY_AVX3
-    // 512-bit vectors (16 codes of a plane per vector), four rows x four heads (16
-    // accumulators, reduced together by one shuffle tree).
-    if (W % 16 == 0 && g_wide_scores.load(std::memory_order_relaxed)) {
-      const hn::CappedTag<float, 16> d16;
-      const __m512 lut16 = _mm512_broadcast_f32x4(_mm_setr_ps(0.0f, 1.0f, 2.0f, 3.0f));
-      const __m512i mask16 = _mm512_set1_epi32((1 << BITS) - 1);
-      auto codes16 = [&](__m512i x, int k) {
-        if constexpr (BITS == 2) return _mm512_permutevar_ps(lut16, k == 0 ? x : _mm512_srli_epi32(x, 2 * k));
-        return _mm512_cvtepi32_ps(k == 0 ? _mm512_and_si512(x, mask16) : _mm512_srli_epi32(x, BITS * k));
-      };
-      for (; i + 4 <= len; i += 4) {
-        pf.step(4);
-        const uint8_t* r0 = rows + static_cast<size_t>(i) * stride;
-        hn::Vec<decltype(d16)> acc[16];  // head h, row i + t: acc[4h + t]
-#pragma GCC unroll 16
-        for (int a = 0; a < 16; ++a) acc[a] = hn::Zero(d16);
-        for (int j = 0; j < W; j += 16) {
-          __m512i x[4];
-#pragma GCC unroll 4
-          for (int t = 0; t < 4; ++t)
-            x[t] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + t * stride + j)));
-#pragma GCC unroll 4
-          for (int k = 0; k < p; ++k) {
-            __m512 c[4];
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; ++t) c[t] = codes16(x[t], k);
-#pragma GCC unroll 4
-            for (int h = 0; h < 4; ++h) {
-              const __m512 q = _mm512_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j);
-#pragma GCC unroll 4
-              for (int t = 0; t < 4; ++t) acc[4 * h + t].raw = _mm512_fmadd_ps(q, c[t], acc[4 * h + t].raw);
-            }
-          }
-        }
-        __m512 raw[16];
-#pragma GCC unroll 16
-        for (int a = 0; a < 16; ++a) raw[a] = acc[a].raw;
-        // Lane 4 h + t: head h, row i + t.
-        StoreScores4x4<4>(_mm512_add_ps(SumEach16(raw), PerHead16(bias + hb)), Sh, ld, i);
-      }
-    }
-#endif
-    for (; i + 2 <= len; i += 2) {
-      pf.step(2);
-      const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
-      const uint8_t* rb = ra + stride;
-      hn::Vec<decltype(d8)> acc[8];  // head h, row i + t: acc[2h + t]
-#pragma GCC unroll 8
-      for (int a = 0; a < 8; ++a) acc[a] = hn::Zero(d8);
-      for (int j = 0; j < W; j += 8) {
-        const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
-        const __m256i xb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rb + j)));
-#pragma GCC unroll 4
-        for (int k = 0; k < p; ++k) {
-          const __m256 ca = codes(xa, k), cb = codes(xb, k);
-#pragma GCC unroll 4
-          for (int h = 0; h < 4; ++h) {
-            const __m256 q = _mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j);
-            acc[2 * h].raw = _mm256_fmadd_ps(q, ca, acc[2 * h].raw);
-            acc[2 * h + 1].raw = _mm256_fmadd_ps(q, cb, acc[2 * h + 1].raw);
-          }
-        }
-      }
-      float sums[8];
-      SumEach(d8, acc, 8, sums);
-#pragma GCC unroll 4
-      for (int h = 0; h < 4; ++h) {
-        Sh[static_cast<size_t>(h) * ld + i] = sums[2 * h] + bias[hb + h];
-        Sh[static_cast<size_t>(h) * ld + i + 1] = sums[2 * h + 1] + bias[hb + h];
-      }
-    }
-    for (; i < len; ++i) {
-      const uint8_t* ra = rows + static_cast<size_t>(i) * stride;
-      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int j = 0; j < W; j += 8) {
-        const __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ra + j)));
-        for (int k = 0; k < p; ++k) {
-          const __m256 ca = codes(xa, k);
-          for (int h = 0; h < 4; ++h)
-            acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q4 + static_cast<size_t>(h) * D + k * W + j), ca, acc[h]);
-        }
-      }
-      for (int h = 0; h < 4; ++h) Sh[static_cast<size_t>(h) * ld + i] = HSum(acc[h]) + bias[hb + h];
-    }
-  }
-}
-
 #endif
 
 // ---------------------------------------------------------------------------------
@@ -1130,319 +1010,6 @@ HWY_INLINE void PrepareKeyQuery(const float* qp, int D, const float* sp, const f
   }
 }
 
-bool FastKiviKeysOk(int D, int bits) { return (D * bits / 8) % 16 == 0 && D % 8 == 0; }
-
-// Scores of rows [0, n) of one KIVI key group (query q, params sp/zp), two rows at a
-// time so the widened codes of a row serve every head and eight sums overlap.
-template <int NH, int BITS, bool kVnni>
-HWY_INLINE void FastKiviKeysN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
-                              size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
-  PrefetchCursor pf(pf_ranges);
-  constexpr int p = 8 / BITS;
-  const int W = D / p;
-  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  PrepareKeyQuery<NH>(qp, D, sp, zp, q16, qsc, bias);
-  const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
-  const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
-  auto qload = [&](int hh, int ch) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + static_cast<size_t>(hh) * D + ch));
-  };
-  const __m128i mask16 = _mm_set1_epi8(static_cast<char>((1 << BITS) - 1));
-  // Codes of channels kW + c .. kW + c + 15 of a row, as int16: bytes c .. c + 15, plane k.
-  auto widen = [&](const uint8_t* row, int c, int k) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
-    return _mm256_cvtepu8_epi16(BITS == 8 ? x : _mm_and_si128(_mm_srli_epi16(x, BITS * k), mask16));
-  };
-  int t = 0;
-  // Two rows at a time need 8 accumulators: only with 32 vector registers (AVX3).
-  constexpr bool kPairs = HWY_TARGET == HWY_AVX3;
-  for (; kPairs && t + 2 <= n; t += 2) {
-    pf.step(2);
-    __m256i a[4], b[4];
-#pragma GCC unroll 4
-    for (int hh = 0; hh < 4; ++hh) a[hh] = b[hh] = _mm256_setzero_si256();
-    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    const uint8_t* r1 = r0 + stride;
-    for (int c = 0; c < W; c += 16) {
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        const __m256i w0 = widen(r0, c, k), w1 = widen(r1, c, k);
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          const __m256i qv = qload(hh, k * W + c);
-          a[hh] = DotI16<kVnni>(a[hh], w0, qv);
-          b[hh] = DotI16<kVnni>(b[hh], w1, qv);
-        }
-      }
-    }
-    // [row t: heads 0..3 | row t+1: heads 0..3]
-    const __m256i ha = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
-    const __m256i hb = _mm256_hadd_epi32(_mm256_hadd_epi32(b[0], b[1]), _mm256_hadd_epi32(b[2], b[3]));
-    const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(ha, hb, 0x20), _mm256_permute2x128_si256(ha, hb, 0x31));
-    alignas(32) float out[8];
-    _mm256_store_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), qscv, biasv));
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) {
-      S[hh * ld + t] = out[hh];
-      S[hh * ld + t + 1] = out[4 + hh];
-    }
-  }
-  for (; t < n; ++t) {
-    pf.step(1);
-    __m256i a[4];
-#pragma GCC unroll 4
-    for (int hh = 0; hh < 4; ++hh) a[hh] = _mm256_setzero_si256();
-    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    for (int c = 0; c < W; c += 16) {
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        const __m256i w0 = widen(r0, c, k);
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) a[hh] = DotI16<kVnni>(a[hh], w0, qload(hh, k * W + c));
-      }
-    }
-    alignas(16) float out[4];
-    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(a[0], a[1], a[2], a[3]), _mm256_castps256_ps128(qscv),
-                                   _mm256_castps256_ps128(biasv)));
-    for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
-  }
-}
-
-// PrepareKeyQuery with each block of 32 codes split into its 16 even and 16 odd channels
-// (D a multiple of 32): the bias q . z accumulates in the pass that finds the maximum,
-// and the rounding pass (which forms q s again: the same products) splits the channels
-// on the way (float shuffles, then one lane permutation per 16 codes).
-template <int NH>
-HWY_INLINE void PrepareKeyQuery32(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
-                                  float* bias) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  // After the in-lane packs the pairs of channels sit as (0,2) (8,10) (16,18) (24,26) |
-  // (4,6) (12,14) (20,22) (28,30) (odd ones likewise): this order restores 0, 2, 4, ...
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  float inv_h[4];
-  for (int hh = 0; hh < NH; ++hh) {
-    const float* x = qp + static_cast<size_t>(hh) * D;
-    // Four bias sums and two maxima in flight (one multiply-add chain bound this loop).
-    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
-    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 32) {
-      const __m256 x0 = _mm256_loadu_ps(x + d), x1 = _mm256_loadu_ps(x + d + 8);
-      const __m256 x2 = _mm256_loadu_ps(x + d + 16), x3 = _mm256_loadu_ps(x + d + 24);
-      const __m256 v0 = _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)), v1 = _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8));
-      const __m256 v2 = _mm256_mul_ps(x2, _mm256_loadu_ps(sp + d + 16)), v3 = _mm256_mul_ps(x3, _mm256_loadu_ps(sp + d + 24));
-      m0 = _mm256_max_ps(m0, _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v2)));
-      m1 = _mm256_max_ps(m1, _mm256_max_ps(_mm256_andnot_ps(sign, v1), _mm256_andnot_ps(sign, v3)));
-      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
-      b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
-      b2 = _mm256_fmadd_ps(x2, _mm256_loadu_ps(zp + d + 16), b2);
-      b3 = _mm256_fmadd_ps(x3, _mm256_loadu_ps(zp + d + 24), b3);
-    }
-    bias[hh] = HSum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
-    const float m = HMax(_mm256_max_ps(m0, m1));
-    qsc[hh] = m / 32767.0f;
-    inv_h[hh] = m > 0.0f ? 32767.0f / m : 0.0f;
-  }
-  // Rounding after every head's maximum is known: no head waits on its own reduction.
-  for (int hh = 0; hh < NH; ++hh) {
-    const float* x = qp + static_cast<size_t>(hh) * D;
-    int16_t* q = q16 + static_cast<size_t>(hh) * D;
-    const __m256 inv = _mm256_set1_ps(inv_h[hh]);
-    for (int d = 0; d < D; d += 32) {
-      auto qs = [&](int o) { return _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + o), _mm256_loadu_ps(sp + d + o)), inv); };
-      const __m256 f0 = qs(0), f1 = qs(8), f2 = qs(16), f3 = qs(24);
-      const __m256i e = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0x88)),
-                                           _mm256_cvtps_epi32(_mm256_shuffle_ps(f2, f3, 0x88)));
-      const __m256i o = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0xDD)),
-                                           _mm256_cvtps_epi32(_mm256_shuffle_ps(f2, f3, 0xDD)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permutevar8x32_epi32(e, order));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d + 16), _mm256_permutevar8x32_epi32(o, order));
-    }
-  }
-}
-
-// PrepareKeyQuery32 for blocks of 16 codes (rows of 16-byte multiples; D a multiple of
-// 16): each block of 16 channels split into its 8 even and then its 8 odd ones, two
-// vectors at a time.
-template <int NH>
-HWY_INLINE void PrepareKeyQuery16(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
-                                  float* bias) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  // Pairs (0,2) (8,10) (1,3) (9,11) | (4,6) (12,14) (5,7) (13,15) after the in-lane pack.
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  float inv_h[4];
-  for (int hh = 0; hh < NH; ++hh) {
-    const float* x = qp + static_cast<size_t>(hh) * D;
-    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-      const __m256 x0 = _mm256_loadu_ps(x + d), x1 = _mm256_loadu_ps(x + d + 8);
-      m0 = _mm256_max_ps(m0, _mm256_andnot_ps(sign, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d))));
-      m1 = _mm256_max_ps(m1, _mm256_andnot_ps(sign, _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8))));
-      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
-      b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
-    }
-    bias[hh] = HSum(_mm256_add_ps(b0, b1));
-    const float m = HMax(_mm256_max_ps(m0, m1));
-    qsc[hh] = m / 32767.0f;
-    inv_h[hh] = m > 0.0f ? 32767.0f / m : 0.0f;
-  }
-  for (int hh = 0; hh < NH; ++hh) {  // (as in PrepareKeyQuery32: maxima first, then rounding)
-    const float* x = qp + static_cast<size_t>(hh) * D;
-    int16_t* q = q16 + static_cast<size_t>(hh) * D;
-    const __m256 inv = _mm256_set1_ps(inv_h[hh]);
-    for (int d = 0; d < D; d += 16) {
-      const __m256 f0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv);
-      const __m256 f1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), _mm256_loadu_ps(sp + d + 8)), inv);
-      const __m256i eo = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0x88)),
-                                            _mm256_cvtps_epi32(_mm256_shuffle_ps(f0, f1, 0xDD)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permutevar8x32_epi32(eo, order));
-    }
-  }
-}
-
-// The plane loop of the 256-bit KIVI key kernels: x holds 32 code bytes read as 16 int16
-// lanes; for each plane k, masking gives the even channels and shifting by 8 first the
-// odd ones, which meet qload(q + kW + hD) and qload(q + kW + hD + odd) for head h. Each
-// head's partial sums are pinned plane by plane (empty asm) so the compiler keeps the
-// four accumulators instead of hoisting every product into registers and spilling.
-template <int NH, int BITS, class QLoad>
-HWY_INLINE void KeyPlanes256(__m256i x, const int16_t* q, int W, int D, int odd, __m256i mask, const QLoad& qload,
-                             __m256i (&acc)[4]) {
-  constexpr int p = 8 / BITS;
-#pragma GCC unroll 4
-  for (int k = 0; k < p; ++k) {
-    const __m256i a = BITS == 8 ? _mm256_and_si256(x, mask) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k), mask);
-    const __m256i b = BITS == 8 ? _mm256_srli_epi16(x, 8) : _mm256_and_si256(_mm256_srli_epi16(x, BITS * k + 8), mask);
-    const int16_t* qk = q + k * W;
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) {
-      const int16_t* qh = qk + static_cast<size_t>(hh) * D;
-      acc[hh] = _mm256_add_epi32(acc[hh], _mm256_add_epi32(_mm256_madd_epi16(a, qload(qh)), _mm256_madd_epi16(b, qload(qh + odd))));
-    }
-    asm("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
-  }
-}
-
-// KIVI keys with 256-bit vectors and no widening (W = D * BITS / 8 a multiple of 32).
-// 32 bytes of a row, read as 16 int16 lanes, hold channels kW + c + 2i (low byte) and
-// kW + c + 2i + 1 (high byte) in plane k: masking gives the even channels, shifting by
-// 8 first the odd ones, each meeting the matching half of a deinterleaved query block
-// (KeyPlanes256). kD > 0 fixes D at compile time: every query address is then a constant offset from
-// one register. The scores of four rows are transposed in registers and stored as one
-// vector per head.
-template <int NH, int BITS, int kD>
-HWY_INLINE void FastKiviKeys256N(const float* qp, int D_, const float* sp, const float* zp, const uint8_t* rows,
-                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
-  PrefetchCursor pf(pf_ranges);
-  const int D = kD > 0 ? kD : D_;
-  constexpr int p = 8 / BITS;
-  const int W = D / p;
-  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  PrepareKeyQuery32<NH>(qp, D, sp, zp, q16, qsc, bias);
-  const __m128 qscv = _mm_loadu_ps(qsc), biasv = _mm_loadu_ps(bias);
-  const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
-  auto qload = [](const int16_t* q) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)); };
-  auto row_scores = [&](const uint8_t* row) {
-    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-#pragma GCC unroll 2
-    for (int c = 0; c < W; c += 32) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-      KeyPlanes256<NH, BITS>(x, q16 + c, W, D, 16, mask, qload, acc);
-    }
-    // [heads 0..3, low-half sums | heads 0..3, high-half sums]
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
-  };
-  const __m256 qsc8 = _mm256_set_m128(qscv, qscv), bias8 = _mm256_set_m128(biasv, biasv);
-  // Two rows' half sums -> [row a: heads 0..3 | row b: heads 0..3] as scores.
-  auto two_rows = [&](__m256i ha, __m256i hb) {
-    const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(ha, hb, 0x20), _mm256_permute2x128_si256(ha, hb, 0x31));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), qsc8, bias8);
-  };
-  const __m256i by_head = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  int t = 0;
-  for (; t + 4 <= n; t += 4) {
-    pf.step(4);
-    const uint8_t* row = rows + static_cast<size_t>(t) * stride;
-    const __m256i h0 = row_scores(row);
-    const __m256 s01 = two_rows(h0, row_scores(row + stride));
-    const __m256i h2 = row_scores(row + 2 * stride);
-    const __m256 s23 = two_rows(h2, row_scores(row + 3 * stride));
-    // [r0 h0..3 | r1 h0..3], [r2 | r3] -> [h0: r0..3 | h1: r0..3], [h2 | h3]
-    const __m256 h01 = _mm256_permutevar8x32_ps(_mm256_unpacklo_ps(s01, s23), by_head);
-    const __m256 h23 = _mm256_permutevar8x32_ps(_mm256_unpackhi_ps(s01, s23), by_head);
-    const __m128 rr[4] = {_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1), _mm256_castps256_ps128(h23),
-                          _mm256_extractf128_ps(h23, 1)};
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) _mm_storeu_ps(S + static_cast<size_t>(hh) * ld + t, rr[hh]);
-  }
-  for (; t < n; ++t) {
-    pf.step(1);
-    const __m256i h = row_scores(rows + static_cast<size_t>(t) * stride);
-    alignas(32) float out[8];
-    _mm256_store_ps(out, two_rows(h, h));
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
-  }
-}
-
-// FastKiviKeys256N for rows of 16-byte multiples (W % 32 == 16, e.g. 2-bit keys of head
-// size 64): two rows share a vector, one per 128-bit half, against the query block
-// broadcast to both halves; in-lane horizontal adds then leave [row t: heads 0..3 | row
-// t+1: heads 0..3]; four rows' scores are transposed in registers and stored as one
-// vector per head. Kept out of line: inlined next to FastKiviKeys256N it moved that
-// kernel's code, and 4-bit keys of head size 64 ran 4% slower in cache.
-template <int NH, int BITS>
-HWY_NOINLINE void FastKiviKeys256PairsN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
-                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
-  PrefetchCursor pf(pf_ranges);
-  constexpr int p = 8 / BITS;
-  const int W = D / p;
-  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  PrepareKeyQuery16<NH>(qp, D, sp, zp, q16, qsc, bias);
-  const __m256 qsc8 = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
-  const __m256 bias8 = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
-  const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);
-  auto qload = [&](const int16_t* q) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  };
-  // Scores of rows r0 and r1: [row r0: heads 0..3 | row r1: heads 0..3].
-  auto pair_scores = [&](const uint8_t* r0, const uint8_t* r1) {
-    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int c = 0; c < W; c += 16) {
-      const __m256i x = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r1 + c), reinterpret_cast<const __m128i*>(r0 + c));
-      KeyPlanes256<NH, BITS>(x, q16 + c, W, D, 8, mask, qload, acc);
-    }
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), qsc8, bias8);
-  };
-  const __m256i by_head = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  int t = 0;
-  for (; t + 4 <= n; t += 4) {
-    pf.step(4);
-    const uint8_t* row = rows + static_cast<size_t>(t) * stride;
-    const __m256 s01 = pair_scores(row, row + stride);
-    const __m256 s23 = pair_scores(row + 2 * stride, row + 3 * stride);
-    // [r0 h0..3 | r1 h0..3], [r2 | r3] -> [h0: r0..3 | h1: r0..3], [h2 | h3]
-    const __m256 h01 = _mm256_permutevar8x32_ps(_mm256_unpacklo_ps(s01, s23), by_head);
-    const __m256 h23 = _mm256_permutevar8x32_ps(_mm256_unpackhi_ps(s01, s23), by_head);
-    const __m128 rr[4] = {_mm256_castps256_ps128(h01), _mm256_extractf128_ps(h01, 1), _mm256_castps256_ps128(h23),
-                          _mm256_extractf128_ps(h23, 1)};
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) _mm_storeu_ps(S + static_cast<size_t>(hh) * ld + t, rr[hh]);
-  }
-  for (; t < n; t += 2) {
-    pf.step(2);
-    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    const uint8_t* r1 = t + 1 < n ? r0 + stride : r0;  // an odd last row pairs with itself
-    alignas(32) float out[8];
-    _mm256_store_ps(out, pair_scores(r0, r1));
-#pragma GCC unroll 4
-    for (int hh = 0; hh < NH; ++hh) {
-      S[hh * ld + t] = out[hh];
-      if (t + 1 < n) S[hh * ld + t + 1] = out[4 + hh];
-    }
-  }
-}
-
 #if HWY_TARGET == HWY_AVX3
 // 512-bit integer helpers (AVX3 only). DotI16x32: as DotI16, 32 products per vector.
 template <bool kVnni>
@@ -1455,19 +1022,13 @@ HWY_INLINE __m512i DotI16x32(__m512i acc, __m512i a, __m512i b) {
 #endif
   return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
 }
-// The two 256-bit halves of a, added.
-HWY_INLINE __m256i Fold512(__m512i a) {
-  return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
-}
-
-// The four-row loop shared by the 512-bit key kernels: for rows t..t+3 it keeps 16
-// accumulators acc[4 * row + head] over the rows' W bytes, 32 at a time. load(row, c)
-// widens 32 bytes of a row to int16; plane(x, k) picks the k-th of P code planes packed
-// in them, which meet the query's channels k * W + c. finish(acc, t) reduces and stores.
-// Returns the first row not covered (n rounded down to a multiple of 4).
-template <int NH, int P, bool kVnni, class PF, class Load, class Plane, class QLoad, class Finish>
-HWY_INLINE int FourRowDots512(int n, int W, PF& pf, const Load& load, const Plane& plane, const QLoad& qload,
-                              const Finish& finish) {
+// The four-row loop of the 512-bit int8 key kernel: for rows t..t+3 it keeps 16
+// accumulators acc[4 * row + head] over the rows' D channels, 32 at a time. load(row, c)
+// widens 32 codes of a row to int16, qload(head, c) loads 32 channels of a head's query;
+// finish(acc, t) reduces and stores. Returns the first row not covered (n rounded down
+// to a multiple of 4).
+template <int NH, bool kVnni, class PF, class Load, class QLoad, class Finish>
+HWY_INLINE int FourRowDots512(int n, int D, PF& pf, const Load& load, const QLoad& qload, const Finish& finish) {
   int t = 0;
   for (; t + 4 <= n; t += 4) {
     pf.step(4);
@@ -1475,21 +1036,17 @@ HWY_INLINE int FourRowDots512(int n, int W, PF& pf, const Load& load, const Plan
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
-    for (int c = 0; c < W; c += 32) {
+    for (int c = 0; c < D; c += 32) {
       __m512i x[4];
 #pragma GCC unroll 4
       for (int rr = 0; rr < 4; ++rr) x[rr] = load(t + rr, c);
+      __m512i qv[4];  // loaded once for the four rows (one 512-bit load per cycle)
 #pragma GCC unroll 4
-      for (int k = 0; k < P; ++k) {
-        __m512i qv[4];  // loaded once for the four rows (one 512-bit load per cycle)
+      for (int hh = 0; hh < NH; ++hh) qv[hh] = qload(hh, c);
 #pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) qv[hh] = qload(hh, k * W + c);
+      for (int rr = 0; rr < 4; ++rr) {
 #pragma GCC unroll 4
-        for (int rr = 0; rr < 4; ++rr) {
-          const __m512i w = plane(x[rr], k);
-#pragma GCC unroll 4
-          for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], w, qv[hh]);
-        }
+        for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], x[rr], qv[hh]);
       }
     }
     finish(acc, t);
@@ -1537,244 +1094,7 @@ HWY_INLINE void QuantizeKeyQuery512(const float* x, const float* mul, const floa
   }
 }
 
-// FastKiviKeysN with 512-bit vectors: 32 bytes of a row widen to 32 int16 codes at once,
-// and each vpdpwssd covers 32 channels. Needs W = D * BITS / 8 to be a multiple of 32.
-template <int NH, int BITS, bool kVnni, int kD>
-HWY_INLINE void FastKiviKeys512N(const float* qp, int D_, const float* sp, const float* zp, const uint8_t* rows,
-                                 size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
-  PrefetchCursor pf(pf_ranges);
-  constexpr int p = 8 / BITS;
-  const int D = kD > 0 ? kD : D_;  // a compile-time constant for the common head sizes
-  const int W = D / p;
-  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  QuantizeKeyQuery512<NH>(qp, sp, zp, D, q16, qsc, bias);
-  const __m256 qscv = _mm256_setr_ps(qsc[0], qsc[1], qsc[2], qsc[3], qsc[0], qsc[1], qsc[2], qsc[3]);
-  const __m256 biasv = _mm256_setr_ps(bias[0], bias[1], bias[2], bias[3], bias[0], bias[1], bias[2], bias[3]);
-  const __m512i mask = _mm512_set1_epi16((1 << BITS) - 1);
-  auto widen = [&](const uint8_t* row, int c) {
-    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c)));
-  };
-  auto plane = [&](__m512i x, int k) {
-    if constexpr (BITS == 8) return x;
-    return k == 0 ? _mm512_and_si512(x, mask) : _mm512_and_si512(_mm512_srli_epi16(x, BITS * k), mask);
-  };
-  auto qload = [&](int hh, int ch) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + ch); };
-  // Four rows at a time, reduced together by Sum16 into lanes 4 * head + row.
-  const __m512 qsc16 = PerHead16(qsc), bias16 = PerHead16(bias);
-  int t = FourRowDots512<NH, p, kVnni>(
-      n, W, pf, [&](int row, int c) { return widen(rows + static_cast<size_t>(row) * stride, c); }, plane, qload,
-      [&](const __m512i* acc, int t0) __attribute__((always_inline)) {
-        StoreScores4x4<NH>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16, bias16), S, ld, t0);
-      });
-  for (; t < n; ++t) {
-    pf.step(1);
-    __m512i a[4];
-#pragma GCC unroll 4
-    for (int hh = 0; hh < 4; ++hh) a[hh] = _mm512_setzero_si512();
-    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    for (int c = 0; c < W; c += 32) {
-      const __m512i x0 = widen(r0, c);
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        const __m512i w0 = plane(x0, k);
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) a[hh] = DotI16x32<kVnni>(a[hh], w0, qload(hh, k * W + c));
-      }
-    }
-    alignas(16) float out[4];
-    _mm_store_ps(out, _mm_fmadd_ps(SumsOf4(Fold512(a[0]), Fold512(a[1]), Fold512(a[2]), Fold512(a[3])),
-                                   _mm256_castps256_ps128(qscv), _mm256_castps256_ps128(biasv)));
-    for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
-  }
-}
-
-// FastKiviKeys512N for rows of 16-byte (not 32-byte) multiples, e.g. 2-bit codes at
-// head_dim 64: 16 bytes of two rows widen into one vector (words 0-15 row t, 16-31 row
-// t + 1) against the head's 16 query channels in both halves, so each vpdpwssd still
-// covers 32 products. Four rows per iteration keep 8 accumulators (2 row pairs x 4
-// heads); their 16 sums need one 21-instruction tree. Needs D % 32 == 0.
-template <int NH, int BITS, bool kVnni>
-HWY_INLINE void FastKiviKeys512PairsN(const float* qp, int D, const float* sp, const float* zp, const uint8_t* rows,
-                                      size_t stride, int n, float* S, int ld, int16_t* q16, Prefetcher& pf_ranges) {
-  PrefetchCursor pf(pf_ranges);
-  constexpr int p = 8 / BITS;
-  const int W = D / p;
-  float qsc[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0, 0};
-  QuantizeKeyQuery512<NH>(qp, sp, zp, D, q16, qsc, bias);
-  const __m512i mask = _mm512_set1_epi16((1 << BITS) - 1);
-  auto plane = [&](__m512i x, int k) {
-    return k == 0 ? _mm512_and_si512(x, mask) : _mm512_and_si512(_mm512_srli_epi16(x, BITS * k), mask);
-  };
-  // Query channels ch .. ch + 15 of head hh, in both 256-bit halves.
-  auto qload = [&](int hh, int ch) {
-    return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + static_cast<size_t>(hh) * D + ch)));
-  };
-  auto load16 = [](const uint8_t* b) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)); };
-  // Lane 4 r + h of the sums is row r, head h: the per-head factors repeat every 4 lanes,
-  // and `tr` moves the scores to lanes 4 h + r for StoreScores4x4.
-  const __m512 qsc16 = _mm512_broadcast_f32x4(_mm_loadu_ps(qsc)), bias16 = _mm512_broadcast_f32x4(_mm_loadu_ps(bias));
-  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  auto shuf = [](__m512i x, __m512i y, auto imm) {
-    return _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(y), decltype(imm)::value));
-  };
-  int t = 0;
-  for (; t + 4 <= n; t += 4) {
-    pf.step(4);
-    __m512i acc[8];  // acc[2 h + j]: head h, rows t + 2j and t + 2j + 1
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_si512();
-    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    for (int c = 0; c < W; c += 16) {
-      __m512i x[2];
-#pragma GCC unroll 2
-      for (int j = 0; j < 2; ++j) {
-        const uint8_t* a = r0 + static_cast<size_t>(2 * j) * stride + c;
-        x[j] = _mm512_cvtepu8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(load16(a)), load16(a + stride), 1));
-      }
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        const __m512i w0 = plane(x[0], k), w1 = plane(x[1], k);
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) {
-          const __m512i qv = qload(hh, k * W + c);
-          acc[2 * hh] = DotI16x32<kVnni>(acc[2 * hh], w0, qv);
-          acc[2 * hh + 1] = DotI16x32<kVnni>(acc[2 * hh + 1], w1, qv);
-        }
-      }
-    }
-    // u[h] block r = the four partial sums of row t + r, head h.
-    __m512i u[4];
-#pragma GCC unroll 4
-    for (int hh = 0; hh < 4; ++hh) {
-      const __m512i a = acc[2 * hh], b = acc[2 * hh + 1];
-      u[hh] = hh < NH ? _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD))
-                      : _mm512_setzero_si512();
-    }
-    const __m512i w0 = _mm512_add_epi32(shuf(u[0], u[1], std::integral_constant<int, 0x44>{}),
-                                        shuf(u[0], u[1], std::integral_constant<int, 0xEE>{}));
-    const __m512i w1 = _mm512_add_epi32(shuf(u[2], u[3], std::integral_constant<int, 0x44>{}),
-                                        shuf(u[2], u[3], std::integral_constant<int, 0xEE>{}));
-    const __m512i sums = _mm512_add_epi32(shuf(w0, w1, std::integral_constant<int, 0x88>{}),
-                                          shuf(w0, w1, std::integral_constant<int, 0xDD>{}));
-    const __m512 sc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), qsc16, bias16);
-    StoreScores4x4<NH>(_mm512_permutexvar_ps(tr, sc), S, ld, t);
-  }
-  for (; t < n; ++t) {  // the last n % 4 rows, one at a time (words 16-31 zero)
-    pf.step(1);
-    __m512i a[4];
-#pragma GCC unroll 4
-    for (int hh = 0; hh < 4; ++hh) a[hh] = _mm512_setzero_si512();
-    const uint8_t* r0 = rows + static_cast<size_t>(t) * stride;
-    for (int c = 0; c < W; c += 16) {
-      const __m512i xz = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(load16(r0 + c)));
-#pragma GCC unroll 4
-      for (int k = 0; k < p; ++k) {
-        const __m512i w0 = plane(xz, k);
-#pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) a[hh] = DotI16x32<kVnni>(a[hh], w0, qload(hh, k * W + c));
-      }
-    }
-    for (int hh = 0; hh < NH; ++hh) {
-      S[hh * ld + t] = static_cast<float>(_mm512_reduce_add_epi32(a[hh])) * qsc[hh] + bias[hh];
-    }
-  }
-}
 #endif  // HWY_AVX3
-
-template <int BITS, bool kVnni>
-HWY_INLINE void FastKiviKeysB(const float* qp, int rep, int D, const float* sp, const float* zp, const uint8_t* rows,
-                              size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
-  for (int r = 0; r < rep; r += 4) {
-    const float* q = qp + static_cast<size_t>(r) * D;
-    float* Sr = S + static_cast<size_t>(r) * ld;
-#if HWY_TARGET == HWY_AVX3
-    if ((D * BITS / 8) % 32 == 0) {
-      switch (std::min(4, rep - r)) {
-        case 1: FastKiviKeys512N<1, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 2: FastKiviKeys512N<2, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 3: FastKiviKeys512N<3, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        default:
-          if (D == 128) {
-            FastKiviKeys512N<4, BITS, kVnni, 128>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
-          } else {
-            FastKiviKeys512N<4, BITS, kVnni, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
-          }
-          break;
-      }
-      continue;
-    }
-    // Rows of 16-byte multiples: two rows per 512-bit vector where the query rounding can
-    // use 512-bit vectors, else the 256-bit kernel (VNNI when present).
-    if (D % 32 == 0) {
-      switch (std::min(4, rep - r)) {
-        case 1: FastKiviKeys512PairsN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 2: FastKiviKeys512PairsN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 3: FastKiviKeys512PairsN<3, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        default: FastKiviKeys512PairsN<4, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      }
-      continue;
-    }
-    switch (std::min(4, rep - r)) {
-      case 1: FastKiviKeysN<1, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 2: FastKiviKeysN<2, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 3: FastKiviKeysN<3, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      default: FastKiviKeysN<4, BITS, kVnni>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-    }
-#else
-    // AVX2 (FastKiviKeysOk guarantees rows of 16-byte multiples).
-    if ((D * BITS / 8) % 32 == 0) {
-      switch (std::min(4, rep - r)) {
-        case 1: FastKiviKeys256N<1, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 2: FastKiviKeys256N<2, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        case 3: FastKiviKeys256N<3, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-        default:
-          // Common head sizes get a kernel with D fixed at compile time.
-          if (D == 128) {
-            FastKiviKeys256N<4, BITS, 128>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
-          } else if (D == 64) {
-            FastKiviKeys256N<4, BITS, 64>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
-          } else {
-            FastKiviKeys256N<4, BITS, 0>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf);
-          }
-          break;
-      }
-      continue;
-    }
-    switch (std::min(4, rep - r)) {
-      case 1: FastKiviKeys256PairsN<1, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 2: FastKiviKeys256PairsN<2, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      case 3: FastKiviKeys256PairsN<3, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-      default: FastKiviKeys256PairsN<4, BITS>(q, D, sp, zp, rows, stride, n, Sr, ld, q8, pf); break;
-    }
-#endif
-  }
-}
-
-template <bool kVnni>
-HWY_INLINE void FastKiviKeysT(const float* qp, int rep, int D, int bits, const float* sp, const float* zp,
-                              const uint8_t* rows, size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
-  switch (bits) {
-    case 2: return FastKiviKeysB<2, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
-    case 4: return FastKiviKeysB<4, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
-    default: return FastKiviKeysB<8, kVnni>(qp, rep, D, sp, zp, rows, stride, n, S, ld, q8, pf);
-  }
-}
-
-#ifdef KIVI_VNNI
-KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviKeysVnni(const float* qp, int rep, int D, int bits, const float* sp,
-                                                   const float* zp, const uint8_t* rows, size_t stride, int n, float* S,
-                                                   int ld, int16_t* q8, Prefetcher& pf) {
-  FastKiviKeysT<true>(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
-}
-#endif
-
-void FastKiviKeys(const float* qp, int rep, int D, int bits, const float* sp, const float* zp, const uint8_t* rows,
-                  size_t stride, int n, float* S, int ld, int16_t* q8, Prefetcher& pf) {
-#ifdef KIVI_VNNI
-  if (HasVnni()) return FastKiviKeysVnni(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
-#endif
-  FastKiviKeysT<false>(qp, rep, D, bits, sp, zp, rows, stride, n, S, ld, q8, pf);
-}
 
 // int8 keys (one scale per row, rs[i]); the query q16 and its scale per head are
 // prepared once per task.
@@ -1819,8 +1139,8 @@ HWY_INLINE void FastInt8Keys512N(const int16_t* q16, const float* qsc, int D_, c
   int t;
   {
     PrefetchCursor pc(pf);  // released before the tail's own cursor
-    t = FourRowDots512<NH, 1, kVnni>(
-        n, D, pc, load, [](__m512i x, int) { return x; }, qload, [&](const __m512i* acc, int t0) __attribute__((always_inline)) {
+    t = FourRowDots512<NH, kVnni>(
+        n, D, pc, load, qload, [&](const __m512i* acc, int t0) __attribute__((always_inline)) {
           StoreScores4x4<NH>(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(Sum16(acc)), qsc16),
                                            _mm512_broadcast_f32x4(_mm_loadu_ps(rs + t0))),
                              S, ld, t0);
@@ -2503,6 +1823,431 @@ void LoadParams(const kv::StreamView& st, size_t index, int count, float* out, b
   for (; i < count; ++i) out[i] = f16_to_f32(p[i]);
 }
 
+#if KIVI_FAST_INT
+// ---------------------------------------------------------------------------------
+// KIVI keys, a whole group at a time (AVX2/AVX3, exact and fast paths).
+//
+// The rows of a key group are interleaved in 32-bit words (kv/codec.h): word c of the
+// group's G tokens is contiguous, so one vector holds word c of N consecutive tokens.
+// The word keeps row bytes 4c, 4c + 2, 4c + 1, 4c + 3 at its byte positions 0..3, so
+// shifting it right by s and masking leaves in each lane the code at bit s: row byte
+// 4c + kWordByte[s / 8], plane (s % 8) / BITS, i.e. channel
+//   4c + kWordByte[s / 8] + W (s % 8) / BITS                  (W = D * BITS / 8).
+// Scores then accumulate lane-wise, N tokens per vector, one channel at a time against
+// that channel's query broadcast, with no reduction across lanes:
+//   S[h][t] = sum_ch (q_h s_ch) c_t,ch + q_h . z                 (q . (s c + z))
+// Exact path: q s in float, codes mapped to floats (2-bit by vpermilps, which reads the
+// low two bits of each lane; 4-bit on AVX3 by vpermps, which reads the low four).
+// Fast path: q s rounded to int16 per head and group; the mask keeps one code in each
+// 16-bit half of a lane, the channels 4c + r + W p and 4c + r + 1 + W p (r = 0 or 2)
+// that meet the int16 query pair at int32 index (4c + r + W p) / 2, so one vpdpwssd
+// (or vpmaddwd + vpaddd) does two channels of N tokens.
+
+inline constexpr int kWordByte[4] = {0, 2, 1, 3};
+
+// Channel of the code at bit s of word c, minus 4c.
+template <int BITS>
+HWY_INLINE constexpr int WordChannel(int s, int W) {
+  return kWordByte[s / 8] + W * ((s % 8) / BITS);
+}
+
+// Calls f(std::integral_constant<int, i>) for i = 0 .. N-1 (shift counts must be
+// compile-time constants).
+template <class F, int... Is>
+HWY_INLINE void UnrollSeq(const F& f, std::integer_sequence<int, Is...>) {
+  (f(std::integral_constant<int, Is>()), ...);
+}
+template <int N, class F>
+HWY_INLINE void Unroll(const F& f) {
+  UnrollSeq(f, std::make_integer_sequence<int, N>());
+}
+
+// 256-bit vectors: 8 tokens per vector.
+struct KeyVec256 {
+  using F = __m256;
+  using I = __m256i;
+  static constexpr int N = 8;
+  static HWY_INLINE I Load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  template <int S>
+  static HWY_INLINE I Srl(I v) {
+    if constexpr (S == 0) {
+      return v;
+    } else {
+      return _mm256_srli_epi32(v, S);
+    }
+  }
+  static HWY_INLINE I And(I a, I b) { return _mm256_and_si256(a, b); }
+  static HWY_INLINE I AddI(I a, I b) { return _mm256_add_epi32(a, b); }
+  static HWY_INLINE I SetI(int32_t x) { return _mm256_set1_epi32(x); }
+  static HWY_INLINE I ZeroI() { return _mm256_setzero_si256(); }
+  static HWY_INLINE F Zero() { return _mm256_setzero_ps(); }
+  static HWY_INLINE F Set(float x) { return _mm256_set1_ps(x); }
+  static HWY_INLINE F Bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static HWY_INLINE F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static HWY_INLINE F Add(F a, F b) { return _mm256_add_ps(a, b); }
+  static HWY_INLINE F Cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static HWY_INLINE void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  // Codes of BITS bits at bit S of each lane, as floats.
+  template <int BITS, int S>
+  static HWY_INLINE F Code(I x, F lut) {
+    const I v = Srl<S>(x);
+    if constexpr (BITS == 2) {
+      return _mm256_permutevar_ps(lut, v);
+    } else if constexpr (S + BITS == 32) {
+      return Cvt(v);
+    } else {
+      return Cvt(And(v, SetI((1 << BITS) - 1)));
+    }
+  }
+  // The code-to-float table of Code (2-bit: {0, 1, 2, 3} in each 128-bit block).
+  template <int BITS>
+  static HWY_INLINE F Lut() {
+    return _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+  }
+  template <bool kVnni>
+  static HWY_INLINE I Dot(I acc, I a, const int32_t* b) {
+    return DotI16<kVnni>(acc, a, _mm256_set1_epi32(*b));
+  }
+};
+
+#if HWY_TARGET == HWY_AVX3
+// 512-bit vectors: 16 tokens per vector.
+struct KeyVec512 {
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int N = 16;
+  static HWY_INLINE I Load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  template <int S>
+  static HWY_INLINE I Srl(I v) {
+    if constexpr (S == 0) {
+      return v;
+    } else {
+      return _mm512_srli_epi32(v, S);
+    }
+  }
+  static HWY_INLINE I And(I a, I b) { return _mm512_and_si512(a, b); }
+  static HWY_INLINE I AddI(I a, I b) { return _mm512_add_epi32(a, b); }
+  static HWY_INLINE I SetI(int32_t x) { return _mm512_set1_epi32(x); }
+  static HWY_INLINE I ZeroI() { return _mm512_setzero_si512(); }
+  static HWY_INLINE F Zero() { return _mm512_setzero_ps(); }
+  static HWY_INLINE F Set(float x) { return _mm512_set1_ps(x); }
+  static HWY_INLINE F Bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static HWY_INLINE F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static HWY_INLINE F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static HWY_INLINE F Cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static HWY_INLINE void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  template <int BITS, int S>
+  static HWY_INLINE F Code(I x, F lut) {
+    const I v = Srl<S>(x);
+    if constexpr (BITS == 2) {
+      return _mm512_permutevar_ps(lut, v);  // low 2 bits, within each 128-bit block
+    } else if constexpr (BITS == 4) {
+      return _mm512_permutexvar_ps(v, lut);  // low 4 bits
+    } else if constexpr (S + BITS == 32) {
+      return Cvt(v);
+    } else {
+      return Cvt(And(v, SetI((1 << BITS) - 1)));
+    }
+  }
+  // 2-bit: {0, 1, 2, 3} in each 128-bit block (vpermilps); 4-bit: {0 .. 15} (vpermps).
+  template <int BITS>
+  static HWY_INLINE F Lut() {
+    if constexpr (BITS == 2) return _mm512_broadcast_f32x4(_mm_setr_ps(0.0f, 1.0f, 2.0f, 3.0f));
+    return _mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f,
+                          14.0f, 15.0f);
+  }
+  template <bool kVnni>
+  static HWY_INLINE I Dot(I acc, I a, const int32_t* b) {
+#ifdef KIVI_VNNI
+    if constexpr (kVnni) {  // the int16 pair broadcast from memory ({1to16})
+      asm("%{evex%} vpdpwssd {%2%{1to16%}, %1, %0|%0, %1, %2%{1to16%}}" : "+v"(acc) : "v"(a), "m"(*b));
+      return acc;
+    }
+#endif
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, _mm512_set1_epi32(*b)));
+  }
+};
+#endif
+
+// Exact scores of one key group for NH (1-4) heads: S[h * ld + i] = qs_h . c_i + bias[h]
+// for the group's tokens i in [0, G), G a multiple of 2N. qs: [NH][D], q_h * s. The
+// columns are spread over NS sets of accumulators so that eight sums are in flight
+// whatever NH.
+template <class V, int NH, int BITS, int kW>
+HWY_INLINE void KiviGroupScoresExact(const uint8_t* HWY_RESTRICT cg, int G, int W_, const float* HWY_RESTRICT qs,
+                                     const float* bias, float* HWY_RESTRICT S, int ld, PrefetchCursor* pf) {
+  using F = typename V::F;
+  constexpr int N = V::N, NS = NH >= 3 ? 1 : 4 / NH, KW = 32 / BITS;
+  const int W = kW > 0 ? kW : W_;
+  const int D = W * 8 / BITS, NC = W / 4;
+  const F lut = V::template Lut<BITS>();
+  for (int v = 0; v < G; v += 2 * N) {
+    if (pf) pf->step(2 * N);
+    F acc[NS][NH][2];
+#pragma GCC unroll 4
+    for (int s = 0; s < NS; ++s)
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) acc[s][h][0] = acc[s][h][1] = V::Zero();
+    auto column = [&](int c, F(&a)[NH][2]) __attribute__((always_inline)) {
+      const uint8_t* p = cg + (static_cast<size_t>(c) * G + v) * 4;
+      const auto x0 = V::Load(p), x1 = V::Load(p + 4 * N);
+      const float* qc = qs + 4 * c;
+      Unroll<KW>([&](auto k) __attribute__((always_inline)) {
+        constexpr int s = BITS * decltype(k)::value;
+        const F c0 = V::template Code<BITS, s>(x0, lut), c1 = V::template Code<BITS, s>(x1, lut);
+        const float* q = qc + WordChannel<BITS>(s, W);
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; ++h) {
+          const F qv = V::Bcast(q + static_cast<size_t>(h) * D);
+          a[h][0] = V::Fma(c0, qv, a[h][0]);
+          a[h][1] = V::Fma(c1, qv, a[h][1]);
+        }
+      });
+    };
+    int c = 0;
+    for (; c + NS <= NC; c += NS) {
+#pragma GCC unroll 4
+      for (int s = 0; s < NS; ++s) column(c + s, acc[s]);
+    }
+    for (; c < NC; ++c) column(c, acc[0]);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      F r0 = acc[0][h][0], r1 = acc[0][h][1];
+#pragma GCC unroll 4
+      for (int s = 1; s < NS; ++s) {
+        r0 = V::Add(r0, acc[s][h][0]);
+        r1 = V::Add(r1, acc[s][h][1]);
+      }
+      const F b = V::Set(bias[h]);
+      V::Store(S + static_cast<size_t>(h) * ld + v, V::Add(r0, b));
+      V::Store(S + static_cast<size_t>(h) * ld + v + N, V::Add(r1, b));
+    }
+  }
+}
+
+// Fast scores of one key group for NH (1-4) heads: S[h * ld + i] = qsc[h] (q16_h . c_i) +
+// bias[h], G a multiple of 2N. q16: [NH][D] int16 (q s rounded per head), read as int32
+// channel pairs.
+template <class V, int NH, int BITS, int kW, bool kVnni>
+HWY_INLINE void KiviGroupScoresFast(const uint8_t* HWY_RESTRICT cg, int G, int W_, const int16_t* HWY_RESTRICT q16,
+                                    const float* qsc, const float* bias, float* HWY_RESTRICT S, int ld,
+                                    PrefetchCursor* pf) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int N = V::N, NS = NH >= 3 ? 1 : 4 / NH, KP = 16 / BITS;
+  const int W = kW > 0 ? kW : W_;
+  const int D = W * 8 / BITS, NC = W / 4;
+  const int32_t* qp = reinterpret_cast<const int32_t*>(q16);
+  const I mask = V::SetI(((1 << BITS) - 1) * 0x00010001);
+  for (int v = 0; v < G; v += 2 * N) {
+    if (pf) pf->step(2 * N);
+    I acc[NS][NH][2];
+#pragma GCC unroll 4
+    for (int s = 0; s < NS; ++s)
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) acc[s][h][0] = acc[s][h][1] = V::ZeroI();
+    auto column = [&](int c, I(&a)[NH][2]) __attribute__((always_inline)) {
+      const uint8_t* p = cg + (static_cast<size_t>(c) * G + v) * 4;
+      const I x0 = V::Load(p), x1 = V::Load(p + 4 * N);
+      const int32_t* qc = qp + 2 * c;  // the pair of channels 4c, 4c + 1
+      // Pairs k: word bytes 0 and 2 (k < 8 / BITS) or 1 and 3, plane k % (8 / BITS).
+      Unroll<KP>([&](auto k) __attribute__((always_inline)) {
+        constexpr int kk = decltype(k)::value;
+        constexpr int s = 8 * (kk / (8 / BITS)) + BITS * (kk % (8 / BITS));
+        const I c0 = V::And(V::template Srl<s>(x0), mask), c1 = V::And(V::template Srl<s>(x1), mask);
+        const int32_t* q = qc + WordChannel<BITS>(s, W) / 2;  // an even channel offset
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; ++h) {
+          a[h][0] = V::template Dot<kVnni>(a[h][0], c0, q + static_cast<size_t>(h) * D / 2);
+          a[h][1] = V::template Dot<kVnni>(a[h][1], c1, q + static_cast<size_t>(h) * D / 2);
+        }
+      });
+    };
+    int c = 0;
+    for (; c + NS <= NC; c += NS) {
+#pragma GCC unroll 4
+      for (int s = 0; s < NS; ++s) column(c + s, acc[s]);
+    }
+    for (; c < NC; ++c) column(c, acc[0]);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      I r0 = acc[0][h][0], r1 = acc[0][h][1];
+#pragma GCC unroll 4
+      for (int s = 1; s < NS; ++s) {
+        r0 = V::AddI(r0, acc[s][h][0]);
+        r1 = V::AddI(r1, acc[s][h][1]);
+      }
+      const F sc = V::Set(qsc[h]), b = V::Set(bias[h]);
+      V::Store(S + static_cast<size_t>(h) * ld + v, V::Fma(V::Cvt(r0), sc, b));
+      V::Store(S + static_cast<size_t>(h) * ld + v + N, V::Fma(V::Cvt(r1), sc, b));
+    }
+  }
+}
+
+// The query of NH heads for the exact group kernel: qs[h][ch] = q_h[ch] s[ch] and
+// bias[h] = q_h . z (D a multiple of 8).
+template <int NH>
+HWY_INLINE void PrepareExactKeyQuery(const float* q, int D, const float* sp, const float* zp, float* qs, float* bias) {
+#pragma GCC unroll 4
+  for (int h = 0; h < NH; ++h) {
+    const float* qh = q + static_cast<size_t>(h) * D;
+    float* o = qs + static_cast<size_t>(h) * D;
+    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 16 <= D; d += 16) {
+      const __m256 x0 = _mm256_loadu_ps(qh + d), x1 = _mm256_loadu_ps(qh + d + 8);
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)));
+      _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8)));
+      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
+      b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
+    }
+    if (d < D) {
+      const __m256 x0 = _mm256_loadu_ps(qh + d);
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)));
+      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
+    }
+    bias[h] = HSum(_mm256_add_ps(b0, b1));
+  }
+}
+
+// Whether the group kernels read KIVI keys of head size D, `bits` and group size G,
+// taking `step` tokens (two vectors) at a time: whole 32-bit words per row, a multiple of
+// 8 channels (the query preparation), and for the fast path no int32 overflow
+// (D (2^bits - 1) 32767 < 2^31).
+bool KiviKeyGroupsOk(int D, int bits, int G, int step, bool fast) {
+  if (bits != 2 && bits != 4 && bits != 8) return false;
+  if ((D * bits / 8) % 4 != 0 || D % 8 != 0 || G % step != 0) return false;
+  return !fast || D * ((1 << bits) - 1) <= 65535;
+}
+
+// One task's KIVI key scores over tokens [t0, t1) (all stored), group by group.
+struct KeyGroupArgs {
+  const kv::StreamView* K;
+  int h, t0, t1;
+  int s0;            // token of column 0 of S
+  const float* qn;   // [rep][D], scaled
+  int rep;
+  float* S;          // [rep][ld]
+  int ld;
+  float* sp;         // [D] scales, [D] zeros
+  float* zp;
+  float* qs;         // [4][D] (exact) / int16 [4][D] (fast)
+  float* tmp;        // [4][G]: a partial group's scores
+  bool wide;         // 512-bit vectors (AVX3)
+};
+
+template <class V, int NH, int BITS, bool kFast, bool kVnni, int kW>
+HWY_INLINE void KiviKeyQuad(const uint8_t* cg, int G, int W, const float* q, const float* sp, const float* zp,
+                            float* qs, float* S, int ld, PrefetchCursor* pf) {
+  const int D = W * 8 / BITS;
+  float bias[4] = {0, 0, 0, 0};
+  if constexpr (kFast) {
+    float qsc[4] = {0, 0, 0, 0};
+    int16_t* q16 = reinterpret_cast<int16_t*>(qs);
+#if HWY_TARGET == HWY_AVX3
+    if (D % 32 == 0) {
+      QuantizeKeyQuery512<NH>(q, sp, zp, D, q16, qsc, bias);
+    } else {
+      PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
+    }
+#else
+    PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
+#endif
+    KiviGroupScoresFast<V, NH, BITS, kW, kVnni>(cg, G, W, q16, qsc, bias, S, ld, pf);
+  } else {
+    PrepareExactKeyQuery<NH>(q, D, sp, zp, qs, bias);
+    KiviGroupScoresExact<V, NH, BITS, kW>(cg, G, W, qs, bias, S, ld, pf);
+  }
+}
+
+template <class V, int BITS, bool kFast, bool kVnni>
+HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
+  const kv::StreamView& K = *k.K;
+  const int D = K.head_dim, G = K.group, B = K.block, W = D * BITS / 8;
+  const size_t ps = kv::param_size(K.param_type);
+  PrefetchCursor pf(pf_ranges);
+  for (int g0 = k.t0; g0 < k.t1;) {
+    const int gs = g0 / G * G, g1 = std::min(k.t1, gs + G);
+    const size_t pi = K.param_base(gs, k.h) + static_cast<size_t>((gs % B) / G) * D;
+    LoadParams(K, pi, D, k.sp);
+    LoadParams(K, pi, D, k.zp, true);
+    if (gs + 2 * G < k.t1) {  // the parameters of the group after next
+      const size_t pn = K.param_base(gs + 2 * G, k.h) + static_cast<size_t>(((gs + 2 * G) % B) / G) * D;
+      for (size_t b = 0; b < D * ps; b += 64) {
+        hwy::Prefetch(K.scales + pn * ps + b);
+        hwy::Prefetch(K.zeros + pn * ps + b);
+      }
+    }
+    const uint8_t* cg = K.group_codes(gs, k.h);
+    const bool whole = g0 == gs && g1 == gs + G;
+    for (int r = 0; r < k.rep; r += 4) {
+      const float* q = k.qn + static_cast<size_t>(r) * D;
+      float* dst = whole ? k.S + static_cast<size_t>(r) * k.ld + (gs - k.s0) : k.tmp;
+      const int ldd = whole ? k.ld : G;
+      PrefetchCursor* pc = r == 0 ? &pf : nullptr;  // the group's bytes are stepped once
+      const int nh = std::min(4, k.rep - r);
+      switch (nh) {
+        case 1: KiviKeyQuad<V, 1, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
+        case 2: KiviKeyQuad<V, 2, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
+        case 3: KiviKeyQuad<V, 3, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
+        default:
+          // Common head sizes get a kernel with the row size fixed at compile time.
+          if (D == 128) {
+            KiviKeyQuad<V, 4, BITS, kFast, kVnni, 128 * BITS / 8>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
+          } else if (D == 64) {
+            KiviKeyQuad<V, 4, BITS, kFast, kVnni, 64 * BITS / 8>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
+          } else {
+            KiviKeyQuad<V, 4, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
+          }
+          break;
+      }
+      if (!whole) {
+        for (int h = 0; h < nh; ++h) {
+          std::copy(k.tmp + static_cast<size_t>(h) * G + (g0 - gs), k.tmp + static_cast<size_t>(h) * G + (g1 - gs),
+                    k.S + static_cast<size_t>(r + h) * k.ld + (g0 - k.s0));
+        }
+      }
+    }
+    g0 = g1;
+  }
+}
+
+template <bool kFast, bool kVnni>
+HWY_INLINE void KiviKeyGroupsT(const KeyGroupArgs& k, Prefetcher& pf) {
+  const int bits = kv::format_bits(k.K->fmt.format);
+#if HWY_TARGET == HWY_AVX3
+  if (k.wide) {
+    switch (bits) {
+      case 2: return KiviKeyGroupsB<KeyVec512, 2, kFast, kVnni>(k, pf);
+      case 4: return KiviKeyGroupsB<KeyVec512, 4, kFast, kVnni>(k, pf);
+      default: return KiviKeyGroupsB<KeyVec512, 8, kFast, kVnni>(k, pf);
+    }
+  }
+#endif
+  switch (bits) {
+    case 2: return KiviKeyGroupsB<KeyVec256, 2, kFast, kVnni>(k, pf);
+    case 4: return KiviKeyGroupsB<KeyVec256, 4, kFast, kVnni>(k, pf);
+    default: return KiviKeyGroupsB<KeyVec256, 8, kFast, kVnni>(k, pf);
+  }
+}
+
+#ifdef KIVI_VNNI
+KIVI_VNNI_ATTR HWY_NOINLINE void KiviKeyGroupsVnni(const KeyGroupArgs& k, Prefetcher& pf) {
+  KiviKeyGroupsT<true, true>(k, pf);
+}
+#endif
+
+void KiviKeyGroups(const KeyGroupArgs& k, bool fast, Prefetcher& pf) {
+  if (fast) {
+#ifdef KIVI_VNNI
+    if (HasVnni()) return KiviKeyGroupsVnni(k, pf);
+#endif
+    return KiviKeyGroupsT<true, false>(k, pf);
+  }
+  KiviKeyGroupsT<false, false>(k, pf);
+}
+#endif  // KIVI_FAST_INT
+
 // ---------------------------------------------------------------------------------
 // One task.
 
@@ -2544,9 +2289,6 @@ void AttendTask(const TaskArgs& a) {
   }
 
   const int B = K.block;
-  // Exact 2- and 4-bit KIVI keys without staging (AVX2/AVX3; kbuf holds q s per group).
-  const bool exact_kivi_k = (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3) && k_kivi && (kbits == 2 || kbits == 4) &&
-                            rep % 4 == 0 && (D * kbits / 8) % 8 == 0 && rep <= kTile;
 #if KIVI_FAST_INT
   const bool fast = a.precision == Precision::kFast;
   // Fast-path scratch (bytes), carved from the staging buffers it does not use.
@@ -2562,8 +2304,16 @@ void AttendTask(const TaskArgs& a) {
       q8sc[r] = QuantizeQuery16(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
     }
   }
-  const bool fast_kivi_k = fast && k_kivi && FastKiviKeysOk(D, kbits);
   const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
+  // KIVI keys a group at a time (512-bit vectors on AVX3 when the group holds whole pairs
+  // of them); scratch: the query [4][D] and a partial group's scores [4][G] in kbuf.
+  const bool wide_k = HWY_TARGET == HWY_AVX3 && K.group % 32 == 0 && (fast || g_wide_scores.load(std::memory_order_relaxed));
+  const int k_step = wide_k ? 32 : 16;
+  const bool group_kivi_k =
+      k_kivi && KiviKeyGroupsOk(D, kbits, K.group, k_step, false) && 4 * (D + K.group) <= kTile * D;
+  const bool fast_group_k = group_kivi_k && fast && KiviKeyGroupsOk(D, kbits, K.group, k_step, true);
+#else
+  constexpr bool group_kivi_k = false;
 #endif
 
   // The byte ranges this task reads, in order: K codes then V codes, block by block,
@@ -2573,6 +2323,12 @@ void AttendTask(const TaskArgs& a) {
     for (int t = a.t0; t < a.t1;) {
       if (t < st.n_stored) {
         const int e = std::min({a.t1, st.n_stored, (t / B + 1) * B});
+        if (st.per_channel) {  // KIVI keys: whole groups (stored groups are always whole)
+          const int G = st.group, gs = t / G * G, ge = (e + G - 1) / G * G;
+          pf.add(st.group_codes(t, h), static_cast<size_t>(ge - gs) * st.code_row_bytes, st.code_row_bytes);
+          t = e;
+          continue;
+        }
         const uint8_t* p = st.quad ? st.quad_row(t, h) : st.row(t, h);
         const size_t bytes = st.quad ? static_cast<size_t>((e - t / 4 * 4 + 3) / 4) * 4 * st.code_row_bytes
                                      : static_cast<size_t>(e - t) * st.token_stride;
@@ -2613,18 +2369,25 @@ void AttendTask(const TaskArgs& a) {
       if (st.zeros) hwy::Prefetch(st.zeros + first * ps + b);
     }
   };
-  prefetch_params(K, a.t0, a.t1);
+#if KIVI_FAST_INT
+  if (group_kivi_k && K.n_stored > a.t0) {  // the stored keys, group by group
+    KeyGroupArgs ka{&K, h, a.t0, std::min(a.t1, K.n_stored), a.t0, qn, rep, S, ld, sp, zp, kbuf,
+                    kbuf + static_cast<size_t>(4) * D, wide_k};
+    KiviKeyGroups(ka, fast_group_k, pf);
+  }
+#endif
+  if (!group_kivi_k) prefetch_params(K, a.t0, a.t1);
   for (int t0 = a.t0; t0 < a.t1;) {
     const int t1 = std::min({a.t1, t0 + kTile, (t0 / B + 1) * B});
     if (t1 < a.t1) {
-      prefetch_params(K, t1, a.t1);
+      if (!group_kivi_k) prefetch_params(K, t1, a.t1);
     } else {
       prefetch_params(V, a.t0, a.t1);  // the value pass starts next
     }
 
-    // 1. Scores.
+    // 1. Scores (stored KIVI keys done above by the group kernels).
     const int ke = std::max(t0, std::min(t1, K.n_stored));  // [t0, ke) stored, [ke, t1) residual
-    if (ke > t0) {
+    if (ke > t0 && !group_kivi_k) {
       const int n = ke - t0;
       switch (K.fmt.format) {
         case kv::Format::kF32:
@@ -2663,38 +2426,17 @@ void AttendTask(const TaskArgs& a) {
           DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
           break;
         }
-        default: {  // KIVI keys: per-channel params per group of G tokens
+        default: {  // KIVI keys (other targets and shapes): dequantized into kbuf
           const int G = K.group;
           for (int g0 = t0; g0 < ke;) {
             const int g1 = std::min(ke, (g0 / G + 1) * G);
             const size_t pi = K.param_base(g0, h) + static_cast<size_t>((g0 % B) / G) * D;
             LoadParams(K, pi, D, sp);
             LoadParams(K, pi, D, zp, true);
-#if KIVI_FAST_INT
-            if (fast_kivi_k) {
-              FastKiviKeys(qn, rep, D, kbits, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, q8, pf);
-              g0 = g1;
-              continue;
-            }
-#endif
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3
-            if (exact_kivi_k) {
-              if (kbits == 2) {
-                DotKiviExactRows<2>(qn, rep, D, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, kbuf, pf);
-              } else {
-                DotKiviExactRows<4>(qn, rep, D, sp, zp, K.row(g0, h), K.token_stride, g1 - g0, S + (g0 - a.t0), ld, kbuf, pf);
-              }
-              g0 = g1;
-              continue;
-            }
-#endif
-            DequantKiviKeys(K.row(g0, h), K.token_stride, g1 - g0, D, kbits, sp, zp, kbuf + static_cast<size_t>(g0 - t0) * D);
+            DequantKiviKeys(K.group_codes(g0, h), G, g0 % G, g1 - g0, D, kbits, sp, zp,
+                            kbuf + static_cast<size_t>(g0 - t0) * D);
             g0 = g1;
           }
-          if (exact_kivi_k) break;
-#if KIVI_FAST_INT
-          if (fast_kivi_k) break;
-#endif
           DotRows(qn, rep, D, kbuf, static_cast<size_t>(D), n, S + (t0 - a.t0), ld, pf);
           break;
         }

@@ -67,6 +67,12 @@ static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bo
         for (size_t j = 0; j < s.code_row_bytes; ++j) packed[j] = q[4 * j + t % 4];
         r = packed;
       }
+      if (s.per_channel) {  // key group: the rows are interleaved in 4-byte units
+        const uint8_t* g = s.group_codes(t, h);
+        const int W = static_cast<int>(s.code_row_bytes);
+        for (int j = 0; j < W; ++j) packed[j] = g[kv::key_group_offset(t % s.group, j, W, s.group)];
+        r = packed;
+      }
       for (int d = 0; d < D; ++d) {
         const size_t pi = param_index(s, t, h, d, key);
         out[d] = kv::unpack_code(r, d, bits, D) * kv::load_param(s.scales, pi, s.param_type) +

@@ -90,24 +90,30 @@ void quantize_keys(const float* keys, int S, int T, int D, int G, int bits, Para
                    uint8_t* codes, void* scale, void* zero) {
   check_common(S, T, D, G, bits);
   if (T % G != 0) fail("quantize_keys: %d tokens is not a multiple of the group size %d", T, G);
-  const size_t rb = packed_row_bytes(D, bits);
+  if (D > 1024) fail("quantize_keys: head_dim %d is above 1024", D);
+  const int rb = static_cast<int>(packed_row_bytes(D, bits));
   const int NG = T / G;
+  uint8_t row[1024];
+  QParams p[1024];  // one group's parameters per channel (no allocation: the cache calls this per flush)
   for (int s = 0; s < S; ++s) {
     for (int g = 0; g < NG; ++g) {
       const float* kg = keys + (static_cast<size_t>(s) * T + g * G) * D;
       uint8_t* cg = codes + (static_cast<size_t>(s) * T + g * G) * rb;
-      std::memset(cg, 0, rb * G);
       for (int d = 0; d < D; ++d) {
         float mn = kg[d], mx = kg[d];
         for (int t = 1; t < G; ++t) {
           mn = std::min(mn, kg[t * D + d]);
           mx = std::max(mx, kg[t * D + d]);
         }
-        const QParams p = kivi_params(mn, mx, bits, pt);
+        p[d] = kivi_params(mn, mx, bits, pt);
         const size_t pi = (static_cast<size_t>(s) * NG + g) * D + d;
-        store_param(scale, pi, p.scale, pt);
-        store_param(zero, pi, p.zero, pt);
-        for (int t = 0; t < G; ++t) pack_code(cg + t * rb, d, bits, D, kivi_code(kg[t * D + d], p, bits));
+        store_param(scale, pi, p[d].scale, pt);
+        store_param(zero, pi, p[d].zero, pt);
+      }
+      for (int t = 0; t < G; ++t) {
+        std::memset(row, 0, static_cast<size_t>(rb));
+        for (int d = 0; d < D; ++d) pack_code(row, d, bits, D, kivi_code(kg[t * D + d], p[d], bits));
+        for (int j = 0; j < rb; ++j) cg[key_group_offset(t, j, rb, G)] = row[j];
       }
     }
   }
@@ -117,11 +123,14 @@ void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, 
                      int D, int G, int bits, ParamType pt, float* keys) {
   check_common(S, T, D, G, bits);
   if (T % G != 0) fail("dequantize_keys: %d tokens is not a multiple of the group size %d", T, G);
-  const size_t rb = packed_row_bytes(D, bits);
+  if (D > 1024) fail("dequantize_keys: head_dim %d is above 1024", D);
+  const int rb = static_cast<int>(packed_row_bytes(D, bits));
   const int NG = T / G;
+  uint8_t row[1024];
   for (int s = 0; s < S; ++s) {
     for (int t = 0; t < T; ++t) {
-      const uint8_t* row = codes + (static_cast<size_t>(s) * T + t) * rb;
+      const uint8_t* cg = codes + (static_cast<size_t>(s) * T + t / G * G) * rb;
+      for (int j = 0; j < rb; ++j) row[j] = cg[key_group_offset(t % G, j, rb, G)];
       const size_t pbase = (static_cast<size_t>(s) * NG + t / G) * D;
       float* out = keys + (static_cast<size_t>(s) * T + t) * D;
       for (int d = 0; d < D; ++d) {

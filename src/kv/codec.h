@@ -21,6 +21,17 @@
 // Shifting a vector of row bytes right by bits * k and masking yields channels
 // kW .. kW + W - 1 in order, so SIMD kernels unpack without shuffles.
 //
+// Key groups: the G packed rows of a key group are stored interleaved in 32-bit words.
+// Word c of token i (row bytes 4c .. 4c + 3) is at byte offset 4 (c G + i) of the group,
+// so word c of all G tokens is contiguous and a vector of 32-bit lanes holds it for
+// consecutive tokens: a kernel computes the scores of many tokens at once, with no
+// reduction across channels. Within the word the row bytes 4c, 4c + 1, 4c + 2, 4c + 3
+// sit at positions 0, 2, 1, 3, so each 16-bit half of the word holds bytes 4c + b and
+// 4c + b + 1 (b = 0, 2) at the same bit offsets, i.e. two adjacent channels: one shift
+// and mask give int16 pairs for vpmaddwd. Rows of W bytes, W not a multiple of 4, are
+// interleaved in units of u = 2 or 1 bytes instead (offset (j / u) G u + i u + j % u,
+// no reordering); u = W is the plain sequence of rows.
+//
 // int8 (symmetric absmax): scale = absmax / 127, q = clamp(rint(x / scale), -127, 127),
 // x' = q * scale; f16 scales are rounded toward +inf.
 //
@@ -62,9 +73,19 @@ inline size_t packed_row_bytes(int head_dim, int bits) {
 uint8_t unpack_code(const uint8_t* row, int i, int bits, int D);
 void pack_code(uint8_t* row, int i, int bits, int D, uint8_t code);
 
+// Offset of byte j of token i (< G) within a key group of G rows of W bytes (above).
+inline size_t key_group_offset(int i, int j, int W, int G) {
+  if (W % 4 == 0) {
+    constexpr int kPosition[4] = {0, 2, 1, 3};
+    return (static_cast<size_t>(j / 4) * G + i) * 4 + kPosition[j % 4];
+  }
+  const int u = W % 2 == 0 ? 2 : 1;
+  return (static_cast<size_t>(j / u) * G + i) * u + j % u;
+}
+
 // Keys, per channel over groups of G consecutive tokens (T a multiple of G):
 //   keys  [S, T, D] f32
-//   codes [S, T, D * bits / 8] u8
+//   codes [S, T / G, G * D * bits / 8] u8   (each group's rows interleaved, above)
 //   scale [S, T / G, D], zero [S, T / G, D]   (param type pt)
 void quantize_keys(const float* keys, int S, int T, int D, int G, int bits, ParamType pt,
                    uint8_t* codes, void* scale, void* zero);

@@ -20,7 +20,9 @@
 //   row formats (f32, f16, int8): codes [H][n_blocks][B][D * bytes]
 //                                 int8 scales: head [H][n_blocks][B], group [H][n_blocks][B][D/Gc],
 //                                 token [n_blocks][B] (shared by the heads); tensor: one per layer
-//   KIVI keys:   codes [H][n_blocks][B][D*bits/8], scale/zero [H][n_blocks][B/G][D]
+//   KIVI keys:   codes [H][n_blocks][B/G][G*D*bits/8] (the rows of each group interleaved
+//                in 4-byte units, kv/codec.h: one 32-bit word holds 4 bytes of one token and
+//                consecutive words consecutive tokens), scale/zero [H][n_blocks][B/G][D]
 //   KIVI values: codes [H][n_blocks][B/4][D*bits/8][4] (quads of tokens interleaved by
 //                byte, so one 32-bit word holds byte j of four consecutive tokens: the
 //                layout integer dot products over tokens want), scale/zero [H][n_blocks][B][D/Gc]
@@ -43,7 +45,7 @@ struct StreamView {
   StreamFormat fmt;
   ParamType param_type = ParamType::kF16;
   int n_heads = 0, head_dim = 0, block = 0, group = 0;  // group: G (keys) or Gc (values/int8)
-  bool per_channel = false;  // KIVI keys: params per (group of tokens, channel)
+  bool per_channel = false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
   // Stored segment: tokens [0, n_stored).
   int n_stored = 0;
   const uint8_t* codes = nullptr;   // [H][n_blocks][head_block_bytes]
@@ -66,10 +68,15 @@ struct StreamView {
   size_t head_block(int t, int h) const {
     return static_cast<size_t>(h) * n_blocks + static_cast<size_t>(block_table[t / block]);
   }
-  // Pointer to the codes of token t (< n_stored), head h. For quad-interleaved
+  // Pointer to the codes of token t (< n_stored), head h, in row formats. For quad-interleaved
   // streams: the start of t's quad; byte j of token t is at quad_row(t, h)[4 j + t % 4].
+  // KIVI keys (per_channel): the start of t's group; byte j of token t is at
+  // group_codes(t, h)[kv::key_group_offset(t % group, j, code_row_bytes, group)].
   const uint8_t* row(int t, int h) const {
     return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) * token_stride;
+  }
+  const uint8_t* group_codes(int t, int h) const {
+    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / group * group * code_row_bytes;
   }
   const uint8_t* quad_row(int t, int h) const {
     return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
