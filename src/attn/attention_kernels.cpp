@@ -2111,13 +2111,16 @@ HWY_INLINE void PrepareExactKeyQuery(const float* q, int D, const float* sp, con
 }
 
 // Whether the group kernels read KIVI keys of head size D, `bits` and group size G,
-// taking `step` tokens (two vectors) at a time: whole 32-bit words per row, a multiple of
-// 8 channels (the query preparation), and for the fast path no int32 overflow
-// (D (2^bits - 1) 32767 < 2^31).
-bool KiviKeyGroupsOk(int D, int bits, int G, int step, bool fast) {
-  if (bits != 2 && bits != 4 && bits != 8) return false;
-  if ((D * bits / 8) % 4 != 0 || D % 8 != 0 || G % step != 0) return false;
-  return !fast || D * ((1 << bits) - 1) <= 65535;
+// taking `step` tokens (two vectors) at a time: whole 32-bit words per row and a multiple
+// of 8 channels (the query preparation).
+bool KiviKeyGroupsOk(int D, int bits, int G, int step) {
+  return (bits == 2 || bits == 4 || bits == 8) && (D * bits / 8) % 4 == 0 && D % 8 == 0 && G % step == 0;
+}
+// The fast (int16) group kernel: 2- and 4-bit codes, no int32 overflow
+// (D (2^bits - 1) 32767 < 2^31), and on AVX3 512-bit vectors (wide). Other group shapes
+// take the exact kernel.
+bool FastKiviKeyGroupsOk(int D, int bits, bool wide) {
+  return (bits == 2 || bits == 4) && D * ((1 << bits) - 1) <= 65535 && (wide || HWY_TARGET != HWY_AVX3);
 }
 
 // One task's KIVI key scores over tokens [t0, t1) (all stored), group by group.
@@ -2191,11 +2194,9 @@ HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
         case 2: KiviKeyQuad<V, 2, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
         case 3: KiviKeyQuad<V, 3, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
         default:
-          // Common head sizes get a kernel with the row size fixed at compile time.
+          // The most common head size gets a kernel with the row size fixed at compile time.
           if (D == 128) {
             KiviKeyQuad<V, 4, BITS, kFast, kVnni, 128 * BITS / 8>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
-          } else if (D == 64) {
-            KiviKeyQuad<V, 4, BITS, kFast, kVnni, 64 * BITS / 8>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
           } else {
             KiviKeyQuad<V, 4, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
           }
@@ -2212,6 +2213,8 @@ HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
   }
 }
 
+// Exact: every width and code size. Fast (FastKiviKeyGroupsOk): 2- and 4-bit codes, on
+// AVX3 only 512-bit vectors.
 template <bool kFast, bool kVnni>
 HWY_INLINE void KiviKeyGroupsT(const KeyGroupArgs& k, Prefetcher& pf) {
   const int bits = kv::format_bits(k.K->fmt.format);
@@ -2220,14 +2223,19 @@ HWY_INLINE void KiviKeyGroupsT(const KeyGroupArgs& k, Prefetcher& pf) {
     switch (bits) {
       case 2: return KiviKeyGroupsB<KeyVec512, 2, kFast, kVnni>(k, pf);
       case 4: return KiviKeyGroupsB<KeyVec512, 4, kFast, kVnni>(k, pf);
-      default: return KiviKeyGroupsB<KeyVec512, 8, kFast, kVnni>(k, pf);
+      default:
+        if constexpr (!kFast) KiviKeyGroupsB<KeyVec512, 8, false, false>(k, pf);
+        return;
     }
   }
+  if constexpr (kFast) return;
 #endif
   switch (bits) {
     case 2: return KiviKeyGroupsB<KeyVec256, 2, kFast, kVnni>(k, pf);
     case 4: return KiviKeyGroupsB<KeyVec256, 4, kFast, kVnni>(k, pf);
-    default: return KiviKeyGroupsB<KeyVec256, 8, kFast, kVnni>(k, pf);
+    default:
+      if constexpr (!kFast) KiviKeyGroupsB<KeyVec256, 8, false, false>(k, pf);
+      return;
   }
 }
 
@@ -2308,10 +2316,9 @@ void AttendTask(const TaskArgs& a) {
   // KIVI keys a group at a time (512-bit vectors on AVX3 when the group holds whole pairs
   // of them); scratch: the query [4][D] and a partial group's scores [4][G] in kbuf.
   const bool wide_k = HWY_TARGET == HWY_AVX3 && K.group % 32 == 0 && (fast || g_wide_scores.load(std::memory_order_relaxed));
-  const int k_step = wide_k ? 32 : 16;
   const bool group_kivi_k =
-      k_kivi && KiviKeyGroupsOk(D, kbits, K.group, k_step, false) && 4 * (D + K.group) <= kTile * D;
-  const bool fast_group_k = group_kivi_k && fast && KiviKeyGroupsOk(D, kbits, K.group, k_step, true);
+      k_kivi && KiviKeyGroupsOk(D, kbits, K.group, wide_k ? 32 : 16) && 4 * (D + K.group) <= kTile * D;
+  const bool fast_group_k = group_kivi_k && fast && FastKiviKeyGroupsOk(D, kbits, wide_k);
 #else
   constexpr bool group_kivi_k = false;
 #endif
