@@ -2139,6 +2139,51 @@ struct KeyGroupArgs {
   bool wide;         // 512-bit vectors (AVX3)
 };
 
+// The fast group kernel's query on 256-bit vectors (D a multiple of 32): q_h s rounded to
+// int16 in natural channel order into q16 [NH][D], the scale of the codes per head in
+// qsc, and bias[h] = q_h . z. Every head's maximum and bias come first (four bias sums
+// and two maxima in flight), then the rounding, so no head waits on its own reduction.
+template <int NH>
+HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
+                                    float* bias) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  float inv_h[4];
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* x = qp + static_cast<size_t>(hh) * D;
+    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 32) {
+      const __m256 x0 = _mm256_loadu_ps(x + d), x1 = _mm256_loadu_ps(x + d + 8);
+      const __m256 x2 = _mm256_loadu_ps(x + d + 16), x3 = _mm256_loadu_ps(x + d + 24);
+      const __m256 v0 = _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)), v1 = _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8));
+      const __m256 v2 = _mm256_mul_ps(x2, _mm256_loadu_ps(sp + d + 16)), v3 = _mm256_mul_ps(x3, _mm256_loadu_ps(sp + d + 24));
+      m0 = _mm256_max_ps(m0, _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v2)));
+      m1 = _mm256_max_ps(m1, _mm256_max_ps(_mm256_andnot_ps(sign, v1), _mm256_andnot_ps(sign, v3)));
+      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
+      b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(zp + d + 8), b1);
+      b2 = _mm256_fmadd_ps(x2, _mm256_loadu_ps(zp + d + 16), b2);
+      b3 = _mm256_fmadd_ps(x3, _mm256_loadu_ps(zp + d + 24), b3);
+    }
+    bias[hh] = HSum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+    const float m = HMax(_mm256_max_ps(m0, m1));
+    qsc[hh] = m / 32767.0f;
+    inv_h[hh] = m > 0.0f ? 32767.0f / m : 0.0f;  // all-zero products round to zero codes
+  }
+  for (int hh = 0; hh < NH; ++hh) {
+    const float* x = qp + static_cast<size_t>(hh) * D;
+    int16_t* q = q16 + static_cast<size_t>(hh) * D;
+    const __m256 inv = _mm256_set1_ps(inv_h[hh]);
+    for (int d = 0; d < D; d += 16) {
+      const __m256i lo =
+          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv));
+      const __m256i hi =
+          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), _mm256_loadu_ps(sp + d + 8)), inv));
+      // packs works per 128-bit half: (lo 0-3, hi 0-3 | lo 4-7, hi 4-7); qwords 0, 2, 1, 3 restore the order.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
+    }
+  }
+}
+
 template <class V, int NH, int BITS, bool kFast, bool kVnni, int kW>
 HWY_INLINE void KiviKeyQuad(const uint8_t* cg, int G, int W, const float* q, const float* sp, const float* zp,
                             float* qs, float* S, int ld, PrefetchCursor* pf) {
@@ -2154,7 +2199,11 @@ HWY_INLINE void KiviKeyQuad(const uint8_t* cg, int G, int W, const float* q, con
       PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
     }
 #else
-    PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
+    if (D % 32 == 0) {
+      QuantizeKeyQuery256<NH>(q, D, sp, zp, q16, qsc, bias);
+    } else {
+      PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
+    }
 #endif
     KiviGroupScoresFast<V, NH, BITS, kW, kVnni>(cg, G, W, q16, qsc, bias, S, ld, pf);
   } else {
