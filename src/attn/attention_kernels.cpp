@@ -25,6 +25,7 @@
 #include <limits>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 
 #include "attn/kernels.h"
 #include "core/f16.h"
@@ -1831,8 +1832,8 @@ void LoadParams(const kv::StreamView& st, size_t index, int count, float* out, b
 // group's G tokens is contiguous, so one vector holds word c of N consecutive tokens.
 // The word keeps row bytes 4c, 4c + 2, 4c + 1, 4c + 3 at its byte positions 0..3, so
 // shifting it right by s and masking leaves in each lane the code at bit s: row byte
-// 4c + kWordByte[s / 8], plane (s % 8) / BITS, i.e. channel
-//   4c + kWordByte[s / 8] + W (s % 8) / BITS                  (W = D * BITS / 8).
+// 4c + kKeyWordOrder[s / 8], plane (s % 8) / BITS, i.e. channel
+//   4c + kKeyWordOrder[s / 8] + W (s % 8) / BITS              (W = D * BITS / 8).
 // Scores then accumulate lane-wise, N tokens per vector, one channel at a time against
 // that channel's query broadcast, with no reduction across lanes:
 //   S[h][t] = sum_ch (q_h s_ch) c_t,ch + q_h . z                 (q . (s c + z))
@@ -1843,12 +1844,10 @@ void LoadParams(const kv::StreamView& st, size_t index, int count, float* out, b
 // that meet the int16 query pair at int32 index (4c + r + W p) / 2, so one vpdpwssd
 // (or vpmaddwd + vpaddd) does two channels of N tokens.
 
-inline constexpr int kWordByte[4] = {0, 2, 1, 3};
-
 // Channel of the code at bit s of word c, minus 4c.
 template <int BITS>
 HWY_INLINE constexpr int WordChannel(int s, int W) {
-  return kWordByte[s / 8] + W * ((s % 8) / BITS);
+  return kv::kKeyWordOrder[s / 8] + W * ((s % 8) / BITS);
 }
 
 // Calls f(std::integral_constant<int, i>) for i = 0 .. N-1 (shift counts must be

@@ -26,9 +26,10 @@
 // so word c of all G tokens is contiguous and a vector of 32-bit lanes holds it for
 // consecutive tokens: a kernel computes the scores of many tokens at once, with no
 // reduction across channels. Within the word the row bytes 4c, 4c + 1, 4c + 2, 4c + 3
-// sit at positions 0, 2, 1, 3, so each 16-bit half of the word holds bytes 4c + b and
-// 4c + b + 1 (b = 0, 2) at the same bit offsets, i.e. two adjacent channels: one shift
-// and mask give int16 pairs for vpmaddwd. Rows of W bytes, W not a multiple of 4, are
+// sit at positions 0, 2, 1, 3: the low 16-bit half holds row bytes 4c and 4c + 2, the
+// high half 4c + 1 and 4c + 3, so the same bit offset in the two halves holds row bytes
+// 4c + r and 4c + r + 1 (r = 0, 2), i.e. two adjacent channels, and one shift and mask
+// give the int16 pairs vpmaddwd multiplies. Rows of W bytes, W not a multiple of 4, are
 // interleaved in units of u = 2 or 1 bytes instead (offset (j / u) G u + i u + j % u,
 // no reordering); u = W is the plain sequence of rows.
 //
@@ -73,12 +74,13 @@ inline size_t packed_row_bytes(int head_dim, int bits) {
 uint8_t unpack_code(const uint8_t* row, int i, int bits, int D);
 void pack_code(uint8_t* row, int i, int bits, int D, uint8_t code);
 
+// Within a word of a key group, row byte 4c + r sits at position kKeyWordOrder[r]; the
+// order is its own inverse, so position p holds row byte 4c + kKeyWordOrder[p].
+inline constexpr int kKeyWordOrder[4] = {0, 2, 1, 3};
+
 // Offset of byte j of token i (< G) within a key group of G rows of W bytes (above).
 inline size_t key_group_offset(int i, int j, int W, int G) {
-  if (W % 4 == 0) {
-    constexpr int kPosition[4] = {0, 2, 1, 3};
-    return (static_cast<size_t>(j / 4) * G + i) * 4 + kPosition[j % 4];
-  }
+  if (W % 4 == 0) return (static_cast<size_t>(j / 4) * G + i) * 4 + kKeyWordOrder[j % 4];
   const int u = W % 2 == 0 ? 2 : 1;
   return (static_cast<size_t>(j / u) * G + i) * u + j % u;
 }
