@@ -1968,97 +1968,66 @@ struct KeyVec512 {
 };
 #endif
 
-// Exact scores of one key group for NH (1-4) heads: S[h * ld + i] = qs_h . c_i + bias[h]
-// for the group's tokens i in [0, G), G a multiple of 2N. qs: [NH][D], q_h * s. The
-// columns are spread over NS sets of accumulators so that eight sums are in flight
+// Scores of one key group for NH (1-4) heads, S[h * ld + i] for the group's tokens i in
+// [0, G), G a multiple of 2N:
+//   exact: qs_h . c_i + bias[h],          qs: [NH][D] floats, q_h * s;
+//   fast:  qsc[h] (q16_h . c_i) + bias[h], qs: [NH][D] int16 (q s rounded per head), read
+//          as int32 channel pairs.
+// The columns are spread over NS sets of accumulators so that eight sums are in flight
 // whatever NH.
-template <class V, int NH, int BITS, int kW>
-HWY_INLINE void KiviGroupScoresExact(const uint8_t* HWY_RESTRICT cg, int G, int W_, const float* HWY_RESTRICT qs,
-                                     const float* bias, float* HWY_RESTRICT S, int ld, PrefetchCursor* pf) {
+template <class V, int NH, int BITS, int kW, bool kFast, bool kVnni>
+HWY_INLINE void KiviGroupScores(const uint8_t* HWY_RESTRICT cg, int G, int W_, const void* HWY_RESTRICT qs,
+                                const float* qsc, const float* bias, float* HWY_RESTRICT S, int ld,
+                                PrefetchCursor* pf) {
   using F = typename V::F;
-  constexpr int N = V::N, NS = NH >= 3 ? 1 : 4 / NH, KW = 32 / BITS;
+  using I = typename V::I;
+  using Acc = std::conditional_t<kFast, I, F>;
+  // Exact: every code of a word, one channel each. Fast: pairs of codes (one per 16-bit
+  // half): word bytes 0 and 2 (pair k < 8 / BITS) or 1 and 3, plane k % (8 / BITS).
+  constexpr int N = V::N, NS = NH >= 3 ? 1 : 4 / NH, KS = kFast ? 16 / BITS : 32 / BITS;
   const int W = kW > 0 ? kW : W_;
   const int D = W * 8 / BITS, NC = W / 4;
   const F lut = V::template Lut<BITS>();
-  for (int v = 0; v < G; v += 2 * N) {
-    if (pf) pf->step(2 * N);
-    F acc[NS][NH][2];
-#pragma GCC unroll 4
-    for (int s = 0; s < NS; ++s)
-#pragma GCC unroll 4
-      for (int h = 0; h < NH; ++h) acc[s][h][0] = acc[s][h][1] = V::Zero();
-    auto column = [&](int c, F(&a)[NH][2]) __attribute__((always_inline)) {
-      const uint8_t* p = cg + (static_cast<size_t>(c) * G + v) * 4;
-      const auto x0 = V::Load(p), x1 = V::Load(p + 4 * N);
-      const float* qc = qs + 4 * c;
-      Unroll<KW>([&](auto k) __attribute__((always_inline)) {
-        constexpr int s = BITS * decltype(k)::value;
-        const F c0 = V::template Code<BITS, s>(x0, lut), c1 = V::template Code<BITS, s>(x1, lut);
-        const float* q = qc + WordChannel<BITS>(s, W);
-#pragma GCC unroll 4
-        for (int h = 0; h < NH; ++h) {
-          const F qv = V::Bcast(q + static_cast<size_t>(h) * D);
-          a[h][0] = V::Fma(c0, qv, a[h][0]);
-          a[h][1] = V::Fma(c1, qv, a[h][1]);
-        }
-      });
-    };
-    int c = 0;
-    for (; c + NS <= NC; c += NS) {
-#pragma GCC unroll 4
-      for (int s = 0; s < NS; ++s) column(c + s, acc[s]);
-    }
-    for (; c < NC; ++c) column(c, acc[0]);
-#pragma GCC unroll 4
-    for (int h = 0; h < NH; ++h) {
-      F r0 = acc[0][h][0], r1 = acc[0][h][1];
-#pragma GCC unroll 4
-      for (int s = 1; s < NS; ++s) {
-        r0 = V::Add(r0, acc[s][h][0]);
-        r1 = V::Add(r1, acc[s][h][1]);
-      }
-      const F b = V::Set(bias[h]);
-      V::Store(S + static_cast<size_t>(h) * ld + v, V::Add(r0, b));
-      V::Store(S + static_cast<size_t>(h) * ld + v + N, V::Add(r1, b));
-    }
-  }
-}
-
-// Fast scores of one key group for NH (1-4) heads: S[h * ld + i] = qsc[h] (q16_h . c_i) +
-// bias[h], G a multiple of 2N. q16: [NH][D] int16 (q s rounded per head), read as int32
-// channel pairs.
-template <class V, int NH, int BITS, int kW, bool kVnni>
-HWY_INLINE void KiviGroupScoresFast(const uint8_t* HWY_RESTRICT cg, int G, int W_, const int16_t* HWY_RESTRICT q16,
-                                    const float* qsc, const float* bias, float* HWY_RESTRICT S, int ld,
-                                    PrefetchCursor* pf) {
-  using I = typename V::I;
-  using F = typename V::F;
-  constexpr int N = V::N, NS = NH >= 3 ? 1 : 4 / NH, KP = 16 / BITS;
-  const int W = kW > 0 ? kW : W_;
-  const int D = W * 8 / BITS, NC = W / 4;
-  const int32_t* qp = reinterpret_cast<const int32_t*>(q16);
   const I mask = V::SetI(((1 << BITS) - 1) * 0x00010001);
   for (int v = 0; v < G; v += 2 * N) {
     if (pf) pf->step(2 * N);
-    I acc[NS][NH][2];
+    Acc acc[NS][NH][2];
 #pragma GCC unroll 4
-    for (int s = 0; s < NS; ++s)
+    for (int s = 0; s < NS; ++s) {
 #pragma GCC unroll 4
-      for (int h = 0; h < NH; ++h) acc[s][h][0] = acc[s][h][1] = V::ZeroI();
-    auto column = [&](int c, I(&a)[NH][2]) __attribute__((always_inline)) {
+      for (int h = 0; h < NH; ++h) {
+        if constexpr (kFast) {
+          acc[s][h][0] = acc[s][h][1] = V::ZeroI();
+        } else {
+          acc[s][h][0] = acc[s][h][1] = V::Zero();
+        }
+      }
+    }
+    auto column = [&](int c, Acc(&a)[NH][2]) __attribute__((always_inline)) {
       const uint8_t* p = cg + (static_cast<size_t>(c) * G + v) * 4;
       const I x0 = V::Load(p), x1 = V::Load(p + 4 * N);
-      const int32_t* qc = qp + 2 * c;  // the pair of channels 4c, 4c + 1
-      // Pairs k: word bytes 0 and 2 (k < 8 / BITS) or 1 and 3, plane k % (8 / BITS).
-      Unroll<KP>([&](auto k) __attribute__((always_inline)) {
+      Unroll<KS>([&](auto k) __attribute__((always_inline)) {
         constexpr int kk = decltype(k)::value;
-        constexpr int s = 8 * (kk / (8 / BITS)) + BITS * (kk % (8 / BITS));
-        const I c0 = V::And(V::template Srl<s>(x0), mask), c1 = V::And(V::template Srl<s>(x1), mask);
-        const int32_t* q = qc + WordChannel<BITS>(s, W) / 2;  // an even channel offset
+        if constexpr (kFast) {
+          constexpr int s = 8 * (kk / (8 / BITS)) + BITS * (kk % (8 / BITS));
+          const I c0 = V::And(V::template Srl<s>(x0), mask), c1 = V::And(V::template Srl<s>(x1), mask);
+          // The pair of channels 4c + WordChannel, + 1: int32 index 2c + WordChannel / 2.
+          const int32_t* q = static_cast<const int32_t*>(qs) + 2 * c + WordChannel<BITS>(s, W) / 2;
 #pragma GCC unroll 4
-        for (int h = 0; h < NH; ++h) {
-          a[h][0] = V::template Dot<kVnni>(a[h][0], c0, q + static_cast<size_t>(h) * D / 2);
-          a[h][1] = V::template Dot<kVnni>(a[h][1], c1, q + static_cast<size_t>(h) * D / 2);
+          for (int h = 0; h < NH; ++h) {
+            a[h][0] = V::template Dot<kVnni>(a[h][0], c0, q + static_cast<size_t>(h) * D / 2);
+            a[h][1] = V::template Dot<kVnni>(a[h][1], c1, q + static_cast<size_t>(h) * D / 2);
+          }
+        } else {
+          constexpr int s = BITS * kk;
+          const F c0 = V::template Code<BITS, s>(x0, lut), c1 = V::template Code<BITS, s>(x1, lut);
+          const float* q = static_cast<const float*>(qs) + 4 * c + WordChannel<BITS>(s, W);
+#pragma GCC unroll 4
+          for (int h = 0; h < NH; ++h) {
+            const F qv = V::Bcast(q + static_cast<size_t>(h) * D);
+            a[h][0] = V::Fma(c0, qv, a[h][0]);
+            a[h][1] = V::Fma(c1, qv, a[h][1]);
+          }
         }
       });
     };
@@ -2070,15 +2039,24 @@ HWY_INLINE void KiviGroupScoresFast(const uint8_t* HWY_RESTRICT cg, int G, int W
     for (; c < NC; ++c) column(c, acc[0]);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; ++h) {
-      I r0 = acc[0][h][0], r1 = acc[0][h][1];
+      Acc r[2] = {acc[0][h][0], acc[0][h][1]};
+#pragma GCC unroll 2
+      for (int u = 0; u < 2; ++u) {
 #pragma GCC unroll 4
-      for (int s = 1; s < NS; ++s) {
-        r0 = V::AddI(r0, acc[s][h][0]);
-        r1 = V::AddI(r1, acc[s][h][1]);
+        for (int s = 1; s < NS; ++s) {
+          if constexpr (kFast) {
+            r[u] = V::AddI(r[u], acc[s][h][u]);
+          } else {
+            r[u] = V::Add(r[u], acc[s][h][u]);
+          }
+        }
+        float* out = S + static_cast<size_t>(h) * ld + v + u * N;
+        if constexpr (kFast) {
+          V::Store(out, V::Fma(V::Cvt(r[u]), V::Set(qsc[h]), V::Set(bias[h])));
+        } else {
+          V::Store(out, V::Add(r[u], V::Set(bias[h])));
+        }
       }
-      const F sc = V::Set(qsc[h]), b = V::Set(bias[h]);
-      V::Store(S + static_cast<size_t>(h) * ld + v, V::Fma(V::Cvt(r0), sc, b));
-      V::Store(S + static_cast<size_t>(h) * ld + v + N, V::Fma(V::Cvt(r1), sc, b));
     }
   }
 }
@@ -2204,10 +2182,10 @@ HWY_INLINE void KiviKeyQuad(const uint8_t* cg, int G, int W, const float* q, con
       PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
     }
 #endif
-    KiviGroupScoresFast<V, NH, BITS, kW, kVnni>(cg, G, W, q16, qsc, bias, S, ld, pf);
+    KiviGroupScores<V, NH, BITS, kW, true, kVnni>(cg, G, W, q16, qsc, bias, S, ld, pf);
   } else {
     PrepareExactKeyQuery<NH>(q, D, sp, zp, qs, bias);
-    KiviGroupScoresExact<V, NH, BITS, kW>(cg, G, W, qs, bias, S, ld, pf);
+    KiviGroupScores<V, NH, BITS, kW, false, false>(cg, G, W, qs, nullptr, bias, S, ld, pf);
   }
 }
 
