@@ -951,15 +951,13 @@ HWY_INLINE __m128 SumsOf4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
   return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
 
-// Rounds x[0..D) (times mul[0..D) if given) to int16 (|q| <= 32767); returns the scale
-// of the codes. D is a multiple of 8.
-HWY_INLINE float QuantizeQuery16(const float* x, const float* mul, int D, int16_t* q) {
+// Rounds x[0..D) to int16 (|q| <= 32767); returns the scale of the codes. D is a
+// multiple of 8.
+HWY_INLINE float QuantizeQuery16(const float* x, int D, int16_t* q) {
   __m256 amax = _mm256_setzero_ps();
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int d = 0; d < D; d += 8) {
-    __m256 v = _mm256_loadu_ps(x + d);
-    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + d)));
   }
   const float m = HMax(amax);
   if (m == 0.0f) {
@@ -968,9 +966,7 @@ HWY_INLINE float QuantizeQuery16(const float* x, const float* mul, int D, int16_
   }
   const __m256 inv = _mm256_set1_ps(32767.0f / m);
   for (int d = 0; d < D; d += 8) {
-    __m256 v = _mm256_loadu_ps(x + d);
-    if (mul) v = _mm256_mul_ps(v, _mm256_loadu_ps(mul + d));
-    const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));
+    const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + d), inv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + d),
                      _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1)));
   }
@@ -994,22 +990,7 @@ HWY_INLINE __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 
-HWY_INLINE float Dot8(const float* a, const float* b, int D) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-  return HSum(acc);
-}
 
-// The query of NH heads for one KIVI key group: q s rounded to int16 into q16 [NH][D]
-// (scale per head in qsc), and the exact bias q . z per head.
-template <int NH>
-HWY_INLINE void PrepareKeyQuery(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
-                                float* bias) {
-  for (int hh = 0; hh < NH; ++hh) {
-    qsc[hh] = QuantizeQuery16(qp + static_cast<size_t>(hh) * D, sp, D, q16 + static_cast<size_t>(hh) * D);
-    bias[hh] = Dot8(qp + static_cast<size_t>(hh) * D, zp, D);
-  }
-}
 
 #if HWY_TARGET == HWY_AVX3
 // 512-bit integer helpers (AVX3 only). DotI16x32: as DotI16, 32 products per vector.
@@ -1053,7 +1034,9 @@ HWY_INLINE int FourRowDots512(int n, int D, PF& pf, const Load& load, const QLoa
     finish(acc, t);
   }
   return t;
-}// QuantizeQuery16 for the KIVI keys of NH heads with 512-bit vectors (D a multiple of
+}
+
+// QuantizeQuery16 for the KIVI keys of NH heads with 512-bit vectors (D a multiple of
 // 32): rounds x_h * mul to int16 in q + h D, sets qsc[h] to the scale of the codes and
 // bias[h] = x_h . zero. The heads share the loads of mul and zero, and their maxima and
 // sums are independent chains.
@@ -2103,8 +2086,7 @@ bool FastKiviKeyGroupsOk(int D, int bits, bool wide) {
 // One task's KIVI key scores over tokens [t0, t1) (all stored), group by group.
 struct KeyGroupArgs {
   const kv::StreamView* K;
-  int h, t0, t1;
-  int s0;            // token of column 0 of S
+  int h, t0, t1;     // column 0 of S is token t0
   const float* qn;   // [rep][D], scaled
   int rep;
   float* S;          // [rep][ld]
@@ -2116,7 +2098,7 @@ struct KeyGroupArgs {
   bool wide;         // 512-bit vectors (AVX3)
 };
 
-// The fast group kernel's query on 256-bit vectors (D a multiple of 32): q_h s rounded to
+// The fast group kernel's query on 256-bit vectors (D a multiple of 8): q_h s rounded to
 // int16 in natural channel order into q16 [NH][D], the scale of the codes per head in
 // qsc, and bias[h] = q_h . z. Every head's maximum and bias come first (four bias sums
 // and two maxima in flight), then the rounding, so no head waits on its own reduction.
@@ -2129,7 +2111,7 @@ HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, con
     const float* x = qp + static_cast<size_t>(hh) * D;
     __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
     __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 32) {
+    for (int d = 0; d + 32 <= D; d += 32) {
       const __m256 x0 = _mm256_loadu_ps(x + d), x1 = _mm256_loadu_ps(x + d + 8);
       const __m256 x2 = _mm256_loadu_ps(x + d + 16), x3 = _mm256_loadu_ps(x + d + 24);
       const __m256 v0 = _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)), v1 = _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8));
@@ -2141,6 +2123,11 @@ HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, con
       b2 = _mm256_fmadd_ps(x2, _mm256_loadu_ps(zp + d + 16), b2);
       b3 = _mm256_fmadd_ps(x3, _mm256_loadu_ps(zp + d + 24), b3);
     }
+    for (int d = D / 32 * 32; d < D; d += 8) {
+      const __m256 x0 = _mm256_loadu_ps(x + d);
+      m0 = _mm256_max_ps(m0, _mm256_andnot_ps(sign, _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d))));
+      b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
+    }
     bias[hh] = HSum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
     const float m = HMax(_mm256_max_ps(m0, m1));
     qsc[hh] = m / 32767.0f;
@@ -2150,13 +2137,20 @@ HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, con
     const float* x = qp + static_cast<size_t>(hh) * D;
     int16_t* q = q16 + static_cast<size_t>(hh) * D;
     const __m256 inv = _mm256_set1_ps(inv_h[hh]);
-    for (int d = 0; d < D; d += 16) {
+    int d = 0;
+    for (; d + 16 <= D; d += 16) {
       const __m256i lo =
           _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv));
       const __m256i hi =
           _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), _mm256_loadu_ps(sp + d + 8)), inv));
       // packs works per 128-bit half: (lo 0-3, hi 0-3 | lo 4-7, hi 4-7); qwords 0, 2, 1, 3 restore the order.
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
+    }
+    if (d < D) {
+      const __m256i v =
+          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + d),
+                       _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
     }
   }
 }
@@ -2173,14 +2167,10 @@ HWY_INLINE void KiviKeyQuad(const uint8_t* cg, int G, int W, const float* q, con
     if (D % 32 == 0) {
       QuantizeKeyQuery512<NH>(q, sp, zp, D, q16, qsc, bias);
     } else {
-      PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
+      QuantizeKeyQuery256<NH>(q, D, sp, zp, q16, qsc, bias);
     }
 #else
-    if (D % 32 == 0) {
-      QuantizeKeyQuery256<NH>(q, D, sp, zp, q16, qsc, bias);
-    } else {
-      PrepareKeyQuery<NH>(q, D, sp, zp, q16, qsc, bias);
-    }
+    QuantizeKeyQuery256<NH>(q, D, sp, zp, q16, qsc, bias);
 #endif
     KiviGroupScores<V, NH, BITS, kW, true, kVnni>(cg, G, W, q16, qsc, bias, S, ld, pf);
   } else {
@@ -2192,16 +2182,16 @@ HWY_INLINE void KiviKeyQuad(const uint8_t* cg, int G, int W, const float* q, con
 template <class V, int BITS, bool kFast, bool kVnni>
 HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
   const kv::StreamView& K = *k.K;
-  const int D = K.head_dim, G = K.group, B = K.block, W = D * BITS / 8;
+  const int D = K.head_dim, G = K.group, W = D * BITS / 8;
   const size_t ps = kv::param_size(K.param_type);
   PrefetchCursor pf(pf_ranges);
   for (int g0 = k.t0; g0 < k.t1;) {
     const int gs = g0 / G * G, g1 = std::min(k.t1, gs + G);
-    const size_t pi = K.param_base(gs, k.h) + static_cast<size_t>((gs % B) / G) * D;
+    const size_t pi = K.group_params(gs, k.h);
     LoadParams(K, pi, D, k.sp);
     LoadParams(K, pi, D, k.zp, true);
     if (gs + 2 * G < k.t1) {  // the parameters of the group after next
-      const size_t pn = K.param_base(gs + 2 * G, k.h) + static_cast<size_t>(((gs + 2 * G) % B) / G) * D;
+      const size_t pn = K.group_params(gs + 2 * G, k.h);
       for (size_t b = 0; b < D * ps; b += 64) {
         hwy::Prefetch(K.scales + pn * ps + b);
         hwy::Prefetch(K.zeros + pn * ps + b);
@@ -2211,7 +2201,7 @@ HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
     const bool whole = g0 == gs && g1 == gs + G;
     for (int r = 0; r < k.rep; r += 4) {
       const float* q = k.qn + static_cast<size_t>(r) * D;
-      float* dst = whole ? k.S + static_cast<size_t>(r) * k.ld + (gs - k.s0) : k.tmp;
+      float* dst = whole ? k.S + static_cast<size_t>(r) * k.ld + (gs - k.t0) : k.tmp;
       const int ldd = whole ? k.ld : G;
       PrefetchCursor* pc = r == 0 ? &pf : nullptr;  // the group's bytes are stepped once
       const int nh = std::min(4, k.rep - r);
@@ -2231,7 +2221,7 @@ HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
       if (!whole) {
         for (int h = 0; h < nh; ++h) {
           std::copy(k.tmp + static_cast<size_t>(h) * G + (g0 - gs), k.tmp + static_cast<size_t>(h) * G + (g1 - gs),
-                    k.S + static_cast<size_t>(r + h) * k.ld + (g0 - k.s0));
+                    k.S + static_cast<size_t>(r + h) * k.ld + (g0 - k.t0));
         }
       }
     }
@@ -2239,30 +2229,27 @@ HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
   }
 }
 
-// Exact: every width and code size. Fast (FastKiviKeyGroupsOk): 2- and 4-bit codes, on
-// AVX3 only 512-bit vectors.
+// By code size on vectors V; 8-bit codes always take the exact kernel.
+template <class V, bool kFast, bool kVnni>
+HWY_INLINE void KiviKeyGroupsV(const KeyGroupArgs& k, Prefetcher& pf) {
+  switch (kv::format_bits(k.K->fmt.format)) {
+    case 2: return KiviKeyGroupsB<V, 2, kFast, kVnni>(k, pf);
+    case 4: return KiviKeyGroupsB<V, 4, kFast, kVnni>(k, pf);
+    default: return KiviKeyGroupsB<V, 8, false, false>(k, pf);
+  }
+}
+
+// Exact: every width and code size. Fast: the shapes FastKiviKeyGroupsOk admits (2- and
+// 4-bit codes, on AVX3 512-bit vectors); any other shape takes the exact kernel, and the
+// fast kernels are instantiated only where they are used.
 template <bool kFast, bool kVnni>
 HWY_INLINE void KiviKeyGroupsT(const KeyGroupArgs& k, Prefetcher& pf) {
-  const int bits = kv::format_bits(k.K->fmt.format);
 #if HWY_TARGET == HWY_AVX3
-  if (k.wide) {
-    switch (bits) {
-      case 2: return KiviKeyGroupsB<KeyVec512, 2, kFast, kVnni>(k, pf);
-      case 4: return KiviKeyGroupsB<KeyVec512, 4, kFast, kVnni>(k, pf);
-      default:
-        if constexpr (!kFast) KiviKeyGroupsB<KeyVec512, 8, false, false>(k, pf);
-        return;
-    }
-  }
-  if constexpr (kFast) return;
+  if (k.wide) return KiviKeyGroupsV<KeyVec512, kFast, kVnni>(k, pf);
+  return KiviKeyGroupsV<KeyVec256, false, false>(k, pf);
+#else
+  return KiviKeyGroupsV<KeyVec256, kFast, kVnni>(k, pf);
 #endif
-  switch (bits) {
-    case 2: return KiviKeyGroupsB<KeyVec256, 2, kFast, kVnni>(k, pf);
-    case 4: return KiviKeyGroupsB<KeyVec256, 4, kFast, kVnni>(k, pf);
-    default:
-      if constexpr (!kFast) KiviKeyGroupsB<KeyVec256, 8, false, false>(k, pf);
-      return;
-  }
 }
 
 #ifdef KIVI_VNNI
@@ -2335,7 +2322,7 @@ void AttendTask(const TaskArgs& a) {
                            K.fmt.granularity != kv::Int8Granularity::kGroup && D % 16 == 0 && rep <= 64;
   if (fast_int8_k) {
     for (int r = 0; r < rep; ++r) {
-      q8sc[r] = QuantizeQuery16(qn + static_cast<size_t>(r) * D, nullptr, D, q8 + static_cast<size_t>(r) * D);
+      q8sc[r] = QuantizeQuery16(qn + static_cast<size_t>(r) * D, D, q8 + static_cast<size_t>(r) * D);
     }
   }
   const bool fast_kivi_v = fast && v_kivi && FastKiviValuesOk(D, vbits, V.group);
@@ -2385,7 +2372,7 @@ void AttendTask(const TaskArgs& a) {
     const size_t ps = kv::param_size(st.param_type);
     size_t first = 0, count = 0;
     if (st.per_channel) {  // KIVI keys: [B/G][D] per head and block
-      first = st.param_base(t, h) + static_cast<size_t>((t % B) / st.group) * D;
+      first = st.group_params(t, h);
       count = static_cast<size_t>((n + st.group - 1) / st.group + 1) * D;
     } else if (kv::is_kivi(st.fmt.format) || st.fmt.granularity == kv::Int8Granularity::kGroup) {
       first = st.param_base(t, h) + static_cast<size_t>(t % B) * (D / st.group);
@@ -2404,7 +2391,7 @@ void AttendTask(const TaskArgs& a) {
   };
 #if KIVI_FAST_INT
   if (group_kivi_k && K.n_stored > a.t0) {  // the stored keys, group by group
-    KeyGroupArgs ka{&K, h, a.t0, std::min(a.t1, K.n_stored), a.t0, qn, rep, S, ld, sp, zp, kbuf,
+    KeyGroupArgs ka{&K, h, a.t0, std::min(a.t1, K.n_stored), qn, rep, S, ld, sp, zp, kbuf,
                     kbuf + static_cast<size_t>(4) * D, wide_k};
     KiviKeyGroups(ka, fast_group_k, pf);
   }
@@ -2463,7 +2450,7 @@ void AttendTask(const TaskArgs& a) {
           const int G = K.group;
           for (int g0 = t0; g0 < ke;) {
             const int g1 = std::min(ke, (g0 / G + 1) * G);
-            const size_t pi = K.param_base(g0, h) + static_cast<size_t>((g0 % B) / G) * D;
+            const size_t pi = K.group_params(g0, h);
             LoadParams(K, pi, D, sp);
             LoadParams(K, pi, D, zp, true);
             DequantKiviKeys(K.group_codes(g0, h), G, g0 % G, g1 - g0, D, kbits, sp, zp,

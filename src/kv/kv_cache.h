@@ -84,6 +84,10 @@ struct StreamView {
   // Index of the first parameter of head h in the block holding token t; the layout
   // within it: KIVI keys [B/G][D], KIVI values and int8/group [B][D/Gc], int8/head [B].
   size_t param_base(int t, int h) const { return head_block(t, h) * head_block_params; }
+  // KIVI keys: index of the first of the D parameters of the group holding token t.
+  size_t group_params(int t, int h) const {
+    return param_base(t, h) + static_cast<size_t>(t % block) / group * head_dim;
+  }
   // int8/token: the one scale of token t.
   size_t token_param_index(int t) const {
     return static_cast<size_t>(block_table[t / block]) * block + static_cast<size_t>(t % block);
