@@ -2229,24 +2229,32 @@ HWY_INLINE void KiviKeyGroupsB(const KeyGroupArgs& k, Prefetcher& pf_ranges) {
   }
 }
 
-// By code size on vectors V; 8-bit codes always take the exact kernel.
+// By code size on vectors V. The fast kernels exist only for the shapes
+// FastKiviKeyGroupsOk admits (KiviKeyGroups routes every other shape to the exact ones),
+// so that the VNNI and non-VNNI fast variants do not carry copies of the exact kernels.
 template <class V, bool kFast, bool kVnni>
 HWY_INLINE void KiviKeyGroupsV(const KeyGroupArgs& k, Prefetcher& pf) {
   switch (kv::format_bits(k.K->fmt.format)) {
     case 2: return KiviKeyGroupsB<V, 2, kFast, kVnni>(k, pf);
     case 4: return KiviKeyGroupsB<V, 4, kFast, kVnni>(k, pf);
-    default: return KiviKeyGroupsB<V, 8, false, false>(k, pf);
+    default:
+      if constexpr (kFast) {
+        HWY_ABORT("fast KIVI key groups: %d-bit codes (FastKiviKeyGroupsOk)", kv::format_bits(k.K->fmt.format));
+      } else {
+        return KiviKeyGroupsB<V, 8, false, false>(k, pf);
+      }
   }
 }
 
-// Exact: every width and code size. Fast: the shapes FastKiviKeyGroupsOk admits (2- and
-// 4-bit codes, on AVX3 512-bit vectors); any other shape takes the exact kernel, and the
-// fast kernels are instantiated only where they are used.
 template <bool kFast, bool kVnni>
 HWY_INLINE void KiviKeyGroupsT(const KeyGroupArgs& k, Prefetcher& pf) {
 #if HWY_TARGET == HWY_AVX3
   if (k.wide) return KiviKeyGroupsV<KeyVec512, kFast, kVnni>(k, pf);
-  return KiviKeyGroupsV<KeyVec256, false, false>(k, pf);
+  if constexpr (kFast) {
+    HWY_ABORT("fast KIVI key groups on AVX3 need 512-bit vectors (FastKiviKeyGroupsOk)");
+  } else {
+    return KiviKeyGroupsV<KeyVec256, false, false>(k, pf);
+  }
 #else
   return KiviKeyGroupsV<KeyVec256, kFast, kVnni>(k, pf);
 #endif
@@ -2258,8 +2266,10 @@ KIVI_VNNI_ATTR HWY_NOINLINE void KiviKeyGroupsVnni(const KeyGroupArgs& k, Prefet
 }
 #endif
 
+// Scores of the stored KIVI keys of a task: the fast kernel where `fast` is asked for and
+// FastKiviKeyGroupsOk admits the shape, the exact one otherwise.
 void KiviKeyGroups(const KeyGroupArgs& k, bool fast, Prefetcher& pf) {
-  if (fast) {
+  if (fast && FastKiviKeyGroupsOk(k.K->head_dim, kv::format_bits(k.K->fmt.format), k.wide)) {
 #ifdef KIVI_VNNI
     if (HasVnni()) return KiviKeyGroupsVnni(k, pf);
 #endif
@@ -2331,7 +2341,6 @@ void AttendTask(const TaskArgs& a) {
   const bool wide_k = HWY_TARGET == HWY_AVX3 && K.group % 32 == 0 && (fast || g_wide_scores.load(std::memory_order_relaxed));
   const bool group_kivi_k =
       k_kivi && KiviKeyGroupsOk(D, kbits, K.group, wide_k ? 32 : 16) && 4 * (D + K.group) <= kTile * D;
-  const bool fast_group_k = group_kivi_k && fast && FastKiviKeyGroupsOk(D, kbits, wide_k);
 #else
   constexpr bool group_kivi_k = false;
 #endif
@@ -2393,7 +2402,7 @@ void AttendTask(const TaskArgs& a) {
   if (group_kivi_k && K.n_stored > a.t0) {  // the stored keys, group by group
     KeyGroupArgs ka{&K, h, a.t0, std::min(a.t1, K.n_stored), qn, rep, S, ld, sp, zp, kbuf,
                     kbuf + static_cast<size_t>(4) * D, wide_k};
-    KiviKeyGroups(ka, fast_group_k, pf);
+    KiviKeyGroups(ka, fast, pf);
   }
 #endif
   if (!group_kivi_k) prefetch_params(K, a.t0, a.t1);
