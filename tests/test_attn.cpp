@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "attn/attention.h"
-#include "attn/kernels.h"
+#include "attn/task.h"
 #include "core/cpu.h"
 #include "core/rng.h"
 #include "core/threadpool.h"

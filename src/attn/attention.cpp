@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/threadpool.h"
-#include "attn/kernels.h"
+#include "attn/task.h"
 
 namespace kivi::attn {
 
@@ -77,7 +77,7 @@ Workspace::Workspace(int n_threads, int n_heads, int n_kv_heads, int head_dim, i
   task_stride_ = static_cast<size_t>(rep) * (head_dim + 2);
   task_stride_ = (task_stride_ + 15) / 16 * 16;
   partial_.reset(task_stride_ * max_tasks_);
-  scratch_stride_ = kernel_scratch_floats(rep, head_dim, block);
+  scratch_stride_ = ScratchLayout(rep, head_dim, chunk_tokens(block)).floats();
   scratch_stride_ = (scratch_stride_ + 15) / 16 * 16;
   scratch_.reset(scratch_stride_ * std::max(1, n_threads));
 }

@@ -24,9 +24,10 @@ namespace kivi::attn {
 // How quantized formats are read.
 //   kExact: float arithmetic on dequantized codes; matches dequantize-then-attend to
 //           float rounding (tests: relative error < 1e-5).
-//   kFast:  integer dot products for KIVI and int8 keys on a query rounded to int8
-//           per group (llama.cpp's q8 "vec_dot_type" idea); stated error bound in
-//           docs/KERNELS.md.
+//   kFast:  integer dot products (x86): KIVI and int8 keys against the query rounded
+//           to int16 per head (and KIVI key group), KIVI values against the softmax
+//           weights rounded to int16 per head, channel group and tile; stated error
+//           bound in docs/KERNELS.md.
 enum class Precision : uint8_t { kExact = 0, kFast = 1 };
 const char* precision_name(Precision p);
 Precision parse_precision(const std::string& s);
