@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -418,6 +419,37 @@ TEST(Attention, FastPathErrorBound) {
   }
   cpu::reset_target();
   std::printf("worst fast-path relative error: %.3g (bound %.3g)\n", worst, kBound);
+}
+
+// On a CPU with AVX512-VNNI the AVX3 fast path uses vpdpwssd; CPUs with AVX-512 but
+// without VNNI run the vpmaddwd sequence instead. Forcing that variant here runs it on
+// a VNNI machine too, against the same bound. Runs only where the CPU has AVX3.
+TEST(Attention, FastPathWithoutVnniOnAvx3) {
+  int64_t avx3 = 0;
+  for (const auto& t : cpu::available_targets())
+    if (t.name == "AVX3") avx3 = t.bits;
+  if (avx3 == 0) GTEST_SKIP() << "needs a CPU with AVX-512 (AVX3)";
+  cpu::force_target_bits(avx3);
+  attn::set_vnni_kernels(false);
+  double worst = 0.0;
+  int cases = 0;
+  for (const auto& c : all_formats()) {
+    for (const auto& s : kShapes) {
+      for (int n : {31, 203, 3001}) {
+        const double e = fast_error(c, s, 128, n, n % 2 == 1);
+        worst = std::max(worst, e);
+        EXPECT_LT(e, 2e-3) << "no VNNI " << c.name << " " << s.name << " n=" << n;
+        ++cases;
+      }
+      const double e = fast_error(c, s, 64, 500, false, 333);
+      EXPECT_LT(e, 2e-3) << "no VNNI " << c.name << " D=64 window=333";
+      ++cases;
+    }
+  }
+  attn::set_vnni_kernels(true);
+  cpu::reset_target();
+  EXPECT_EQ(cases, static_cast<int>(all_formats().size() * std::size(kShapes)) * 4);
+  std::printf("worst fast-path relative error without VNNI: %.3g (bound 2e-3)\n", worst);
 }
 
 }  // namespace

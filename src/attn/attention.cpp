@@ -1,6 +1,7 @@
 #include "attn/attention.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -77,9 +78,27 @@ Workspace::Workspace(int n_threads, int n_heads, int n_kv_heads, int head_dim, i
   task_stride_ = static_cast<size_t>(rep) * (head_dim + 2);
   task_stride_ = (task_stride_ + 15) / 16 * 16;
   partial_.reset(task_stride_ * max_tasks_);
-  scratch_stride_ = ScratchLayout(rep, head_dim, chunk_tokens(block)).floats();
-  scratch_stride_ = (scratch_stride_ + 15) / 16 * 16;
+  // Each thread's scratch is followed by a guard of kGuardFloats that the debug builds
+  // check after every call: a kernel writing past its ScratchLayout fails loudly there.
+  scratch_floats_ = ScratchLayout(rep, head_dim, chunk_tokens(block)).floats();
+  scratch_stride_ = (scratch_floats_ + kGuardFloats + 15) / 16 * 16;
   scratch_.reset(scratch_stride_ * std::max(1, n_threads));
+  for (size_t base = 0; base < scratch_.size(); base += scratch_stride_) {
+    for (size_t i = base + scratch_floats_; i < base + scratch_stride_; ++i) {
+      std::memcpy(&scratch_[i], &kGuardBits, sizeof(float));
+    }
+  }
+}
+
+bool Workspace::scratch_guards_intact() const {
+  for (size_t base = 0; base < scratch_.size(); base += scratch_stride_) {
+    for (size_t i = base + scratch_floats_; i < base + scratch_stride_; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &scratch_[i], sizeof(bits));
+      if (bits != kGuardBits) return false;
+    }
+  }
+  return true;
 }
 
 void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p,
@@ -121,6 +140,7 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
   } else {
     for (int t = 0; t < n_tasks; ++t) task(t, 0);
   }
+  assert(ws.scratch_guards_intact());
   // Merge chunk states in chunk order, per head.
   for (int h = 0; h < Hkv; ++h) {
     for (int r = 0; r < rep; ++r) {

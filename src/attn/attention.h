@@ -63,10 +63,14 @@ class Workspace {
   float* thread_scratch(int thread) { return scratch_.data() + static_cast<size_t>(thread) * scratch_stride_; }
   int max_tasks() const { return max_tasks_; }
   size_t task_stride() const { return task_stride_; }
+  // Whether every thread's scratch guard still holds its pattern (checked by debug builds).
+  bool scratch_guards_intact() const;
 
  private:
+  static constexpr size_t kGuardFloats = 16;
+  static constexpr uint32_t kGuardBits = 0x7fc0dead;  // a quiet NaN no kernel writes
   AlignedBuffer<float> partial_, scratch_;
-  size_t task_stride_ = 0, scratch_stride_ = 0;
+  size_t task_stride_ = 0, scratch_stride_ = 0, scratch_floats_ = 0;
   int max_tasks_ = 0;
 };
 

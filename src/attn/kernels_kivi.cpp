@@ -154,6 +154,7 @@ KIVI_VNNI_ATTR HWY_NOINLINE void FastKiviValuesVnni(const float* P, int ld, int 
 
 void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
                     const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
+  assert(FastKiviValuesOk(D, bits, Gc));
 #ifdef KIVI_VNNI
   if (HasVnni()) return FastKiviValuesVnni(P, ld, rep, D, bits, Gc, quad0, t4, n, vs, vz, O, ostride, wq, wsc, wtmp);
 #endif

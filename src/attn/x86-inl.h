@@ -73,7 +73,7 @@ HWY_INLINE __m128 SumsOf4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
 
 // acc += pairwise int16 products (vpdpwssd with VNNI, else vpmaddwd + vpaddd).
 // vpdpwssd is issued by inline asm with the accumulator tied to its register ("+v"):
-// with GCC's builtin (or intrinsic) the register allocator copied every accumulator
+// with GCC's builtin (or intrinsic) the register allocator copies every accumulator
 // before and after the instruction in the value loops (two vmovdqa per product). The
 // {evex} prefix keeps the AVX512-VNNI encoding (the VEX one, AVX-VNNI, faults on CPUs
 // without it, e.g. AMD Zen 4); the kVnni functions run only where HasVnni() holds.
@@ -116,7 +116,7 @@ HWY_INLINE __m512 SumTree16(const __m512* v, const Add& add) {
 }
 
 // Lane i of the result is the sum of the lanes of v[i] (16 float vectors): the tree,
-// then one permutation into order (a scalar loop here was turned into a scatter, which
+// then one permutation into order (GCC turns a scalar loop here into a scatter, which
 // is slow on AMD cores).
 HWY_INLINE __m512 SumEach16(const __m512* v) {
   const __m512 r = SumTree16(v, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
