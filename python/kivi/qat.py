@@ -202,19 +202,29 @@ def kivi_attention(q: torch.Tensor, skv: StreamingKV, causal: Optional[torch.Ten
     """Causal attention where query t reads the cache as it stands after token t.
 
     q [B, Hq, T, D]; skv tensors [B, Hk, T, D] with Hq a multiple of Hk (grouped-query heads:
-    query head h reads KV head h // (Hq / Hk)). Returns [B, Hq, T, D]."""
+    query head h reads KV head h // (Hq / Hk)). Returns [B, Hq, T, D].
+
+    scores = where(key_mask, q . k_quant, q . k) / sqrt(D), softmax over j <= t, then
+    out = p @ v_quant + (p * ~value_mask) @ (v - v_quant): the value term in the second form
+    takes one elementwise pass over the [T, T] weights instead of two."""
     B, Hq, T, D = q.shape
-    rep = Hq // skv.k.shape[1]
+    Hk = skv.k.shape[1]
+    rep = Hq // Hk
+    qg = (q * (1.0 / math.sqrt(D))).reshape(B, Hk, rep * T, D)  # the query heads of a KV head, stacked
 
-    def heads(x):
-        return x.repeat_interleave(rep, dim=1) if rep > 1 else x
+    def scores(k):
+        return (qg @ k.transpose(-1, -2)).view(B, Hk, rep, T, T)
 
-    scale = 1.0 / math.sqrt(D)
-    s_exact = q @ heads(skv.k).transpose(-1, -2)
-    s_quant = q @ heads(skv.k_quant).transpose(-1, -2)
-    s = torch.where(skv.key_mask, s_quant, s_exact) * scale
+    if skv.key_mask.any():
+        s = torch.where(skv.key_mask, scores(skv.k_quant), scores(skv.k))
+    else:
+        s = scores(skv.k)
     if causal is None:
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
-    vm = skv.value_mask.to(p.dtype)
-    return (p * vm) @ heads(skv.v_quant) + (p * (1.0 - vm)) @ heads(skv.v)
+    p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1).view(B, Hk, rep * T, T)
+    if skv.value_mask.any():
+        exact = (~skv.value_mask).to(p.dtype).repeat(rep, 1)  # [rep * T, T]
+        out = p @ skv.v_quant + (p * exact) @ (skv.v - skv.v_quant)
+    else:
+        out = p @ skv.v
+    return out.view(B, Hq, T, D)
