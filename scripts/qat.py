@@ -51,11 +51,11 @@ def parse_args(argv=None):
     ap.add_argument("--scale-dtype", default="f16", choices=["f16", "f32"])
     ap.add_argument("--grad", default="ste", choices=["ste", "lsq"],
                     help="straight-through gradient of the quantizer: ste, or lsq (also through each group's range)")
-    ap.add_argument("--samples", type=int, default=512, help="sequences sampled from the original model")
-    ap.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (default: the model's context)")
+    ap.add_argument("--samples", type=int, default=256, help="sequences sampled from the original model")
+    ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (0: the model's context)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the data")
     ap.add_argument("--data", default=None, help="cache of the sampled sequences (.npy): reused if it matches")
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (AdamW, cosine decay)")
     ap.add_argument("--warmup", type=int, default=50)
@@ -129,10 +129,11 @@ def plot(log, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in log]
-    ax.plot(steps, [r["kl_quant"] for r in log], label="KL(original f32 || student, KIVI cache)")
-    if any(r.get("kl_f32") is not None for r in log):
-        ax.plot(steps, [r["kl_f32"] for r in log], label="KL(original f32 || student, f32 cache)")
+    for key, label in (("kl_quant", "KL(original f32 || student, KIVI cache)"),
+                       ("kl_f32", "KL(original f32 || student, f32 cache)")):
+        points = [(r["step"], r[key]) for r in log if r.get(key) is not None and r[key] > 0]  # log scale
+        if points:
+            ax.plot(*zip(*points), label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("KL divergence (nats/token)")
     ax.set_yscale("log")

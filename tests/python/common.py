@@ -21,11 +21,10 @@ TEXT = os.path.join(SHARED, "data", "tinytales.txt")
 SKIP_CODE = 77
 
 
-def main_requiring_torch():
-    """unittest.main(), or the skip exit code when PyTorch is not installed."""
+def skip_without_torch():
+    """Exits with the skip code when PyTorch is not installed (call before importing it)."""
     try:
         import torch  # noqa: F401
     except ImportError:
         print("skipped: PyTorch (Debian's python3-torch) is not installed")
         sys.exit(SKIP_CODE)
-    unittest.main()

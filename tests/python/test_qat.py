@@ -10,11 +10,15 @@ import tempfile
 import unittest
 
 import numpy as np
-import torch
 
 import common
-import kivi
-from kivi.llama import Llama
+
+common.skip_without_torch()
+
+import torch  # noqa: E402
+
+import kivi  # noqa: E402
+from kivi.llama import Llama  # noqa: E402
 from kivi.qat import (KiviConfig, fake_quantize_keys, fake_quantize_kv, fake_quantize_values, kivi_attention,
                       round_f16_down, round_f16_up, streaming_masks)
 
@@ -197,4 +201,4 @@ class LlamaPort(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    common.main_requiring_torch()
+    unittest.main()

@@ -11,6 +11,8 @@ import unittest
 
 import common
 
+common.skip_without_torch()
+
 
 class QatSmoke(unittest.TestCase):
     def test_few_steps(self):
@@ -50,4 +52,4 @@ class QatSmoke(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    common.main_requiring_torch()
+    unittest.main()
