@@ -1,6 +1,6 @@
-// kivi.Cache: the streaming KIVI cache of kv/kv_cache.h with the seed's KiviManager
-// semantics. A batch of B sequences of H heads is one kv::KvCache of B*H KV heads (heads
-// are independent in the cache), so every byte it holds is the engine's.
+// kivi.Cache: the streaming KIVI cache of kv/kv_cache.h, used like a KIVI KiviManager
+// (add_tokens, get_full_cache). A batch of B sequences of H heads is one kv::KvCache of B*H KV
+// heads (heads are independent in the cache), so every byte it holds is the engine's.
 //   add_tokens(k, v)   k, v [B, H, T, D]: appends T tokens in order; each append applies
 //                      the residual window R and the flush rules exactly as decoding does
 //   get_full_cache()   the dequantized history plus the full-precision residual, f32

@@ -1,5 +1,5 @@
 // kivi.quantize_keys / dequantize_keys / quantize_values / dequantize_values: the KIVI
-// codecs of kv/codec.h on numpy arrays [..., T, D] (the seed shape is [B, H, T, D]),
+// codecs of kv/codec.h on numpy arrays [..., T, D] (for example [B, H, T, D]),
 // returning exactly the bytes the C++ cache stores.
 //   keys:   codes [..., T/G, G*W] u8 (each group's rows interleaved, kv/codec.h), scales and
 //           zeros [..., T/G, D]
@@ -198,7 +198,7 @@ void bind_codec(pb::module_& m) {
         "scale_dtype"_a = "f16",
         R"(Quantizes keys per channel, in groups of G consecutive tokens (KIVI).
 
-k: float array [..., T, D] (the seed's [B, H, T, D]); T a multiple of group_size.
+k: float array [..., T, D] (for example [B, H, T, D]); T a multiple of group_size.
 Returns (codes, scales, zeros):
   codes  uint8 [..., T/G, G*W], W = D*bits/8: each group's packed rows interleaved in
          32-bit words exactly as the C++ cache stores them (kivi.key_group_rows undoes it);

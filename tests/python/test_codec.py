@@ -58,7 +58,7 @@ class KnownValues(unittest.TestCase):
             np.testing.assert_array_equal(kivi.dequantize_values(codes, scales, zeros, 2, 4), v)
 
     def test_keys(self):
-        # The seed's keys [B, H, D, T]: 4 channels, each [1, 2, 3, 4] along the tokens; here [B, H, T, D].
+        # Keys laid out [B, H, D, T] elsewhere: 4 channels, each [1, 2, 3, 4] along the tokens; here [B, H, T, D].
         k = np.tile(np.arange(1, 5, dtype=np.float32)[:, None], (1, 4))[None, None]
         codes, scales, zeros = kivi.quantize_keys(k, 2, 4, "f32")
         self.assertEqual(scales.tolist(), [[[[1.0] * 4]]])
@@ -66,7 +66,7 @@ class KnownValues(unittest.TestCase):
         rows = kivi.key_group_rows(codes, 4)  # [1, 1, 4, 1]: token t has code t in every channel
         self.assertEqual(rows[0, 0, :, 0].tolist(), [0, 85, 170, 255])
         per_channel = kivi.unpack_codes(rows, 2)[0, 0].T  # [D, T]: codes 0, 1, 2, 3 along the tokens
-        self.assertEqual(kivi.pack_codes(per_channel, 2).ravel().tolist(), [228] * 4)  # the seed's packing
+        self.assertEqual(kivi.pack_codes(per_channel, 2).ravel().tolist(), [228] * 4)  # packed along the tokens
         np.testing.assert_array_equal(kivi.dequantize_keys(codes, scales, zeros, 2, 4), k)
         # Rotated so that the first token's row is [1, 2, 3, 4]: its stored byte is 228.
         k2 = np.array([[1, 2, 3, 4], [2, 3, 4, 1], [3, 4, 1, 2], [4, 1, 2, 3]], np.float32)[None, None]
