@@ -523,23 +523,23 @@ void bind_engine(pb::module_& m) {
            "model"_a, pb::keep_alive<1, 2>())
       .def(
           "generate",
-          [](Session& self, const std::string& prompt, int max_tokens, float temperature, int top_k,
-             float top_p, uint64_t seed) {
-            if (!(temperature >= 0.0f))
+          [](Session& self, const std::string& prompt, int max_tokens, double temperature,
+             int top_k, double top_p, uint64_t seed) {
+            if (!(temperature >= 0.0))
               fail("generate: temperature = %g, expected >= 0", temperature);
             if (top_k < 0) fail("generate: top_k = %d, expected >= 0", top_k);
-            if (!(top_p >= 0.0f && top_p <= 1.0f))
+            if (!(top_p >= 0.0 && top_p <= 1.0))
               fail("generate: top_p = %g, expected 0 to 1", top_p);
             runtime::SamplerOptions so;
-            so.temperature = temperature;
+            so.temperature = static_cast<float>(temperature);  // as the CLI parses --temp
             so.top_k = top_k;
-            so.top_p = top_p;
+            so.top_p = static_cast<float>(top_p);
             so.seed = seed;
             return std::make_unique<Generator>(self, self.model().tok().encode(prompt, true),
                                                max_tokens, so);
           },
-          pb::keep_alive<0, 1>(), "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.8f,
-          "top_k"_a = 40, "top_p"_a = 0.95f, "seed"_a = 42,
+          pb::keep_alive<0, 1>(), "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.8,
+          "top_k"_a = 40, "top_p"_a = 0.95, "seed"_a = 42,
           "Generates from `prompt` (BOS prepended; the cache is emptied first) and returns an "
           "iterator of\n"
           "text pieces. temperature 0 is greedy; the defaults are the CLI's. The same seed gives "
