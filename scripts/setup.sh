@@ -9,6 +9,8 @@ packages=(
   libgtest-dev googletest
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
   python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
+  python3-dev pybind11-dev   # the Python module kivi (python/)
+  python3-torch libopenblas0-pthread   # quantization-aware training (scripts/qat.py) and its tests
 )
 
 missing=()
