@@ -6,6 +6,9 @@ set -euo pipefail
 packages=(
   g++ cmake make pkg-config
   libhwy-dev            # Highway: SIMD kernels with run-time dispatch
+  libpcre2-dev          # byte-level BPE pre-tokenizer expressions
+  libicu-dev            # NFC normalization (Qwen tokenizers)
+  nlohmann-json3-dev    # tokenizer.json
   libgtest-dev googletest
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
   python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
