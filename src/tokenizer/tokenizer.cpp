@@ -169,6 +169,16 @@ void Tokenizer::set_eom_id(int id) {
   index_specials();
 }
 
+std::string Tokenizer::describe() const {
+  if (bpe_) {
+    return strfmt("byte-level BPE (gpt2), %d tokens, %d merges, pre-tokenizer %s, BOS %d%s, EOS %d, EOT %d%s",
+                  vocab_size(), bpe_->n_merges(), bpe_->pre().name().c_str(), bos_id_, add_bos_ ? " (added)" : "",
+                  eos_id_, eot_id_, chat_template_.empty() ? "" : ", chat template");
+  }
+  return strfmt("SentencePiece BPE, %d pieces, BOS %d, EOS %d, %d byte pieces, dummy prefix %s", vocab_size(), bos_id_,
+                eos_id_, n_byte_pieces(), add_dummy_prefix_ ? "on" : "off");
+}
+
 bool Tokenizer::is_end_of_generation(int token) const { return std::binary_search(eog_.begin(), eog_.end(), token); }
 
 int Tokenizer::find_special(std::string_view text) const {

@@ -89,6 +89,8 @@ class Tokenizer {
   std::string token_text(int token, bool special = false) const;
 
   TokenizerKind kind() const { return bpe_ ? TokenizerKind::kByteLevelBpe : TokenizerKind::kSentencePiece; }
+  // One line for `kivi info`: kind, size, special ids, pre-tokenizer or byte pieces.
+  std::string describe() const;
   // "llama" or "gpt2", as in tokenizer.ggml.model.
   const char* model_name() const { return bpe_ ? "gpt2" : "llama"; }
   const BpeModel* bpe() const { return bpe_.get(); }
