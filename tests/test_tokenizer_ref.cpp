@@ -16,6 +16,7 @@
 
 #include "io/gguf.h"
 #include "test_util.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
@@ -176,6 +177,32 @@ void check_llama_cpp_vectors(const Vocab& v) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     EXPECT_EQ(tk.encode(inputs[i], false, false, true), expected[i])
         << v.name << " case " << i << ": " << inputs[i];
+  }
+}
+
+// Every pre-tokenizer (including gpt-2 and llama.cpp's default, which no vocabulary here
+// uses) against the same expressions run by JavaScript's RegExp on the corpus.
+TEST(TokenizerRef, PreTokenizersMatchJavaScriptRegExp) {
+  if (test::run("node --version").exit_code != 0) GTEST_SKIP() << "node is not installed";
+  const auto files = corpus_files();
+  for (const char* pre : {"llama-bpe", "qwen2", "gpt-2", "default"}) {
+    std::string cmd = "node '" + kRefDir + "/reference.js' split " + pre;
+    for (const auto& f : files) cmd += " '" + f + "'";
+    const auto r = test::run(cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto ref = nlohmann::json::parse(r.out);
+    const tok::PreTokenizer p(pre);
+    ASSERT_EQ(ref["cases"].size(), files.size());
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string text = tok::utf8_sanitize(slurp(files[i]));
+      std::vector<std::string_view> pieces;
+      p.split(text, pieces);
+      std::vector<std::string> want;
+      for (const auto& h : ref["cases"][i]["pieces_hex"])
+        want.push_back(unhex(h.get<std::string>()));
+      EXPECT_EQ(std::vector<std::string>(pieces.begin(), pieces.end()), want)
+          << pre << " " << files[i];
+    }
   }
 }
 
