@@ -48,5 +48,6 @@ int cmd_perplexity(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_bench_attn(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
 
 }  // namespace kivi::tools
