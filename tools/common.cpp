@@ -47,6 +47,10 @@ void add_kv_options(Args& a, bool allow_list) {
         "KIVI key flush: batch (quantize all R when the residual reaches R) or group (quantize the "
         "oldest G when it exceeds R).",
         "batch");
+  a.add("key-rope", 0, "WHERE",
+        "Keys stored after RoPE (post, as KIVI does) or before it (pre: quantized unrotated, where "
+        "channel outliers stay in their channels, and rotated by position inside attention).",
+        "post");
   a.add("scale-dtype", 0, "TYPE", "Storage of scales and zero points: f16 (half the bytes) or f32.", "f16");
   a.add("attn-precision", 0, "MODE",
         "Attention over quantized caches: exact (float math on the stored codes, within 1e-5 of "
@@ -93,6 +97,7 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format) {
   c.residual = static_cast<int>(a.integer("residual", 0, 1 << 24));
   c.key_flush = kv::parse_key_flush(a.str("key-flush"));
   c.param_type = kv::parse_param_type(a.str("scale-dtype"));
+  c.key_rope = kv::parse_key_rope(a.str("key-rope"));
   return c;
 }
 
@@ -150,6 +155,7 @@ std::string describe_cache(const kv::CacheConfig& c) {
   } else if (c.k.format == kv::Format::kInt8 || c.v.format == kv::Format::kInt8) {
     s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
   }
+  if (c.key_rope == kv::KeyRope::kPre) s += ", keys before RoPE";
   return s;
 }
 

@@ -30,6 +30,7 @@ const char* granularity_name(Int8Granularity g) {
 
 const char* key_flush_name(KeyFlush k) { return k == KeyFlush::kBatch ? "batch" : "group"; }
 const char* param_type_name(ParamType p) { return p == ParamType::kF16 ? "f16" : "f32"; }
+const char* key_rope_name(KeyRope k) { return k == KeyRope::kPre ? "pre" : "post"; }
 
 void check_bits(int bits) {
   if (bits != 2 && bits != 4 && bits != 8) {
@@ -72,6 +73,12 @@ ParamType parse_param_type(const std::string& s) {
   if (s == "f16") return ParamType::kF16;
   if (s == "f32") return ParamType::kF32;
   fail("--scale-dtype: unknown value '%s' (valid: f16, f32)", s.c_str());
+}
+
+KeyRope parse_key_rope(const std::string& s) {
+  if (s == "post") return KeyRope::kPost;
+  if (s == "pre") return KeyRope::kPre;
+  fail("--key-rope: unknown value '%s' (valid: post, pre)", s.c_str());
 }
 
 int format_bits(Format f) {

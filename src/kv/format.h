@@ -24,15 +24,17 @@ enum class KeyFlush : uint8_t { kBatch = 0, kGroup = 1 };
 // Storage type of quantization parameters (scales and zero points).
 enum class ParamType : uint8_t { kF16 = 0, kF32 = 1 };
 enum class Stream : uint8_t { kKey = 0, kValue = 1 };
-// Where keys are quantized relative to RoPE. KIVI quantizes after RoPE; KVQuant
-// (Hooper et al. 2024) quantizes before and rotates on read. Only kPostRope is
-// implemented; the cache records the choice so a pre-RoPE path can be added.
-enum class KeyPosition : uint8_t { kPostRope = 0 };
+// Where keys are stored relative to RoPE. KIVI stores (and quantizes) rotated keys;
+// KVQuant (Hooper et al. 2024) quantizes them before RoPE, where channel outliers have
+// not been smeared across channel pairs by the rotation, and rotates each key by its
+// position when attention reads it.
+enum class KeyRope : uint8_t { kPost = 0, kPre = 1 };
 
 const char* format_name(Format f);
 const char* granularity_name(Int8Granularity g);
 const char* key_flush_name(KeyFlush k);
 const char* param_type_name(ParamType p);
+const char* key_rope_name(KeyRope k);
 inline size_t param_size(ParamType p) { return p == ParamType::kF16 ? 2 : 4; }
 
 // Parsers throw kivi::Error naming the option and listing the valid values.
@@ -40,6 +42,7 @@ Format parse_format(const std::string& s, const char* option = "--kv-cache");
 Int8Granularity parse_granularity(const std::string& s);
 KeyFlush parse_key_flush(const std::string& s);
 ParamType parse_param_type(const std::string& s);
+KeyRope parse_key_rope(const std::string& s);
 
 inline bool is_kivi(Format f) {
   return f == Format::kKivi2 || f == Format::kKivi4 || f == Format::kKivi8;
@@ -70,7 +73,7 @@ struct CacheConfig {
   KeyFlush key_flush = KeyFlush::kBatch;
   ParamType param_type = ParamType::kF16;
   int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G
-  KeyPosition key_position = KeyPosition::kPostRope;
+  KeyRope key_rope = KeyRope::kPost;
 
   // Throws kivi::Error naming the parameter and its valid range.
   void validate() const;

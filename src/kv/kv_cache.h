@@ -120,7 +120,7 @@ class KvCache {
   // other formats or once calibrated.
   void calibrate(int layer, const float* k, const float* v, int n);
 
-  // Appends one token: k, v are [H, D] (post-RoPE keys). Throws if the cache is full.
+  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope). Throws if the cache is full.
   void append(int layer, const float* k, const float* v);
 
   // Forgets every token (storage is kept).

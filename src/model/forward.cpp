@@ -73,6 +73,10 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   ap.alibi_slopes = c.alibi ? st.slopes.data() : nullptr;
   ap.window = opt.window;
   ap.precision = opt.precision;
+  // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
+  // attention rotates each by its position.
+  const bool pre_rope = !c.alibi && cache.config().key_rope == kv::KeyRope::kPre;
+  if (pre_rope) ap.rope = st.rope.data();
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -87,7 +91,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       for (int i = 0; i < n; ++i) {
         const float* rr = st.rope.data() + static_cast<size_t>(pos0 + i) * hd;
         apply_rope(st.q.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, rr);
-        apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
+        if (!pre_rope) apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
       }
     }
     if (cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
