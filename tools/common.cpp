@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "core/cpu.h"
@@ -51,6 +52,13 @@ void add_kv_options(Args& a, bool allow_list) {
         "Keys stored after RoPE (post, as KIVI does) or before it (pre: quantized unrotated, where "
         "channel outliers stay in their channels, and rotated by position inside attention).",
         "post");
+  a.add("kv-share", 0, "N",
+        "Cross-layer KV sharing: each group of N adjacent layers reads the first layer's keys and values "
+        "(the others skip their K and V projections and store no cache). 1 = no sharing.",
+        "1");
+  a.add("kv-share-map", 0, "LIST",
+        "Cross-layer KV sharing by pairs BORROWER:OWNER (comma-separated, owner earlier than borrower), "
+        "e.g. 3:1,5:2; applied after --kv-share.");
   a.add("scale-dtype", 0, "TYPE", "Storage of scales and zero points: f16 (half the bytes) or f32.", "f16");
   a.add("attn-precision", 0, "MODE",
         "Attention over quantized caches: exact (float math on the stored codes, within 1e-5 of "
@@ -85,6 +93,30 @@ int threads_option(const Args& a) {
   return t > 0 ? t : hardware_threads();
 }
 
+std::vector<std::pair<int, int>> parse_share_map(const std::string& text) {
+  std::vector<std::pair<int, int>> pairs;
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t e = std::min(text.find(',', i), text.size());
+    const std::string item = text.substr(i, e - i);
+    const size_t colon = item.find(':');
+    char* end = nullptr;
+    long b = -1, o = -1;
+    if (colon != std::string::npos && colon > 0 && colon + 1 < item.size()) {
+      b = std::strtol(item.c_str(), &end, 10);
+      const bool b_ok = end == item.c_str() + colon;
+      o = std::strtol(item.c_str() + colon + 1, &end, 10);
+      if (!b_ok || *end != '\0') b = o = -1;
+    }
+    if (b < 0 || o < 0 || b > (1 << 20) || o > (1 << 20)) {
+      fail("--kv-share-map: '%s' is not BORROWER:OWNER (layer numbers, e.g. 3:1)", item.c_str());
+    }
+    pairs.emplace_back(static_cast<int>(b), static_cast<int>(o));
+    i = e + 1;
+  }
+  return pairs;
+}
+
 kv::CacheConfig cache_config(const Args& a, const std::string& format) {
   kv::CacheConfig c;
   const std::string base = format.empty() ? a.str("kv-cache") : format;
@@ -98,6 +130,8 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format) {
   c.key_flush = kv::parse_key_flush(a.str("key-flush"));
   c.param_type = kv::parse_param_type(a.str("scale-dtype"));
   c.key_rope = kv::parse_key_rope(a.str("key-rope"));
+  c.share_every = static_cast<int>(a.integer("kv-share", 1, 1 << 16));
+  if (a.given("kv-share-map")) c.share_map = parse_share_map(a.str("kv-share-map"));
   return c;
 }
 
@@ -156,6 +190,8 @@ std::string describe_cache(const kv::CacheConfig& c) {
     s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
   }
   if (c.key_rope == kv::KeyRope::kPre) s += ", keys before RoPE";
+  const std::string sharing = kv::describe_sharing(c);
+  if (!sharing.empty()) s += ", shared across " + sharing;
   return s;
 }
 

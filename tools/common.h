@@ -3,6 +3,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "args.h"
 #include "model/model.h"
@@ -25,6 +27,8 @@ bool parse_command_line(Args& a, int argc, char** argv);
 
 // Cache configuration from the KV options; `format` overrides --kv-cache when set.
 kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
+// "3:1,5:2" -> {(3, 1), (5, 2)} (--kv-share-map); throws naming a malformed item.
+std::vector<std::pair<int, int>> parse_share_map(const std::string& text);
 runtime::SessionOptions session_options(const Args& a, const model::Model& m,
                                         const std::string& format = "");
 int threads_option(const Args& a);

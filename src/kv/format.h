@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kivi::kv {
 
@@ -74,6 +76,10 @@ struct CacheConfig {
   ParamType param_type = ParamType::kF16;
   int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G
   KeyRope key_rope = KeyRope::kPost;
+  // Cross-layer sharing: a borrowing layer reads an earlier layer's keys and values
+  // instead of storing its own (its K and V projections are skipped).
+  int share_every = 1;                         // groups of N adjacent layers read the first one's cache
+  std::vector<std::pair<int, int>> share_map;  // (borrower, owner) pairs, applied after share_every
 
   // Throws kivi::Error naming the parameter and its valid range.
   void validate() const;
@@ -83,6 +89,15 @@ struct CacheConfig {
   int channel_group() const;
   bool has_residual() const { return is_kivi(k.format) || is_kivi(v.format); }
 };
+
+// The layer whose cache each of the n_layers layers reads (itself for a layer that
+// stores its own), from share_every and share_map. Throws if a pair names a layer out
+// of range, an owner that is not before its borrower, or an owner that borrows itself.
+std::vector<int> layer_owners(const CacheConfig& c);
+// Layers that store a cache.
+int stored_layers(const CacheConfig& c);
+// "every 2 layers" / "layers 3:1 5:4" / "" for no sharing.
+std::string describe_sharing(const CacheConfig& c);
 
 // Asymptotic stored bytes per token for one stream of one layer (codes plus
 // quantization parameters, every KV head), excluding the full-precision residual.

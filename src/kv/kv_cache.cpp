@@ -24,7 +24,10 @@ KvCache::KvCache(const CacheConfig& config, bool block_summaries)
   n_blocks_ = (cfg_.ctx + block_ - 1) / block_;
   row_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
   layers_.resize(cfg_.n_layers);
-  for (auto& L : layers_) {
+  owner_ = layer_owners(cfg_);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owner_[l] != l) continue;  // reads its owner's cache
+    Layer& L = layers_[l];
     L.block_table.resize(n_blocks_);
     for (int b = 0; b < n_blocks_; ++b) L.block_table[b] = b;  // identity until blocks are shared
     init_stream(L.k, cfg_.k, Stream::kKey, n_blocks_);
@@ -88,6 +91,7 @@ void KvCache::clear() {
 }
 
 void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
+  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const size_t count = static_cast<size_t>(n) * cfg_.n_kv_heads * cfg_.head_dim;
   auto cal = [&](StreamStore& s, const float* x) {
@@ -215,6 +219,7 @@ void KvCache::flush_value(Layer& L, int pos) {
 }
 
 void KvCache::append(int layer, const float* k, const float* v) {
+  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const int pos = L.n;
   if (pos >= cfg_.ctx) fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
@@ -297,12 +302,20 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
 }
 
 LayerView KvCache::view(int layer) const {
-  const Layer& L = layers_.at(layer);
+  const Layer& L = layers_.at(owner_.at(layer));
   LayerView v;
   v.k = stream_view(L, L.k, Stream::kKey);
   v.v = stream_view(L, L.v, Stream::kValue);
   v.n_tokens = L.n;
   v.summaries = summaries_ ? L.summaries.data() : nullptr;
+  return v;
+}
+
+LayerView KvCache::view_prefix(int layer, int n) const {
+  LayerView v = view(layer);
+  if (n > v.n_tokens || n < 0) fail("KV cache: a view of %d tokens of layer %d, which holds %d", n, layer, v.n_tokens);
+  if (cfg_.has_residual() && n < v.n_tokens) fail("KV cache: earlier views of KIVI caches are not kept");
+  v.n_tokens = v.k.n_stored = v.v.n_stored = n;
   return v;
 }
 
@@ -328,6 +341,7 @@ uint64_t KvCache::stream_bytes_used(const StreamStore& s, Stream which, int n) c
 }
 
 uint64_t KvCache::bytes_used(int layer) const {
+  if (borrows(layer)) return 0;
   const Layer& L = layers_.at(layer);
   return stream_bytes_used(L.k, Stream::kKey, L.n) + stream_bytes_used(L.v, Stream::kValue, L.n);
 }
@@ -339,6 +353,7 @@ uint64_t KvCache::bytes_used() const {
 }
 
 uint64_t KvCache::bytes_reserved(int layer) const {
+  if (borrows(layer)) return 0;
   const Layer& L = layers_.at(layer);
   uint64_t t = L.block_table.size() * sizeof(int32_t) + L.summaries.bytes();
   for (const StreamStore* s : {&L.k, &L.v}) {
@@ -361,7 +376,7 @@ int64_t KvCache::clamped() const {
 }
 
 KvCache::RawStream KvCache::raw(int layer, Stream s) const {
-  const Layer& L = layers_.at(layer);
+  const Layer& L = layers_.at(owner_.at(layer));
   const StreamStore& st = s == Stream::kKey ? L.k : L.v;
   return {&st.codes, &st.scales, &st.zeros, &st.ring, st.n_stored, st.tensor_scale};
 }
