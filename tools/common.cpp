@@ -4,12 +4,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/sysinfo.h"
 #include "core/threadpool.h"
+#include "io/mapped_file.h"
 #include "kv/format.h"
 
 namespace kivi::tools {
@@ -93,6 +96,15 @@ int threads_option(const Args& a) {
   return t > 0 ? t : hardware_threads();
 }
 
+std::string read_text_file(const std::string& path) {
+  io::check_regular_file(path, "text");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot read text file '%s'", path.c_str());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 std::vector<std::pair<int, int>> parse_share_map(const std::string& text) {
   std::vector<std::pair<int, int>> pairs;
   size_t i = 0;
@@ -117,9 +129,17 @@ std::vector<std::pair<int, int>> parse_share_map(const std::string& text) {
   return pairs;
 }
 
-kv::CacheConfig cache_config(const Args& a, const std::string& format) {
+kv::CacheConfig cache_config(const Args& a, const std::string& format_and_policies) {
   kv::CacheConfig c;
-  const std::string base = format.empty() ? a.str("kv-cache") : format;
+  // FORMAT[+shareN][+pre]: cache policies attached to one format (bench lists).
+  std::string spec = format_and_policies.empty() ? a.str("kv-cache") : format_and_policies;
+  std::vector<std::string> policies;
+  for (size_t plus = spec.find('+'); plus != std::string::npos; plus = spec.find('+')) {
+    const size_t next = spec.find('+', plus + 1);
+    policies.push_back(spec.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1));
+    spec.erase(plus, next == std::string::npos ? std::string::npos : next - plus);
+  }
+  const std::string base = spec;
   kv::StreamFormat f{kv::parse_format(base.empty() ? "f32" : base), kv::parse_granularity(a.str("int8-granularity"))};
   c.k = f;
   c.v = f;
@@ -132,6 +152,18 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format) {
   c.key_rope = kv::parse_key_rope(a.str("key-rope"));
   c.share_every = static_cast<int>(a.integer("kv-share", 1, 1 << 16));
   if (a.given("kv-share-map")) c.share_map = parse_share_map(a.str("kv-share-map"));
+  for (const auto& p : policies) {
+    char* end = nullptr;
+    if (p.rfind("share", 0) == 0 && p.size() > 5) {
+      const long n = std::strtol(p.c_str() + 5, &end, 10);
+      if (*end != '\0' || n < 1 || n > (1 << 16)) fail("'+%s': expected +shareN with N >= 1", p.c_str());
+      c.share_every = static_cast<int>(n);
+    } else if (p == "pre") {
+      c.key_rope = kv::KeyRope::kPre;
+    } else {
+      fail("'+%s': unknown cache policy (valid: +shareN, +pre)", p.c_str());
+    }
+  }
   return c;
 }
 

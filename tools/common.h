@@ -26,7 +26,11 @@ std::unique_ptr<model::Model> load_model(const Args& a);
 bool parse_command_line(Args& a, int argc, char** argv);
 
 // Cache configuration from the KV options; `format` overrides --kv-cache when set.
+// The cache options; `format` (default: --kv-cache) may carry policies:
+// FORMAT[+shareN][+pre] (cross-layer sharing every N layers, keys before RoPE).
 kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
+// The whole of a text file (a regular file), or an error naming it.
+std::string read_text_file(const std::string& path);
 // "3:1,5:2" -> {(3, 1), (5, 2)} (--kv-share-map); throws naming a malformed item.
 std::vector<std::pair<int, int>> parse_share_map(const std::string& text);
 runtime::SessionOptions session_options(const Args& a, const model::Model& m,
