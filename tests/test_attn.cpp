@@ -472,6 +472,34 @@ TEST(Attention, KeysBeforeRopeOnEveryTarget) {
   std::printf("keys before RoPE: worst exact-path relative error %.3g (bound 1e-05)\n", worst);
 }
 
+// Attention sinks (StreamingLLM): with a window, the first `sinks` tokens are attended
+// too, as one more task merged first; against the reference on every format and target.
+TEST(Attention, SinksBeforeTheWindow) {
+  ThreadPool pool(2);
+  for (const auto& target : cpu::available_targets()) {
+    cpu::force_target_bits(target.bits);
+    for (const auto& c : all_formats()) {
+      for (int sinks : {1, 4, 40}) {
+        auto cache = filled_cache(c, 2, 64, 1500, 32, 64, sinks + 3);
+        Rng r(sinks);
+        std::vector<float> q(8 * 64), out(q.size()), ref(q.size()), no_sinks(q.size());
+        for (auto& x : q) x = r.normal() * 3.0f;
+        attn::Params p = params_for(kShapes[1], 64, nullptr);
+        p.window = 600;
+        attn::Workspace ws(2, 8, 2, 64, cache->config().block(), cache->capacity());
+        attn::decode(cache->view(0), q.data(), no_sinks.data(), p, &pool, ws);
+        p.sinks = sinks;
+        attn::decode(cache->view(0), q.data(), out.data(), p, &pool, ws);
+        attn::decode_reference(cache->view(0), q.data(), ref.data(), p);
+        const std::string what = target.name + " " + c.name + " sinks=" + std::to_string(sinks);
+        EXPECT_LT(rel_error(out, ref), 1e-5) << what;
+        EXPECT_GT(rel_error(no_sinks, ref), 1e-6) << what << ": the sinks changed nothing";
+      }
+    }
+  }
+  cpu::reset_target();
+}
+
 // On a CPU with AVX512-VNNI the AVX3 fast path uses vpdpwssd; CPUs with AVX-512 but
 // without VNNI run the vpmaddwd sequence instead. Forcing that variant here runs it on
 // a VNNI machine too, against the same bound. Runs only where the CPU has AVX3.

@@ -377,3 +377,87 @@ TEST(KvCache, CrossLayerSharing) {
 
 }  // namespace
 }  // namespace kivi
+
+namespace kivi {
+namespace {
+
+// drop(): later tokens move down without being copied; each keeps its stored form
+// (dequantized rows equal before and after), the residual ring is renumbered (its rows
+// are the appended floats), and appends after a drop land where reads find them.
+TEST(KvCache, DropRenumbersWithoutCopying) {
+  for (Format f : {Format::kF32, Format::kF16, Format::kInt8, Format::kKivi2, Format::kKivi4}) {
+    for (int R : {0, 32, 64}) {
+      CacheConfig c = config(f, f, 16, R, KeyFlush::kBatch, 2, 16, 256);
+      c.block_tokens = 32;
+      kv::KvCache cache(c);
+      Rng r(static_cast<uint64_t>(f) * 100 + R);
+      std::vector<std::vector<float>> ks, vs;  // every appended token
+      auto append = [&](int n) {
+        for (int i = 0; i < n; ++i) {
+          std::vector<float> k(32), v(32);
+          for (auto& x : k) x = r.normal();
+          for (auto& x : v) x = r.normal();
+          if (cache.n_tokens(0) == 0) cache.calibrate(0, k.data(), v.data(), 1);
+          cache.append(0, k.data(), v.data());
+          ks.push_back(k);
+          vs.push_back(v);
+        }
+      };
+      auto rows = [&](int layer) {  // dequantized K and V rows of every token, both heads
+        std::vector<float> out;
+        const auto view = cache.view(layer);
+        std::vector<float> x(16);
+        for (int t = 0; t < view.n_tokens; ++t) {
+          for (int h = 0; h < 2; ++h) {
+            attn::dequantize_key(view.k, t, h, x.data());
+            out.insert(out.end(), x.begin(), x.end());
+            attn::dequantize_value(view.v, t, h, x.data());
+            out.insert(out.end(), x.begin(), x.end());
+          }
+        }
+        return out;
+      };
+      append(200);
+      const std::string what = std::string(kv::format_name(f)) + " R=" + std::to_string(R);
+      ASSERT_GE(cache.droppable(0), 96) << what;
+      const auto before = rows(0);
+      cache.drop(0, 32, 64);
+      EXPECT_EQ(cache.n_tokens(0), 136) << what;
+      const auto after = rows(0);
+      const size_t per_token = 4 * 16;
+      ASSERT_EQ(after.size(), before.size() - 64 * per_token) << what;
+      EXPECT_TRUE(std::equal(after.begin(), after.begin() + 32 * per_token, before.begin())) << what;
+      EXPECT_TRUE(std::equal(after.begin() + 32 * per_token, after.end(), before.begin() + 96 * per_token)) << what;
+      // More tokens after the drop, including ring wrap-arounds; then residual rows are
+      // the appended floats, exactly.
+      ks.erase(ks.begin() + 32, ks.begin() + 96);
+      vs.erase(vs.begin() + 32, vs.begin() + 96);
+      append(100);
+      const auto view = cache.view(0);
+      std::vector<float> x(16);
+      for (int t = std::min(view.k.n_stored, view.v.n_stored); t < view.n_tokens; ++t) {
+        for (int h = 0; h < 2; ++h) {
+          if (t >= view.k.n_stored) {
+            attn::dequantize_key(view.k, t, h, x.data());
+            EXPECT_TRUE(std::equal(x.begin(), x.end(), ks[t].begin() + 16 * h)) << what << " key " << t;
+          }
+          if (t >= view.v.n_stored) {
+            attn::dequantize_value(view.v, t, h, x.data());
+            EXPECT_TRUE(std::equal(x.begin(), x.end(), vs[t].begin() + 16 * h)) << what << " value " << t;
+          }
+        }
+      }
+      if (f == Format::kF32) {  // every stored row is the appended one, in the recycled blocks too
+        for (int t = 0; t < view.n_tokens; ++t) {
+          attn::dequantize_key(view.k, t, 1, x.data());
+          EXPECT_TRUE(std::equal(x.begin(), x.end(), ks[t].begin() + 16)) << what << " key " << t;
+        }
+      }
+      EXPECT_EQ(cache.n_tokens(0), 236) << what;
+      EXPECT_NE(error_of([&] { cache.drop(0, 16, 32); }).find("whole blocks of 32 tokens"), std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kivi

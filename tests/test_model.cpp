@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "attn/attention.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/threadpool.h"
 #include "kv/format.h"
 #include "model/convert.h"
@@ -183,6 +185,138 @@ TEST(Model, CrossLayerSharing) {
     for (int i = 0; i < N; ++i) std::memcpy(&ls[static_cast<size_t>(i) * V], stream.decode(tokens[i]), V * 4);
     batch.prefill(tokens, lb.data());
     EXPECT_EQ(std::memcmp(ls.data(), lb.data(), ls.size() * 4), 0) << f;
+  }
+}
+
+// Generation past the context: with the window policy, greedy tokens through a
+// 256-token window (ctx 384) for every format and both key placements (5,000 for kivi2
+// with keys before RoPE, 1,500 for the others); the cache's bytes stop growing once it
+// is full.
+TEST(Model, WindowPolicyGeneratesPastTheContext) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  for (const char* f : {"f32", "f16", "int8", "kivi2", "kivi4"}) {
+    for (auto where : {kv::KeyRope::kPost, kv::KeyRope::kPre}) {
+      SessionOptions o = options(f, f, 32, 64, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead, 1);
+      o.ctx = 384;
+      o.overflow = runtime::ContextOverflow::kWindow;
+      o.forward.window = 256;
+      o.cache.key_rope = where;
+      Session s(m, o);
+      const float* logits = s.prefill(m.tokenizer().encode("Once upon a time", true));
+      const int steps = std::string(f) == "kivi2" && where == kv::KeyRope::kPre ? 5000 : 1500;
+      uint64_t most = 0;  // the most bytes used over the first 1,000 steps (the cache fills at ~380)
+      for (int i = 0; i < steps; ++i) {
+        logits = s.decode(runtime::argmax(logits, s.vocab()));
+        if (i < 1000) most = std::max(most, s.cache().bytes_used());
+        if (i >= 1000) ASSERT_LE(s.cache().bytes_used(), most) << f << " step " << i;
+        ASSERT_LE(s.pos(), 384);
+      }
+      EXPECT_LE(most, s.cache().bytes_reserved());
+      EXPECT_GT(s.dropped(), steps - 400) << f;
+      EXPECT_EQ(s.window(), 256);
+    }
+  }
+}
+
+// After a shift, positions are consistent: the next token's logits equal those of a
+// fresh f32 session whose cache holds the kept tokens' keys and values (dequantized from
+// the shifted cache) at their new positions, 0 .. kept - 1. (The kept tokens' keys and
+// values in deeper layers depend on the dropped ones, so re-feeding the kept tokens
+// would compute other vectors.) Keys after RoPE are re-rotated by the shift: f32 keys
+// after RoPE then give the logits of f32 keys before RoPE.
+TEST(Model, ShiftKeepsPositionsConsistent) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  std::string text = "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly his "
+                     "kite in the big green park near his house. One windy day, Tim ran fast and the kite went up.";
+  text += " " + text + " " + text;
+  const auto tokens = m.tokenizer().encode(text, true);
+  ASSERT_GT(tokens.size(), 210u);
+  const int V = m.config().vocab_size, L = m.config().n_layers, H = m.config().n_kv_heads;
+  const int D = m.config().head_dim();
+  auto shifted = [&](const char* f, kv::KeyRope where) {
+    SessionOptions o = options(f, f, 32, 32);
+    o.ctx = 192;
+    o.overflow = runtime::ContextOverflow::kShift;
+    o.cache.key_rope = where;
+    auto s = std::make_unique<Session>(m, o);
+    for (size_t i = 0; i < 200; ++i) s->decode(tokens[i]);
+    return s;
+  };
+  auto max_diff = [&](const float* a, const float* b) {
+    double w = 0.0;
+    for (int v = 0; v < V; ++v) w = std::max(w, std::fabs(static_cast<double>(a[v]) - b[v]));
+    return w;
+  };
+  for (const char* f : {"f32", "f16", "int8", "kivi4", "kivi2"}) {
+    auto s = shifted(f, kv::KeyRope::kPre);
+    ASSERT_EQ(s->dropped(), 64) << f;  // [64, 128): half of the 128 tokens after the sink block
+    // The fresh cache stores what it is given as is: f32 for KIVI (whose new token stays
+    // in full precision), the same format for f16 and int8 (storing their own
+    // dequantized rows again gives the same codes).
+    const std::string ff = std::string(f).rfind("kivi", 0) == 0 ? "f32" : f;
+    SessionOptions fo = options(ff, ff);
+    fo.ctx = 192;
+    fo.cache.key_rope = kv::KeyRope::kPre;
+    Session fresh(m, fo);
+    std::vector<float> k(static_cast<size_t>(H) * D), v(k.size());
+    for (int l = 0; l < L; ++l) {
+      const auto view = s->cache().view(l);
+      for (int t = 0; t < view.n_tokens; ++t) {
+        for (int h = 0; h < H; ++h) {
+          attn::dequantize_key(view.k, t, h, k.data() + static_cast<size_t>(h) * D);
+          attn::dequantize_value(view.v, t, h, v.data() + static_cast<size_t>(h) * D);
+        }
+        fresh.cache().append(l, k.data(), v.data());
+      }
+    }
+    ASSERT_EQ(fresh.pos(), s->pos()) << f;
+    // Attention over every layer of the shifted cache equals attention over the fresh
+    // one (the kernels read the recycled blocks and the renumbered residual ring).
+    std::vector<float> rope(static_cast<size_t>(192) * D);
+    model::fill_rope_table(rope.data(), 192, D, m.config().rope_theta);
+    ThreadPool pool(2);
+    attn::Workspace ws(2, m.config().n_heads, H, D, s->cache().config().block(), 192);
+    attn::Workspace wf(2, m.config().n_heads, H, D, fresh.cache().config().block(), 192);
+    Rng r(7);
+    std::vector<float> q(static_cast<size_t>(m.config().n_heads) * D), oa(q.size()), ob(q.size());
+    for (int l = 0; l < L; ++l) {
+      for (auto& x : q) x = r.normal();
+      attn::Params p;
+      p.n_heads = m.config().n_heads;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+      p.rope = rope.data();
+      attn::decode(s->cache().view(l), q.data(), oa.data(), p, &pool, ws);
+      attn::decode(fresh.cache().view(l), q.data(), ob.data(), p, &pool, wf);
+      for (size_t i = 0; i < oa.size(); ++i) ASSERT_NEAR(oa[i], ob[i], 1e-5 * (1.0 + std::fabs(ob[i]))) << f << " layer " << l;
+    }
+    // For the formats that round a new token as the fresh cache does, the next token too.
+    if (ff == f) {
+      const float* ls = s->decode(tokens[200]);
+      const std::vector<float> shifted_logits(ls, ls + V);
+      const double d = max_diff(shifted_logits.data(), fresh.decode(tokens[200]));
+      EXPECT_LT(d, 1e-4) << f;
+      std::printf("shift, %s keys before RoPE: next-token logits against the fresh cache differ by %.3g\n", f, d);
+    }
+  }
+  // f32 keys after RoPE, re-rotated by the shift, against f32 keys before RoPE.
+  auto post = shifted("f32", kv::KeyRope::kPost), pre = shifted("f32", kv::KeyRope::kPre);
+  const float* lp = post->decode(tokens[200]);
+  const std::vector<float> post_logits(lp, lp + V);
+  const double d = max_diff(post_logits.data(), pre->decode(tokens[200]));
+  EXPECT_LT(d, 1e-4);
+  EXPECT_GT(d, 0.0);  // different arithmetic: the keys were rotated twice
+  std::printf("shift, f32 keys after RoPE (re-rotated) against before RoPE: %.3g\n", d);
+  // Quantized keys after RoPE cannot move.
+  SessionOptions bad = options("kivi2", "kivi2");
+  bad.ctx = 192;
+  bad.overflow = runtime::ContextOverflow::kShift;
+  try {
+    Session refused(m, bad);
+    ADD_FAILURE() << "kivi2 keys after RoPE with shift were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--key-rope pre"), std::string::npos) << e.what();
   }
 }
 

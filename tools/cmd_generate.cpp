@@ -23,6 +23,7 @@ int cmd_generate(int argc, char** argv) {
   a.add("top-k", 0, "K", "Sample from the K most likely tokens (0 = off).", "40");
   a.add("top-p", 0, "P", "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95");
   a.add("seed", 's', "S", "Random seed; the same seed gives the same text.", "42");
+  a.add_flag("ignore-eos", 0, "Go on past end-of-text tokens (sampling another token instead), for long runs.");
   a.add_flag("no-kv-cache", 0, "Recompute every position at every step (the reference path; slow).");
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");
   add_model_options(a);
@@ -45,10 +46,12 @@ int cmd_generate(int argc, char** argv) {
   const auto& tk = m->tokenizer();
   runtime::SessionOptions opt = session_options(a, *m);
   const bool no_cache = a.flag("no-kv-cache");
+  const bool ignore_eos = a.flag("ignore-eos");
   const std::string prompt = a.str("prompt");
   std::vector<int> tokens = tk.encode(prompt, tk.add_bos());
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
-  if (static_cast<int>(tokens.size()) >= ctx) {
+  const bool bounded = opt.overflow != runtime::ContextOverflow::kStop;  // generation goes on past the context
+  if (!bounded && static_cast<int>(tokens.size()) >= ctx) {
     fail("the prompt is %zu tokens, longer than the context can hold with room to generate "
          "(--ctx %d)", tokens.size(), ctx);
   }
@@ -78,10 +81,18 @@ int cmd_generate(int argc, char** argv) {
   std::string stop = "length";
   t0 = now_seconds();
   for (int i = 0; i < n_gen; ++i) {
-    const int next = sampler.sample(logits);
+    int next = sampler.sample(logits);
     if (next == tk.eos_id() || next == tk.bos_id() || tk.is_end_of_generation(next)) {
-      stop = "eos";
-      break;
+      if (!ignore_eos) {
+        stop = "eos";
+        break;
+      }
+      // The most likely token that does not end the text.
+      next = -1;
+      for (int t = 0; t < cfg.vocab_size; ++t) {
+        if (t == tk.eos_id() || t == tk.bos_id() || tk.is_end_of_generation(t)) continue;
+        if (next < 0 || logits[t] > logits[next]) next = t;
+      }
     }
     const std::string piece = tk.decode(tokens.back(), next);
     tokens.push_back(next);
@@ -92,7 +103,7 @@ int cmd_generate(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (i + 1 == n_gen) break;
-    if (static_cast<int>(tokens.size()) > ctx) {  // the new token has no room in the cache
+    if (!bounded && static_cast<int>(tokens.size()) > ctx) {  // the new token has no room in the cache
       stop = "context";
       break;
     }

@@ -68,7 +68,15 @@ void add_kv_options(Args& a, bool allow_list) {
         "dequantize-then-attend) or fast (integer dot products with the query and the softmax "
         "weights rounded to int16; ~1e-3 relative error, faster on x86).",
         "exact");
-  a.add("window", 0, "N", "Sliding-window attention over the last N tokens (0 = full).", "0");
+  a.add("window", 0, "N",
+        "Sliding-window attention over the last N tokens (0 = full). With --context-overflow window: the "
+        "window kept in the cache (default: the context minus the sink blocks and one block).",
+        "0");
+  a.add("context-overflow", 0, "POLICY",
+        "When the cache is full: stop (an error), shift (drop the oldest half after the sinks and go on), "
+        "or window (keep the sinks and the most recent --window tokens; memory stays flat).",
+        "stop");
+  a.add("sinks", 0, "N", "Tokens at the start kept by the shift and window policies (attention sinks).", "4");
 }
 
 std::unique_ptr<model::Model> load_model(const Args& a) {
@@ -177,6 +185,8 @@ runtime::SessionOptions session_options(const Args& a, const model::Model& m, co
   o.cache = cache_config(a, format);
   o.forward.precision = attn::parse_precision(a.str("attn-precision"));
   o.forward.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+  o.overflow = runtime::parse_context_overflow(a.str("context-overflow"));
+  o.sinks = static_cast<int>(a.integer("sinks", 0, 512));
   if (!a.given("ctx")) o.ctx = default_context(m, o);
   return o;
 }

@@ -86,7 +86,7 @@ int chunk_tokens_for(int block, int n_kv_heads, int range) {
 Workspace::Workspace(int n_threads, int n_heads, int n_kv_heads, int head_dim, int block, int ctx) {
   const int rep = n_heads / n_kv_heads;
   const int chunks = (ctx + min_chunk_tokens(block) - 1) / min_chunk_tokens(block);
-  max_tasks_ = n_kv_heads * chunks;
+  max_tasks_ = n_kv_heads * (chunks + 1);  // + a sink task per head
   task_stride_ = static_cast<size_t>(rep) * (head_dim + 2);
   task_stride_ = (task_stride_ + 15) / 16 * 16;
   partial_.reset(task_stride_ * max_tasks_);
@@ -122,13 +122,22 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
     return;
   }
   const int start = p.window > 0 ? std::max(0, n - p.window) : 0;
+  // Sink tokens [0, sink_end) before the window: one more task per head, merged first.
+  const int sink_end = start > 0 ? std::min(p.sinks, start) : 0;
+  const int sink_tasks = sink_end > 0 ? 1 : 0;
   const int C = chunk_tokens_for(kv.k.block, Hkv, n - start);
   const int c_first = start / C, c_last = (n - 1) / C;
-  const int n_chunks = c_last - c_first + 1;
+  const int n_chunks = c_last - c_first + 1 + sink_tasks;  // per head
   const int n_tasks = Hkv * n_chunks;
+  assert(n_tasks <= ws.max_tasks());
   auto task = [&](int ti, int thread) {
-    const int h = ti / n_chunks, c = c_first + ti % n_chunks;
-    const int t0 = std::max(start, c * C), t1 = std::min(n, (c + 1) * C);
+    const int h = ti / n_chunks, j = ti % n_chunks;
+    int t0 = 0, t1 = sink_end;
+    if (j >= sink_tasks) {
+      const int c = c_first + j - sink_tasks;
+      t0 = std::max(start, c * C);
+      t1 = std::min(n, (c + 1) * C);
+    }
     float* part = ws.partial(ti);  // [rep][D + 2]: o, then m, d
     TaskArgs a;
     a.kv = &kv;
@@ -155,7 +164,7 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
     for (int t = 0; t < n_tasks; ++t) task(t, 0);
   }
   assert(ws.scratch_guards_intact());
-  // Merge chunk states in chunk order, per head.
+  // Merge the states in task order (sinks, then chunks), per head.
   for (int h = 0; h < Hkv; ++h) {
     for (int r = 0; r < rep; ++r) {
       float* o = out + (static_cast<size_t>(h) * rep + r) * D;

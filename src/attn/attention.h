@@ -41,6 +41,7 @@ struct Params {
   float scale = 1.0f;                   // softmax scale, usually 1/sqrt(head_dim)
   const float* alibi_slopes = nullptr;  // [n_heads] ALiBi slopes, or null
   int window = 0;                       // attend to the last `window` tokens only; 0 = all
+  int sinks = 0;                        // with a window: also the first `sinks` tokens (StreamingLLM)
   Precision precision = Precision::kExact;
   // Keys stored before RoPE: key t is rotated by position t as attention reads it, with
   // rope[t][i] = (cos, sin) of pair i ([positions][D/2][2], the model's table). Null

@@ -97,7 +97,10 @@ void decode_reference(const kv::LayerView& kv, const float* q, float* out, const
     const int h = hq / rep;
     const float* qh = q + static_cast<size_t>(hq) * D;
     double mx = -INFINITY;
-    for (int t = start; t < n; ++t) {
+    const int sink_end = start > 0 ? std::min(p.sinks, start) : 0;
+    auto attended = [&](int t) { return t >= start || t < sink_end; };
+    for (int t = 0; t < n; ++t) {
+      if (!attended(t)) continue;
       dequantize_key(kv.k, t, h, kr.data());
       double dot = 0.0;
       if (p.rope) {  // keys stored before RoPE: rotate key t by position t, in double
@@ -117,7 +120,8 @@ void decode_reference(const kv::LayerView& kv, const float* q, float* out, const
     }
     double den = 0.0;
     std::fill(o.begin(), o.end(), 0.0);
-    for (int t = start; t < n; ++t) {
+    for (int t = 0; t < n; ++t) {
+      if (!attended(t)) continue;
       const double w = std::exp(s[t] - mx);
       den += w;
       dequantize_value(kv.v, t, h, vr.data());

@@ -125,7 +125,7 @@ void ListRanges(const Task& k, const kv::StreamView& st, Prefetcher& pf) {
       }
       t = e;
     } else {
-      const int e = std::min(t_end, (t / st.ring_capacity + 1) * st.ring_capacity);
+      const int e = st.ring_run_end(t, t_end);
       const size_t row = static_cast<size_t>(k.D) * sizeof(float);
       pf.add(st.residual_row(t, k.h), static_cast<size_t>(e - t) * row, row);
       t = e;
@@ -287,7 +287,7 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
 // Before RoPE, the rows are copied into kbuf and rotated first (at most a tile).
 void ScoreResidual(const Task& k, const kv::StreamView& st, int r0, int r1, Prefetcher& pf) {
   while (r0 < r1) {
-    const int e = std::min(r1, (r0 / st.ring_capacity + 1) * st.ring_capacity);
+    const int e = st.ring_run_end(r0, r1);
     const float* rows = st.residual_row(r0, k.h);
     if (k.pre_rope) {
       std::memcpy(k.kbuf, rows, static_cast<size_t>(e - r0) * k.D * sizeof(float));
@@ -396,7 +396,7 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
 void AccumResidual(const Task& k, int r0, int r1, Prefetcher& pf) {
   const kv::StreamView& V = k.V;
   while (r0 < r1) {
-    const int e = std::min(r1, (r0 / V.ring_capacity + 1) * V.ring_capacity);
+    const int e = V.ring_run_end(r0, r1);
     AccumRows(k.scores(r0), k.ld, k.rep, k.D, V.residual_row(r0, k.h), static_cast<size_t>(k.D), e - r0, k.a.out,
               k.a.out_stride, pf);
     r0 = e;

@@ -74,8 +74,10 @@ void KvCache::init_stream(StreamStore& s, const StreamFormat& f, Stream which, i
 void KvCache::clear() {
   for (auto& L : layers_) {
     L.n = 0;
+    for (int b = 0; b < static_cast<int>(L.block_table.size()); ++b) L.block_table[b] = b;
     for (StreamStore* s : {&L.k, &L.v}) {
       s->n_stored = 0;
+      s->ring_shift = 0;
       s->tensor_scale = 0.0f;
       s->calibrated = false;
       s->clamped = 0;
@@ -174,7 +176,7 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
     const size_t pb = static_cast<size_t>(L.block_table[g0 / block_]);
     const int slot = g0 % block_;
     for (int h = 0; h < H; ++h) {
-      const float* src = s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + g0 % s.ring_cap) * D;
+      const float* src = s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, g0)) * D;
       const size_t hb = static_cast<size_t>(h) * n_blocks_ + pb;
       uint8_t* codes = s.codes.data() + hb * s.head_block_bytes + slot * s.token_stride;
       const size_t pi = hb * s.head_block_params + static_cast<size_t>(slot / G) * D;
@@ -213,7 +215,7 @@ void KvCache::flush_value(Layer& L, int pos) {
   StreamStore& s = L.v;
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
   for (int h = 0; h < H; ++h) {
-    store_value(L, pos, h, s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D);
+    store_value(L, pos, h, s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, pos)) * D);
   }
   s.n_stored = pos + 1;
 }
@@ -229,7 +231,7 @@ void KvCache::append(int layer, const float* k, const float* v) {
   if (is_kivi(L.k.fmt.format)) {
     StreamStore& s = L.k;
     for (int h = 0; h < H; ++h) {
-      std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D,
+      std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, pos)) * D,
                   k + static_cast<size_t>(h) * D, D * sizeof(float));
     }
     const int n_res = pos + 1 - s.n_stored;
@@ -265,7 +267,7 @@ void KvCache::append(int layer, const float* k, const float* v) {
     } else {
       if (pos - s.n_stored == R) flush_value(L, s.n_stored);  // ring full: oldest goes first
       for (int h = 0; h < H; ++h) {
-        std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + pos % s.ring_cap) * D,
+        std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, pos)) * D,
                     v + static_cast<size_t>(h) * D, D * sizeof(float));
       }
     }
@@ -298,6 +300,7 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
   v.tensor_scale = s.tensor_scale;
   v.ring = s.ring.data();
   v.ring_capacity = s.ring_cap;
+  v.ring_shift = s.ring_shift;
   return v;
 }
 
@@ -309,6 +312,74 @@ LayerView KvCache::view(int layer) const {
   v.n_tokens = L.n;
   v.summaries = summaries_ ? L.summaries.data() : nullptr;
   return v;
+}
+
+int KvCache::droppable(int layer) const {
+  const Layer& L = layers_.at(owner_.at(layer));
+  const int stored = std::min(is_kivi(L.k.fmt.format) ? L.k.n_stored : L.n, is_kivi(L.v.fmt.format) ? L.v.n_stored : L.n);
+  return stored / block_ * block_;
+}
+
+void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row) {
+  if (borrows(layer)) return;
+  Layer& L = layers_.at(layer);
+  StreamStore& s = L.k;
+  if (s.fmt.format != Format::kF32 && s.fmt.format != Format::kF16) {
+    fail("KV cache: %s keys cannot be rotated in place (they would be rounded twice); store keys before RoPE",
+         format_name(s.fmt.format));
+  }
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+  std::vector<float> x(D);
+  for (int t = first; t < last; ++t) {
+    const size_t pb = static_cast<size_t>(L.block_table[t / block_]);
+    for (int h = 0; h < H; ++h) {
+      uint8_t* row = s.codes.data() + (static_cast<size_t>(h) * n_blocks_ + pb) * s.head_block_bytes +
+                     static_cast<size_t>(t % block_) * s.token_stride;
+      if (s.fmt.format == Format::kF32) {
+        std::memcpy(x.data(), row, D * sizeof(float));
+      } else {
+        ops::f16_to_f32_n(reinterpret_cast<const f16_t*>(row), x.data(), D);
+      }
+      for (int i = 0; i < D / 2; ++i) {  // adjacent pairs, as the model rotates them
+        const float c = rope_row[2 * i], sn = rope_row[2 * i + 1], a = x[2 * i], b = x[2 * i + 1];
+        x[2 * i] = a * c - b * sn;
+        x[2 * i + 1] = a * sn + b * c;
+      }
+      if (s.fmt.format == Format::kF32) {
+        std::memcpy(row, x.data(), D * sizeof(float));
+      } else {
+        ops::f32_to_f16_n(x.data(), reinterpret_cast<f16_t*>(row), D);
+      }
+    }
+  }
+}
+
+void KvCache::drop(int layer, int first, int count) {
+  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
+  Layer& L = layers_.at(layer);
+  if (count == 0) return;
+  if (first < 0 || count < 0 || first % block_ != 0 || count % block_ != 0 || first + count > droppable(layer)) {
+    fail("KV cache: cannot drop tokens [%d, %d) of layer %d: whole blocks of %d tokens among the %d stored ones", first,
+         first + count, layer, block_, droppable(layer));
+  }
+  // The dropped blocks move to the end of the table, where the next tokens will go.
+  const int b0 = first / block_, nb = count / block_;
+  std::rotate(L.block_table.begin() + b0, L.block_table.begin() + b0 + nb, L.block_table.end());
+  if (summaries_) {
+    const size_t D = cfg_.head_dim, per_block = static_cast<size_t>(cfg_.n_kv_heads) * 2 * D;
+    for (int b = n_blocks_ - nb; b < n_blocks_; ++b) {
+      float* sm = L.summaries.data() + static_cast<size_t>(L.block_table[b]) * per_block;
+      for (size_t i = 0; i < per_block; i += 2 * D) {
+        std::fill(sm + i, sm + i + D, std::numeric_limits<float>::infinity());
+        std::fill(sm + i + D, sm + i + 2 * D, -std::numeric_limits<float>::infinity());
+      }
+    }
+  }
+  L.n -= count;
+  for (StreamStore* s : {&L.k, &L.v}) {
+    if (is_kivi(s->fmt.format)) s->n_stored -= count;
+    if (s->ring_cap > 0) s->ring_shift = (s->ring_shift + count) % s->ring_cap;
+  }
 }
 
 LayerView KvCache::view_prefix(int layer, int n) const {

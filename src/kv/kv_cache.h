@@ -31,6 +31,7 @@
 // keys (Quest, Tang et al. 2024), [n_blocks][H][2][D] f32.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -62,6 +63,7 @@ struct StreamView {
   // Residual segment: tokens [n_stored, n_tokens) in full precision.
   const float* ring = nullptr;  // [H][ring_capacity][D]
   int ring_capacity = 0;
+  int ring_shift = 0;  // token t is in slot (t + ring_shift) % ring_capacity
 
   // Each head's blocks are contiguous, so a head's history (with an identity block
   // table) is one sequential stream: what one attention task reads.
@@ -94,7 +96,13 @@ struct StreamView {
   }
   // Residual row of token t (>= n_stored), head h.
   const float* residual_row(int t, int h) const {
-    return ring + (static_cast<size_t>(h) * ring_capacity + t % ring_capacity) * head_dim;
+    return ring + (static_cast<size_t>(h) * ring_capacity + (t + ring_shift) % ring_capacity) * head_dim;
+  }
+  // The end of the run of residual tokens from t (< limit) that are contiguous in the
+  // ring (the ring wraps after slot ring_capacity - 1).
+  int ring_run_end(int t, int limit) const {
+    const int slot = (t + ring_shift) % ring_capacity;
+    return std::min(limit, t + ring_capacity - slot);
   }
 };
 
@@ -131,6 +139,20 @@ class KvCache {
   // Forgets every token (storage is kept).
   void clear();
 
+  // Drops tokens [first, first + count) of `layer`: whole stored blocks (first and count
+  // multiples of the block size, within droppable()). The later tokens move down by
+  // count (token t becomes t - count) without being copied: the block table skips the
+  // dropped blocks, which become the blocks of the next tokens, and the residual ring
+  // is renumbered. Positions of the tokens live outside the cache (keys before RoPE are
+  // rotated by attention; keys after RoPE keep their rotation).
+  void drop(int layer, int first, int count);
+  // Tokens at the start of `layer` in whole stored blocks (the most drop() can take).
+  int droppable(int layer) const;
+  // Rotates the stored keys of tokens [first, last) of `layer` by one RoPE row
+  // ([D/2][2] cos, sin; adjacent pairs) in place: moves keys stored after RoPE to other
+  // positions. f32 and f16 keys only (quantized keys would be rounded twice).
+  void rotate_keys(int layer, int first, int last, const float* rope_row);
+
   LayerView view(int layer) const;
   // The view as it was when the layer held its first n tokens: exact for formats that
   // store each token at once (f32, f16, int8), whose stored tokens never change. For
@@ -163,6 +185,7 @@ class KvCache {
     AlignedBuffer<uint8_t> codes, scales, zeros;
     AlignedBuffer<float> ring;
     int ring_cap = 0;
+    int ring_shift = 0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
     int n_stored = 0;  // tokens in blocks
     float tensor_scale = 0.0f;
     bool calibrated = false;
@@ -178,6 +201,7 @@ class KvCache {
   };
 
   void init_stream(StreamStore& s, const StreamFormat& f, Stream which, int n_blocks);
+  static int ring_slot(const StreamStore& s, int pos) { return (pos + s.ring_shift) % s.ring_cap; }
   StreamView stream_view(const Layer& L, const StreamStore& s, Stream which) const;
   void store_rows(Layer& L, StreamStore& s, int pos, const float* x);  // row formats, one token
   void flush_keys(Layer& L, int first, int count);                     // KIVI keys from ring

@@ -11,17 +11,19 @@
 
 namespace kivi::model {
 
-void fill_rope_table(float* table, int ctx, int hd, float theta) {
+void fill_rope_row(float* row, int64_t pos, int hd, float theta) {
   // Angles in double: at long positions a float angle pos * freq loses digits (llama2.c
   // computes it in float; the difference is below 1e-4 in the logits either way).
-  for (int pos = 0; pos < ctx; ++pos) {
-    for (int i = 0; i < hd; i += 2) {
-      const double freq = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(i) / hd);
-      const double val = pos * freq;
-      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2] = static_cast<float>(std::cos(val));
-      table[(static_cast<size_t>(pos) * hd / 2 + i / 2) * 2 + 1] = static_cast<float>(std::sin(val));
-    }
+  for (int i = 0; i < hd; i += 2) {
+    const double freq = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(i) / hd);
+    const double val = static_cast<double>(pos) * freq;
+    row[i] = static_cast<float>(std::cos(val));
+    row[i + 1] = static_cast<float>(std::sin(val));
   }
+}
+
+void fill_rope_table(float* table, int ctx, int hd, float theta) {
+  for (int pos = 0; pos < ctx; ++pos) fill_rope_row(table + static_cast<size_t>(pos) * hd, pos, hd, theta);
 }
 
 void apply_rope(float* x, int n_heads, int hd, const float* rope_row) {
@@ -48,6 +50,9 @@ ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads,
       hb(static_cast<size_t>(mb) * c.hidden_dim),
       hb2(static_cast<size_t>(mb) * c.hidden_dim),
       rope(static_cast<size_t>(ctx) * c.head_dim()),
+      rope_rows(ctx),
+      rope_batch(static_cast<size_t>(mb) * c.head_dim()),
+      rope_ptrs(mb),
       ws(n_threads, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx) {
   fill_rope_table(rope.data(), ctx, c.head_dim(), c.rope_theta);
   if (c.alibi) slopes = attn::alibi_slopes(c.n_heads);
@@ -91,6 +96,19 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   // attention rotates each by its position.
   const bool pre_rope = !c.alibi && cache.config().key_rope == kv::KeyRope::kPre;
   if (pre_rope) ap.rope = st.rope.data();
+  ap.sinks = opt.sinks;
+  // RoPE rows of the new tokens: cache positions, or with keys after RoPE their
+  // absolute positions (position_offset past dropped tokens), beyond the table when needed.
+  const float** rows = st.rope_ptrs.data();
+  for (int i = 0; i < n && !c.alibi; ++i) {
+    const int64_t p = pos0 + i + (pre_rope ? 0 : st.position_offset);
+    if (p < st.rope_rows) {
+      rows[i] = st.rope.data() + static_cast<size_t>(p) * hd;
+    } else {
+      fill_rope_row(st.rope_batch.data() + static_cast<size_t>(i) * hd, p, hd, c.rope_theta);
+      rows[i] = st.rope_batch.data() + static_cast<size_t>(i) * hd;
+    }
+  }
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -107,7 +125,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     }
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
-        const float* rr = st.rope.data() + static_cast<size_t>(pos0 + i) * hd;
+        const float* rr = rows[i];
         apply_rope(st.q.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, rr);
         if (!pre_rope && !borrows) apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
       }

@@ -34,6 +34,12 @@ struct ForwardState {
   AlignedBuffer<float> hb;      // [max_batch, hidden]
   AlignedBuffer<float> hb2;     // [max_batch, hidden]
   AlignedBuffer<float> rope;    // [ctx, head_dim / 2, 2] cos, sin
+  int rope_rows;                // positions in `rope`
+  AlignedBuffer<float> rope_batch;  // [max_batch, head_dim] rows of positions past the table
+  std::vector<const float*> rope_ptrs;  // [max_batch] the RoPE row of each token of a batch
+  // Keys stored after RoPE in a cache that has dropped tokens (a sliding window): the
+  // absolute position of the next token is its cache position plus this.
+  int64_t position_offset = 0;
   std::vector<float> slopes;    // [n_heads] ALiBi slopes (when enabled)
   attn::Workspace ws;
 };
@@ -41,6 +47,7 @@ struct ForwardState {
 struct ForwardOptions {
   attn::Precision precision = attn::Precision::kExact;
   int window = 0;  // sliding-window attention (0 = full)
+  int sinks = 0;   // with a window: also attend to the first `sinks` tokens
   double* attn_seconds = nullptr;  // when set, the time spent in attn::decode is added to it
 };
 
@@ -62,5 +69,6 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
 // by pos * theta^(-2i/head_dim), as llama2.c and GGUF's llama layout).
 void apply_rope(float* x, int n_heads, int head_dim, const float* rope_row);
 void fill_rope_table(float* table, int ctx, int head_dim, float theta);
+void fill_rope_row(float* row, int64_t pos, int head_dim, float theta);
 
 }  // namespace kivi::model

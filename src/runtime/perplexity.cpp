@@ -44,7 +44,10 @@ PerplexityResult evaluate_perplexity(Session& s, const std::vector<int>& tokens,
   if (n < 2) fail("the text has %lld token%s; perplexity needs at least 2", static_cast<long long>(n), n == 1 ? "" : "s");
   const int V = s.vocab();
   const int bos = s.model().tokenizer().bos_id();
-  const int chunk = s.ctx() - 1;
+  // With an overflow policy the whole text streams through one session whose cache
+  // drops old tokens as it goes; otherwise each chunk fills an empty cache.
+  const bool streams = s.options().overflow != ContextOverflow::kStop;
+  const int chunk = streams ? static_cast<int>(std::min<int64_t>(n, INT32_MAX - 1)) : s.ctx() - 1;
   if (chunk < 1) fail("--ctx %d leaves no room to score tokens (need at least 2)", s.ctx());
   PerplexityResult r;
   r.nll.reserve(static_cast<size_t>(n));

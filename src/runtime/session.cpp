@@ -2,10 +2,22 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 
 namespace kivi::runtime {
+
+ContextOverflow parse_context_overflow(const std::string& s) {
+  if (s == "stop") return ContextOverflow::kStop;
+  if (s == "shift") return ContextOverflow::kShift;
+  if (s == "window") return ContextOverflow::kWindow;
+  fail("--context-overflow: unknown value '%s' (valid: stop, shift, window)", s.c_str());
+}
+
+const char* context_overflow_name(ContextOverflow o) {
+  return o == ContextOverflow::kShift ? "shift" : o == ContextOverflow::kWindow ? "window" : "stop";
+}
 
 Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_(opt) {
   const auto& c = m.config();
@@ -33,20 +45,87 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
   };
   if (tensor_scaled(cc.k) || tensor_scaled(cc.v)) opt_.max_batch = std::max(opt_.max_batch, ctx_);
+  if (opt_.overflow != ContextOverflow::kStop) {
+    // Tokens are dropped a block at a time and the sinks kept in whole blocks: blocks of
+    // 64 tokens (rounded to whole key groups and value quads) waste less than 128.
+    if (cc.block_tokens == 0) {
+      const int g = std::max(1, cc.group_size), unit = g % 4 == 0 ? g : g % 2 == 0 ? 2 * g : 4 * g;
+      cc.block_tokens = (64 + unit - 1) / unit * unit;
+      opt_.cache.block_tokens = cc.block_tokens;
+      cc.validate();
+    }
+    const int B = cc.block();
+    if (opt_.sinks < 0 || opt_.sinks > 512) fail("--sinks %d: expected 0 to 512 tokens", opt_.sinks);
+    sink_keep_ = (opt_.sinks + B - 1) / B * B;
+    const bool post = cc.key_rope == kv::KeyRope::kPost && !c.alibi;
+    const bool rotatable = cc.k.format == kv::Format::kF32 || cc.k.format == kv::Format::kF16;
+    if (opt_.overflow == ContextOverflow::kShift && post && !rotatable) {
+      fail("--context-overflow shift moves tokens to new positions: %s keys stored after RoPE would have to be "
+           "re-rotated and rounded again; use --key-rope pre (positions then live only in attention) or the window "
+           "policy", kv::format_name(cc.k.format));
+    }
+    if (opt_.overflow == ContextOverflow::kWindow) {
+      // The cache holds the sink blocks, the window and one block dropped at a time.
+      const int W = opt_.forward.window > 0 ? opt_.forward.window : ctx_ - sink_keep_ - B;
+      if (W < 1 || sink_keep_ + W + B > ctx_) {
+        fail("--context-overflow window: %d sink tokens (%d in whole blocks of %d) + a window of %d + one block "
+             "need a context of %d tokens, more than --ctx %d", opt_.sinks, sink_keep_, B, W, sink_keep_ + W + B, ctx_);
+      }
+      opt_.forward.window = W;
+      opt_.forward.sinks = opt_.sinks;
+    } else if (ctx_ - sink_keep_ < 2 * B) {
+      fail("--context-overflow shift: --ctx %d leaves less than two blocks of %d tokens after the sinks", ctx_, B);
+    }
+  }
   cache_ = std::make_unique<kv::KvCache>(cc, opt.block_summaries);
   st_ = std::make_unique<model::ForwardState>(c, std::max(1, opt_.max_batch), ctx_, threads, cc.block());
   logits_.reset(static_cast<size_t>(c.vocab_size));
 }
 
+void Session::make_room() {
+  const int B = cache_->config().block(), first = sink_keep_, n = pos();
+  int count;
+  if (opt_.overflow == ContextOverflow::kWindow) {
+    // Every token before the next query's window that is not a sink.
+    count = (n + 1 - opt_.forward.window - first) / B * B;
+  } else {
+    count = (n - first) / 2 / B * B;  // the oldest half
+  }
+  int droppable = cache_->droppable(0);
+  for (int l = 1; l < m_.config().n_layers; ++l) droppable = std::min(droppable, cache_->droppable(l));
+  count = std::min(count, (droppable - first) / B * B);
+  if (count < B) {
+    fail("the context of %d tokens is full and no whole block of %d stored tokens can be dropped after the %d sink "
+         "tokens (the newest %d are in the residual window or the attention window): use a larger --ctx or a smaller "
+         "--residual", ctx_, B, first, n - droppable);
+  }
+  const auto& c = m_.config();
+  const bool post = cache_->config().key_rope == kv::KeyRope::kPost && !c.alibi;
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (cache_->borrows(l)) continue;
+    cache_->drop(l, first, count);
+    if (post && opt_.overflow == ContextOverflow::kShift) {
+      // The kept tokens move down by `count` positions: rotate their keys back by as much.
+      std::vector<float> back(c.head_dim());
+      model::fill_rope_row(back.data(), count, c.head_dim(), c.rope_theta);
+      for (int i = 1; i < c.head_dim(); i += 2) back[i] = -back[i];
+      cache_->rotate_keys(l, first, n - count, back.data());
+    }
+  }
+  if (post && opt_.overflow == ContextOverflow::kWindow) st_->position_offset += count;
+  dropped_ += count;
+}
+
 const float* Session::prefill(const std::vector<int>& tokens, float* all_logits) {
   const int n = static_cast<int>(tokens.size());
   if (n == 0) fail("prefill: no tokens");
-  if (pos() + n > ctx_) {
+  if (opt_.overflow == ContextOverflow::kStop && pos() + n > ctx_) {
     fail("prompt of %d tokens does not fit: %d already in the context of %d tokens", n, pos(), ctx_);
   }
   const int V = vocab();
-  for (int i = 0; i < n; i += st_->max_batch) {
-    const int b = std::min(st_->max_batch, n - i);
+  for (int i = 0, b = 0; i < n; i += b) {
+    if (pos() == ctx_) make_room();
+    b = std::min({st_->max_batch, n - i, ctx_ - pos()});
     if (all_logits) {
       model::forward(m_, *st_, *cache_, tokens.data() + i, b, all_logits + static_cast<size_t>(i) * V, true,
                      pool_, opt_.forward);
@@ -60,12 +139,19 @@ const float* Session::prefill(const std::vector<int>& tokens, float* all_logits)
 }
 
 const float* Session::decode(int token) {
-  if (pos() >= ctx_) fail("context full: %d tokens", ctx_);
+  if (pos() >= ctx_) {
+    if (opt_.overflow == ContextOverflow::kStop) fail("context full: %d tokens", ctx_);
+    make_room();
+  }
   model::forward(m_, *st_, *cache_, &token, 1, logits_.data(), false, pool_, opt_.forward);
   return logits_.data();
 }
 
-void Session::reset() { cache_->clear(); }
+void Session::reset() {
+  cache_->clear();
+  st_->position_offset = 0;
+  dropped_ = 0;
+}
 
 uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx, int max_batch) {
   kv::CacheConfig cc = cache;

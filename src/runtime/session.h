@@ -3,7 +3,9 @@
 // path allocates nothing.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/aligned.h"
@@ -14,12 +16,30 @@
 
 namespace kivi::runtime {
 
+// What happens when the cache is full:
+//   stop:   an error (the default): the context length is a hard limit;
+//   shift:  the oldest half of the tokens after the sink blocks are dropped and the
+//           rest renumbered (llama.cpp's context shift), then generation goes on;
+//   window: StreamingLLM (Xiao et al. 2023): the sink tokens and the most recent
+//           `window` tokens are kept and attended, older blocks are recycled, so memory
+//           stays at the context length however long generation runs.
+// Dropping takes whole storage blocks, without copying: the block table skips them.
+// Keys stored before RoPE are rotated by their cache positions in attention, so a
+// drop only renumbers them. Keys stored after RoPE keep their rotation: in a window
+// they stay at their absolute positions (and new tokens continue from there); a shift
+// re-rotates them, which only f32 and f16 keys allow.
+enum class ContextOverflow : uint8_t { kStop = 0, kShift = 1, kWindow = 2 };
+ContextOverflow parse_context_overflow(const std::string& s);
+const char* context_overflow_name(ContextOverflow o);
+
 struct SessionOptions {
   int ctx = 0;                 // tokens; 0 = the model's context
   int threads = 0;             // 0 = all hardware threads
   int max_batch = 64;          // prefill chunk
   kv::CacheConfig cache;       // formats, G, R, ...; shape fields are filled from the model
   bool block_summaries = false;
+  ContextOverflow overflow = ContextOverflow::kStop;
+  int sinks = 4;               // shift and window: tokens at the start that are always kept
   model::ForwardOptions forward;
   ThreadPool* pool = nullptr;  // shared worker threads (sessions run one at a time); null = own pool of `threads`
 };
@@ -49,6 +69,10 @@ class Session {
   const float* decode(int token);
   // Empties the cache.
   void reset();
+  // Tokens dropped from the cache so far (shift and window policies).
+  int64_t dropped() const { return dropped_; }
+  // The attention window of the window policy (tokens), else 0.
+  int window() const { return opt_.overflow == ContextOverflow::kWindow ? opt_.forward.window : 0; }
 
  private:
   const model::Model& m_;
@@ -59,6 +83,10 @@ class Session {
   std::unique_ptr<kv::KvCache> cache_;
   std::unique_ptr<model::ForwardState> st_;
   AlignedBuffer<float> logits_;  // [max_batch, vocab] when scoring chunks, else [vocab]
+  int sink_keep_ = 0;            // tokens kept at the start: the sinks rounded up to whole blocks
+  int64_t dropped_ = 0;
+  // Drops tokens after the sink blocks so that the next one fits (shift and window).
+  void make_room();
 };
 
 }  // namespace kivi::runtime
