@@ -143,6 +143,10 @@ int cmd_generate(int argc, char** argv) {
     j.kv("kv_cache_bytes", kv_used);
     j.kv("kv_cache_reserved_bytes", kv_reserved);
     j.kv("stop", stop);
+    j.kv("context_overflow", runtime::context_overflow_name(opt.overflow));
+    j.kv("dropped_tokens", sess ? sess->dropped() : int64_t{0});
+    j.kv("overflows", sess ? sess->overflows() : 0);
+    j.kv("overflow_ms_mean", sess && sess->overflows() > 0 ? 1e3 * sess->overflow_seconds() / sess->overflows() : 0.0);
     j.end_object();
     std::printf("%s\n", j.str().c_str());
   } else {

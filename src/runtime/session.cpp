@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace kivi::runtime {
 
@@ -83,6 +84,7 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
 }
 
 void Session::make_room() {
+  const double t0 = now_seconds();
   const int B = cache_->config().block(), first = sink_keep_, n = pos();
   int count;
   if (opt_.overflow == ContextOverflow::kWindow) {
@@ -114,6 +116,8 @@ void Session::make_room() {
   }
   if (post && opt_.overflow == ContextOverflow::kWindow) st_->position_offset += count;
   dropped_ += count;
+  ++overflows_;
+  overflow_seconds_ += now_seconds() - t0;
 }
 
 const float* Session::prefill(const std::vector<int>& tokens, float* all_logits) {
@@ -151,6 +155,8 @@ void Session::reset() {
   cache_->clear();
   st_->position_offset = 0;
   dropped_ = 0;
+  overflows_ = 0;
+  overflow_seconds_ = 0.0;
 }
 
 uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx, int max_batch) {

@@ -69,8 +69,11 @@ class Session {
   const float* decode(int token);
   // Empties the cache.
   void reset();
-  // Tokens dropped from the cache so far (shift and window policies).
+  // Tokens dropped from the cache so far (shift and window policies), the number of
+  // times room was made, and the seconds that took.
   int64_t dropped() const { return dropped_; }
+  int overflows() const { return overflows_; }
+  double overflow_seconds() const { return overflow_seconds_; }
   // The attention window of the window policy (tokens), else 0.
   int window() const { return opt_.overflow == ContextOverflow::kWindow ? opt_.forward.window : 0; }
 
@@ -85,6 +88,8 @@ class Session {
   AlignedBuffer<float> logits_;  // [max_batch, vocab] when scoring chunks, else [vocab]
   int sink_keep_ = 0;            // tokens kept at the start: the sinks rounded up to whole blocks
   int64_t dropped_ = 0;
+  int overflows_ = 0;
+  double overflow_seconds_ = 0.0;
   // Drops tokens after the sink blocks so that the next one fits (shift and window).
   void make_room();
 };
