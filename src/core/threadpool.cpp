@@ -106,10 +106,11 @@ void ThreadPool::dispatch(Trampoline fn, void* ctx, int n_tasks) {
   claim_.store(uint64_t{n_tasks_} << 32, std::memory_order_release);
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   run_tasks(0);
-  // Tasks that other threads claimed may still run: spin briefly, then block.
+  // Tasks that other threads claimed may still run: spin briefly (when the pool fits the
+  // hardware), then block.
   const uint32_t n = n_tasks_;
   auto all_done = [&] { return done_.load(std::memory_order_acquire) == n; };
-  if (spin_until(all_done)) return;
+  if (all_done() || (spin_ && spin_until(all_done))) return;
   caller_waiting_.store(1, std::memory_order_seq_cst);
   uint32_t d;
   while ((d = done_.load(std::memory_order_seq_cst)) != n) done_.wait(d, std::memory_order_acquire);
