@@ -1,12 +1,15 @@
 // The thread pool's contract: every task runs exactly once, a thread index is never in use
 // by two tasks at once, results that depend only on the task index are the same bits with
 // any thread count (also more threads than cores), a thread stuck in a task does not stop
-// the others from finishing the call, blocked workers wake up, and an idle pool shuts down.
+// the others from finishing the call, blocked workers wake up (at once for a call site
+// known to be long, and once a call from a site known to be quick has run long), and an
+// idle pool shuts down.
 // Also the --threads resolution (0 = all, capped above the hardware unless forced).
 //
 // ThreadSanitizer, by hand (the sanitize preset is ASan + UBSan), from the source root:
-//   clang++ -std=c++20 -O1 -g -fsanitize=thread -Isrc tests/test_threadpool.cpp \
-//     src/core/threadpool.cpp -lgtest -lgtest_main -pthread -o /tmp/tsan_pool && /tmp/tsan_pool
+//   clang++ -std=c++20 -O1 -g -fsanitize=thread -Isrc tests/test_threadpool.cpp
+//           src/core/threadpool.cpp -lgtest -lgtest_main -pthread -o /tmp/tsan_pool
+//   /tmp/tsan_pool
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -120,17 +123,20 @@ TEST(ThreadPool, ParallelForCoversTheRangeInMoreRangesThanThreads) {
 // A thread held up inside a task (as by a process that takes its core) must not hold up
 // the rest of the call: here task 0 waits for all the other tasks to finish, which only
 // happens if the other threads take them all. With tasks bound to threads (task i on
-// thread i % n) it would wait forever for its own thread's tasks.
+// thread i % n) it would wait forever for its own thread's tasks. The other tasks take
+// 100 us each, so the call is long enough to wake blocked workers for.
 TEST(ThreadPool, AThreadStuckInATaskDoesNotStopTheOthers) {
   for (int threads : {2, 3, 8}) {
     ThreadPool pool(threads);
-    for (int rep = 0; rep < 50; ++rep) {
+    for (int rep = 0; rep < 30; ++rep) {
       const int n = 4 * threads;
       std::atomic<int> finished{0};
       std::atomic<bool> timed_out{false};
       pool.run(n, [&](int task, int) {
         if (task == 0) {
           if (!eventually([&] { return finished.load() == n - 1; })) timed_out = true;
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
         }
         finished++;
       });
@@ -142,7 +148,9 @@ TEST(ThreadPool, AThreadStuckInATaskDoesNotStopTheOthers) {
 
 // After a pause longer than the spin, the workers are blocked on the futex. A call whose
 // tasks all wait for each other (a barrier across size() tasks) completes only if every
-// worker wakes up and joins.
+// worker wakes up and joins. The first call is from a new site, the later ones from a site
+// known to be long (each task works 200 us before the barrier), so the caller wakes a
+// worker before its first task and each woken worker wakes the next.
 TEST(ThreadPool, BlockedWorkersWakeUp) {
   for (int threads : {2, 3, 8}) {
     ThreadPool pool(threads);
@@ -153,11 +161,42 @@ TEST(ThreadPool, BlockedWorkersWakeUp) {
       std::vector<std::atomic<int>> by_thread(threads);
       pool.run(threads, [&](int, int thread) {
         by_thread[thread]++;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
         arrived++;
         if (!eventually([&] { return arrived.load() == threads; })) timed_out++;
       });
       ASSERT_EQ(timed_out.load(), 0) << threads << " threads, repetition " << rep;
       for (int t = 0; t < threads; ++t) EXPECT_EQ(by_thread[t].load(), 1) << "thread " << t;
+    }
+  }
+}
+
+// One call site (one lambda type) that runs either instantly or long: task 0 takes 1 ms
+// and every later task the caller runs waits for a task on another thread. The caller wakes
+// a blocked worker only for calls worth it; after instant calls from this site it must
+// still do so once the call has run long. Returns false on a 10 s time-out.
+bool call_site(ThreadPool& pool, bool slow) {
+  std::atomic<int> on_workers{0}, timed_out{0};
+  pool.run(3 * pool.size(), [&](int task, int thread) {
+    if (!slow) return;
+    if (thread != 0) {
+      on_workers++;
+    } else if (task == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else if (!eventually([&] { return on_workers.load() > 0; })) {
+      timed_out++;
+    }
+  });
+  return timed_out.load() == 0;
+}
+
+TEST(ThreadPool, ACallThatRunsLongWakesBlockedWorkers) {
+  for (int threads : {2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int rep = 0; rep < 3; ++rep) {
+      for (int i = 0; i < 10; ++i) ASSERT_TRUE(call_site(pool, false));  // the site is quick
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));        // workers block
+      ASSERT_TRUE(call_site(pool, true)) << threads << " threads, repetition " << rep;
     }
   }
 }

@@ -69,10 +69,10 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-// Claims and runs tasks of the current call until none is left, then adds them to done_.
-// The first claim wakes one more sleeping worker if tasks remain after it, so a call
-// wakes about as many workers as it has tasks for, one by one, and the caller starts
-// working without waiting for any of them.
+// A worker's share of a call: claims and runs tasks until none is left, then adds them
+// to done_. A worker that finds tasks left after its first claim wakes one more blocked
+// worker: the call is long (see run_caller_tasks), so helpers join one by one, each woken
+// by the previous one.
 uint32_t ThreadPool::run_tasks(int thread) {
   uint32_t ran = 0, n = 0;
   for (;;) {
@@ -80,10 +80,58 @@ uint32_t ThreadPool::run_tasks(int thread) {
     const uint32_t task = static_cast<uint32_t>(w);
     n = static_cast<uint32_t>(w >> 32);
     if (task >= n) break;
-    if (ran == 0 && task + 1 < n && sleepers_.load(std::memory_order_seq_cst) > 0)
+    if (ran == 0 && task + 1 < n && sleepers_.load(std::memory_order_seq_cst) > 0) {
       epoch_.notify_one();
+    }
     fn_(ctx_, static_cast<int>(task), thread);
     ++ran;
+  }
+  if (ran > 0) finish(ran, n);
+  return ran;
+}
+
+// The caller's share of a call. Workers that are spinning join by themselves; a blocked
+// one must be woken, which costs a futex call, and on a busy machine the woken thread
+// can take the core from the caller itself, whose call then waits for the scheduler.
+// That is worth it only for calls longer than kWakeAfterMicros. The caller wakes a worker
+// before its first task when the last call from the same site says the remaining tasks
+// will take that long (or the site is new), and otherwise as soon as the call has taken
+// that long with tasks still unclaimed. The attention of a small model (a few tasks of
+// a microsecond) thus runs on the caller and on spinning workers alone.
+uint32_t ThreadPool::run_caller_tasks() {
+  using Clock = std::chrono::steady_clock;
+  constexpr int64_t kWakeAfterNs = int64_t{kWakeAfterMicros} * 1000;
+  SiteTime& site = site_times_[(reinterpret_cast<uintptr_t>(fn_) >> 4) % kSites];
+  bool may_wake = true;
+  uint32_t ran = 0, n = 0;
+  Clock::time_point start;
+  for (;;) {
+    const uint64_t w = claim_.fetch_add(1, std::memory_order_acq_rel);
+    const uint32_t task = static_cast<uint32_t>(w);
+    n = static_cast<uint32_t>(w >> 32);
+    if (task >= n) break;
+    if (ran == 0) {
+      start = Clock::now();
+    } else if (ran == 1) {
+      site = {fn_,
+              std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()};
+    }
+    if (may_wake && task + 1 < n && sleepers_.load(std::memory_order_seq_cst) > 0) {
+      const int64_t left = n - task - 1;
+      const bool worth_it = ran == 0
+                                ? site.site != fn_ || site.task_ns * left >= kWakeAfterNs
+                                : Clock::now() - start >= std::chrono::nanoseconds(kWakeAfterNs);
+      if (worth_it) {
+        epoch_.notify_one();
+        may_wake = false;
+      }
+    }
+    fn_(ctx_, static_cast<int>(task), 0);
+    ++ran;
+  }
+  if (ran == 1) {
+    site = {fn_,
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()};
   }
   if (ran > 0) finish(ran, n);
   return ran;
@@ -105,7 +153,7 @@ void ThreadPool::dispatch(Trampoline fn, void* ctx, int n_tasks) {
   // visible to whoever claims a task); the epoch tells idle workers to look.
   claim_.store(uint64_t{n_tasks_} << 32, std::memory_order_release);
   epoch_.fetch_add(1, std::memory_order_seq_cst);
-  run_tasks(0);
+  run_caller_tasks();
   // Tasks that other threads claimed may still run: spin briefly (when the pool fits the
   // hardware), then block.
   const uint32_t n = n_tasks_;

@@ -10,7 +10,8 @@
 //
 // Waiting is bounded: idle workers, and a caller waiting for tasks that other threads are
 // still running, spin with pause for at most kSpinMicros, then block on a futex
-// (std::atomic::wait), so the pool never holds a core it has no work for. Dispatch is a
+// (std::atomic::wait), so the pool never holds a core it has no work for. Blocked workers
+// are woken only for calls long enough to repay the wake-up. Dispatch is a
 // function pointer plus a context pointer: no allocation on the per-token path.
 //
 // One thread at a time calls run() or parallel_for(); calls do not nest, and tasks do not
@@ -72,6 +73,9 @@ class ThreadPool {
   // decode step the caller works alone for a few microseconds; a worker that spins
   // through that gap starts the next call at once instead of after a futex wake-up.
   static constexpr int kSpinMicros = 50;
+  // A blocked worker is woken only for a call that is expected to take, or has taken,
+  // longer than this on the caller alone (see run_caller_tasks in threadpool.cpp).
+  static constexpr int kWakeAfterMicros = 20;
 
  private:
   using Trampoline = void (*)(void*, int, int);
@@ -79,6 +83,7 @@ class ThreadPool {
   void worker_loop(int index);
   uint32_t await_epoch(uint32_t seen);
   uint32_t run_tasks(int thread);
+  uint32_t run_caller_tasks();
   void finish(uint32_t n_done, uint32_t n_tasks);
 
   int n_threads_;
@@ -91,6 +96,16 @@ class ThreadPool {
   Trampoline fn_ = nullptr;
   void* ctx_ = nullptr;
   uint32_t n_tasks_ = 0;
+
+  // What the caller's first task took at each call site (a site is a trampoline: one per
+  // lambda type), which tells the caller whether a call is worth waking a blocked worker
+  // for. Read and written by the caller only.
+  struct SiteTime {
+    Trampoline site = nullptr;
+    int64_t task_ns = 0;
+  };
+  static constexpr int kSites = 32;
+  SiteTime site_times_[kSites];
 
   // Task claims: high 32 bits the call's task count, low 32 bits the next task index.
   // A claim is one fetch_add; an index at or past the count means no task is left. The
