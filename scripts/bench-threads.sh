@@ -7,7 +7,8 @@
 #
 #   scripts/bench-threads.sh [-r ROUNDS] [-o OUT.tsv] LABEL=PATH/TO/kivi [LABEL=PATH ...]
 #
-# Models: stories260K (200 greedy tokens; $KIVI_MODEL or ../shared/models) and, when
+# Models: stories260K (up to $KIVI_BENCH_N greedy tokens, default 200, fewer if it ends
+# its text; $KIVI_MODEL or ../shared/models) and, when
 # $KIVI_BENCH_1B names a GGUF (`kivi synth --preset llama-3.2-1b -o l1b.gguf`), the 1B shape
 # (16 greedy tokens, $KIVI_BENCH_1B_N to change).
 set -euo pipefail
@@ -36,7 +37,7 @@ done
 
 shared=../shared/models
 small=${KIVI_MODEL:-$shared/stories260K.bin}
-models=("stories260K|-m $small|200")
+models=("stories260K|-m $small|${KIVI_BENCH_N:-200}")
 if [ -n "${KIVI_BENCH_1B:-}" ]; then
   models+=("1B|-m $KIVI_BENCH_1B|${KIVI_BENCH_1B_N:-16}")
 fi
@@ -93,19 +94,28 @@ done
 
 echo "runs: $out"
 /usr/bin/python3 - "$out" <<'EOF'
+# Medians and ranges per case; "2T / 1T" is the median over rounds of 2 threads' speed over
+# 1 thread's in the same round (run back to back), which cancels slow minutes of the machine.
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-cases = {}
-for r in rows:
-    if r["decode_tps"]:
-        cases.setdefault((r["model"], r["build"], r["threads"], r["busy"]), []).append(float(r["decode_tps"]))
-print("| model | build | threads | idle: median (min-max) | busy core: median (min-max) | busy / idle |")
-print("|---|---|---|---|---|---|")
+tps = {(r["round"], r["model"], r["busy"], r["build"], r["threads"]): float(r["decode_tps"])
+       for r in rows if r["decode_tps"]}
 def fmt(v):
     return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
-for key in sorted({k[:3] for k in cases}, key=lambda k: (k[0] != "stories260K", k[1], k[2])):
-    idle, busy = cases.get(key + ("0",), []), cases.get(key + ("1",), [])
-    cell = lambda v: f"{fmt(statistics.median(v))} ({fmt(min(v))}-{fmt(max(v))}, n={len(v)})" if v else "-"
+def cell(v):
+    return f"{fmt(statistics.median(v))} ({fmt(min(v))}-{fmt(max(v))})" if v else "-"
+def values(m, b, t, busy):
+    return [v for k, v in tps.items() if k[1:] == (m, busy, b, t)]
+def paired(m, b, busy):
+    rounds = sorted({k[0] for k in tps})
+    r = [tps[(x, m, busy, b, "2")] / tps[(x, m, busy, b, "1")] for x in rounds
+         if (x, m, busy, b, "2") in tps and (x, m, busy, b, "1") in tps]
+    return f"{statistics.median(r):.2f}" if r else "-"
+print("| model | build | threads | as is: median (range) | one core busy: median (range) | busy / as is | 2T / 1T as is, busy |")
+print("|---|---|---|---|---|---|---|")
+for m, b, t in sorted({(k[1], k[3], k[4]) for k in tps}, key=lambda k: (k[0] != "stories260K", k)):
+    idle, busy = values(m, b, t, "0"), values(m, b, t, "1")
     ratio = f"{statistics.median(busy) / statistics.median(idle):.2f}" if idle and busy else "-"
-    print(f"| {key[0]} | {key[1]} | {key[2]} | {cell(idle)} | {cell(busy)} | {ratio} |")
+    pair = f"{paired(m, b, '0')}, {paired(m, b, '1')}" if t == "2" else ""
+    print(f"| {m} | {b} | {t} | {cell(idle)} | {cell(busy)} | {ratio} | {pair} |")
 EOF
