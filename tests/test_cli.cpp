@@ -1,9 +1,11 @@
 // The command line: output of the happy path, and a clear one-line error with a
 // non-zero exit (and no crash) for every kind of bad input.
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/threadpool.h"
 #include "io/llama2c.h"
 #include "test_util.h"
 
@@ -56,6 +58,37 @@ TEST(Cli, JsonOutputIsOneObject) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key;
   }
   EXPECT_EQ(r.err, "");
+}
+
+// --threads above the hardware thread count is capped with a warning; --threads-force keeps
+// it; 0 means every hardware thread. `bench --json` reports the count it used.
+TEST(Cli, ThreadsAboveTheHardwareAreCappedUnlessForced) {
+  KIVI_REQUIRE_MODEL();
+  const int hw = hardware_threads();
+  const std::string bench = "bench " + model_args() + " --kv-cache f32 -n 2 --json --threads ";
+  auto threads_in = [](const std::string& json) {
+    const size_t at = json.find("\"threads\":");
+    return at == std::string::npos ? -1 : std::atoi(json.c_str() + at + 10);
+  };
+  const auto capped = run(kivi_cmd(bench + std::to_string(hw + 1)));
+  ASSERT_EQ(capped.exit_code, 0) << capped.err;
+  EXPECT_EQ(threads_in(capped.out), hw);
+  EXPECT_NE(capped.err.find("kivi: warning: --threads " + std::to_string(hw + 1) + " is more than the " +
+                            std::to_string(hw) + " hardware thread"),
+            std::string::npos)
+      << capped.err;
+  const auto forced = run(kivi_cmd(bench + std::to_string(hw + 1) + " --threads-force"));
+  ASSERT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_EQ(threads_in(forced.out), hw + 1);
+  EXPECT_EQ(forced.err.find("warning"), std::string::npos) << forced.err;
+  for (const std::string& t : {std::string("0"), std::to_string(hw)}) {
+    const auto r = run(kivi_cmd(bench + t));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(threads_in(r.out), hw) << "--threads " << t;
+    EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+  }
+  expect_error(run(kivi_cmd(bench + "1025")), "--threads");
+  expect_error(run(kivi_cmd(bench + "-1")), "--threads");
 }
 
 TEST(Cli, SameSeedSameText) {

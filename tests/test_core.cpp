@@ -1,6 +1,5 @@
 #include <immintrin.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,7 +10,6 @@
 #include "core/f16.h"
 #include "core/json.h"
 #include "core/rng.h"
-#include "core/threadpool.h"
 #include "test_util.h"
 
 namespace kivi {
@@ -99,44 +97,6 @@ TEST(F16, DirectedRoundingBracketsTheValue) {
   EXPECT_EQ(round_f16_down(1.0001f), 1.0f);
   EXPECT_LT(round_f16_down(-1.0001f), -1.0f);
   EXPECT_EQ(round_f16_up(1e30f), std::numeric_limits<float>::infinity());
-}
-
-TEST(ThreadPool, EveryTaskRunsOnceOnItsThread) {
-  for (int threads : {1, 2, 3, 5}) {
-    ThreadPool pool(threads);
-    for (int n : {0, 1, 2, 7, 100, 1000}) {
-      std::vector<std::atomic<int>> hits(n);
-      std::vector<int> owner(n, -1);
-      pool.run(n, [&](int task, int thread) {
-        hits[task]++;
-        owner[task] = thread;
-      });
-      for (int i = 0; i < n; ++i) {
-        ASSERT_EQ(hits[i].load(), 1);
-        if (n > 1) {
-          ASSERT_EQ(owner[i], i % threads);
-        }
-      }
-    }
-  }
-}
-
-TEST(ThreadPool, ParallelForCoversTheRange) {
-  ThreadPool pool(3);
-  for (int64_t n : {1, 2, 3, 10, 12345}) {
-    std::vector<int> seen(n, 0);
-    pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) seen[i]++;
-    });
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1);
-  }
-}
-
-TEST(ThreadPool, ManyDispatchesDoNotLoseWork) {
-  ThreadPool pool(2);
-  std::atomic<int64_t> sum{0};
-  for (int r = 0; r < 20000; ++r) pool.run(4, [&](int t, int) { sum += t; });
-  EXPECT_EQ(sum.load(), 20000 * 6);
 }
 
 TEST(Json, QuotesAndValidatesUtf8) {

@@ -50,7 +50,7 @@ int cmd_bench_attn(int argc, char** argv) {
   a.add("head-dim", 0, "D", "Head dimension.", "128");
   a.add("batch", 0, "B", "Sequences per call (each with its own cache).", "1");
   a.add("reps", 0, "N", "Timed repetitions per case (median reported).", "20");
-  a.add("threads", 0, "N", "Worker threads (0 = all cores).", "0");
+  add_threads_options(a);
   a.add("simd", 0, "TARGET", "Force a SIMD target (avx3, avx2, sse4, scalar).");
   a.add_flag("no-probe", 0, "Skip the bandwidth probe.");
   a.add_flag("json", 0,

@@ -26,7 +26,7 @@ void add_model_options(Args& a) {
         "llama2.c tokenizer file. Default for .bin models: tok<vocab>.bin or tokenizer.bin beside the "
         "model; GGUF models use their embedded tokenizer.");
   a.add("ctx", 'c', "N", "Context length in tokens; the KV cache is allocated for N. Default: the model's.");
-  a.add("threads", 0, "N", "Worker threads (0 = all cores).", "0");
+  add_threads_options(a);
   a.add_flag("alibi", 0, "Use ALiBi attention biases instead of RoPE (changes the model; for testing the kernels).");
   a.add("simd", 0, "TARGET", "Force a SIMD target (e.g. avx3, avx2, sse4, scalar). Default: the best this CPU supports.");
 }
@@ -99,9 +99,26 @@ bool parse_command_line(Args& a, int argc, char** argv) {
   return true;
 }
 
+void add_threads_options(Args& a) {
+  a.add("threads", 0, "N",
+        "Worker threads, counting the main one (0 = every hardware thread this process may use). "
+        "More than the hardware has is capped to it, with a warning, unless --threads-force.",
+        "0");
+  a.add_flag("threads-force", 0,
+             "Use --threads N even above the hardware thread count (threads then share cores and "
+             "idle ones block instead of spinning).");
+}
+
 int threads_option(const Args& a) {
-  const int t = static_cast<int>(a.integer("threads", 0, 1024));
-  return t > 0 ? t : hardware_threads();
+  const int requested = static_cast<int>(a.integer("threads", 0, 1024));
+  const ThreadCount tc = resolve_thread_count(requested, a.flag("threads-force"));
+  if (tc.capped) {
+    std::fprintf(stderr,
+                 "kivi: warning: --threads %d is more than the %d hardware thread%s this process may use; "
+                 "using %d (--threads-force keeps %d)\n",
+                 requested, tc.threads, tc.threads == 1 ? "" : "s", tc.threads, requested);
+  }
+  return tc.threads;
 }
 
 std::string read_text_file(const std::string& path) {

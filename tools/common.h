@@ -12,8 +12,10 @@
 
 namespace kivi::tools {
 
-// -m/--model, -t/--tokenizer, --ctx, --threads, --alibi, --simd
+// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd
 void add_model_options(Args& a);
+// --threads N and --threads-force (part of add_model_options).
+void add_threads_options(Args& a);
 // --kv-cache, --kv-cache-k, --kv-cache-v, --int8-granularity, --group-size, --residual,
 // --key-flush, --scale-dtype, --attn-precision, --window
 void add_kv_options(Args& a, bool allow_list = false);
@@ -35,6 +37,8 @@ std::string read_text_file(const std::string& path);
 std::vector<std::pair<int, int>> parse_share_map(const std::string& text);
 runtime::SessionOptions session_options(const Args& a, const model::Model& m,
                                         const std::string& format = "");
+// The thread count from --threads and --threads-force: 0 = hardware_threads(); above that,
+// capped with a warning on stderr unless forced.
 int threads_option(const Args& a);
 // The context a session gets without --ctx. A real model: its own, or an error saying how
 // much --ctx fits if a session over it would not fit in the available memory beside the

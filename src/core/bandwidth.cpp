@@ -52,8 +52,9 @@ struct BandwidthProbe::Impl {
 BandwidthProbe::BandwidthProbe(ThreadPool& pool, size_t bytes)
     : impl_(new Impl{pool, AlignedBuffer<uint32_t>(bytes / sizeof(uint32_t), false), std::vector<uint64_t>(pool.size())}) {
   const int64_t n = static_cast<int64_t>(impl_->buf.size());
-  // Touch every page from the thread that will read it, so first-touch placement and
-  // page faults stay out of the timed passes.
+  // Touch every page in parallel before the timed passes, so page faults stay out of
+  // them. (The pool hands ranges to whichever thread is free, so the thread that reads a
+  // page in a pass need not be the one that touched it.)
   pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) impl_->buf[i] = static_cast<uint32_t>(i);
   });
