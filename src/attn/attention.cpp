@@ -71,6 +71,8 @@ int round_to_blocks(int tokens, int block) { return std::max(1, (tokens + block 
 // tokens while there are fewer than kMinTasks tasks. The choice does not depend on the
 // thread count, so results are the same bits with any number of threads.
 constexpr int kMinTasks = 32;
+// Multiply-adds (scores and values) below which a call runs on one thread.
+constexpr int64_t kParallelMacs = int64_t{1} << 17;
 int chunk_tokens(int block) { return round_to_blocks(2048, block); }
 int min_chunk_tokens(int block) { return round_to_blocks(512, block); }
 
@@ -158,7 +160,10 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
     a.rope_style = p.rope_style;
     attend_range(a);
   };
-  if (pool && pool->size() > 1 && n_tasks > 1) {
+  // Calls too small to gain from a second thread (a few microseconds: short contexts of
+  // small models) run on the caller alone; the result is the same either way.
+  const int64_t macs = 2ll * (n - start + sink_end) * p.n_heads * D;
+  if (pool && pool->size() > 1 && n_tasks > 1 && macs >= kParallelMacs) {
     pool->run(n_tasks, task);
   } else {
     for (int t = 0; t < n_tasks; ++t) task(t, 0);
