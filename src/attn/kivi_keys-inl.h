@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -78,7 +79,18 @@ void DequantKiviKeys(const uint8_t* group, int G, int i0, int len, int D, int bi
   assert(W <= 1024);
   WithTag(static_cast<size_t>(W), [&](auto df) {
     for (int i = 0; i < len; ++i) {
-      for (int j = 0; j < W; ++j) row[j] = group[kv::key_group_offset(i0 + i, j, W, G)];
+      if (W % 4 == 0) {
+        // Word c of the token holds row bytes 4c, 4c + 2, 4c + 1, 4c + 3: swap the middle two.
+        static_assert(kv::kKeyWordOrder[1] == 2 && kv::kKeyWordOrder[2] == 1, "word order");
+        for (int c = 0; c < W / 4; ++c) {
+          uint32_t w;
+          std::memcpy(&w, group + (static_cast<size_t>(c) * G + i0 + i) * 4, 4);
+          w = (w & 0xFF0000FFu) | ((w >> 8) & 0x0000FF00u) | ((w << 8) & 0x00FF0000u);
+          std::memcpy(row + 4 * c, &w, 4);
+        }
+      } else {
+        for (int j = 0; j < W; ++j) row[j] = group[kv::key_group_offset(i0 + i, j, W, G)];
+      }
       DequantKiviRow(df, row, D, bits, sp, zp, out + static_cast<size_t>(i) * D);
     }
   });
