@@ -107,7 +107,7 @@ HWY_INLINE int FourRowDots512(int n, int D, PF& pf, const Load& load, const QLoa
 #pragma GCC unroll 4
       for (int rr = 0; rr < 4; ++rr) {
 #pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16x32<kVnni>(acc[4 * rr + hh], x[rr], qv[hh]);
+        for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16<kVnni>(acc[4 * rr + hh], x[rr], qv[hh]);
       }
     }
     finish(acc, t);

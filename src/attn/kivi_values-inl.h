@@ -371,6 +371,21 @@ HWY_INLINE void PrepareValueWeightPairs(const float* P, int ld, int NG, int Gc, 
   }
 }
 
+// One step of the weight preparations below: the eight weights p8 spread by idxa and idxb
+// to two vectors of (token, group) lanes, times the scales (vs) into tmp, their running
+// maxima into mxa, mxb and the zero points' weighted sums (vz) into za, zb.
+HWY_INLINE void SpreadWeights(__m256 p8, __m256i idxa, __m256i idxb, const float* vs, const float* vz, float* tmp,
+                              __m256& mxa, __m256& mxb, __m256& za, __m256& zb) {
+  const __m256 ea = _mm256_permutevar8x32_ps(p8, idxa), eb = _mm256_permutevar8x32_ps(p8, idxb);
+  const __m256 wa = _mm256_mul_ps(ea, _mm256_loadu_ps(vs)), wb = _mm256_mul_ps(eb, _mm256_loadu_ps(vs + 8));
+  _mm256_store_ps(tmp, wa);
+  _mm256_store_ps(tmp + 8, wb);
+  mxa = _mm256_max_ps(mxa, wa);
+  mxb = _mm256_max_ps(mxb, wb);
+  za = _mm256_fmadd_ps(ea, _mm256_loadu_ps(vz), za);
+  zb = _mm256_fmadd_ps(eb, _mm256_loadu_ps(vz + 8), zb);
+}
+
 // PrepareValueWeightPairs for four channel groups (NG = 4) and whole quads (t4 = 0,
 // n % 8 == 0), without transposing the per-token parameters: a vector holds two tokens
 // x four groups, so the maximum and the zero-point sum per group are lane-wise, and the
@@ -396,22 +411,8 @@ HWY_INLINE void PrepareValueWeightPairsG4(const float* P, int ld, int Gc, int n,
     for (int i = 0; i < n; i += 8) {
       const __m256 p8 = _mm256_loadu_ps(Ph + i);
       const size_t o = static_cast<size_t>(i) * 4;
-      const __m256 e0 = _mm256_permutevar8x32_ps(p8, idx0), e1 = _mm256_permutevar8x32_ps(p8, idx1);
-      const __m256 w0 = _mm256_mul_ps(e0, _mm256_loadu_ps(vs + o)), w1 = _mm256_mul_ps(e1, _mm256_loadu_ps(vs + o + 8));
-      _mm256_store_ps(tmp + o, w0);
-      _mm256_store_ps(tmp + o + 8, w1);
-      mx0 = _mm256_max_ps(mx0, w0);
-      mx1 = _mm256_max_ps(mx1, w1);
-      z0 = _mm256_fmadd_ps(e0, _mm256_loadu_ps(vz + o), z0);
-      z1 = _mm256_fmadd_ps(e1, _mm256_loadu_ps(vz + o + 8), z1);
-      const __m256 e2 = _mm256_permutevar8x32_ps(p8, idx2), e3 = _mm256_permutevar8x32_ps(p8, idx3);
-      const __m256 w2 = _mm256_mul_ps(e2, _mm256_loadu_ps(vs + o + 16)), w3 = _mm256_mul_ps(e3, _mm256_loadu_ps(vs + o + 24));
-      _mm256_store_ps(tmp + o + 16, w2);
-      _mm256_store_ps(tmp + o + 24, w3);
-      mx0 = _mm256_max_ps(mx0, w2);
-      mx1 = _mm256_max_ps(mx1, w3);
-      z2 = _mm256_fmadd_ps(e2, _mm256_loadu_ps(vz + o + 16), z2);
-      z3 = _mm256_fmadd_ps(e3, _mm256_loadu_ps(vz + o + 24), z3);
+      SpreadWeights(p8, idx0, idx1, vs + o, vz + o, tmp + o, mx0, mx1, z0, z1);
+      SpreadWeights(p8, idx2, idx3, vs + o + 16, vz + o + 16, tmp + o + 16, mx0, mx1, z2, z3);
     }
     const __m256 vmax = _mm256_max_ps(mx0, mx1);
     const __m256 zacc = _mm256_add_ps(_mm256_add_ps(z0, z1), _mm256_add_ps(z2, z3));
@@ -459,14 +460,7 @@ HWY_INLINE void PrepareValueWeightPairsG2(const float* P, int ld, int Gc, int n,
     for (int i = 0; i < n; i += 8) {
       const __m256 p8 = _mm256_loadu_ps(Ph + i);
       const size_t o = static_cast<size_t>(i) * 2;
-      const __m256 e0 = _mm256_permutevar8x32_ps(p8, idx0), e1 = _mm256_permutevar8x32_ps(p8, idx1);
-      const __m256 w0 = _mm256_mul_ps(e0, _mm256_loadu_ps(vs + o)), w1 = _mm256_mul_ps(e1, _mm256_loadu_ps(vs + o + 8));
-      _mm256_store_ps(tmp + o, w0);
-      _mm256_store_ps(tmp + o + 8, w1);
-      mx0 = _mm256_max_ps(mx0, w0);
-      mx1 = _mm256_max_ps(mx1, w1);
-      z0 = _mm256_fmadd_ps(e0, _mm256_loadu_ps(vz + o), z0);
-      z1 = _mm256_fmadd_ps(e1, _mm256_loadu_ps(vz + o + 8), z1);
+      SpreadWeights(p8, idx0, idx1, vs + o, vz + o, tmp + o, mx0, mx1, z0, z1);
     }
     // Lanes 2j + g -> group g.
     const __m256 vmax = _mm256_max_ps(mx0, mx1);

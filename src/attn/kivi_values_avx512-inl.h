@@ -163,8 +163,8 @@ HWY_NOINLINE void ValueColumn512K(const uint8_t* src, size_t qbytes, int nq, con
 #pragma GCC unroll 4
     for (int hh = 0; hh < NH; ++hh) {
       const __m512i wv = _mm512_set1_epi64(static_cast<long long>(w[hh * hs]));
-      lo[hh] = DotI16x32<kVnni>(lo[hh], cl, wv);
-      hi[hh] = DotI16x32<kVnni>(hi[hh], ch, wv);
+      lo[hh] = DotI16<kVnni>(lo[hh], cl, wv);
+      hi[hh] = DotI16<kVnni>(hi[hh], ch, wv);
     }
   }
   // Lane pairs (2c, 2c + 1) hold channel c's two token-pair sums; these pick them from

@@ -193,6 +193,21 @@ void RotateRows(float* x, int n, int D, const float* rope, RopeStyle style) {
   }
 }
 
+// The stored KIVI keys [t0, t0 + n) dequantized into kbuf, group by group.
+void StageKiviKeys(Task& k, int t0, int n) {
+  const kv::StreamView& K = k.K;
+  const int G = K.group, D = k.D, kbits = kv::format_bits(K.fmt.format);
+  for (int g0 = t0; g0 < t0 + n;) {
+    const int g1 = std::min(t0 + n, (g0 / G + 1) * G);
+    const size_t pi = K.group_params(g0, k.h);
+    LoadParams(K, pi, D, k.sp);
+    LoadParams(K, pi, D, k.zp, true);
+    DequantKiviKeys(K.group_codes(g0, k.h), G, g0 % G, g1 - g0, D, kbits, k.sp, k.zp,
+                    k.kbuf + static_cast<size_t>(g0 - t0) * D);
+    g0 = g1;
+  }
+}
+
 // Keys stored before RoPE: the stored keys [t0, t0 + n) (one tile, within one block)
 // dequantized into kbuf, rotated by their positions, and scored against every query
 // head of the KV head (one rotation serves all of them).
@@ -214,16 +229,7 @@ void ScoreStoredTilePreRope(Task& k, int t0, int n, Prefetcher& pf) {
       break;
     }
     default: {
-      const int G = K.group, kbits = kv::format_bits(K.fmt.format);
-      for (int g0 = t0; g0 < t0 + n;) {
-        const int g1 = std::min(t0 + n, (g0 / G + 1) * G);
-        const size_t pi = K.group_params(g0, h);
-        LoadParams(K, pi, D, k.sp);
-        LoadParams(K, pi, D, k.zp, true);
-        DequantKiviKeys(K.group_codes(g0, h), G, g0 % G, g1 - g0, D, kbits, k.sp, k.zp,
-                        k.kbuf + static_cast<size_t>(g0 - t0) * D);
-        g0 = g1;
-      }
+      StageKiviKeys(k, t0, n);
       break;
     }
   }
@@ -267,16 +273,7 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
       return;
     }
     default: {  // KIVI keys the group kernels do not take: staged group by group
-      const int G = K.group, kbits = kv::format_bits(K.fmt.format);
-      for (int g0 = t0; g0 < t0 + n;) {
-        const int g1 = std::min(t0 + n, (g0 / G + 1) * G);
-        const size_t pi = K.group_params(g0, h);
-        LoadParams(K, pi, D, k.sp);
-        LoadParams(K, pi, D, k.zp, true);
-        DequantKiviKeys(K.group_codes(g0, h), G, g0 % G, g1 - g0, D, kbits, k.sp, k.zp,
-                        k.kbuf + static_cast<size_t>(g0 - t0) * D);
-        g0 = g1;
-      }
+      StageKiviKeys(k, t0, n);
       DotRows(k.qn, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
       return;
     }

@@ -71,21 +71,26 @@ HWY_INLINE __m128 SumsOf4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
   return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
 
-// acc += pairwise int16 products (vpdpwssd with VNNI, else vpmaddwd + vpaddd).
-// vpdpwssd is issued by inline asm with the accumulator tied to its register ("+v"):
-// with GCC's builtin (or intrinsic) the register allocator copies every accumulator
-// before and after the instruction in the value loops (two vmovdqa per product). The
-// {evex} prefix keeps the AVX512-VNNI encoding (the VEX one, AVX-VNNI, faults on CPUs
-// without it, e.g. AMD Zen 4); the kVnni functions run only where HasVnni() holds.
-template <bool kVnni>
-HWY_INLINE __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
+// acc += pairwise int16 products (vpdpwssd with VNNI, else vpmaddwd + vpaddd), for
+// 256- and 512-bit vectors. vpdpwssd is issued by inline asm with the accumulator tied to
+// its register ("+v"): with GCC's builtin (or intrinsic) the register allocator copies
+// every accumulator before and after the instruction in the value loops (two vmovdqa per
+// product). The {evex} prefix keeps the AVX512-VNNI encoding (the VEX one, AVX-VNNI,
+// faults on CPUs without it, e.g. AMD Zen 4); the kVnni functions run only where
+// HasVnni() holds.
+HWY_INLINE __m256i MaddAdd(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+#ifdef KIVI_X86_512
+HWY_INLINE __m512i MaddAdd(__m512i acc, __m512i a, __m512i b) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)); }
+#endif
+template <bool kVnni, class V>
+HWY_INLINE V DotI16(V acc, V a, V b) {
 #ifdef KIVI_VNNI
   if constexpr (kVnni) {
     asm("%{evex%} vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "vm"(b));
     return acc;
   }
 #endif
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+  return MaddAdd(acc, a, b);
 }
 #endif  // KIVI_X86
 
@@ -152,17 +157,6 @@ HWY_INLINE void StoreScores4x4(__m512 sums, float* S, int ld, int t) {
   if constexpr (NH > 3) _mm_storeu_ps(S + 3 * l + t, _mm512_extractf32x4_ps(sums, 3));
 }
 
-// As DotI16, 32 products per vector.
-template <bool kVnni>
-HWY_INLINE __m512i DotI16x32(__m512i acc, __m512i a, __m512i b) {
-#ifdef KIVI_VNNI
-  if constexpr (kVnni) {
-    asm("%{evex%} vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "vm"(b));
-    return acc;
-  }
-#endif
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
-}
 #endif  // KIVI_X86_512
 
 }  // namespace kivi::attn::HWY_NAMESPACE
