@@ -167,7 +167,7 @@ int cmd_info(int argc, char** argv) {
         for (const auto& t : m->gguf()->tensors()) {
           std::string dims;
           for (auto d : t.dims) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
-          std::printf("  %-32s %-4s [%s]\n", t.name.c_str(), io::ggml_type_name(t.type), dims.c_str());
+          std::printf("  %-32s %-4s [%s]\n", t.name.c_str(), io::ggml_type_name(t.type).c_str(), dims.c_str());
         }
       } else {
         const auto& w = m->weights();

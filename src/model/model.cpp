@@ -160,7 +160,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
            got.c_str(), static_cast<long long>(cols), static_cast<long long>(rows));
     }
     if (t->type != static_cast<uint32_t>(io::GgmlType::kF32) && t->type != static_cast<uint32_t>(io::GgmlType::kF16)) {
-      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type));
+      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type).c_str());
     }
     if (t->type == static_cast<uint32_t>(io::GgmlType::kF32) && reinterpret_cast<uintptr_t>(t->data) % 4 != 0) {
       fail("%s: tensor '%s' data is not 4-byte aligned", path.c_str(), name.c_str());
@@ -183,7 +183,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
         out[i] = f16_to_f32(h);
       }
     } else {
-      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type));
+      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type).c_str());
     }
     return out;
   };
