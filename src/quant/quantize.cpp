@@ -1,10 +1,12 @@
 #include "quant/quantize.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
 #include "core/f16.h"
+#include "core/threadpool.h"
 #include "quant/blocks.h"
 #include "quant/dequant.h"
 
@@ -148,6 +150,26 @@ void quantize_row(Type t, const float* src, void* dst, int64_t n) {
     case Type::kQ8_K:
       return quantize_row_q8_k(src, dst, n);
   }
+}
+
+}  // namespace kivi::quant
+
+namespace kivi::quant {
+
+void quantize_parallel(Type t, const float* src, void* dst, int64_t n, ThreadPool* pool) {
+  const TypeInfo& ti = info(t);
+  const int64_t blocks = n / ti.block;
+  if (!pool || pool->size() == 1 || blocks < 64) {
+    quantize_row(t, src, dst, n);
+    return;
+  }
+  const int tasks =
+      static_cast<int>(std::min<int64_t>(blocks / 16, static_cast<int64_t>(pool->size()) * 8));
+  pool->run(tasks, [&](int task, int) {
+    const int64_t b0 = blocks * task / tasks, b1 = blocks * (task + 1) / tasks;
+    quantize_row(t, src + b0 * ti.block, static_cast<uint8_t*>(dst) + b0 * ti.block_bytes,
+                 (b1 - b0) * ti.block);
+  });
 }
 
 }  // namespace kivi::quant

@@ -20,11 +20,19 @@
 
 #include "quant/types.h"
 
+namespace kivi {
+class ThreadPool;
+}
+
 namespace kivi::quant {
 
 // Writes row_bytes(t, n) bytes of `t` holding src[n]; n is a multiple of the block
 // size. F32/F16/BF16 convert (round to nearest even).
 void quantize_row(Type t, const float* src, void* dst, int64_t n);
+
+// quantize_row over n values in block-aligned pieces on `pool` (nullptr: this thread);
+// the bytes do not depend on the split.
+void quantize_parallel(Type t, const float* src, void* dst, int64_t n, ThreadPool* pool);
 
 // The K-quant rows (quantize_k.cpp).
 void quantize_row_q2_k(const float* x, void* dst, int64_t n);

@@ -22,11 +22,16 @@ namespace kivi::quant {
 
 namespace {
 
-// nearest integer (ties to even) clamped to [lo, hi]; NaN gives lo.
+// v clamped to [lo, hi] (NaN gives lo) and rounded to the nearest integer, ties to
+// even: adding and subtracting 1.5 * 2^23 rounds any |v| < 2^22 exactly that way, in
+// two float additions.
+inline float nearest_f(float v, float lo, float hi) {
+  v = v > lo ? v : lo;
+  v = v < hi ? v : hi;
+  return (v + 12582912.0f) - 12582912.0f;
+}
 inline int nearest_clamp(float v, int lo, int hi) {
-  if (!(v > static_cast<float>(lo))) return lo;
-  if (v >= static_cast<float>(hi)) return hi;
-  return static_cast<int>(std::nearbyint(v));
+  return static_cast<int>(nearest_f(v, static_cast<float>(lo), static_cast<float>(hi)));
 }
 
 // x ~ a * q - b, q in [0, nmax], a >= 0, b >= 0 (the min is subtracted, so a block whose
@@ -37,11 +42,11 @@ struct Affine {
 
 // Squared error of x[n] against a * q - b with q chosen by rounding.
 inline float affine_error(const float* x, int n, int nmax, float a, float b) {
-  const float ia = a > 0 ? 1.0f / a : 0.0f;
+  const float ia = a > 0 ? 1.0f / a : 0.0f, fmax = static_cast<float>(nmax);
   float err = 0;
   for (int i = 0; i < n; ++i) {
-    const int q = a > 0 ? nearest_clamp((x[i] + b) * ia, 0, nmax) : 0;
-    const float e = x[i] - (a * static_cast<float>(q) - b);
+    const float q = nearest_f((x[i] + b) * ia, 0.0f, fmax);  // 0 when a = 0
+    const float e = x[i] - (a * q - b);
     err += e * e;
   }
   return err;
@@ -58,39 +63,40 @@ Affine fit_affine(const float* x, int n, int nmax, int steps, float step) {
   Affine best;
   best.b = -lo;
   if (!(hi > lo)) return best;  // constant block (or NaN): the min alone
-  float sum_x = 0;
-  for (int i = 0; i < n; ++i) sum_x += x[i];
+  float sum_x = 0, sum_x2 = 0;
+  for (int i = 0; i < n; ++i) {
+    sum_x += x[i];
+    sum_x2 += x[i] * x[i];
+  }
   float best_err = affine_error(x, n, nmax, (hi - lo) / static_cast<float>(nmax), -lo);
   best.a = (hi - lo) / static_cast<float>(nmax);
-  int q[32];
   for (int k = -steps; k <= steps; ++k) {
     const float iscale = (static_cast<float>(nmax) + step * static_cast<float>(k)) / (hi - lo);
     float sq = 0, sq2 = 0, sxq = 0;
+    const float fmax = static_cast<float>(nmax);
     for (int i = 0; i < n; ++i) {
-      q[i] = nearest_clamp(iscale * (x[i] - lo), 0, nmax);
-      sq += static_cast<float>(q[i]);
-      sq2 += static_cast<float>(q[i] * q[i]);
-      sxq += x[i] * static_cast<float>(q[i]);
+      const float q = nearest_f(iscale * (x[i] - lo), 0.0f, fmax);
+      sq += q;
+      sq2 += q * q;
+      sxq += x[i] * q;
     }
     // Least squares for x ~ a q + c, then c <= 0 (c = -b).
-    const float det = static_cast<float>(n) * sq2 - sq * sq;
+    const double N = n, Sq = sq, Sq2 = sq2, Sxq = sxq, Sx = sum_x;
+    const double det = N * Sq2 - Sq * Sq;
     if (!(det > 0)) continue;
-    float a = (static_cast<float>(n) * sxq - sq * sum_x) / det;
-    float c = (sq2 * sum_x - sq * sxq) / det;
+    double a = (N * Sxq - Sq * Sx) / det;
+    double c = (Sq2 * Sx - Sq * Sxq) / det;
     if (c > 0) {
       c = 0;
-      a = sxq / sq2;
+      a = Sxq / Sq2;
     }
     if (!(a > 0)) continue;
-    float err = 0;
-    for (int i = 0; i < n; ++i) {
-      const float e = x[i] - (a * static_cast<float>(q[i]) + c);
-      err += e * e;
-    }
+    // Squared error from the sums: sum (x - a q - c)^2.
+    const double err = sum_x2 - 2 * a * Sxq - 2 * c * Sx + a * a * Sq2 + 2 * a * c * Sq + N * c * c;
     if (err < best_err) {
-      best_err = err;
-      best.a = a;
-      best.b = -c;
+      best_err = static_cast<float>(err);
+      best.a = static_cast<float>(a);
+      best.b = static_cast<float>(-c);
     }
   }
   return best;
@@ -98,11 +104,12 @@ Affine fit_affine(const float* x, int n, int nmax, int steps, float step) {
 
 // Squared error of x[n] against s * q, q in [qmin, qmax] chosen by rounding.
 inline float symmetric_error(const float* x, int n, int qmin, int qmax, float s) {
-  const float is = s != 0 ? 1.0f / s : 0.0f;
+  const float is = s != 0 ? 1.0f / s : 0.0f, lo = static_cast<float>(qmin),
+              hi = static_cast<float>(qmax);
   float err = 0;
   for (int i = 0; i < n; ++i) {
-    const int q = s != 0 ? nearest_clamp(x[i] * is, qmin, qmax) : 0;
-    const float e = x[i] - s * static_cast<float>(q);
+    const float q = nearest_f(x[i] * is, lo, hi);  // 0 when s = 0
+    const float e = x[i] - s * q;
     err += e * e;
   }
   return err;
@@ -119,8 +126,9 @@ float fit_symmetric(const float* x, int n, int qmin, int qmax) {
     }
   }
   if (!(amax > 0)) return 0.0f;
+  float sum_x2 = 0;
+  for (int i = 0; i < n; ++i) sum_x2 += x[i] * x[i];
   float best_s = m / static_cast<float>(qmin), best_err = symmetric_error(x, n, qmin, qmax, best_s);
-  int q[32];
   for (int side = 0; side < 2; ++side) {
     const float levels = side == 0 ? static_cast<float>(-qmin) : static_cast<float>(qmax);
     for (int k = -6; k <= 6; ++k) {
@@ -130,17 +138,15 @@ float fit_symmetric(const float* x, int n, int qmin, int qmax) {
       const float is = 1.0f / s0;
       float sxq = 0, sq2 = 0;
       for (int i = 0; i < n; ++i) {
-        q[i] = nearest_clamp(x[i] * is, qmin, qmax);
-        sxq += x[i] * static_cast<float>(q[i]);
-        sq2 += static_cast<float>(q[i] * q[i]);
+        const float qi = nearest_f(x[i] * is, static_cast<float>(qmin), static_cast<float>(qmax));
+        sxq += x[i] * qi;
+        sq2 += qi * qi;
       }
       if (!(sq2 > 0)) continue;
       const float s = sxq / sq2;
-      float err = 0;
-      for (int i = 0; i < n; ++i) {
-        const float e = x[i] - s * static_cast<float>(q[i]);
-        err += e * e;
-      }
+      // sum (x - s q)^2 = sum x^2 - s * sum x q at the least-squares s.
+      const float err =
+          static_cast<float>(static_cast<double>(sum_x2) - static_cast<double>(sxq) * sxq / sq2);
       if (err < best_err) {
         best_err = err;
         best_s = s;
@@ -159,16 +165,18 @@ inline float code_step(float top, int max_code, uint16_t* bits) {
 
 // Affine K-quants (Q2_K, Q4_K, Q5_K): S sub-blocks of L values, value codes 0..nmax,
 // scale and min codes 0..cmax. Fills the unpacked codes and the two f16 steps.
-// The search around the rounded codes (+-kCodeRadius each) and the candidate scales
-// (nmax + step * k, |k| <= steps: +-1 level for Q2_K, +-3 levels for Q4_K/Q5_K) were
-// chosen on the fixtures' source: wider candidate ranges lower Q5_K's error by 3% but
-// raise Q2_K's (whose 4-bit scale codes then lose more than the sub-blocks gain).
-constexpr int kCodeRadius = 2;
+// The search around the rounded codes (+-kCodeRadius each) and the 21 candidate scales
+// (nmax + step * k, |k| <= 10: +-1 level for Q2_K, +-3 levels for Q4_K/Q5_K) were
+// chosen on the fixtures' source for error and speed: +-1 level costs Q5_K 4% of RMS
+// error, +-2 codes gain under 1% at almost three times the work, and wider candidate
+// ranges raise Q2_K's error (its 4-bit scale codes then lose more than the sub-blocks
+// gain).
+constexpr int kCodeRadius = 1;
 template <int S, int L>
 void affine_superblock(const float* x, int nmax, int cmax, uint8_t* sc, uint8_t* mn, uint8_t* q,
                        uint16_t* d_bits, uint16_t* dmin_bits) {
-  const int steps = nmax <= 3 ? 10 : 15;
-  const float step = nmax <= 3 ? 0.1f : 0.2f;
+  const int steps = 10;
+  const float step = nmax <= 3 ? 0.1f : 0.3f;
   Affine fit[S];
   float top_a = 0, top_b = 0;
   for (int j = 0; j < S; ++j) {
