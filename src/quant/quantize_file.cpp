@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -23,11 +24,13 @@ int layer_count(const io::GgufFile& f) {
     if (auto n = f.get_uint_opt(*arch + ".block_count"); n && *n < (1u << 20))
       return static_cast<int>(*n);
   }
-  int n = 0;
+  long n = 0;
   for (const auto& t : f.tensors()) {
-    if (t.name.rfind("blk.", 0) == 0) n = std::max(n, std::atoi(t.name.c_str() + 4) + 1);
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    const long l = std::strtol(t.name.c_str() + 4, nullptr, 10);
+    if (l >= 0 && l < (1 << 20)) n = std::max(n, l + 1);
   }
-  return n;
+  return static_cast<int>(n);
 }
 
 struct Plan {
