@@ -173,11 +173,11 @@ TEST(QMatmul, ActivationQuantizationIsTheSameOnEveryTarget) {
           ASSERT_EQ(d, ref.d) << target.name;
         }
       } else {
-        // Definition: d = amax / 127, q = round_half_even(x / d) (as x * (1 / d)).
+        // Definition: q = round_half_even(x * (127 / amax)), as ggml rounds activations on x86.
         for (int64_t b = 0; b < cols / 32; ++b) {
           float amax = 0;
           for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
-          const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+          const float id = amax != 0 ? 127.0f / amax : 0.0f;
           for (int j = 0; j < 32; ++j) {
             const int8_t want = static_cast<int8_t>(std::nearbyint(x[32 * b + j] * id));
             ASSERT_EQ(static_cast<int8_t>(out.data()[l.q + 32 * b + j]), want) << target.name;

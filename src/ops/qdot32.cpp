@@ -94,7 +94,7 @@ void QuantizeActs32(const float* x, int64_t cols, uint8_t* out) {
     for (int k = 1; k < 4; ++k) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
     const float amax = HMax(m);
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     const __m256 idv = _mm256_set1_ps(id);
     const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
     __m256i i[4];
@@ -224,7 +224,7 @@ void QuantizeActs32(const float* x, int64_t cols, uint8_t* out) {
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
       const int v = RoundAct(xb[j] * id);
