@@ -216,9 +216,11 @@ HWY_INLINE void SuperBlock(const uint8_t* p, const ActK* a, int64_t b, __m256i* 
     std::memcpy(&dh, p + 108, 2);
     *d = _cvtsh_ss(dh);
     *dmin = 0.0f;
-    alignas(16) int8_t sc[16];
-    quant::unpack_q3_k_scales(p + 96, sc);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)));
+    alignas(16) uint8_t sc[16];
+    quant::unpack_q3_k_scales_biased(p + 96, sc);
+    const __m256i sc16 =
+        _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(sc))),
+                         _mm256_set1_epi16(32));
     for (int t = 0; t < T; ++t) summ[t] = _mm256_madd_epi16(Bsums(a[t], b), sc16);
     const __m256i hm = Load(p), b4 = _mm256_set1_epi8(4);
     for (int h = 0; h < 2; ++h) {

@@ -128,13 +128,25 @@ inline void pack_k4_scales(const uint8_t sc[8], const uint8_t mn[8], uint8_t* p)
 
 // Q3_K: 16 six-bit scales (stored with a bias of 32) in 12 bytes. Scale i has its low
 // 4 bits in the low nibble of byte i (i < 8) or the high nibble of byte i - 8 (i >= 8),
-// and its top 2 bits in bits 2*(i/4), 2*(i/4)+1 of byte 8 + i%4. Returns sc - 32.
+// and its top 2 bits in bits 2*(i/4), 2*(i/4)+1 of byte 8 + i%4. unpack_q3_k_scales
+// returns sc - 32, unpack_q3_k_scales_biased the stored sc.
+inline void unpack_q3_k_scales_biased(const uint8_t* p, uint8_t sc[16]) {
+  // Four scales per 32-bit word: low nibbles of bytes 0-7, then their high nibbles; the
+  // top 2 bits of word k's scales are bits 2k, 2k+1 of bytes 8-11.
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, p, 4);
+  std::memcpy(&a1, p + 4, 4);
+  std::memcpy(&a2, p + 8, 4);
+  const uint32_t lo4 = 0x0f0f0f0fu, hi2 = 0x03030303u;
+  const uint32_t w[4] = {(a0 & lo4) | ((a2 & hi2) << 4), (a1 & lo4) | (((a2 >> 2) & hi2) << 4),
+                         ((a0 >> 4) & lo4) | (((a2 >> 4) & hi2) << 4),
+                         ((a1 >> 4) & lo4) | (((a2 >> 6) & hi2) << 4)};
+  std::memcpy(sc, w, 16);
+}
 inline void unpack_q3_k_scales(const uint8_t* p, int8_t sc[16]) {
-  for (int i = 0; i < 16; ++i) {
-    const int lo = i < 8 ? (p[i] & 15) : (p[i - 8] >> 4);
-    const int hi = (p[8 + i % 4] >> (2 * (i / 4))) & 3;
-    sc[i] = static_cast<int8_t>((lo | (hi << 4)) - 32);
-  }
+  uint8_t b[16];
+  unpack_q3_k_scales_biased(p, b);
+  for (int i = 0; i < 16; ++i) sc[i] = static_cast<int8_t>(b[i] - 32);
 }
 
 // The inverse (sc + 32 in [0, 63]).
