@@ -155,6 +155,11 @@ TEST(QuantModel, SynthQ4KMStoresTheMix) {
   model::write_synthetic_gguf(synth_spec("q4_k_m"), t.file("m.gguf"));
   io::GgufFile f(t.file("m.gguf"));
   EXPECT_EQ(f.get_uint("general.file_type"), 15u);
+  // The memory and disk checks before writing count the quantized sizes.
+  uint64_t bytes = 0;
+  for (const auto& tn : f.tensors()) bytes += tn.n_bytes;
+  EXPECT_EQ(model::synth_needs(synth_spec("q4_k_m")).weight_bytes, bytes);
+  EXPECT_LT(model::synth_needs(synth_spec("q4_k_m")).weight_bytes * 3, model::synth_needs(synth_spec("f16")).weight_bytes);
   for (const auto& tn : f.tensors()) {
     Type want = Type::kQ4_K;
     if (tn.dims.size() == 1) want = Type::kF32;
