@@ -84,12 +84,13 @@ std::vector<TypeBytes> bytes_per_type(const model::Model& m) {
 
 int cmd_info(int argc, char** argv) {
   Args a("info", "[MODEL] [--preset NAME] [--kv-cache LIST] [--ctx N] [--tensors] [--json]",
-         "Describes a model: file format, architecture, tensors and tokenizer, and the KV cache\n"
-         "memory it needs at N tokens for each format (bytes per token and total, residual\n"
-         "window included). With --preset, describes a named shape without a model file.");
+         "Describes a model: file format, architecture, tensors (each one's type and bytes, and the\n"
+         "bytes per type) and tokenizer, and the KV cache memory it needs at N tokens for each\n"
+         "format (bytes per token and total, residual window included). With --preset, describes a\n"
+         "named shape without a model file.");
   a.add("preset", 0, "NAME", "A named shape instead of a model: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
   a.add_flag("tensors", 0, "List every tensor.");
-  a.add_flag("json", 0, "Print one JSON object.");
+  a.add_flag("json", 0, "Print one JSON object (with bytes_per_type: [{type, tensors, bytes}]).");
   add_model_options(a);
   add_kv_options(a, true);
   a.positionals("MODEL", 0, 1);
