@@ -72,19 +72,28 @@ HWY_INLINE void DotTile(const WT* HWY_RESTRICT w, size_t ldw, const float* HWY_R
   static_assert(R == 1 && T == 1, "scalable vectors use 1x1 tiles");
 #endif
   hn::Vec<DF> acc[R][T];
-  for (int r = 0; r < R; ++r)
+  HWY_UNROLL(8)
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(8)
     for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+  }
   size_t i = 0;
   for (; i + N <= n; i += N) {
     hn::Vec<DF> xv[T];
+    HWY_UNROLL(8)
     for (int t = 0; t < T; ++t) xv[t] = hn::LoadU(df, x + t * ldx + i);
+    HWY_UNROLL(8)
     for (int r = 0; r < R; ++r) {
       const auto wv = LoadW(df, w + r * ldw + i);
+      HWY_UNROLL(8)
       for (int t = 0; t < T; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
     }
   }
-  for (int r = 0; r < R; ++r)
+  HWY_UNROLL(8)
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(8)
     for (int t = 0; t < T; ++t) out[t * ldo + r] = Finish(df, acc[r][t], w + r * ldw, x + t * ldx, i, n);
+  }
 }
 
 #if HWY_HAVE_SCALABLE
@@ -104,10 +113,12 @@ void MatRows(const WT* HWY_RESTRICT w, size_t cols, const float* HWY_RESTRICT x,
     for (; t + kTokTile <= n; t += kTokTile) {
       DotTile<kRowTile, kTokTile>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
     }
-    for (; t < n; ++t) DotTile<kRowTile, 1>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+    for (; t < n; ++t)
+      DotTile<kRowTile, 1>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
   }
   for (; r < r1; ++r) {
-    for (int t = 0; t < n; ++t) DotTile<1, 1>(w + r * cols, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+    for (int t = 0; t < n; ++t)
+      DotTile<1, 1>(w + r * cols, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
   }
 }
 
@@ -136,7 +147,8 @@ void F16ToF32(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out, size_t n
   const size_t N = hn::Lanes(df);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(in) + i)), df, out + i);
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(in) + i)),
+               df, out + i);
   }
   for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
 }
@@ -172,8 +184,9 @@ void quantize_acts(ActKind k, const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-void quant_rows(quant::Type t, const uint8_t* w, size_t row_bytes, int64_t cols, const uint8_t* acts,
-                size_t act_stride, int n, float* y, size_t ldy, size_t r0, size_t r1) {
+void quant_rows(quant::Type t, const uint8_t* w, size_t row_bytes, int64_t cols,
+                const uint8_t* acts, size_t act_stride, int n, float* y, size_t ldy, size_t r0,
+                size_t r1) {
   if (quant::is_k_quant(t)) {
     rowsk(t, w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
   } else {
@@ -199,17 +212,24 @@ void matmul(const Matrix& w, const float* x, int n, float* y, ThreadPool* pool) 
   if (kind != detail::ActKind::kNone) {
     act_stride = detail::act_layout(kind, w.cols).bytes;
     uint8_t* buf = activation_buffer(act_stride * static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t) detail::quantize_acts(kind, x + static_cast<size_t>(t) * cols, w.cols, buf + t * act_stride);
+    for (int t = 0; t < n; ++t)
+      detail::quantize_acts(kind, x + static_cast<size_t>(t) * cols, w.cols, buf + t * act_stride);
     acts = buf;
   }
   auto run = [&](size_t r0, size_t r1) {
     switch (w.dtype) {
-      case DType::kF32: HWY_DYNAMIC_DISPATCH(MatRowsF32)(w.f32(), cols, x, n, y, rows, r0, r1); break;
-      case DType::kF16: HWY_DYNAMIC_DISPATCH(MatRowsF16)(w.f16(), cols, x, n, y, rows, r0, r1); break;
-      case DType::kBF16: HWY_DYNAMIC_DISPATCH(MatRowsBF16)(w.f16(), cols, x, n, y, rows, r0, r1); break;
+      case DType::kF32:
+        HWY_DYNAMIC_DISPATCH(MatRowsF32)(w.f32(), cols, x, n, y, rows, r0, r1);
+        break;
+      case DType::kF16:
+        HWY_DYNAMIC_DISPATCH(MatRowsF16)(w.f16(), cols, x, n, y, rows, r0, r1);
+        break;
+      case DType::kBF16:
+        HWY_DYNAMIC_DISPATCH(MatRowsBF16)(w.f16(), cols, x, n, y, rows, r0, r1);
+        break;
       default:
-        detail::quant_rows(w.dtype, static_cast<const uint8_t*>(w.data), w.row_bytes(), w.cols, acts, act_stride, n, y,
-                           rows, r0, r1);
+        detail::quant_rows(w.dtype, static_cast<const uint8_t*>(w.data), w.row_bytes(), w.cols,
+                           acts, act_stride, n, y, rows, r0, r1);
     }
   };
   const int64_t macs = static_cast<int64_t>(rows) * static_cast<int64_t>(cols) * n;
@@ -220,7 +240,8 @@ void matmul(const Matrix& w, const float* x, int n, float* y, ThreadPool* pool) 
   // Split rows in multiples of 4 (the float kernels' row tile) so tiles never straddle
   // tasks; each (row, token) result is computed the same way in any task.
   const size_t tiles = (rows + 3) / 4;
-  const int n_tasks = static_cast<int>(std::min<size_t>(tiles, static_cast<size_t>(pool->size()) * kTasksPerThread));
+  const int n_tasks = static_cast<int>(
+      std::min<size_t>(tiles, static_cast<size_t>(pool->size()) * kTasksPerThread));
   pool->run(n_tasks, [&](int task, int) {
     const size_t b = std::min(rows, tiles * task / n_tasks * 4);
     const size_t e = std::min(rows, tiles * (task + 1) / n_tasks * 4);
@@ -232,7 +253,9 @@ void matvec(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
   matmul(w, x, 1, y, pool);
 }
 
-float dot(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n); }
+float dot(const float* a, const float* b, size_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n);
+}
 
 void f16_to_f32_n(const f16_t* in, float* out, size_t n) {
   HWY_DYNAMIC_DISPATCH(F16ToF32)(in, out, n);
