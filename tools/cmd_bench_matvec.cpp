@@ -31,6 +31,7 @@ struct Case {
   int copies = 0;
   AlignedBuffer<uint8_t> data;
   std::vector<double> us;
+  std::vector<double> round_ratio;  // per round: GB/s (median of the round's calls) / probe GB/s
 };
 
 }  // namespace
@@ -151,12 +152,17 @@ int cmd_bench_matvec(int argc, char** argv) {
     if (probe) probe_gbps.push_back(probe->pass());
     for (size_t i = 0; i < cases.size(); ++i) {
       Case& c = cases[i];
+      std::vector<double> round_us;
       for (int k = 0; k < calls; ++k) {
         const double t0 = now_seconds();
         call(c, next[i]);
-        c.us.push_back((now_seconds() - t0) * 1e6);
+        round_us.push_back((now_seconds() - t0) * 1e6);
         next[i] = (next[i] + 1) % c.copies;
       }
+      c.us.insert(c.us.end(), round_us.begin(), round_us.end());
+      if (probe)
+        c.round_ratio.push_back(static_cast<double>(c.bytes) / (median(round_us) * 1e-6) / 1e9 /
+                                probe_gbps.back());
     }
     bar.update(++progress);
   }
@@ -176,7 +182,9 @@ int cmd_bench_matvec(int argc, char** argv) {
     r.median_us = median(c.us);
     r.min_us = *std::min_element(c.us.begin(), c.us.end());
     r.gbps = static_cast<double>(c.bytes) / (r.median_us * 1e-6) / 1e9;
-    r.vs_probe = pg > 0 ? r.gbps / pg : 0.0;
+    // Median over rounds of the round's ratio: a round's calls and its probe pass share
+    // the machine's state of that moment.
+    r.vs_probe = c.round_ratio.empty() ? 0.0 : median(c.round_ratio);
     r.gflops = 2.0 * static_cast<double>(rows) * static_cast<double>(cols) * batch /
                (r.median_us * 1e-6) / 1e9;
     out.push_back(r);
