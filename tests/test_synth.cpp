@@ -179,7 +179,7 @@ TEST(Synth, SameSeedSameBytesOtherSeedOtherBytes) {
   EXPECT_FALSE(a == c);
   // f32 storage holds the same draws before rounding to f16.
   auto f32 = tiny_spec(7);
-  f32.f16 = false;
+  f32.outtype = "f32";
   model::write_synthetic_gguf(f32, t.file("d.gguf"));
   const auto ma = model::Model::load(t.file("a.gguf")), md = model::Model::load(t.file("d.gguf"));
   const auto& x = ma->weights().layers[0].w_down;

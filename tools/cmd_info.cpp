@@ -44,16 +44,53 @@ std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int 
   return rows;
 }
 
+// Tensors and bytes per element type, in order of first appearance.
+struct TypeBytes {
+  std::string type;
+  int tensors = 0;
+  uint64_t bytes = 0;
+};
+
+std::vector<TypeBytes> bytes_per_type(const model::Model& m) {
+  std::vector<TypeBytes> out;
+  auto add = [&](const std::string& type, uint64_t bytes) {
+    for (auto& t : out) {
+      if (t.type == type) {
+        ++t.tensors;
+        t.bytes += bytes;
+        return;
+      }
+    }
+    out.push_back({type, 1, bytes});
+  };
+  if (m.gguf()) {
+    for (const auto& t : m.gguf()->tensors()) add(io::ggml_type_name(t.type), t.n_bytes);
+  } else {
+    const auto& w = m.weights();
+    auto mat = [&](const ops::Matrix& x) { add(ops::dtype_name(x.dtype), x.bytes()); };
+    mat(w.token_embd);
+    for (const auto& L : w.layers) {
+      for (const ops::Matrix* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_down, &L.w_up}) mat(*x);
+      add("F32", L.attn_norm.size() * 4);
+      add("F32", L.ffn_norm.size() * 4);
+    }
+    add("F32", w.output_norm.size() * 4);
+    if (!m.config().shared_classifier) mat(w.output);
+  }
+  return out;
+}
+
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
   Args a("info", "[MODEL] [--preset NAME] [--kv-cache LIST] [--ctx N] [--tensors] [--json]",
-         "Describes a model: file format, architecture, tensors and tokenizer, and the KV cache\n"
-         "memory it needs at N tokens for each format (bytes per token and total, residual\n"
-         "window included). With --preset, describes a named shape without a model file.");
+         "Describes a model: file format, architecture, tensors (each one's type and bytes, and the\n"
+         "bytes per type) and tokenizer, and the KV cache memory it needs at N tokens for each\n"
+         "format (bytes per token and total, residual window included). With --preset, describes a\n"
+         "named shape without a model file.");
   a.add("preset", 0, "NAME", "A named shape instead of a model: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
   a.add_flag("tensors", 0, "List every tensor.");
-  a.add_flag("json", 0, "Print one JSON object.");
+  a.add_flag("json", 0, "Print one JSON object (with bytes_per_type: [{type, tensors, bytes}]).");
   add_model_options(a);
   add_kv_options(a, true);
   a.positionals("MODEL", 0, 1);
@@ -98,6 +135,13 @@ int cmd_info(int argc, char** argv) {
     j.kv("params", c.n_params());
     if (m) j.kv("weight_bytes", static_cast<uint64_t>(m->weight_bytes()));
     if (m) {
+      j.key("bytes_per_type").begin_array();
+      for (const auto& t : bytes_per_type(*m)) {
+        j.begin_object().kv("type", t.type).kv("tensors", t.tensors).kv("bytes", t.bytes).end_object();
+      }
+      j.end_array();
+    }
+    if (m) {
       const auto& tk = m->tokenizer();
       j.key("tokenizer").begin_object();
       j.kv("model", std::string(tk.model_name())).kv("vocab_size", tk.vocab_size()).kv("bos_id", tk.bos_id()).kv("eos_id", tk.eos_id());
@@ -127,7 +171,7 @@ int cmd_info(int argc, char** argv) {
     if (m && a.flag("tensors") && m->gguf()) {
       j.key("tensors").begin_array();
       for (const auto& t : m->gguf()->tensors()) {
-        j.begin_object().kv("name", t.name).kv("type", io::ggml_type_name(t.type));
+        j.begin_object().kv("name", t.name).kv("type", io::ggml_type_name(t.type)).kv("bytes", t.n_bytes);
         j.key("dims").begin_array();
         for (auto d : t.dims) j.value(static_cast<uint64_t>(d));
         j.end_array().end_object();
@@ -152,6 +196,17 @@ int cmd_info(int argc, char** argv) {
   std::printf("  parameters       %.3f M\n", c.n_params() / 1e6);
   if (m) std::printf("  weights          %s\n", sys::human_bytes(static_cast<double>(m->weight_bytes())).c_str());
   if (m) {
+    const auto types = bytes_per_type(*m);
+    uint64_t total = 0;
+    for (const auto& t : types) total += t.bytes;
+    std::printf("bytes per type:\n");
+    for (const auto& t : types) {
+      std::printf("  %-6s %5d tensors %14llu bytes (%s, %5.1f%%)\n", t.type.c_str(), t.tensors,
+                  static_cast<unsigned long long>(t.bytes), sys::human_bytes(static_cast<double>(t.bytes)).c_str(),
+                  total ? 100.0 * static_cast<double>(t.bytes) / static_cast<double>(total) : 0.0);
+    }
+  }
+  if (m) {
     const auto& tk = m->tokenizer();
     std::printf("tokenizer: %s\n", tk.describe().c_str());
     if (m->gguf()) {
@@ -166,7 +221,8 @@ int cmd_info(int argc, char** argv) {
         for (const auto& t : m->gguf()->tensors()) {
           std::string dims;
           for (auto d : t.dims) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
-          std::printf("  %-32s %-4s [%s]\n", t.name.c_str(), io::ggml_type_name(t.type), dims.c_str());
+          std::printf("  %-32s %-6s [%s] %llu bytes\n", t.name.c_str(), io::ggml_type_name(t.type).c_str(), dims.c_str(),
+                      static_cast<unsigned long long>(t.n_bytes));
         }
       } else {
         const auto& w = m->weights();

@@ -17,6 +17,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "model/synth_tokenizer.h"
+#include "quant/mix.h"
 
 namespace kivi::tools {
 
@@ -40,10 +41,10 @@ uint64_t existing_size(const std::string& path) {
 
 int cmd_synth(int argc, char** argv) {
   Args a("synth", "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o OUT.gguf "
-                  "[--outtype f16|f32] [--seed S] [--json]",
+                  "[--outtype TYPE] [--seed S] [--json]",
          "Writes a llama-architecture GGUF v3 with seeded random weights at a model's shape, for\n"
          "speed and memory measurements (the text it generates is meaningless, and the tools say\n"
-         "so). Matrices are N(0, 0.02^2) in F16 (or F32), norm weights 1 in F32; the file carries a\n"
+         "so). Matrices are N(0, 0.02^2) in F16 (or --outtype), norm weights 1 in F32; the file carries a\n"
          "small SentencePiece tokenizer (control tokens, the 256 byte pieces, generated pieces up to\n"
          "the vocabulary size) and kivi.synthetic = true. The same arguments give the same bytes.\n"
          "\n"
@@ -70,17 +71,25 @@ int cmd_synth(int argc, char** argv) {
         "tokenizer_config.json for BOS/EOS, add_bos_token and the chat template (default: the one beside --tokenizer-json).");
   a.section("Output");
   a.add("output", 'o', "FILE", "Output GGUF path (required).");
-  a.add("outtype", 0, "TYPE", "Matrix storage: f16 or f32. Norms are always f32.", "f16");
+  a.add("outtype", 0, "TYPE",
+        "Matrix storage: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, or q4_k_m "
+        "(llama.cpp's Q4_K_M mix; see 'kivi quantize --help'). Quantized types quantize the F32 values. Norms "
+        "are always f32.",
+        "f16");
   a.add("seed", 's', "S", "Random seed.", "0");
   a.add_flag("json", 0, "Print one JSON object: output, name, bytes, tensors, params, outtype, seed, shape, seconds, mb_per_s.");
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   if (!a.given("output")) fail("synth: give the output path with -o OUT.gguf");
   const std::string out = a.str("output"), outtype = a.str("outtype");
-  if (outtype != "f16" && outtype != "f32") fail("--outtype: unknown value '%s' (valid: f16, f32)", outtype.c_str());
+  try {
+    quant::parse_file_type(outtype);
+  } catch (const Error& e) {
+    fail("--outtype: %s", e.what());
+  }
 
   model::SynthSpec spec;
-  spec.f16 = outtype == "f16";
+  spec.outtype = outtype;
   spec.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
   model::ModelConfig& c = spec.config;
   const char* shape_opts[] = {"layers", "dim", "heads", "kv-heads", "ffn", "vocab", "ctx"};

@@ -61,5 +61,7 @@ int cmd_bench(int argc, char** argv);
 int cmd_bench_attn(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
+int cmd_quantize(int argc, char** argv);
+int cmd_bench_matvec(int argc, char** argv);
 
 }  // namespace kivi::tools

@@ -24,6 +24,8 @@ const char* kUsage =
     "  convert      Convert a llama2.c checkpoint and tokenizer to GGUF.\n"
     "  synth        Write a GGUF with seeded random weights at a real model's shape (speed tests).\n"
     "  logits       Print or save the logits of every position of a prompt (for checks).\n"
+    "  quantize     Rewrite a GGUF with its weight matrices in another type (q8_0, q4_k_m, ...).\n"
+    "  bench-matvec Matrix-vector speed per weight type, against the memory-bandwidth probe.\n"
     "\n"
     "Run 'kivi COMMAND --help' for a command's options. Docs: docs/README.md.\n";
 
@@ -54,6 +56,8 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(argc, argv);
     if (cmd == "synth") return cmd_synth(argc, argv);
     if (cmd == "chat") return cmd_chat(argc, argv);
+    if (cmd == "quantize") return cmd_quantize(argc, argv);
+    if (cmd == "bench-matvec") return cmd_bench_matvec(argc, argv);
     std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
     return 2;
   } catch (const kivi::Error& e) {

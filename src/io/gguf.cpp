@@ -1,5 +1,6 @@
 #include "io/gguf.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -28,14 +29,7 @@ const char* gguf_type_name(GgufType t) {
   return "unknown";
 }
 
-const char* ggml_type_name(uint32_t t) {
-  static const char* names[] = {"F32",  "F16",  "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0",
-                                "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                                "Q6_K", "Q8_K"};
-  if (t < sizeof(names) / sizeof(names[0])) return names[t];
-  if (t == 30) return "BF16";
-  return "unknown";
-}
+std::string ggml_type_name(uint32_t t) { return quant::type_name(t); }
 
 // Byte size of one scalar element, 0 for strings/arrays/unknown.
 static size_t scalar_size(GgufType t) {
@@ -230,10 +224,13 @@ void GgufFile::parse() {
     }
     t.type = c.read<uint32_t>("tensor type");
     t.offset = c.read<uint64_t>("tensor offset");
-    if (t.type == static_cast<uint32_t>(GgmlType::kF32)) {
-      t.n_bytes = t.n_elements * 4;
-    } else if (t.type == static_cast<uint32_t>(GgmlType::kF16)) {
-      t.n_bytes = t.n_elements * 2;
+    if (const quant::TypeInfo* ti = quant::find_type(t.type)) {
+      if (t.dims[0] % static_cast<uint64_t>(ti->block) != 0) {
+        fail("%s: tensor '%s' has rows of %llu values, not a multiple of the %s block size %d",
+             name_.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.dims[0]), ti->name,
+             ti->block);
+      }
+      t.n_bytes = t.n_elements / static_cast<uint64_t>(ti->block) * static_cast<uint64_t>(ti->block_bytes);
     } else {
       t.n_bytes = 0;  // unsupported types are listed but cannot be loaded (checked by the model)
     }
@@ -251,11 +248,29 @@ void GgufFile::parse() {
   for (auto& t : tensors_) {
     if (t.n_bytes == 0) continue;
     if (data_start > size_ || t.offset > size_ - data_start || t.n_bytes > size_ - data_start - t.offset) {
-      fail("%s: tensor '%s' data (offset %llu, %llu bytes) runs past the end of the file "
-           "(%zu bytes)", name_.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.offset),
-           static_cast<unsigned long long>(t.n_bytes), size_);
+      fail("%s: tensor '%s' data (offset %llu, %llu bytes of %s) runs past the end of the file "
+           "(%zu bytes): truncated file, or a size that disagrees with the type and shape",
+           name_.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.offset),
+           static_cast<unsigned long long>(t.n_bytes), ggml_type_name(t.type).c_str(), size_);
     }
     t.data = data_ + data_start + t.offset;
+  }
+  // A tensor's bytes (from its type and shape) must end before the next tensor starts:
+  // otherwise its stored size disagrees with its type and shape.
+  std::vector<const GgufTensor*> by_offset;
+  for (const auto& t : tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+  for (size_t i = 0; i + 1 < by_offset.size(); ++i) {
+    const GgufTensor& a = *by_offset[i];
+    const GgufTensor& b = *by_offset[i + 1];
+    if (a.n_bytes > b.offset - a.offset) {
+      fail("%s: tensor '%s' (%s, %llu bytes at offset %llu) overlaps tensor '%s' at offset %llu: "
+           "its data size disagrees with its type and shape", name_.c_str(), a.name.c_str(),
+           ggml_type_name(a.type).c_str(), static_cast<unsigned long long>(a.n_bytes),
+           static_cast<unsigned long long>(a.offset), b.name.c_str(),
+           static_cast<unsigned long long>(b.offset));
+    }
   }
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "io/mapped_file.h"
+#include "quant/types.h"
 
 namespace kivi::io {
 
@@ -29,9 +30,10 @@ enum class GgufType : uint32_t {
 };
 const char* gguf_type_name(GgufType t);
 
-// ggml tensor types this engine reads or writes.
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1 };
-const char* ggml_type_name(uint32_t t);
+// ggml tensor types (ids, block sizes and layouts in quant/types.h).
+using GgmlType = quant::Type;
+// ggml's name of any type id ("Q4_K", "IQ2_XXS"), readable here or not.
+std::string ggml_type_name(uint32_t t);
 
 inline constexpr uint32_t kGgufMagic = 0x46554747u;  // "GGUF" little-endian
 inline constexpr uint32_t kGgufDefaultAlignment = 32;
@@ -50,6 +52,10 @@ struct GgufValue {
   size_t elems_bytes = 0;
 };
 
+// A tensor of a type in quant/types.h has its byte size computed from type and shape
+// (dims[0] must be a multiple of the block size), its data checked to lie inside the
+// file and not to overlap the next tensor's. A tensor of any other type is listed with
+// data == nullptr and n_bytes == 0; loading it is an error naming its type.
 struct GgufTensor {
   std::string name;
   std::vector<uint64_t> dims;  // dims[0] innermost
@@ -58,6 +64,8 @@ struct GgufTensor {
   const uint8_t* data = nullptr;
   uint64_t n_elements = 0;
   uint64_t n_bytes = 0;
+  // The type's table entry, or nullptr if this engine cannot read the type.
+  const quant::TypeInfo* type_info() const { return quant::find_type(type); }
 };
 
 class GgufFile {

@@ -85,23 +85,55 @@ void GgufWriter::add_i32_array(const std::string& key, const std::vector<int32_t
   ++n_kv_;
 }
 
-static uint64_t tensor_bytes(const std::vector<uint64_t>& dims, GgmlType type) {
+void GgufWriter::add_copy(const GgufFile& f, const std::string& key) {
+  const GgufValue* v = f.find(key);
+  if (!v) fail("%s: missing metadata '%s'", f.path().c_str(), key.c_str());
+  put_string(kv_blob_, key);
+  put<uint32_t>(kv_blob_, static_cast<uint32_t>(v->type));
+  switch (v->type) {
+    case GgufType::kU8: put<uint8_t>(kv_blob_, static_cast<uint8_t>(v->u)); break;
+    case GgufType::kI8: put<int8_t>(kv_blob_, static_cast<int8_t>(v->i)); break;
+    case GgufType::kU16: put<uint16_t>(kv_blob_, static_cast<uint16_t>(v->u)); break;
+    case GgufType::kI16: put<int16_t>(kv_blob_, static_cast<int16_t>(v->i)); break;
+    case GgufType::kU32: put<uint32_t>(kv_blob_, static_cast<uint32_t>(v->u)); break;
+    case GgufType::kI32: put<int32_t>(kv_blob_, static_cast<int32_t>(v->i)); break;
+    case GgufType::kU64: put<uint64_t>(kv_blob_, v->u); break;
+    case GgufType::kI64: put<int64_t>(kv_blob_, v->i); break;
+    case GgufType::kF32: put<float>(kv_blob_, static_cast<float>(v->f)); break;
+    case GgufType::kF64: put<double>(kv_blob_, v->f); break;
+    case GgufType::kBool: put<uint8_t>(kv_blob_, v->u ? 1 : 0); break;
+    case GgufType::kString: put_string(kv_blob_, v->s); break;
+    case GgufType::kArray:
+      put<uint32_t>(kv_blob_, static_cast<uint32_t>(v->elem_type));
+      put<uint64_t>(kv_blob_, v->count);
+      kv_blob_.insert(kv_blob_.end(), v->elems, v->elems + v->elems_bytes);
+      break;
+  }
+  ++n_kv_;
+}
+
+static uint64_t tensor_bytes(const std::string& name, const std::vector<uint64_t>& dims, GgmlType type) {
+  const quant::TypeInfo& ti = quant::info(type);
+  if (dims.empty() || dims[0] % static_cast<uint64_t>(ti.block) != 0) {
+    fail("tensor '%s': rows of %llu values cannot be stored as %s (blocks of %d)", name.c_str(),
+         static_cast<unsigned long long>(dims.empty() ? 0 : dims[0]), ti.name, ti.block);
+  }
   uint64_t n = 1;
   for (auto d : dims) n *= d;
-  return n * (type == GgmlType::kF32 ? 4 : 2);
+  return quant::row_bytes(type, n);
 }
 
 void GgufWriter::add_tensor(const std::string& name, std::vector<uint64_t> dims, GgmlType type,
                             const void* data) {
   Tensor t{name, std::move(dims), type, data, {}, 0};
-  t.n_bytes = tensor_bytes(t.dims, type);
+  t.n_bytes = tensor_bytes(t.name, t.dims, type);
   tensors_.push_back(std::move(t));
 }
 
 void GgufWriter::add_tensor(const std::string& name, std::vector<uint64_t> dims, GgmlType type,
                             Generator gen) {
   Tensor t{name, std::move(dims), type, nullptr, std::move(gen), 0};
-  t.n_bytes = tensor_bytes(t.dims, type);
+  t.n_bytes = tensor_bytes(t.name, t.dims, type);
   tensors_.push_back(std::move(t));
 }
 
@@ -149,20 +181,24 @@ void GgufWriter::write(const std::string& path,
   std::vector<uint8_t> chunk;
   static const uint8_t zeros[kGgufDefaultAlignment] = {};
   for (const auto& t : tensors_) {
-    const size_t elem = t.type == GgmlType::kF32 ? 4 : 2;
     if (t.data) {
       write_bytes(t.data, t.n_bytes);
       written += t.n_bytes;
       if (on_progress) on_progress(written, total);
     } else {
-      const uint64_t n_el = t.n_bytes / elem;
-      const uint64_t per_chunk = (uint64_t{16} << 20) / elem;
-      chunk.resize(per_chunk * elem);
+      // Chunks of whole blocks (about 16 MiB), so quantized generators see block-aligned
+      // element ranges.
+      const quant::TypeInfo& ti = quant::info(t.type);
+      const uint64_t block = static_cast<uint64_t>(ti.block), bbytes = static_cast<uint64_t>(ti.block_bytes);
+      const uint64_t n_el = t.n_bytes / bbytes * block;
+      const uint64_t per_chunk = std::max<uint64_t>(1, (uint64_t{16} << 20) / bbytes) * block;
+      chunk.resize(per_chunk / block * bbytes);
       for (uint64_t first = 0; first < n_el; first += per_chunk) {
         const uint64_t cnt = std::min(per_chunk, n_el - first);
+        const uint64_t bytes = cnt / block * bbytes;
         t.gen(first, cnt, chunk.data());
-        write_bytes(chunk.data(), cnt * elem);
-        written += cnt * elem;
+        write_bytes(chunk.data(), bytes);
+        written += bytes;
         if (on_progress) on_progress(written, total);
       }
     }

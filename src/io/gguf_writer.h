@@ -23,11 +23,15 @@ class GgufWriter {
   void add_string_array(const std::string& key, const std::vector<std::string>& v);
   void add_f32_array(const std::string& key, const std::vector<float>& v);
   void add_i32_array(const std::string& key, const std::vector<int32_t>& v);
+  // Copies metadata entry `key` of `f` verbatim (any type, arrays included).
+  void add_copy(const GgufFile& f, const std::string& key);
 
-  // Fills `dst` with elements [first, first + count) of the tensor (in its own type).
+  // Fills `dst` with elements [first, first + count) of the tensor (in its own type;
+  // first and count are multiples of the type's block size).
   using Generator = std::function<void(uint64_t first, uint64_t count, void* dst)>;
 
-  // dims are GGUF order (dims[0] innermost). `data` must stay valid until write().
+  // dims are GGUF order (dims[0] innermost, a multiple of the type's block size, else
+  // kivi::Error). `data` must stay valid until write().
   void add_tensor(const std::string& name, std::vector<uint64_t> dims, GgmlType type,
                   const void* data);
   void add_tensor(const std::string& name, std::vector<uint64_t> dims, GgmlType type,

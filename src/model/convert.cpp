@@ -13,9 +13,13 @@
 namespace kivi::model {
 
 void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16) {
+  add_llama_metadata(w, c, name, f16 ? 1 : 0);
+}
+
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, int file_type) {
   w.add_string("general.architecture", "llama");
   w.add_string("general.name", name);
-  w.add_u32("general.file_type", f16 ? 1 : 0);
+  w.add_u32("general.file_type", static_cast<uint32_t>(file_type));
   w.add_u32("general.alignment", io::kGgufDefaultAlignment);
   w.add_u32("llama.context_length", c.ctx);
   w.add_u32("llama.embedding_length", c.dim);

@@ -33,6 +33,8 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
 
 // general.* and llama.* keys for shape `c` (general.file_type 1 when `f16`, else 0).
 void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16);
+// The same with general.file_type = `file_type` (llama.cpp's numbering, quant/mix.h).
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, int file_type);
 // tokenizer.ggml.* keys of a SentencePiece ("llama") tokenizer.
 void add_tokenizer_metadata(io::GgufWriter& w, const tok::Tokenizer& tk);
 

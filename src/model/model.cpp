@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/f16.h"
+#include "quant/dequant.h"
 
 namespace kivi::model {
 
@@ -62,6 +63,17 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
   io::check_regular_file(path, "model");
   if (io::is_gguf_file(path)) return load_gguf(path, tok);
   return load_llama2c(path, tok);
+}
+
+// The type of a weight tensor, or an error naming the tensor, its type and the types
+// this engine reads.
+static const quant::TypeInfo* weight_type(const std::string& path, const io::GgufTensor& t) {
+  const quant::TypeInfo* ti = t.type_info();
+  if (!ti || !ti->weight || !t.data) {
+    fail("%s: tensor '%s' has type %s, which kivi.cpp cannot read as a weight (supported: %s)", path.c_str(),
+         t.name.c_str(), io::ggml_type_name(t.type).c_str(), quant::supported_weight_types());
+  }
+  return ti;
 }
 
 static ops::Matrix f32_matrix(const float* p, int64_t rows, int64_t cols) {
@@ -159,13 +171,13 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
       fail("%s: tensor '%s' has shape [%s], expected [%lld, %lld]", path.c_str(), name.c_str(),
            got.c_str(), static_cast<long long>(cols), static_cast<long long>(rows));
     }
-    if (t->type != static_cast<uint32_t>(io::GgmlType::kF32) && t->type != static_cast<uint32_t>(io::GgmlType::kF16)) {
-      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type));
+    const quant::TypeInfo* ti = weight_type(path, *t);
+    const size_t align = ti->type == quant::Type::kF32 ? 4 : quant::is_float(ti->type) ? 2 : 1;
+    if (reinterpret_cast<uintptr_t>(t->data) % align != 0) {
+      fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(), ti->name, align);
     }
-    if (t->type == static_cast<uint32_t>(io::GgmlType::kF32) && reinterpret_cast<uintptr_t>(t->data) % 4 != 0) {
-      fail("%s: tensor '%s' data is not 4-byte aligned", path.c_str(), name.c_str());
-    }
-    return ops::Matrix{t->data, t->type == 0 ? ops::DType::kF32 : ops::DType::kF16, rows, cols};
+    // In place: the matrix views the mapped file.
+    return ops::Matrix{t->data, ti->type, rows, cols};
   };
   auto vec = [&](const std::string& name) -> std::vector<float> {
     const io::GgufTensor* t = f.find_tensor(name);
@@ -174,17 +186,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
       fail("%s: tensor '%s' should be a vector of %lld elements", path.c_str(), name.c_str(), static_cast<long long>(dim));
     }
     std::vector<float> out(dim);
-    if (t->type == static_cast<uint32_t>(io::GgmlType::kF32)) {
-      std::memcpy(out.data(), t->data, dim * 4);
-    } else if (t->type == static_cast<uint32_t>(io::GgmlType::kF16)) {
-      for (int64_t i = 0; i < dim; ++i) {
-        uint16_t h;
-        std::memcpy(&h, t->data + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
-    } else {
-      fail("%s: tensor '%s' has type %s; supported: F32, F16", path.c_str(), name.c_str(), io::ggml_type_name(t->type));
-    }
+    quant::dequantize_row(weight_type(path, *t)->type, t->data, out.data(), dim);
     return out;
   };
   Weights& w = m->w_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -9,8 +10,11 @@
 #include "core/normal_table.h"
 #include "core/rng.h"
 #include "core/sysinfo.h"
+#include "core/threadpool.h"
 #include "io/gguf_writer.h"
 #include "model/convert.h"
+#include "quant/mix.h"
+#include "quant/quantize.h"
 
 namespace kivi::model {
 
@@ -88,14 +92,19 @@ void validate_synth_config(const ModelConfig& c) {
   if (!(c.rope_theta > 0.0f) || c.rope_theta > 1e9f) fail("--rope-theta = %g is out of range (valid: above 0, at most 1e9)", c.rope_theta);
 }
 
+// The type of matrix `t` in a synthetic file of type `ft`.
+static quant::Type matrix_type(const quant::FileType& ft, const TensorSpec& t, const ModelConfig& c) {
+  return quant::tensor_type(ft, quant::TensorDesc{t.name, 2, t.cols}, c.n_layers, c.shared_classifier);
+}
+
 SynthNeeds synth_needs(const SynthSpec& s) {
   const ModelConfig& c = s.config;
+  const quant::FileType& ft = quant::parse_file_type(s.outtype);
   SynthNeeds n;
-  const uint64_t mat_elem = s.f16 ? 2 : 4;
   auto aligned = [](uint64_t b) { return (b + io::kGgufDefaultAlignment - 1) / io::kGgufDefaultAlignment * io::kGgufDefaultAlignment; };
   uint64_t tensor_table = 0;
   for (const auto& t : llama_tensor_specs(c)) {
-    const uint64_t bytes = t.is_vector() ? t.rows * 4 : t.rows * t.cols * mat_elem;
+    const uint64_t bytes = t.is_vector() ? t.rows * 4 : quant::row_bytes(matrix_type(ft, t, c), t.cols) * t.rows;
     n.weight_bytes += bytes;
     n.file_bytes += aligned(bytes);
     tensor_table += 8 + t.name.size() + 4 + 16 + 4 + 8;
@@ -200,8 +209,10 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
                                  const std::function<void(uint64_t, uint64_t)>& progress) {
   const ModelConfig& c = s.config;
   validate_synth_config(c);
+  const quant::FileType& ft = quant::parse_file_type(s.outtype);
   io::GgufWriter w;
-  add_llama_metadata(w, c, synthetic_name(s.label), s.f16);
+  add_llama_metadata(w, c, synthetic_name(s.label), ft.llama_ftype);
+  if (!quant::is_float(ft.base)) w.add_u32("general.quantization_version", 2);
   w.add_bool("kivi.synthetic", true);
   w.add_u64("kivi.synthetic.seed", s.seed);
   w.add_f32("kivi.synthetic.weight_std", kSynthWeightStd);
@@ -213,18 +224,32 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
 
   static const float kOne = 1.0f;
   const auto specs = llama_tensor_specs(c);
+  // Quantized types: the F32 values of each chunk, quantized on every core.
+  std::unique_ptr<ThreadPool> pool;
+  auto values = std::make_shared<std::vector<float>>();
   for (size_t ti = 0; ti < specs.size(); ++ti) {
     const auto& t = specs[ti];
     if (t.is_vector()) {
       w.add_tensor(t.name, {t.rows}, io::GgmlType::kF32, io::GgufWriter::Generator([](uint64_t, uint64_t count, void* dst) {
                      std::fill_n(static_cast<float*>(dst), count, kOne);
                    }));
-    } else {
-      w.add_tensor(t.name, {t.cols, t.rows}, s.f16 ? io::GgmlType::kF16 : io::GgmlType::kF32,
-                   io::GgufWriter::Generator([f16 = s.f16, seed = s.seed, ti](uint64_t first, uint64_t count, void* dst) {
+      continue;
+    }
+    const quant::Type type = matrix_type(ft, t, c);
+    if (type == quant::Type::kF16 || type == quant::Type::kF32) {
+      w.add_tensor(t.name, {t.cols, t.rows}, type,
+                   io::GgufWriter::Generator([f16 = type == quant::Type::kF16, seed = s.seed, ti](uint64_t first, uint64_t count, void* dst) {
                      synth_matrix_values(seed, ti, first, count, f16, dst);
                    }));
+      continue;
     }
+    if (!pool) pool = std::make_unique<ThreadPool>(hardware_threads());
+    w.add_tensor(t.name, {t.cols, t.rows}, type,
+                 io::GgufWriter::Generator([type, seed = s.seed, ti, values, p = pool.get()](uint64_t first, uint64_t count, void* dst) {
+                   values->resize(static_cast<size_t>(count));
+                   synth_matrix_values(seed, ti, first, count, false, values->data());
+                   quant::quantize_parallel(type, values->data(), dst, static_cast<int64_t>(count), p);
+                 }));
   }
   w.write(out, progress);
   SynthResult r;

@@ -14,7 +14,9 @@
 // seeded with a hash of (seed, t, block); samples come from kivi::NormalTable (one
 // 64-bit draw gives four normal samples by table lookup), so generating 1.2e9 values
 // takes about a second. The file depends only on the shape, the seed and the output
-// type: the same arguments give the same bytes.
+// type: the same arguments give the same bytes. Quantized output types (q8_0, q4_k,
+// q4_k_m, ...) quantize the F32 values with the rule of quant/mix.h, as `kivi quantize`
+// would quantize the F32 file.
 //
 // Tokenizer ("llama", SentencePiece BPE with scores): <unk>, <s>, </s>, the 256 byte
 // pieces <0x00>..<0xFF>, then pieces over the alphabet U+2581 (the SentencePiece
@@ -41,7 +43,7 @@ namespace kivi::model {
 struct SynthSpec {
   ModelConfig config;  // shape, context length, RoPE theta, tied or separate classifier
   std::string label;   // preset name or shape description, for general.name
-  bool f16 = true;     // matrices in F16 (norm vectors are always F32)
+  std::string outtype = "f16";  // matrix storage, a quant/mix.h file type (norm vectors are always F32)
   uint64_t seed = 0;
   // Writes the tokenizer metadata instead of the generated SentencePiece vocabulary
   // (synth_tokenizer.h), and the bytes it takes.
@@ -79,7 +81,7 @@ tok::Tokenizer synthetic_tokenizer(int vocab_size);
 
 // Elements [first, first + count) of the matrix with index `tensor` in
 // llama_tensor_specs order, in F16 (or F32): exactly what the file holds, whatever the
-// chunking.
+// chunking. (Other output types quantize the F32 values.)
 void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16, void* dst);
 
 // general.name of a synthetic file: "synthetic <label>, random weights".

@@ -1,6 +1,10 @@
-// Dense kernels of the forward pass. Each SIMD kernel (ops.cpp, compiled for every
-// Highway target and dispatched at run time) has a plain scalar reference
-// (ops_ref.cpp); tests compare them on random data.
+// Dense kernels of the forward pass. Each SIMD kernel (ops.cpp, qdot32.cpp, qdotk.cpp,
+// compiled for every Highway target and dispatched at run time) has a plain scalar
+// reference (ops_ref.cpp); tests compare them on random data.
+//
+// Weights may be F32, F16, BF16 (float dot products) or any block type of
+// quant/types.h (integer dot products with activations quantized to 8 bits per block:
+// ops/qkernels.h).
 //
 // Determinism: every output element of matvec/matmul is one dot product computed by
 // one thread with a fixed accumulation order, so matmul over n tokens is bit-identical
@@ -11,6 +15,7 @@
 #include <cstdint>
 
 #include "core/f16.h"
+#include "quant/types.h"
 
 namespace kivi {
 class ThreadPool;
@@ -18,18 +23,22 @@ class ThreadPool;
 
 namespace kivi::ops {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1 };
+// The element type of a weight matrix: ggml's type (quant/types.h).
+using DType = quant::Type;
 const char* dtype_name(DType t);
-inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 // A row-major weight matrix [rows, cols], viewed in place (usually in a mapped file).
+// A row is cols values of `dtype`: for the block types cols / block consecutive blocks
+// (cols must be a multiple of the block size).
 struct Matrix {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t rows = 0, cols = 0;
   const float* f32() const { return static_cast<const float*>(data); }
   const f16_t* f16() const { return static_cast<const f16_t*>(data); }
-  size_t bytes() const { return static_cast<size_t>(rows * cols) * dtype_size(dtype); }
+  size_t row_bytes() const { return static_cast<size_t>(quant::row_bytes(dtype, static_cast<uint64_t>(cols))); }
+  size_t bytes() const { return row_bytes() * static_cast<size_t>(rows); }
+  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + row_bytes() * static_cast<size_t>(r); }
 };
 
 // y[rows] = W[rows, cols] . x[cols]
@@ -50,7 +59,7 @@ void add_inplace(float* y, const float* x, int n);
 // In-place softmax over x[n].
 void softmax(float* x, int n);
 
-// Row `row` of a matrix as f32 (embedding lookup).
+// Row `row` of a matrix as f32 (embedding lookup): exact dequantization of that row.
 void copy_row(const Matrix& m, int64_t row, float* out);
 
 // Bulk conversions; f32 -> f16 rounds to nearest even, like f32_to_f16.
@@ -62,6 +71,7 @@ float dot(const float* a, const float* b, size_t n);
 
 // Scalar references (ops_ref.cpp), accumulating in double.
 namespace ref {
+// y = deq(W) . x over the exactly dequantized weights, in double, rounded once.
 void matvec(const Matrix& w, const float* x, float* y);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 void softmax(float* x, int n);

@@ -1,19 +1,19 @@
 // Scalar references for ops.h, accumulating in double. Written for clarity only.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/ops.h"
+#include "quant/dequant.h"
 
 namespace kivi::ops::ref {
 
-static double weight_at(const Matrix& w, int64_t i) {
-  return w.dtype == DType::kF32 ? w.f32()[i] : f16_to_f32(w.f16()[i]);
-}
-
 void matvec(const Matrix& w, const float* x, float* y) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
+    quant::dequantize_row(w.dtype, w.row(r), row.data(), w.cols);
     double s = 0.0;
-    for (int64_t c = 0; c < w.cols; ++c) s += weight_at(w, r * w.cols + c) * x[c];
+    for (int64_t c = 0; c < w.cols; ++c) s += static_cast<double>(row[c]) * x[c];
     y[r] = static_cast<float>(s);
   }
 }

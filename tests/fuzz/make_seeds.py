@@ -54,6 +54,27 @@ def write_gguf(path):
         f.write(head + data)
 
 
+def write_quantized_gguf(path):
+    """One tensor of every readable block type (ggml type id, block values, block bytes),
+    two rows of one or two blocks each, with varied bytes."""
+    types = [(1, 1, 2), (30, 1, 2), (2, 32, 18), (3, 32, 20), (6, 32, 22), (7, 32, 24), (8, 32, 34),
+             (10, 256, 84), (11, 256, 110), (12, 256, 144), (13, 256, 176), (14, 256, 210), (15, 256, 292)]
+    infos, data, off = b"", b"", 0
+    for tid, block, nbytes in types:
+        cols = 256 if block == 256 else 64
+        n_blocks = 2 * cols // block
+        blob = bytes((i * 37 + tid) % 251 for i in range(n_blocks * nbytes))
+        infos += gguf_string("t%d" % tid) + struct.pack("<I", 2) + struct.pack("<2Q", cols, 2)
+        infos += struct.pack("<IQ", tid, off)
+        pad = (-len(blob)) % 32
+        data += blob + b"\0" * pad
+        off += len(blob) + pad
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(types), 0) + infos
+    head += b"\0" * ((-len(head)) % 32)
+    with open(path, "wb") as f:
+        f.write(head + data)
+
+
 def write_llama2c(path):
     dim, hidden, layers, heads, kv_heads, vocab, seq = 8, 16, 1, 2, 1, 6, 4
     hs = dim // heads
@@ -108,6 +129,7 @@ def main():
     for sub in ("gguf", "llama2c", "tokenizer"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
     write_gguf(os.path.join(out, "gguf", "tiny.gguf"))
+    write_quantized_gguf(os.path.join(out, "gguf", "quantized.gguf"))
     write_llama2c(os.path.join(out, "llama2c", "tiny.bin"))
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)

@@ -1,0 +1,19 @@
+// Greedy decoding with llama.cpp itself, through the npm package node-llama-cpp (3.22.1,
+// installed with `npm install --ignore-scripts node-llama-cpp@3.22.1`; it ships prebuilt
+// CPU binaries). Usage: node llamacpp_greedy.mjs MODEL.gguf N ID,ID,...
+// Feeds the prompt token ids as given (no tokenizer involved) and prints
+// {"tokens": [the N greedy token ids]}.
+import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+
+const [modelPath, nText, idsText] = process.argv.slice(2);
+const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
+const model = await llama.loadModel({modelPath});
+const context = await model.createContext({contextSize: 512, threads: 2});
+const sequence = context.getSequence();
+const tokens = [];
+for await (const t of sequence.evaluate(idsText.split(",").map(Number), {temperature: 0})) {
+  tokens.push(t);
+  if (tokens.length >= Number(nText)) break;
+}
+console.log(JSON.stringify({tokens}));
+process.exit(0);

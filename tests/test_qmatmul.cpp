@@ -1,0 +1,242 @@
+// Matrix products over every weight type, on every SIMD target this machine has:
+// the fast kernels against the double-precision reference over the dequantized weights
+// (with a bound derived from the activations' 8-bit rounding), against ggml's products
+// in the fixtures' matvec.gguf, batched = one call per token bit for bit, and
+// independent of the thread count.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/cpu.h"
+#include "core/rng.h"
+#include "core/threadpool.h"
+#include "io/gguf.h"
+#include "ops/ops.h"
+#include "ops/qkernels.h"
+#include "quant/blocks.h"
+#include "quant/dequant.h"
+#include "quant/quantize.h"
+#include "test_util.h"
+
+namespace kivi {
+namespace {
+
+using quant::Type;
+
+struct TargetGuard {
+  explicit TargetGuard(int64_t bits) { cpu::force_target_bits(bits); }
+  ~TargetGuard() { cpu::reset_target(); }
+};
+
+const Type kWeightTypes[] = {Type::kF32,  Type::kF16,  Type::kBF16, Type::kQ4_0, Type::kQ4_1,
+                             Type::kQ5_0, Type::kQ5_1, Type::kQ8_0, Type::kQ2_K, Type::kQ3_K,
+                             Type::kQ4_K, Type::kQ5_K, Type::kQ6_K};
+
+// A random matrix quantized to `t` (normal values, a few x10 outliers), its exact
+// dequantization, and the matrix view.
+struct QMatrix {
+  Type type;
+  int64_t rows, cols;
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;
+  ops::Matrix m() const { return ops::Matrix{bytes.data(), type, rows, cols}; }
+};
+
+QMatrix random_matrix(Type t, int64_t rows, int64_t cols, uint64_t seed) {
+  QMatrix q{t, rows, cols, {}, {}};
+  Rng r(seed);
+  std::vector<float> src(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < src.size(); ++i)
+    src[i] = r.normal() * (i % 53 == 7 ? 10.0f : 1.0f) * 0.05f;
+  const size_t rb = quant::row_bytes(t, static_cast<uint64_t>(cols));
+  q.bytes.resize(rb * static_cast<size_t>(rows) + 64);  // slack: rows need not be aligned
+  q.deq.resize(src.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    quant::quantize_row(t, src.data() + i * cols, q.bytes.data() + i * rb, cols);
+    quant::dequantize_row(t, q.bytes.data() + i * rb, q.deq.data() + i * cols, cols);
+  }
+  return q;
+}
+
+std::vector<float> random_x(int64_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = r.normal();
+  return x;
+}
+
+// Bound on |fast - reference| for row r: the activations' rounding (half a step of
+// their block, amax / 127 / 2, times the weights' magnitudes) plus f32 accumulation
+// (1e-5 of sum |w x|, as for the float kernels).
+double error_bound(const QMatrix& q, const std::vector<float>& x, int64_t r) {
+  const int block = quant::is_float(q.type) ? 0 : quant::is_k_quant(q.type) ? 256 : 32;
+  double bound = 0, mag = 0;
+  for (int64_t c0 = 0; c0 < q.cols; c0 += block ? block : q.cols) {
+    const int64_t c1 = block ? c0 + block : q.cols;
+    double amax = 0, wsum = 0;
+    for (int64_t c = c0; c < c1; ++c) {
+      amax = std::max(amax, std::fabs(static_cast<double>(x[c])));
+      wsum += std::fabs(static_cast<double>(q.deq[r * q.cols + c]));
+      mag += std::fabs(static_cast<double>(q.deq[r * q.cols + c]) * x[c]);
+    }
+    if (block) bound += amax / 127.0 / 2.0 * wsum;
+  }
+  return bound + 1e-5 * mag + 1e-30;
+}
+
+TEST(QMatmul, EveryTypeMatchesTheReferenceOnEveryTarget) {
+  for (const auto& target : cpu::available_targets()) {
+    TargetGuard g(target.bits);
+    for (Type t : kWeightTypes) {
+      const int block = quant::info(t).block;
+      for (auto [rows, cols] :
+           {std::pair<int64_t, int64_t>{1, 256}, {3, 512}, {37, 768}, {64, 256}}) {
+        if (block == 32 && cols == 768) cols = 96;  // a row of 3 blocks
+        const QMatrix q = random_matrix(
+            t, rows, cols, static_cast<uint64_t>(rows * 1000 + cols + static_cast<int>(t)));
+        const auto x = random_x(cols, static_cast<uint64_t>(cols) + 5);
+        std::vector<float> y(rows), yr(rows);
+        ops::matvec(q.m(), x.data(), y.data(), nullptr);
+        ops::ref::matvec(q.m(), x.data(), yr.data());
+        double worst = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const double bound = error_bound(q, x, r);
+          worst = std::max(worst, std::fabs(y[r] - static_cast<double>(yr[r])) / bound);
+          ASSERT_LE(std::fabs(y[r] - static_cast<double>(yr[r])), bound)
+              << target.name << " " << quant::type_name(t) << " " << rows << "x" << cols << " row "
+              << r << ": " << y[r] << " vs " << yr[r];
+        }
+        // The bound is not vacuous: the error uses a fair part of it only for the
+        // quantized activations, and stays far below it.
+        ASSERT_LT(worst, 0.5) << target.name << " " << quant::type_name(t);
+      }
+    }
+  }
+}
+
+TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
+  ThreadPool p1(1), p3(3);
+  for (Type t : kWeightTypes) {
+    for (auto [rows, cols, n] :
+         {std::tuple<int64_t, int64_t, int>{172, 256, 7}, {133, 512, 13}, {64, 1024, 4}}) {
+      const QMatrix q = random_matrix(t, rows, cols, 99 + static_cast<uint64_t>(t));
+      const auto x = random_x(cols * n, 1);
+      for (const auto& target : cpu::available_targets()) {
+        TargetGuard g(target.bits);
+        std::vector<float> y1(static_cast<size_t>(n * rows)), y3(y1.size()), yv(y1.size());
+        ops::matmul(q.m(), x.data(), n, y1.data(), &p1);
+        ops::matmul(q.m(), x.data(), n, y3.data(), &p3);
+        for (int i = 0; i < n; ++i)
+          ops::matvec(q.m(), x.data() + i * cols, yv.data() + i * rows, &p3);
+        ASSERT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * 4), 0)
+            << target.name << " " << quant::type_name(t);
+        ASSERT_EQ(std::memcmp(y1.data(), yv.data(), y1.size() * 4), 0)
+            << target.name << " " << quant::type_name(t);
+      }
+    }
+  }
+}
+
+// The activation quantizers give the same bytes on every target, and the K-quant one
+// equals Q8_K (quant::quantize_row, which reproduces ggml's bytes).
+TEST(QMatmul, ActivationQuantizationIsTheSameOnEveryTarget) {
+  const int64_t cols = 2048;
+  auto x = random_x(cols, 3);
+  x[5] = 4.0f;
+  x[9] = -4.0f;  // a tie in magnitude: the first decides the sign of the Q8_K scale
+  for (int i = 512; i < 768; ++i) x[i] = 0.0f;  // an all-zero block
+  namespace detail = ops::detail;
+  using detail::ActKind;
+  for (ActKind k : {ActKind::kQ8x32, ActKind::kQ8x256}) {
+    const auto l = detail::act_layout(k, cols);
+    AlignedBuffer<uint8_t> first(l.bytes), out(l.bytes);
+    bool have_first = false;
+    for (const auto& target : cpu::available_targets()) {
+      TargetGuard g(target.bits);
+      std::memset(out.data(), 0, l.bytes);
+      detail::quantize_acts(k, x.data(), cols, out.data());
+      if (!have_first) {
+        std::memcpy(first.data(), out.data(), l.bytes);
+        have_first = true;
+      }
+      ASSERT_EQ(std::memcmp(first.data(), out.data(), l.bytes), 0) << target.name;
+      if (k == ActKind::kQ8x256) {
+        for (int64_t b = 0; b < cols / 256; ++b) {
+          quant::BlockQ8_K ref;
+          quant::quantize_row(Type::kQ8_K, x.data() + 256 * b, &ref, 256);
+          ASSERT_EQ(std::memcmp(ref.qs, out.data() + l.q + 256 * b, 256), 0)
+              << target.name << " block " << b;
+          ASSERT_EQ(std::memcmp(ref.bsums, out.data() + l.extra + 32 * b, 32), 0) << target.name;
+          float d;
+          std::memcpy(&d, out.data() + l.d + 4 * b, 4);
+          ASSERT_EQ(d, ref.d) << target.name;
+        }
+      } else {
+        // Definition: q = round_half_even(x * (127 / amax)), as ggml rounds activations on x86.
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          float amax = 0;
+          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
+          const float id = amax != 0 ? 127.0f / amax : 0.0f;
+          for (int j = 0; j < 32; ++j) {
+            const int8_t want = static_cast<int8_t>(std::nearbyint(x[32 * b + j] * id));
+            ASSERT_EQ(static_cast<int8_t>(out.data()[l.q + 32 * b + j]), want) << target.name;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ggml's products in matvec.gguf: y = deq(w) . x in double. The reference reproduces
+// them exactly; the fast path (activations quantized like ggml's) stays within
+// 2e-3 * sum |w x|, the tolerance the fixture's README gives for such kernels.
+TEST(QMatmul, MatchesGgmlMatvecFixture) {
+  const std::string path = test::shared_dir() + "/fixtures/quants/matvec.gguf";
+  ASSERT_TRUE(test::file_exists(path)) << "missing " << path;
+  io::GgufFile f(path);
+  auto f32 = [&](const std::string& name) {
+    const io::GgufTensor* t = f.find_tensor(name);
+    EXPECT_NE(t, nullptr) << name;
+    std::vector<float> v(t ? t->n_elements : 0);
+    if (t) std::memcpy(v.data(), t->data, v.size() * 4);
+    return v;
+  };
+  const auto x = f32("x");
+  ASSERT_EQ(x.size(), 1024u);
+  for (const char* name : {"q8_0", "q4_0", "q4_k", "q6_k"}) {
+    const io::GgufTensor* w = f.find_tensor(std::string("w.") + name);
+    ASSERT_NE(w, nullptr) << name;
+    const auto want = f32(std::string("y.") + name), yabs = f32(std::string("yabs.") + name);
+    const ops::Matrix m{w->data, static_cast<Type>(w->type), 64, 1024};
+    std::vector<float> yr(64);
+    ops::ref::matvec(m, x.data(), yr.data());
+    for (int r = 0; r < 64; ++r) ASSERT_EQ(yr[r], want[r]) << name << " row " << r;
+    for (const auto& target : cpu::available_targets()) {
+      TargetGuard g(target.bits);
+      std::vector<float> y(64);
+      ops::matvec(m, x.data(), y.data(), nullptr);
+      double worst = 0;
+      for (int r = 0; r < 64; ++r) {
+        worst = std::max(worst, std::fabs(y[r] - static_cast<double>(want[r])) / yabs[r]);
+        ASSERT_LE(std::fabs(y[r] - want[r]), 2e-3 * yabs[r])
+            << target.name << " " << name << " row " << r;
+      }
+      std::printf("  %-6s %-7s max |y - y_ggml| / yabs = %.2e\n", target.name.c_str(), name, worst);
+    }
+  }
+}
+
+TEST(QMatmul, EmbeddingRowsAreExactDequantization) {
+  for (Type t : kWeightTypes) {
+    const QMatrix q = random_matrix(t, 5, 512, 7);
+    std::vector<float> row(512);
+    for (int r = 0; r < 5; ++r) {
+      ops::copy_row(q.m(), r, row.data());
+      ASSERT_EQ(std::memcmp(row.data(), q.deq.data() + r * 512, 512 * 4), 0) << quant::type_name(t);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kivi

@@ -1,0 +1,291 @@
+// The GGUF block types: the type table, dequantization against ggml's own results
+// (fixtures written by ggml, ../shared/fixtures/quants), quantization (bytes equal to
+// ggml's for the 32-value types, RMS error within 2% of ggml's for the K-quants), and
+// the reader's checks of tensor types and sizes.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/gguf_writer.h"
+#include "quant/blocks.h"
+#include "quant/dequant.h"
+#include "quant/quantize.h"
+#include "quant/types.h"
+#include "test_util.h"
+
+namespace kivi {
+namespace {
+
+using quant::Type;
+
+std::string fixture(const std::string& name) {
+  return test::shared_dir() + "/fixtures/quants/" + name;
+}
+
+#define KIVI_REQUIRE_FIXTURES()                                \
+  ASSERT_TRUE(::kivi::test::file_exists(fixture("q4_k.gguf"))) \
+      << "missing " << fixture("q4_k.gguf") << " (set KIVI_SHARED_DIR to a folder with fixtures/)"
+
+struct FixtureType {
+  const char* file;
+  Type type;
+};
+const FixtureType kFixtures[] = {
+    {"f16.gguf", Type::kF16},   {"bf16.gguf", Type::kBF16}, {"q8_0.gguf", Type::kQ8_0},
+    {"q4_0.gguf", Type::kQ4_0}, {"q4_1.gguf", Type::kQ4_1}, {"q5_0.gguf", Type::kQ5_0},
+    {"q5_1.gguf", Type::kQ5_1}, {"q2_k.gguf", Type::kQ2_K}, {"q3_k.gguf", Type::kQ3_K},
+    {"q4_k.gguf", Type::kQ4_K}, {"q5_k.gguf", Type::kQ5_K}, {"q6_k.gguf", Type::kQ6_K},
+    {"q8_k.gguf", Type::kQ8_K},
+};
+
+std::vector<float> tensor_f32(const io::GgufFile& f, const std::string& name) {
+  const io::GgufTensor* t = f.find_tensor(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (!t) return {};
+  EXPECT_EQ(t->type, 0u) << name;
+  std::vector<float> v(t->n_elements);
+  std::memcpy(v.data(), t->data, v.size() * 4);
+  return v;
+}
+
+TEST(QuantTypes, TableMatchesGgml) {
+  struct Row {
+    uint32_t id;
+    const char* name;
+    int block, bytes;
+  };
+  // ggml's type ids, block sizes and block bytes (ggml.h, ggml-common.h).
+  const Row rows[] = {{0, "F32", 1, 4},       {1, "F16", 1, 2},       {30, "BF16", 1, 2},
+                      {2, "Q4_0", 32, 18},    {3, "Q4_1", 32, 20},    {6, "Q5_0", 32, 22},
+                      {7, "Q5_1", 32, 24},    {8, "Q8_0", 32, 34},    {10, "Q2_K", 256, 84},
+                      {11, "Q3_K", 256, 110}, {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
+                      {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292}};
+  for (const Row& r : rows) {
+    const quant::TypeInfo* t = quant::find_type(r.id);
+    ASSERT_NE(t, nullptr) << r.name;
+    EXPECT_STREQ(t->name, r.name);
+    EXPECT_EQ(t->block, r.block) << r.name;
+    EXPECT_EQ(t->block_bytes, r.bytes) << r.name;
+    EXPECT_EQ(quant::type_name(r.id), r.name);
+    Type parsed;
+    EXPECT_TRUE(quant::parse_type(r.name, &parsed));
+    EXPECT_EQ(static_cast<uint32_t>(parsed), r.id);
+  }
+  EXPECT_FALSE(quant::find_type(15)->weight);  // Q8_K is an activation format
+  for (uint32_t id : {4u, 5u, 9u, 16u, 20u, 23u, 24u, 28u, 29u, 34u, 35u, 39u, 40u, 1000u}) {
+    EXPECT_EQ(quant::find_type(id), nullptr) << id;
+  }
+  EXPECT_EQ(quant::type_name(16), "IQ2_XXS");
+  EXPECT_EQ(quant::type_name(34), "TQ1_0");
+  EXPECT_EQ(quant::type_name(1000), "type 1000");
+  Type t;
+  EXPECT_FALSE(quant::parse_type("iq2_xxs", &t));
+  EXPECT_TRUE(quant::parse_type("q4_k", &t));
+  EXPECT_EQ(t, Type::kQ4_K);
+  EXPECT_EQ(quant::row_bytes(Type::kQ4_K, 4096), 16u * 144u);
+  EXPECT_DOUBLE_EQ(quant::bits_per_weight(Type::kQ6_K), 6.5625);
+}
+
+TEST(QuantTypes, ScalePackingRoundTrips) {
+  for (int seed = 0; seed < 64; ++seed) {
+    uint8_t sc[8], mn[8], packed[12], sc2[8], mn2[8];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = static_cast<uint8_t>((seed * 7 + j * 13) % 64);
+      mn[j] = static_cast<uint8_t>((seed * 11 + j * 5) % 64);
+    }
+    quant::pack_k4_scales(sc, mn, packed);
+    quant::unpack_k4_scales(packed, sc2, mn2);
+    EXPECT_EQ(std::memcmp(sc, sc2, 8), 0);
+    EXPECT_EQ(std::memcmp(mn, mn2, 8), 0);
+    int8_t s3[16], s3b[16];
+    for (int j = 0; j < 16; ++j) s3[j] = static_cast<int8_t>((seed * 5 + j * 9) % 64 - 32);
+    quant::pack_q3_k_scales(s3, packed);
+    quant::unpack_q3_k_scales(packed, s3b);
+    EXPECT_EQ(std::memcmp(s3, s3b, 16), 0);
+  }
+}
+
+// Dequantization reproduces ggml's to_float bit for bit, for every type, including the
+// fp16-subnormal scales of row 7 and the signed zeros of the all-zero row.
+TEST(QuantFixtures, DequantizationIsBitExact) {
+  KIVI_REQUIRE_FIXTURES();
+  for (const auto& fx : kFixtures) {
+    io::GgufFile f(fixture(fx.file));
+    const io::GgufTensor* q = f.find_tensor("quantized");
+    ASSERT_NE(q, nullptr) << fx.file;
+    ASSERT_EQ(q->type, static_cast<uint32_t>(fx.type)) << fx.file;
+    ASSERT_EQ(q->dims, (std::vector<uint64_t>{512, 8})) << fx.file;
+    const auto want = tensor_f32(f, "dequantized");
+    std::vector<float> got(want.size());
+    const uint64_t rb = quant::row_bytes(fx.type, 512);
+    ASSERT_EQ(q->n_bytes, 8 * rb) << fx.file;
+    for (int r = 0; r < 8; ++r)
+      quant::dequantize_row(fx.type, q->data + r * rb, got.data() + r * 512, 512);
+    for (size_t i = 0; i < got.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &got[i], 4);
+      std::memcpy(&b, &want[i], 4);
+      ASSERT_EQ(a, b) << fx.file << " element " << i << " (row " << i / 512 << "): " << got[i]
+                      << " vs ggml " << want[i];
+    }
+  }
+}
+
+TEST(QuantFixtures, Bf16Conversion) {
+  EXPECT_EQ(quant::f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(quant::bf16_to_f32(0x3F80), 1.0f);
+  EXPECT_EQ(quant::f32_to_bf16(1.00390625f), 0x3F80);  // halfway, even stays
+  EXPECT_EQ(quant::f32_to_bf16(1.01171875f), 0x3F82);  // halfway, odd rounds up
+  EXPECT_EQ(quant::f32_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(quant::f32_to_bf16(NAN) & 0x7FC0, 0x7FC0);  // quiet NaN
+}
+
+// Quantization of the fixtures' source: the 32-value types (and Q8_K) give ggml's
+// bytes exactly; the K-quants' RMS error is at most 2% above ggml's.
+TEST(QuantFixtures, QuantizationMatchesGgml) {
+  KIVI_REQUIRE_FIXTURES();
+  for (const auto& fx : kFixtures) {
+    if (quant::is_float(fx.type)) continue;
+    io::GgufFile f(fixture(fx.file));
+    const auto src = tensor_f32(f, "source");
+    const auto ggml_deq = tensor_f32(f, "dequantized");
+    const io::GgufTensor* q = f.find_tensor("quantized");
+    ASSERT_EQ(src.size(), 4096u);
+    const uint64_t rb = quant::row_bytes(fx.type, 512);
+    std::vector<uint8_t> mine(8 * rb);
+    for (int r = 0; r < 8; ++r)
+      quant::quantize_row(fx.type, src.data() + r * 512, mine.data() + r * rb, 512);
+    const auto& ti = quant::info(fx.type);
+    if (!quant::is_k_quant(fx.type) || fx.type == Type::kQ8_K) {
+      for (size_t i = 0; i < mine.size(); ++i) {
+        ASSERT_EQ(mine[i], q->data[i])
+            << ti.name << " byte " << i << " (row " << i / rb << ", block "
+            << (i % rb) / ti.block_bytes << ", offset " << (i % rb) % ti.block_bytes << ")";
+      }
+      continue;
+    }
+    std::vector<float> deq(4096);
+    for (int r = 0; r < 8; ++r)
+      quant::dequantize_row(fx.type, mine.data() + r * rb, deq.data() + r * 512, 512);
+    double e_mine = 0, e_ggml = 0;
+    for (size_t i = 0; i < 4096; ++i) {
+      e_mine += (deq[i] - static_cast<double>(src[i])) * (deq[i] - static_cast<double>(src[i]));
+      e_ggml +=
+          (ggml_deq[i] - static_cast<double>(src[i])) * (ggml_deq[i] - static_cast<double>(src[i]));
+    }
+    const double rms_mine = std::sqrt(e_mine / 4096), rms_ggml = std::sqrt(e_ggml / 4096);
+    std::printf("  %s RMS error %.4e (ggml %.4e, ratio %.4f)\n", ti.name, rms_mine, rms_ggml,
+                rms_mine / rms_ggml);
+    EXPECT_LE(rms_mine, 1.02 * rms_ggml) << ti.name;
+    // The special rows: zeros stay zero, the constant row stays close.
+    for (int c = 0; c < 512; ++c) ASSERT_EQ(deq[2 * 512 + c], 0.0f) << ti.name;
+    for (int c = 0; c < 512; ++c) ASSERT_NEAR(deq[5 * 512 + c], 0.3f, 2e-3f) << ti.name;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// The reader's checks of tensor types and sizes.
+
+// A GGUF image with one tensor `t` of type id `type` and shape `dims`, followed by
+// `data_bytes` bytes of tensor data (then a second tensor 'next' if `next_offset` > 0).
+std::vector<uint8_t> one_tensor_image(uint32_t type, std::vector<uint64_t> dims, size_t data_bytes,
+                                      uint64_t next_offset = 0) {
+  std::vector<uint8_t> img;
+  auto put = [&](const void* p, size_t n) {
+    img.insert(img.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  };
+  auto u32 = [&](uint32_t v) { put(&v, 4); };
+  auto u64 = [&](uint64_t v) { put(&v, 8); };
+  auto str = [&](const std::string& s) {
+    u64(s.size());
+    put(s.data(), s.size());
+  };
+  u32(io::kGgufMagic);
+  u32(3);
+  u64(next_offset ? 2 : 1);
+  u64(0);
+  str("t");
+  u32(static_cast<uint32_t>(dims.size()));
+  for (auto d : dims) u64(d);
+  u32(type);
+  u64(0);
+  if (next_offset) {
+    str("next");
+    u32(1);
+    u64(8);
+    u32(0);
+    u64(next_offset);
+  }
+  img.resize((img.size() + 31) / 32 * 32, 0);
+  img.resize(img.size() + data_bytes + (next_offset ? next_offset + 32 : 0), 0x11);
+  return img;
+}
+
+std::string parse_error(const std::vector<uint8_t>& img) {
+  try {
+    io::GgufFile f(img.data(), img.size(), "x.gguf");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(QuantReader, SizesComeFromTypeAndShape) {
+  for (Type t : {Type::kF32, Type::kF16, Type::kBF16, Type::kQ4_0, Type::kQ4_1, Type::kQ5_0,
+                 Type::kQ5_1, Type::kQ8_0, Type::kQ2_K, Type::kQ3_K, Type::kQ4_K, Type::kQ5_K,
+                 Type::kQ6_K, Type::kQ8_K}) {
+    const auto& ti = quant::info(t);
+    const uint64_t cols = 2 * 256, rows = 3;
+    const size_t bytes = quant::row_bytes(t, cols) * rows;
+    auto img = one_tensor_image(static_cast<uint32_t>(t), {cols, rows}, bytes);
+    io::GgufFile f(img.data(), img.size(), "x.gguf");
+    EXPECT_EQ(f.tensors()[0].n_bytes, bytes) << ti.name;
+    EXPECT_NE(f.tensors()[0].data, nullptr) << ti.name;
+    // One byte short: truncated.
+    img.resize(img.size() - 1);
+    EXPECT_NE(parse_error(img).find("runs past the end of the file"), std::string::npos) << ti.name;
+    if (ti.block > 1) {
+      // A row that is not a whole number of blocks.
+      auto bad = one_tensor_image(static_cast<uint32_t>(t), {cols + 16, rows}, bytes + 4096);
+      EXPECT_NE(
+          parse_error(bad).find("not a multiple of the " + std::string(ti.name) + " block size"),
+          std::string::npos)
+          << ti.name << ": " << parse_error(bad);
+    }
+  }
+}
+
+TEST(QuantReader, SizeThatDisagreesWithTheNextTensorIsRejected) {
+  // Q4_K 512 x 2 is 576 bytes; a next tensor starting at 544 means the file stored
+  // fewer bytes than the type and shape need.
+  auto img = one_tensor_image(static_cast<uint32_t>(Type::kQ4_K), {512, 2}, 576, 544);
+  const std::string e = parse_error(img);
+  EXPECT_NE(e.find("tensor 't' (Q4_K, 576 bytes at offset 0) overlaps tensor 'next' at offset 544"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(parse_error(one_tensor_image(static_cast<uint32_t>(Type::kQ4_K), {512, 2}, 576, 576)),
+            "");
+}
+
+TEST(QuantReader, UnreadableTypesAreListedWithoutData) {
+  for (uint32_t id : {16u, 23u, 34u, 39u, 200u}) {
+    auto img = one_tensor_image(id, {256, 2}, 512);
+    io::GgufFile f(img.data(), img.size(), "x.gguf");
+    EXPECT_EQ(f.tensors()[0].data, nullptr);
+    EXPECT_EQ(f.tensors()[0].type_info(), nullptr);
+  }
+}
+
+TEST(QuantReader, WriterRejectsPartialBlocks) {
+  io::GgufWriter w;
+  std::vector<uint8_t> data(1024);
+  EXPECT_THROW(w.add_tensor("x", {100, 2}, Type::kQ8_0, static_cast<const void*>(data.data())),
+               Error);
+  EXPECT_NO_THROW(w.add_tensor("y", {256, 2}, Type::kQ4_K, static_cast<const void*>(data.data())));
+}
+
+}  // namespace
+}  // namespace kivi
