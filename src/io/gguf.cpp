@@ -1,5 +1,6 @@
 #include "io/gguf.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -256,6 +257,25 @@ void GgufFile::parse() {
            static_cast<unsigned long long>(t.n_bytes), size_);
     }
     t.data = data_ + data_start + t.offset;
+  }
+  // Tensor data ranges must be disjoint: a tensor whose bytes are also another's is a
+  // damaged or hostile file (its weights would be garbage). Sorted by offset, each range
+  // must end before the next begins.
+  std::vector<const GgufTensor*> by_offset;
+  for (const auto& t : tensors_) {
+    if (t.n_bytes > 0) by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensor& a = *by_offset[i - 1];
+    const GgufTensor& b = *by_offset[i];
+    if (b.offset < a.offset + a.n_bytes) {
+      fail("%s: tensor '%s' data (bytes %llu to %llu of the data section) overlaps tensor '%s' (bytes %llu to %llu)",
+           name_.c_str(), b.name.c_str(), static_cast<unsigned long long>(b.offset),
+           static_cast<unsigned long long>(b.offset + b.n_bytes), a.name.c_str(),
+           static_cast<unsigned long long>(a.offset), static_cast<unsigned long long>(a.offset + a.n_bytes));
+    }
   }
 }
 

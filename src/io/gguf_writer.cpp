@@ -1,12 +1,10 @@
 #include "io/gguf_writer.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <algorithm>
-#include <memory>
+#include <cstring>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace kivi::io {
 
@@ -119,6 +117,12 @@ uint64_t GgufWriter::file_size() const {
 
 void GgufWriter::write(const std::string& path,
                        const std::function<void(uint64_t, uint64_t)>& on_progress) const {
+  AtomicFile out(path);
+  write(out, on_progress);
+  out.commit();
+}
+
+void GgufWriter::write(AtomicFile& out, const std::function<void(uint64_t, uint64_t)>& on_progress) const {
   std::vector<uint8_t> head;
   put<uint32_t>(head, kGgufMagic);
   put<uint32_t>(head, 3);
@@ -136,14 +140,7 @@ void GgufWriter::write(const std::string& path,
   }
   head.resize(align_up(head.size(), kGgufDefaultAlignment), 0);
 
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
-  if (!f) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
-  auto write_bytes = [&](const void* p, size_t n) {
-    if (n && std::fwrite(p, 1, n, f.get()) != n) {
-      fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
-    }
-  };
-  write_bytes(head.data(), head.size());
+  out.write(head.data(), head.size());
   const uint64_t total = file_size();
   uint64_t written = head.size();
   std::vector<uint8_t> chunk;
@@ -151,7 +148,7 @@ void GgufWriter::write(const std::string& path,
   for (const auto& t : tensors_) {
     const size_t elem = t.type == GgmlType::kF32 ? 4 : 2;
     if (t.data) {
-      write_bytes(t.data, t.n_bytes);
+      out.write(t.data, t.n_bytes);
       written += t.n_bytes;
       if (on_progress) on_progress(written, total);
     } else {
@@ -161,16 +158,15 @@ void GgufWriter::write(const std::string& path,
       for (uint64_t first = 0; first < n_el; first += per_chunk) {
         const uint64_t cnt = std::min(per_chunk, n_el - first);
         t.gen(first, cnt, chunk.data());
-        write_bytes(chunk.data(), cnt * elem);
+        out.write(chunk.data(), cnt * elem);
         written += cnt * elem;
         if (on_progress) on_progress(written, total);
       }
     }
     const uint64_t pad = align_up(t.n_bytes, kGgufDefaultAlignment) - t.n_bytes;
-    write_bytes(zeros, pad);
+    out.write(zeros, pad);
     written += pad;
   }
-  if (std::fflush(f.get()) != 0) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
 }
 
 }  // namespace kivi::io
