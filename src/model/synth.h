@@ -32,6 +32,10 @@
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
 
+namespace kivi::io {
+class AtomicFile;
+}
+
 namespace kivi::model {
 
 struct SynthSpec {
@@ -85,6 +89,9 @@ struct SynthResult {
 // Writes the file, streaming (the tensor data is generated in chunks as it is written,
 // never held whole). `progress(bytes_written, total)` is optional. Throws kivi::Error.
 SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
+                                 const std::function<void(uint64_t, uint64_t)>& progress = {});
+// The same into an output the caller opened (and commits).
+SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
                                  const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 }  // namespace kivi::model
