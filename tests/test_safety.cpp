@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/gguf.h"
 #include "io/llama2c.h"
 #include "test_util.h"
@@ -198,6 +200,52 @@ TEST(FileSafety, SuccessfulWritesLeaveOnlyTheOutput) {
   EXPECT_EQ(w.kivi("generate -m s.gguf -p 'Once upon a time' --temp 0 -n 5 --threads 1").exit_code,
             0);
   w.expect_inputs_intact();
+}
+
+// The writer on its own: the target changes only at commit(); abort, an exception or
+// destruction leave it and remove the temporary file; devices are written in place.
+TEST(AtomicFile, ReplacesOnlyOnCommit) {
+  test::TempDir t;
+  const std::string p = t.file("out.bin");
+  test::write_text(p, "old");
+  {
+    io::AtomicFile f(p);
+    f.write("new!", 4);
+    EXPECT_EQ(test::read_file(p).size(), 3u);  // not yet
+    EXPECT_EQ(listing(t.path()).size(), 2u);   // out.bin and the temporary
+    EXPECT_EQ(f.temp_path().rfind(t.file(".out.bin.tmp-"), 0), 0u) << f.temp_path();
+    f.commit();
+  }
+  EXPECT_EQ(test::read_file(p), (std::vector<uint8_t>{'n', 'e', 'w', '!'}));
+  EXPECT_EQ(listing(t.path()), std::vector<std::string>{"out.bin"});
+  {
+    io::AtomicFile f(p);
+    std::vector<char> big(3 << 20, 'x');  // more than the buffer: written before commit
+    f.write(big.data(), big.size());
+  }  // destroyed without commit
+  EXPECT_EQ(test::read_file(p).size(), 4u);
+  EXPECT_EQ(listing(t.path()), std::vector<std::string>{"out.bin"});
+  {
+    io::AtomicFile f(t.file("new.bin"));
+    f.write("x", 1);
+    f.abort();
+    EXPECT_THROW(f.write("y", 1), Error);
+  }
+  EXPECT_EQ(listing(t.path()), std::vector<std::string>{"out.bin"});
+  {
+    io::AtomicFile f("/dev/null");  // not a regular file: written in place, nothing renamed
+    f.write("x", 1);
+    f.commit();
+  }
+  EXPECT_THROW(io::AtomicFile f(t.path()), Error);                 // a directory
+  EXPECT_THROW(io::AtomicFile f(t.file("no/such/dir/x")), Error);  // no folder
+  // The input check: the same inode is refused, another file or a new path is not.
+  ASSERT_EQ(link(p.c_str(), t.file("hard.bin").c_str()), 0);
+  EXPECT_THROW(io::check_output_is_not_input(t.file("hard.bin"), {"", t.file("missing"), p}, "-o"),
+               Error);
+  EXPECT_NO_THROW(io::check_output_is_not_input(t.file("fresh.bin"), {p}, "-o"));
+  test::write_text(t.file("other.bin"), "old");
+  EXPECT_NO_THROW(io::check_output_is_not_input(t.file("other.bin"), {p}, "-o"));
 }
 
 // --- poisoned models ------------------------------------------------------------------

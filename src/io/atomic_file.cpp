@@ -57,8 +57,14 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path) {
   const bool exists = stat(target_.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode))
     fail("cannot write '%s': it is a directory; give a file path", path.c_str());
-  if (exists && !S_ISREG(st.st_mode))
-    fail("cannot write '%s': it is not a regular file", path.c_str());
+  buf_.resize(kBufferBytes);
+  if (exists && !S_ISREG(st.st_mode)) {
+    // A device, pipe or socket (/dev/null, /dev/stdout): nothing to replace, so it is
+    // written in place.
+    fd_ = ::open(target_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
+    return;
+  }
   const size_t slash = target_.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "" : target_.substr(0, slash + 1);
   const std::string name = slash == std::string::npos ? target_ : target_.substr(slash + 1);
@@ -72,7 +78,6 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path) {
     abort();
     fail("cannot write '%s': %s", path.c_str(), std::strerror(e));
   }
-  buf_.resize(kBufferBytes);
 }
 
 AtomicFile::~AtomicFile() { abort(); }
@@ -108,6 +113,13 @@ void AtomicFile::commit() {
   if (done_) fail("internal: '%s' committed twice or after abort", path_.c_str());
   try {
     flush_buffer();
+    if (temp_.empty()) {  // written in place (not a regular file)
+      const int fd = fd_;
+      fd_ = -1;
+      if (::close(fd) != 0) fail("cannot write '%s': %s", path_.c_str(), std::strerror(errno));
+      done_ = true;
+      return;
+    }
     if (fsync(fd_) != 0) fail("cannot write '%s': %s", path_.c_str(), std::strerror(errno));
     const int fd = fd_;
     fd_ = -1;

@@ -5,7 +5,8 @@
 // target is either its old self or the complete new file: an error, an exception or a
 // crash never leaves a truncated file under the final name. A temporary file that is not
 // committed is removed (by abort() or the destructor). A target that is a symlink is
-// replaced at the file it points to; an existing target keeps its permission bits.
+// replaced at the file it points to; an existing target keeps its permission bits. A
+// target that exists and is not a regular file (/dev/null, a pipe) is written in place.
 //
 // check_output_is_not_input refuses an output that is one of the command's inputs: the
 // same file (st_dev and st_ino), whatever the name it is given by (a relative or absolute
