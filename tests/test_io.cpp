@@ -246,7 +246,8 @@ TEST(Gguf, HostileTensorTable) {
     TinyGguf tg;
     tg.write(t.file("ok.gguf"));
     auto img = test::read_file(t.file("ok.gguf"));
-    img.resize(img.size() - 8);
+    ASSERT_GT(img.size(), 8u);
+    img.erase(img.end() - 8, img.end());  // (resize(size - 8) trips -Wstringop-overflow at -O1)
     test::write_file(t.file("cut.gguf"), img);
     EXPECT_NE(load_error(t.file("cut.gguf")).find("runs past the end of the file"), std::string::npos);
   }
