@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs every test:
-#   1. the release build's unit, end-to-end and reference tests;
+#   1. the release build's unit, end-to-end and reference tests (the perplexity
+#      reference in --strict mode, see tests/CMakeLists.txt);
 #   2. the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 60).
+# Every build treats compiler warnings as errors (KIVI_WERROR=ON).
 set -euo pipefail
+export KIVI_WERROR=ON
 cd "$(dirname "$0")/.."
 jobs="$(nproc 2>/dev/null || echo 2)"
 start=$(date +%s)

@@ -533,3 +533,95 @@ TEST(Attention, FastPathWithoutVnniOnAvx3) {
 
 }  // namespace
 }  // namespace kivi
+
+namespace kivi {
+namespace {
+
+// (m, d, o) of scores s[a..b) over values v, computed directly.
+struct DirectState {
+  float m = -INFINITY, d = 0.0f;
+  std::vector<float> o;
+};
+DirectState direct_state(const std::vector<float>& s, const std::vector<std::vector<float>>& v, int a, int b, int D) {
+  DirectState st;
+  st.o.assign(D, 0.0f);
+  for (int i = a; i < b; ++i) st.m = std::max(st.m, s[i]);
+  for (int i = a; i < b; ++i) {
+    const float w = std::exp(s[i] - st.m);
+    st.d += w;
+    for (int j = 0; j < D; ++j) st.o[j] += w * v[i][j];
+  }
+  return st;
+}
+
+// Merging the states of s[0..k) and s[k..n) gives the state of s[0..n) whichever half
+// holds the larger maximum, when the maxima are equal, and when either half is empty
+// (d = 0; its m and o are then ignored, even if not finite).
+TEST(Attention, MergeCoversBothOrdersEqualMaximaAndEmptyStates) {
+  const int D = 4;
+  const std::vector<std::vector<float>> v = {{1, 2, 3, 4}, {0, 1, 0, 1}, {2, 2, 2, 2}, {-1, 0, 1, 0}, {3, 1, 4, 1}};
+  struct Case {
+    const char* name;
+    std::vector<float> s;
+    int split;
+  };
+  const Case cases[] = {
+      {"larger maximum second", {0.5f, -1.0f, 2.0f, 0.0f, 1.5f}, 2},
+      {"larger maximum first", {2.0f, -1.0f, 0.5f, 0.0f, 1.5f}, 2},
+      {"equal maxima", {1.0f, -1.0f, 0.0f, 1.0f, 0.25f}, 2},
+      {"far apart maxima", {-30.0f, -31.0f, 4.0f, 3.0f, 2.0f}, 2},
+      {"empty first half", {0.5f, -1.0f, 2.0f, 0.0f, 1.5f}, 0},
+      {"empty second half", {0.5f, -1.0f, 2.0f, 0.0f, 1.5f}, 5},
+  };
+  for (const auto& c : cases) {
+    const DirectState all = direct_state(c.s, v, 0, 5, D);
+    DirectState a = direct_state(c.s, v, 0, c.split, D), b = direct_state(c.s, v, c.split, 5, D);
+    // An empty state's output is whatever the buffer held: NaN here.
+    if (c.split == 0) a.o.assign(D, std::numeric_limits<float>::quiet_NaN());
+    if (c.split == 5) b.o.assign(D, std::numeric_limits<float>::quiet_NaN());
+    attn::State sa{a.m, a.d, a.o.data()};
+    const attn::State sb{b.m, b.d, b.o.data()};
+    attn::merge(sa, sb, D);
+    EXPECT_FLOAT_EQ(sa.m, all.m) << c.name;
+    EXPECT_NEAR(sa.d, all.d, 1e-6 * all.d) << c.name;
+    for (int j = 0; j < D; ++j) EXPECT_NEAR(a.o[j], all.o[j], 1e-5 * std::max(1.0f, std::fabs(all.o[j]))) << c.name << " o[" << j << "]";
+    // The normalized output, as attention uses it.
+    for (int j = 0; j < D; ++j) EXPECT_NEAR(a.o[j] / sa.d, all.o[j] / all.d, 1e-6) << c.name;
+  }
+  // Both empty: still empty.
+  std::vector<float> oa(D, 0.0f), ob(D, 0.0f);
+  attn::State ea{-INFINITY, 0.0f, oa.data()};
+  const attn::State eb{-INFINITY, 0.0f, ob.data()};
+  attn::merge(ea, eb, D);
+  EXPECT_EQ(ea.d, 0.0f);
+}
+
+// The fast path's value kernels take quantized tokens 8 (or 16) at a time and finish
+// with a scalar tail. Without a window, R = 128 leaves n - 128 quantized values; lengths
+// such as 203 (75 quantized) and 3001 (2873) end in a partial block of 8 on every target.
+TEST(Attention, FastPathValueTailWithoutWindow) {
+  const double kBound = 2e-3;
+  double worst = 0.0;
+  for (const auto& target : cpu::available_targets()) {
+    cpu::force_target_bits(target.bits);
+    for (const auto& c : all_formats()) {
+      for (const auto& s : kShapes) {
+        for (int n : {203, 3001}) {
+          for (int D : {64, 128}) {
+            const double e = fast_error(c, s, D, n, false);
+            worst = std::max(worst, e);
+            EXPECT_LT(e, kBound) << target.name << " " << c.name << " " << s.name << " D=" << D << " n=" << n;
+          }
+        }
+        const double e = fast_error(c, s, 128, 133, true);  // 5 quantized values: the tail alone
+        worst = std::max(worst, e);
+        EXPECT_LT(e, kBound) << target.name << " " << c.name << " " << s.name << " n=133";
+      }
+    }
+  }
+  cpu::reset_target();
+  std::printf("worst fast-path relative error with a value tail: %.3g (bound %.3g)\n", worst, kBound);
+}
+
+}  // namespace
+}  // namespace kivi

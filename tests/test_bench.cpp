@@ -1,6 +1,7 @@
 // `kivi bench`: formats side by side on stories260K. The f32 reference agrees with
 // itself, compression matches the cache's accounting and `kivi info`, the random fill
 // advances every layer and is labelled, and the JSON carries every field.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -232,6 +233,61 @@ TEST(BenchCli, CacheConfigurationsSideBySide) {
   EXPECT_GT(p32, 1.0);
   EXPECT_NEAR(p8 / p32, 1.0, 0.01);  // int8 costs little
   EXPECT_GT(ps, p32);                 // sharing costs quality on a model not trained for it
+}
+
+// A format that differs from the reference: its match, first divergence and overhead are
+// what the tokens and step times say, computed here independently.
+TEST(Bench, AgreementAndOverheadOfAFormatThatDiffers) {
+  KIVI_REQUIRE_MODEL();
+  runtime::BenchConfig b;
+  kv::CacheConfig k2 = cache(kv::Format::kKivi2);
+  k2.residual = 0;  // every token quantized to 2 bits: greedy text departs from f32's early
+  b.names = {"f32", "kivi2"};
+  b.caches = {cache(kv::Format::kF32), k2};
+  b.prompt = stories().tokenizer().encode("Once upon a time", true);
+  b.n_gen = 60;
+  b.threads = 1;
+  const auto r = runtime::run_bench(stories(), b);
+  ASSERT_EQ(r.formats.size(), 2u);
+  const auto& ref = r.formats[0];
+  const auto& f = r.formats[1];
+  int same = 0, first = -1;
+  for (int i = 0; i < b.n_gen; ++i) {
+    if (f.tokens[i] == ref.tokens[i]) {
+      ++same;
+    } else if (first < 0) {
+      first = i;
+    }
+  }
+  ASSERT_GE(first, 0) << "kivi2 with R = 0 should depart from f32 within 60 tokens";
+  EXPECT_LT(same, b.n_gen);
+  EXPECT_DOUBLE_EQ(f.token_match, 100.0 * same / b.n_gen);
+  EXPECT_EQ(f.first_divergence, first);
+  auto median_of = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    const size_t n = x.size();
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+  };
+  const double m_ref = median_of(ref.step_seconds), m_f = median_of(f.step_seconds);
+  EXPECT_DOUBLE_EQ(ref.decode_seconds, m_ref);
+  EXPECT_DOUBLE_EQ(f.decode_seconds, m_f);
+  EXPECT_NE(m_f, m_ref);  // two timed runs never take the same nanoseconds
+  EXPECT_NEAR(f.overhead_pct, 100.0 * (m_f / m_ref - 1.0), 1e-9);
+  EXPECT_EQ(ref.token_match, 100.0);
+  EXPECT_EQ(ref.overhead_pct, 0.0);
+}
+
+TEST(BenchCli, AFormatThatDiffersIsReported) {
+  KIVI_REQUIRE_MODEL();
+  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+  const auto r = run(kivi_cmd("bench " + m + " -n 60 --kv-cache f32,kivi2 -R 0 --threads 1 --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto res = results(r.out);
+  ASSERT_EQ(res.size(), 2u) << r.out;
+  EXPECT_EQ(number(res[0], "token_match"), 100.0);
+  EXPECT_LT(number(res[1], "token_match"), 100.0) << res[1];
+  EXPECT_EQ(res[1].find("\"first_divergence\":null"), std::string::npos) << res[1];
+  EXPECT_NE(number(res[1], "overhead_pct"), 0.0) << res[1];
 }
 
 }  // namespace

@@ -319,5 +319,77 @@ TEST(KiviInsight, PerTokenValuesBeatPerChannelValues) {
   }
 }
 
+// The stored f16 parameters cover their group: zero <= min and zero + L * scale >= max,
+// evaluated exactly (in double) with the parameters as stored, on random groups of many
+// magnitudes and offsets, for values (per token) and keys (per channel). Offsets such as
+// 1000 put the minimum between halves 0.5 apart, where rounding the zero to nearest
+// instead of down would leave the minimum below the stored range.
+TEST(KiviCodec, StoredF16ParametersCoverEveryGroup) {
+  const int D = 32, G = 32, T = 64;
+  int groups = 0;
+  for (int bits : {2, 4, 8}) {
+    const double L = (1 << bits) - 1;
+    for (float offset : {0.0f, 0.3f, -7.1f, 1000.0f, -1000.3f, 20000.0f}) {
+      for (float spread : {1e-3f, 0.05f, 1.0f, 30.0f}) {
+        auto x = randn(static_cast<size_t>(T) * D, 9000 + bits * 101 + groups, spread);
+        for (auto& v : x) v += offset;
+        const auto qv = values_roundtrip(x, 1, T, D, G, bits, ParamType::kF16);
+        for (int t = 0; t < T; ++t) {  // one value group per token (G = D)
+          const float* row = &x[static_cast<size_t>(t) * D];
+          const double mn = *std::min_element(row, row + D), mx = *std::max_element(row, row + D);
+          const double z = qv.zero_at(t, ParamType::kF16), s = qv.scale_at(t, ParamType::kF16);
+          EXPECT_LE(z, mn) << bits << "-bit values, offset " << offset << " spread " << spread << " token " << t;
+          EXPECT_GE(z + L * s, mx) << bits << "-bit values, offset " << offset << " spread " << spread;
+          EXPECT_GE(s, 0.0);
+          ++groups;
+        }
+        const auto qk = keys_roundtrip(x, 1, T, D, G, bits, ParamType::kF16);
+        for (int g = 0; g < T / G; ++g) {
+          for (int d = 0; d < D; ++d) {
+            double mn = INFINITY, mx = -INFINITY;
+            for (int t = g * G; t < (g + 1) * G; ++t) {
+              mn = std::min<double>(mn, x[static_cast<size_t>(t) * D + d]);
+              mx = std::max<double>(mx, x[static_cast<size_t>(t) * D + d]);
+            }
+            const double z = qk.zero_at(static_cast<size_t>(g) * D + d, ParamType::kF16);
+            const double s = qk.scale_at(static_cast<size_t>(g) * D + d, ParamType::kF16);
+            EXPECT_LE(z, mn) << bits << "-bit keys, offset " << offset << " spread " << spread << " channel " << d;
+            EXPECT_GE(z + L * s, mx) << bits << "-bit keys, offset " << offset << " spread " << spread;
+            ++groups;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(groups, 3 * 6 * 4 * (T + T / G * D));
+}
+
+// Worked by hand: the group {1.0008, 1.5, 1.25, 2.0} at 2 bits with f16 parameters. Halves
+// near 1 are 2^-10 apart, so the minimum 1.0008 lies between 1.0 (0x3C00) and 1.0009765625
+// (0x3C01), nearer the second: rounding down stores zero = 1.0 (nearest would store
+// 0x3C01, above the minimum). scale = (2.0 - 1.0) / 3 = 0.33333 rounded up to a half:
+// 0.33349609375 (0x3556; halves in [0.25, 0.5) are 2^-12 apart). Codes: rint((x - 1) /
+// 0.33349609375) = 0.0024 -> 0, 1.4993 -> 1, 0.7496 -> 1, 2.9985 -> 3, packed 2-bit in one
+// byte as 0 | 1 << 2 | 1 << 4 | 3 << 6 = 212.
+TEST(KiviCodec, F16ZeroPointRoundsDown) {
+  const std::vector<float> v = {1.0008f, 1.5f, 1.25f, 2.0f};
+  const auto q = values_roundtrip(v, 1, 1, 4, 4, 2, ParamType::kF16);
+  uint16_t zero = 0, scale = 0;
+  std::memcpy(&zero, q.zero.data(), 2);
+  std::memcpy(&scale, q.scale.data(), 2);
+  EXPECT_EQ(zero, 0x3C00);
+  EXPECT_EQ(scale, 0x3556);
+  EXPECT_EQ(q.codes[0], 212);
+  // Keys: the same numbers down channel 0 of a group of 4 tokens.
+  std::vector<float> k(16, 0.0f);
+  for (int t = 0; t < 4; ++t) k[t * 4] = v[t];
+  const auto qk = keys_roundtrip(k, 1, 4, 4, 4, 2, ParamType::kF16);
+  std::memcpy(&zero, qk.zero.data(), 2);
+  std::memcpy(&scale, qk.scale.data(), 2);
+  EXPECT_EQ(zero, 0x3C00);
+  EXPECT_EQ(scale, 0x3556);
+  for (int t = 0; t < 4; ++t) EXPECT_FLOAT_EQ(qk.out[t * 4], 1.0f + (t == 0 ? 0 : t == 3 ? 3 : 1) * 0.33349609375f);
+}
+
 }  // namespace
 }  // namespace kivi

@@ -202,7 +202,7 @@ std::vector<int64_t> Args::int_list(const std::string& name, int64_t lo, int64_t
     if (t.empty() || *end != '\0' || errno == ERANGE) fail("--%s: '%s' is not an integer", name.c_str(), s.c_str());
     const int64_t x = v * mult;
     if (x < lo || x > hi) {
-      fail("--%s: %lld is out of range (valid: %lld to %lld)", name.c_str(), static_cast<long long>(x),
+      fail("--%s = %lld is out of range (valid: %lld to %lld)", name.c_str(), static_cast<long long>(x),
            static_cast<long long>(lo), static_cast<long long>(hi));
     }
     out.push_back(x);

@@ -87,7 +87,7 @@ int cmd_bench(int argc, char** argv) {
   const bool json = a.flag("json"), markdown = a.flag("markdown");
   if (json && markdown) fail("give --json or --markdown, not both");
   const int n_gen = static_cast<int>(a.integer("n", 1, 1 << 20));
-  const int n_fill = static_cast<int>(a.integer("ctx-fill", 0, 1 << 24));
+  const int n_fill = static_cast<int>(a.integer("ctx-fill", 0, model::kMaxContext));
   const bool random_fill = a.flag("ctx-fill-random");
   if (random_fill && n_fill == 0) fail("--ctx-fill-random needs --ctx-fill N (N > 0 positions to fill)");
 
@@ -98,7 +98,7 @@ int cmd_bench(int argc, char** argv) {
   if (a.given("configs")) {
     list = a.list("configs");
   } else if (a.given("kv-cache")) {
-    list = a.list("kv-cache");
+    list = kv_format_list(a, {});
   } else if (a.given("kv-cache-k") || a.given("kv-cache-v")) {
     list = {"f32"};
   } else {
@@ -144,7 +144,7 @@ int cmd_bench(int argc, char** argv) {
   bc.threads = threads_option(a);
   bc.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
   bc.forward.precision = attn::parse_precision(a.str("attn-precision"));
-  bc.forward.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+  bc.forward.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
   if (random_fill) {
     bc.fill_random = n_fill;
   } else if (n_fill > 0) {
@@ -154,7 +154,7 @@ int cmd_bench(int argc, char** argv) {
   if (bc.prompt.empty()) fail("-p: the prompt has no tokens");
   const int need = n_fill + static_cast<int>(bc.prompt.size()) + n_gen;
   // Without --ctx, the sessions hold exactly what the run needs (at least one group of G).
-  bc.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, 1 << 24)) : std::max(need, ref.group_size);
+  bc.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : std::max(need, ref.group_size);
   if (need > bc.ctx) {
     fail("--ctx-fill %d + prompt %zu tokens + -n %d = %d tokens do not fit in --ctx %d", n_fill, bc.prompt.size(),
          n_gen, need, bc.ctx);
@@ -188,7 +188,7 @@ int cmd_bench(int argc, char** argv) {
                  m->path().c_str());
   }
 
-  Progress bar("bench", 1, "tok", !json && Progress::stderr_is_terminal());
+  Progress bar("bench", 1, "tok", !json);
   const auto r = runtime::run_bench(*m, bc, [&](int64_t done, int64_t total) {
     bar.set_total(total);
     bar.update(done);

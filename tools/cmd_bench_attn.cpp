@@ -35,8 +35,8 @@ struct Row {
 }  // namespace
 
 int cmd_bench_attn(int argc, char** argv) {
-  Args a("bench-attn", "[--ctx LIST] [--heads H] [--kv-heads K] [--head-dim D] [--batch B] [--kv-cache LIST] "
-                       "[--threads N] [--json]",
+  Args a("bench-attn", "[--ctx LIST] [--heads H] [--kv-heads K] [--head-dim D] [--batch B] [--reps N] "
+                       "[--kv-cache LIST] [KV options] [--threads N] [--simd TARGET] [--no-probe] [--json]",
          "Benchmarks decode attention (one query token per sequence over a full cache) for each cache\n"
          "format and context length, on random data with fixed seeds. A memory-read bandwidth probe\n"
          "runs in the same process at the same thread count. For each case it reports the median\n"
@@ -52,14 +52,14 @@ int cmd_bench_attn(int argc, char** argv) {
   a.add("reps", 0, "N", "Timed repetitions per case (median reported).", "20");
   add_threads_options(a);
   a.add("simd", 0, "TARGET", "Force a SIMD target (avx3, avx2, sse4, scalar).");
-  a.add_flag("no-probe", 0, "Skip the bandwidth probe.");
+  a.add_flag("no-probe", 0, "Skip the bandwidth probe: the floor columns then read n/a (null in JSON).");
   a.add_flag("json", 0,
              "Print {\"probe_gbps\", \"results\": [{format, ctx, threads, batch, median_us, bytes_read, gbps, "
-             "vs_f16, floor_us}]}.");
+             "vs_f16, floor_us}]}; with --no-probe the probe and floor fields are null.");
   add_kv_options(a, true);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
-  const auto ctxs = a.int_list("ctx", 1, 1 << 22);
+  const auto ctxs = a.int_list("ctx", 1, model::kMaxContext);
   const int H = static_cast<int>(a.integer("heads", 1, 1024));
   const int Hkv = static_cast<int>(a.integer("kv-heads", 1, 1024));
   const int D = static_cast<int>(a.integer("head-dim", 2, 1024));
@@ -67,8 +67,7 @@ int cmd_bench_attn(int argc, char** argv) {
   const int reps = static_cast<int>(a.integer("reps", 1, 100000));
   if (H % Hkv != 0) fail("--kv-heads %d must divide --heads %d", Hkv, H);
   const int threads = threads_option(a);
-  std::vector<std::string> formats = a.given("kv-cache") ? a.list("kv-cache")
-                                                          : std::vector<std::string>{"f32", "f16", "int8", "kivi4", "kivi2"};
+  const std::vector<std::string> formats = kv_format_list(a, {"f32", "f16", "int8", "kivi4", "kivi2"});
   // Estimate memory before allocating: the largest cache per format x batch.
   {
     const int cmax = static_cast<int>(*std::max_element(ctxs.begin(), ctxs.end()));
@@ -98,7 +97,7 @@ int cmd_bench_attn(int argc, char** argv) {
   }
   std::vector<Row> rows;
   std::vector<double> all_probe;
-  Progress bar("bench-attn", static_cast<int64_t>(ctxs.size()) * reps, "rep", !json && Progress::stderr_is_terminal());
+  Progress bar("bench-attn", static_cast<int64_t>(ctxs.size()) * reps, "rep", !json);
   int64_t progress = 0;
   // Per context: every format's cache is built first, then each repetition times one
   // call of every format back to back, plus one pass of the bandwidth probe, so that
@@ -144,7 +143,7 @@ int cmd_bench_attn(int argc, char** argv) {
     p.n_heads = H;
     p.scale = 1.0f / std::sqrt(static_cast<float>(D));
     p.precision = prec;
-    p.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+    p.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
     // Keys stored before RoPE are rotated by their positions inside attention.
     std::vector<float> rope;
     if (cache_config(a, formats[0]).key_rope == kv::KeyRope::kPre) {
@@ -201,14 +200,22 @@ int cmd_bench_attn(int argc, char** argv) {
   if (json) {
     JsonWriter j;
     j.begin_object();
-    j.kv("probe_gbps", bw.gbps_median).kv("probe_threads", bw.threads).kv("probe_bytes", static_cast<uint64_t>(bw.bytes));
+    if (probe) {
+      j.kv("probe_gbps", bw.gbps_median).kv("probe_threads", bw.threads).kv("probe_bytes", static_cast<uint64_t>(bw.bytes));
+    } else {  // not measured: null, not 0
+      j.key("probe_gbps").null().key("probe_threads").null().key("probe_bytes").null();
+    }
     j.kv("simd", cpu::current_target_name()).kv("precision", attn::precision_name(prec));
     j.kv("heads", H).kv("kv_heads", Hkv).kv("head_dim", D);
     j.key("results").begin_array();
     for (const auto& r : rows) {
       j.begin_object().kv("format", r.format).kv("ctx", r.ctx).kv("threads", r.threads).kv("batch", r.batch);
       j.kv("median_us", r.median_us).kv("min_us", r.min_us).kv("bytes_read", r.bytes_read).kv("gbps", r.gbps);
-      j.kv("floor_us", r.floor_us).kv("probe_gbps", r.probe_gbps);
+      if (probe) {
+        j.kv("floor_us", r.floor_us).kv("probe_gbps", r.probe_gbps);
+      } else {
+        j.key("floor_us").null().key("probe_gbps").null();
+      }
       if (r.vs_f16 > 0) {
         j.kv("vs_f16", r.vs_f16);
       } else {
@@ -230,11 +237,14 @@ int cmd_bench_attn(int argc, char** argv) {
   std::printf("%-46s %8s %12s %12s %8s %12s %9s %9s\n", "format", "ctx", "median us", "bytes read", "GB/s", "floor us",
               "% floor", "t/t(f16)");
   for (const auto& r : rows) {
-    std::printf("%-46s %8d %12.1f %12llu %8.2f %12.1f %8.0f%% %9s\n", r.format.c_str(), r.ctx, r.median_us,
-                static_cast<unsigned long long>(r.bytes_read), r.gbps, r.floor_us,
-                r.floor_us > 0 ? 100.0 * r.floor_us / r.median_us : 0.0,
+    // Without the probe there is no floor: "n/a", not a floor of 0.
+    const std::string floor = probe ? strfmt("%.1f", r.floor_us) : "n/a";
+    const std::string pct = probe && r.floor_us > 0 ? strfmt("%.0f%%", 100.0 * r.floor_us / r.median_us) : "n/a";
+    std::printf("%-46s %8d %12.1f %12llu %8.2f %12s %9s %9s\n", r.format.c_str(), r.ctx, r.median_us,
+                static_cast<unsigned long long>(r.bytes_read), r.gbps, floor.c_str(), pct.c_str(),
                 r.vs_f16 > 0 ? strfmt("%.3f", r.vs_f16).c_str() : "-");
   }
+  if (!probe) std::printf("(no bandwidth probe: --no-probe)\n");
   return 0;
 }
 

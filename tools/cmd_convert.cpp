@@ -28,7 +28,7 @@ int cmd_convert(int argc, char** argv) {
   if (outtype != "f32" && outtype != "f16") fail("--outtype: unknown value '%s' (valid: f32, f16)", outtype.c_str());
   const bool f16 = outtype == "f16";
 
-  Progress bar("convert", 1, "B", Progress::stderr_is_terminal());
+  Progress bar("convert", 1, "B", true);
   const auto r = model::convert_llama2c_to_gguf(in, a.str("tokenizer"), out, f16, a.str("name"),
                                                 [&](uint64_t done, uint64_t total) {
                                                   bar.set_total(static_cast<int64_t>(total));

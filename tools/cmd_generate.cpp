@@ -12,9 +12,10 @@
 namespace kivi::tools {
 
 int cmd_generate(int argc, char** argv) {
-  Args a("generate", "[-m MODEL] [-t TOKENIZER] -p PROMPT [-n N] [options]",
-         "Generates text from PROMPT and streams it to stdout (the prompt first). A stats line\n"
-         "follows on stderr: prompt and generated tokens, prefill and decode tokens/s, KV bytes.\n"
+  Args a("generate", "[-m MODEL] [-t TOKENIZER] [-p PROMPT] [-n N] [options]",
+         "Generates text from PROMPT (default empty: from BOS alone) and streams it to stdout (the\n"
+         "prompt first). A stats line follows on stderr: prompt and generated tokens, prefill and\n"
+         "decode tokens/s, KV bytes.\n"
          "Generation stops at an end-of-text token, after N tokens, or when the context is full.");
   a.section("Generation");
   a.add("prompt", 'p', "TEXT", "The prompt.", "");
@@ -34,8 +35,11 @@ int cmd_generate(int argc, char** argv) {
   runtime::SamplerOptions so;
   so.temperature = static_cast<float>(a.number("temp", 0.0, 100.0));
   so.top_k = static_cast<int>(a.integer("top-k", 0, 1 << 24));
-  so.top_p = static_cast<float>(a.number("top-p", 0.0, 1.0));
+  // Any number parses; the range is checked with the sampler's own words.
+  so.top_p = static_cast<float>(a.number("top-p", -1e30, 1e30));
   so.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
+  runtime::check_sampler_options(so);
+  if (a.flag("no-kv-cache")) refuse_kv_options(a, "--no-kv-cache (it recomputes keys and values, it has no cache)");
 
   auto m = load_model(a);
   const auto& cfg = m->config();

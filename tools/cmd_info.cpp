@@ -22,7 +22,7 @@ struct MemRow {
 std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int ctx) {
   std::vector<std::string> formats;
   if (a.given("kv-cache") || a.given("kv-cache-k") || a.given("kv-cache-v")) {
-    formats = a.given("kv-cache") ? a.list("kv-cache") : std::vector<std::string>{"f32"};
+    formats = kv_format_list(a, {"f32"});
   } else {
     formats = {"f32", "f16", "int8", "kivi4", "kivi2"};
   }
@@ -111,7 +111,7 @@ int cmd_info(int argc, char** argv) {
     c = m->config();
     source = m->path();
   }
-  const int ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, 1 << 26)) : c.ctx;
+  const int ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : c.ctx;
   const auto rows = memory_rows(a, c, ctx);
   if (rows.size() == 1 && !rows[0].invalid.empty()) fail("%s", rows[0].invalid.c_str());
   kv::CacheConfig f16 = rows.front().cfg;

@@ -13,6 +13,7 @@
 #include "core/progress.h"
 #include "core/sysinfo.h"
 #include "core/timer.h"
+#include "io/atomic_file.h"
 #include "io/mapped_file.h"
 #include "kv/format.h"
 #include "runtime/perplexity.h"
@@ -43,9 +44,11 @@ int cmd_perplexity(int argc, char** argv) {
   a.add("file", 'f', "TEXT", "The text file to score.");
   a.add("mode", 0, "MODE", "streaming or batched (see above).", "streaming");
   a.add("save-logits", 0, "FILE",
-        "Write the log-probabilities of every scored token: header \"KIVILP1\\0\", u32 vocab, u32 ctx, "
-        "u64 tokens, u64 token hash; then per token u32 id + f32[vocab].");
-  a.add("kld-base", 0, "FILE", "Compare against log-probabilities saved by --save-logits (same model and text).");
+        "Write the log-probabilities of every scored token: header \"KIVILP2\\0\", u32 vocab, u32 ctx, "
+        "u64 tokens, u64 token hash, u64 model fingerprint; then per token u32 id + f32[vocab].");
+  a.add("kld-base", 0, "FILE",
+        "Compare against log-probabilities saved by --save-logits (the same model, text and --ctx: the file "
+        "records them and a mismatch is an error).");
   a.add_flag("json", 0, "Print one JSON object: ppl, mean_nll, nll_stderr, tokens, mode, ... (and kld_* fields).");
   add_model_options(a);
   add_kv_options(a);
@@ -54,6 +57,12 @@ int cmd_perplexity(int argc, char** argv) {
   const bool json = a.flag("json");
   const auto mode = runtime::parse_eval_mode(a.str("mode"));
   const std::string text = read_text_file(a.str("file"));
+  if (a.given("save-logits")) {
+    std::vector<std::string> inputs = model_input_paths(a);
+    inputs.push_back(a.str("file"));
+    if (a.given("kld-base")) inputs.push_back(a.str("kld-base"));
+    io::check_output_is_not_input(a.str("save-logits"), inputs, "--save-logits");
+  }
   auto m = load_model(a);
   runtime::SessionOptions opt = session_options(a, *m);
   runtime::Session s(*m, opt);
@@ -63,16 +72,17 @@ int cmd_perplexity(int argc, char** argv) {
          tokens.size() == 1 ? "" : "s");
   }
   const int V = m->config().vocab_size;
-  const uint64_t hash = runtime::hash_tokens(tokens);
+  const uint64_t hash = runtime::hash_tokens(tokens), model_hash = runtime::model_fingerprint(*m);
   std::unique_ptr<runtime::LogprobWriter> writer;
   std::unique_ptr<runtime::LogprobReader> reader;
   // Open both before the (possibly long) run so bad paths fail at once.
   if (a.given("save-logits")) {
     writer = std::make_unique<runtime::LogprobWriter>(a.str("save-logits"), V, s.ctx(),
-                                                      static_cast<int64_t>(tokens.size()), hash);
+                                                      static_cast<int64_t>(tokens.size()), hash, model_hash);
   }
   if (a.given("kld-base")) {
-    reader = std::make_unique<runtime::LogprobReader>(a.str("kld-base"), V, static_cast<int64_t>(tokens.size()), hash);
+    reader = std::make_unique<runtime::LogprobReader>(a.str("kld-base"), V, s.ctx(),
+                                                      static_cast<int64_t>(tokens.size()), hash, model_hash);
   }
   std::vector<float> base(V);
   std::vector<double> kld;
@@ -86,7 +96,7 @@ int cmd_perplexity(int argc, char** argv) {
       agree.push_back(runtime::argmax(base.data(), V) == runtime::argmax(lp, V));
     }
   };
-  Progress bar("perplexity", static_cast<int64_t>(tokens.size()), "tok", !json && Progress::stderr_is_terminal());
+  Progress bar("perplexity", static_cast<int64_t>(tokens.size()), "tok", !json);
   const double t0 = now_seconds();
   const auto r = runtime::evaluate_perplexity(s, tokens, mode, sink, [&](int64_t d, int64_t) { bar.update(d); });
   const double secs = now_seconds() - t0;

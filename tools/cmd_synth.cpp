@@ -1,11 +1,5 @@
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <climits>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #include "common.h"
@@ -14,30 +8,13 @@
 #include "core/progress.h"
 #include "core/sysinfo.h"
 #include "core/timer.h"
+#include "io/atomic_file.h"
 #include "model/presets.h"
 #include "model/synth.h"
 #include "model/synth_tokenizer.h"
 #include "quant/mix.h"
 
 namespace kivi::tools {
-
-namespace {
-
-// Opens (creating if needed) the output once, so an unwritable path fails before any work.
-void check_writable(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail("-o %s is a directory; give a file path", path.c_str());
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0644);
-  if (fd < 0) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
-  ::close(fd);
-}
-
-uint64_t existing_size(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
-}
-
-}  // namespace
 
 int cmd_synth(int argc, char** argv) {
   Args a("synth", "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o OUT.gguf "
@@ -60,7 +37,7 @@ int cmd_synth(int argc, char** argv) {
   a.add("kv-heads", 0, "K", "Key/value heads (divides --heads; GQA when < H).");
   a.add("ffn", 0, "F", "SwiGLU inner width (1 to 1048576).");
   a.add("vocab", 0, "V", "Vocabulary size (259 to 4194304).");
-  a.add("ctx", 0, "C", "Context length written to the file (1 to 16777216).");
+  a.add("ctx", 0, "C", "Context length written to the file (1 to " + std::to_string(model::kMaxContext) + ").");
   a.add("rope-theta", 0, "T", "RoPE base. Default: the preset's, else 10000.");
   a.add("classifier", 0, "KIND", "tied (output = token embedding) or separate. Default: the preset's, else tied.");
   a.section("Tokenizer");
@@ -135,22 +112,19 @@ int cmd_synth(int argc, char** argv) {
 
   // Resources first: nothing is allocated or written if the model cannot be run here or
   // the file cannot be stored.
+  // The new file is written beside the old one and renamed over it when complete, so the
+  // old one's space is not free while it is written.
   const model::SynthNeeds needs = model::synth_needs(spec);
-  model::check_synth_fits(needs, sys::available_memory_bytes(), sys::free_disk_bytes(out) + existing_size(out), out);
-  check_writable(out);
+  model::check_synth_fits(needs, sys::available_memory_bytes(), sys::free_disk_bytes(out), out);
+  io::AtomicFile file(out);  // an unwritable path fails here, before any work
 
-  Progress bar("synth", static_cast<int64_t>(needs.file_bytes), "B", !json && Progress::stderr_is_terminal());
+  Progress bar("synth", static_cast<int64_t>(needs.file_bytes), "B", !json);
   const double t0 = now_seconds();
-  model::SynthResult r;
-  try {
-    r = model::write_synthetic_gguf(spec, out, [&](uint64_t done, uint64_t total) {
-      bar.set_total(static_cast<int64_t>(total));
-      bar.update(static_cast<int64_t>(done));
-    });
-  } catch (...) {
-    std::remove(out.c_str());  // no partial model left behind
-    throw;
-  }
+  const model::SynthResult r = model::write_synthetic_gguf(spec, file, [&](uint64_t done, uint64_t total) {
+    bar.set_total(static_cast<int64_t>(total));
+    bar.update(static_cast<int64_t>(done));
+  });
+  file.commit();  // on an error before this, the temporary file is removed and `out` left as it was
   const double secs = now_seconds() - t0;
   bar.finish();
   if (json) {

@@ -14,6 +14,7 @@
 #include "core/threadpool.h"
 #include "io/mapped_file.h"
 #include "kv/format.h"
+#include "model/finite.h"
 
 namespace kivi::tools {
 
@@ -29,6 +30,9 @@ void add_model_options(Args& a) {
   add_threads_options(a);
   a.add_flag("alibi", 0, "Use ALiBi attention biases instead of RoPE (changes the model; for testing the kernels).");
   a.add("simd", 0, "TARGET", "Force a SIMD target (e.g. avx3, avx2, sse4, scalar). Default: the best this CPU supports.");
+  a.add_flag("check-weights", 0,
+             "Scan every weight for NaN and Inf at load and name the first tensor holding one (reads the whole "
+             "file once). Without it, non-finite values are still an error, at the first layer they reach.");
 }
 
 void add_kv_options(Args& a, bool allow_list) {
@@ -87,7 +91,38 @@ std::unique_ptr<model::Model> load_model(const Args& a) {
   }
   auto m = model::Model::load(path, a.str("tokenizer"));
   if (a.flag("alibi")) m->mutable_config().alibi = true;
+  if (a.flag("check-weights")) model::check_finite_weights(*m);
   return m;
+}
+
+std::vector<std::string> model_input_paths(const Args& a) {
+  const std::string path = model::default_model_path(a.str("model"));
+  return {path, a.given("tokenizer") ? a.str("tokenizer") : model::default_tokenizer_path(path)};
+}
+
+std::vector<std::string> kv_format_list(const Args& a, const std::vector<std::string>& def) {
+  if (!a.given("kv-cache")) return def;
+  const std::string s = a.str("kv-cache");
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = s.find(',', start);
+    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) {
+      fail("--kv-cache: empty format in the list '%s' (formats: f32, f16, int8, kivi2, kivi4, kivi8)", s.c_str());
+    }
+    out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void refuse_kv_options(const Args& a, const char* why) {
+  for (const char* o : {"kv-cache", "kv-cache-k", "kv-cache-v", "int8-granularity", "group-size", "residual",
+                        "key-flush", "scale-dtype", "attn-precision", "window"}) {
+    if (a.given(o)) fail("--%s has no effect with %s; leave it out", o, why);
+  }
 }
 
 bool parse_command_line(Args& a, int argc, char** argv) {
@@ -165,13 +200,13 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format_and_polici
     spec.erase(plus, next == std::string::npos ? std::string::npos : next - plus);
   }
   const std::string base = spec;
-  kv::StreamFormat f{kv::parse_format(base.empty() ? "f32" : base), kv::parse_granularity(a.str("int8-granularity"))};
+  kv::StreamFormat f{kv::parse_format(base, "--kv-cache"), kv::parse_granularity(a.str("int8-granularity"))};
   c.k = f;
   c.v = f;
   if (a.given("kv-cache-k")) c.k.format = kv::parse_format(a.str("kv-cache-k"), "--kv-cache-k");
   if (a.given("kv-cache-v")) c.v.format = kv::parse_format(a.str("kv-cache-v"), "--kv-cache-v");
   c.group_size = static_cast<int>(a.integer("group-size", 1, 65536));
-  c.residual = static_cast<int>(a.integer("residual", 0, 1 << 24));
+  c.residual = static_cast<int>(a.integer("residual", 0, model::kMaxContext));
   c.key_flush = kv::parse_key_flush(a.str("key-flush"));
   c.param_type = kv::parse_param_type(a.str("scale-dtype"));
   c.key_rope = kv::parse_key_rope(a.str("key-rope"));
@@ -194,14 +229,14 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format_and_polici
 
 runtime::SessionOptions session_options(const Args& a, const model::Model& m, const std::string& format) {
   runtime::SessionOptions o;
-  o.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, 1 << 24)) : 0;
+  o.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : 0;
   if (o.ctx > m.config().ctx && !m.config().synthetic) {
     fail("--ctx %d is larger than the model's context length %d", o.ctx, m.config().ctx);
   }
   o.threads = threads_option(a);
   o.cache = cache_config(a, format);
   o.forward.precision = attn::parse_precision(a.str("attn-precision"));
-  o.forward.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+  o.forward.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
   o.overflow = runtime::parse_context_overflow(a.str("context-overflow"));
   o.sinks = static_cast<int>(a.integer("sinks", 0, 512));
   if (!a.given("ctx")) o.ctx = default_context(m, o);

@@ -12,7 +12,7 @@
 
 namespace kivi::tools {
 
-// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd
+// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd, --check-weights
 void add_model_options(Args& a);
 // --threads N and --threads-force (part of add_model_options).
 void add_threads_options(Args& a);
@@ -23,6 +23,15 @@ void add_kv_options(Args& a, bool allow_list = false);
 // Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
 // ../shared/models/stories260K.bin) and loads it, applying --alibi.
 std::unique_ptr<model::Model> load_model(const Args& a);
+// The files a model run reads: the model (resolved as load_model does) and its tokenizer
+// (given, or the default beside a llama2.c model; "" when there is none). For refusing an
+// output that is one of them (io/atomic_file.h).
+std::vector<std::string> model_input_paths(const Args& a);
+// --kv-cache as a comma-separated list (`def` when not given); an empty entry is an error.
+std::vector<std::string> kv_format_list(const Args& a, const std::vector<std::string>& def);
+// Throws naming the first KV cache option given, which would have no effect: `why` says
+// why, e.g. "--no-kv-cache".
+void refuse_kv_options(const Args& a, const char* why);
 // Parses the command line and applies --simd if given. Returns false when --help was asked
 // for (the help is then printed to stdout); throws on a bad option.
 bool parse_command_line(Args& a, int argc, char** argv);

@@ -255,21 +255,24 @@ void GgufFile::parse() {
     }
     t.data = data_ + data_start + t.offset;
   }
-  // A tensor's bytes (from its type and shape) must end before the next tensor starts:
-  // otherwise its stored size disagrees with its type and shape.
+  // Tensor data ranges must be disjoint: a tensor whose bytes are also another's is a
+  // damaged or hostile file (its weights would be garbage). Sorted by offset, each range
+  // must end before the next begins.
   std::vector<const GgufTensor*> by_offset;
-  for (const auto& t : tensors_) by_offset.push_back(&t);
+  for (const auto& t : tensors_) {
+    if (t.n_bytes > 0) by_offset.push_back(&t);
+  }
   std::sort(by_offset.begin(), by_offset.end(),
             [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
-  for (size_t i = 0; i + 1 < by_offset.size(); ++i) {
-    const GgufTensor& a = *by_offset[i];
-    const GgufTensor& b = *by_offset[i + 1];
-    if (a.n_bytes > b.offset - a.offset) {
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensor& a = *by_offset[i - 1];
+    const GgufTensor& b = *by_offset[i];
+    if (b.offset < a.offset + a.n_bytes) {
       fail("%s: tensor '%s' (%s, %llu bytes at offset %llu) overlaps tensor '%s' at offset %llu: "
-           "its data size disagrees with its type and shape", name_.c_str(), a.name.c_str(),
-           ggml_type_name(a.type).c_str(), static_cast<unsigned long long>(a.n_bytes),
-           static_cast<unsigned long long>(a.offset), b.name.c_str(),
-           static_cast<unsigned long long>(b.offset));
+           "tensor data must be disjoint, and each size follows from the type and shape",
+           name_.c_str(), a.name.c_str(), ggml_type_name(a.type).c_str(),
+           static_cast<unsigned long long>(a.n_bytes), static_cast<unsigned long long>(a.offset),
+           b.name.c_str(), static_cast<unsigned long long>(b.offset));
     }
   }
 }

@@ -1,6 +1,7 @@
 // GGUF (v2 and v3) reader over a memory map. Every length, count and offset in the
-// file is checked against the file size before use, so a truncated or hostile file
-// gives a kivi::Error naming the field, never a crash.
+// file is checked against the file size before use, and the tensors' data ranges must lie
+// inside the file without overlapping, so a truncated or hostile file gives a kivi::Error
+// naming the field, never a crash or garbage weights.
 //
 // Layout (GGUF spec, ggml/docs/gguf.md):
 //   u32 magic "GGUF", u32 version, u64 n_tensors, u64 n_kv

@@ -1,12 +1,10 @@
 #include "io/gguf_writer.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <algorithm>
-#include <memory>
+#include <cstring>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace kivi::io {
 
@@ -151,6 +149,12 @@ uint64_t GgufWriter::file_size() const {
 
 void GgufWriter::write(const std::string& path,
                        const std::function<void(uint64_t, uint64_t)>& on_progress) const {
+  AtomicFile out(path);
+  write(out, on_progress);
+  out.commit();
+}
+
+void GgufWriter::write(AtomicFile& out, const std::function<void(uint64_t, uint64_t)>& on_progress) const {
   std::vector<uint8_t> head;
   put<uint32_t>(head, kGgufMagic);
   put<uint32_t>(head, 3);
@@ -168,21 +172,14 @@ void GgufWriter::write(const std::string& path,
   }
   head.resize(align_up(head.size(), kGgufDefaultAlignment), 0);
 
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
-  if (!f) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
-  auto write_bytes = [&](const void* p, size_t n) {
-    if (n && std::fwrite(p, 1, n, f.get()) != n) {
-      fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
-    }
-  };
-  write_bytes(head.data(), head.size());
+  out.write(head.data(), head.size());
   const uint64_t total = file_size();
   uint64_t written = head.size();
   std::vector<uint8_t> chunk;
   static const uint8_t zeros[kGgufDefaultAlignment] = {};
   for (const auto& t : tensors_) {
     if (t.data) {
-      write_bytes(t.data, t.n_bytes);
+      out.write(t.data, t.n_bytes);
       written += t.n_bytes;
       if (on_progress) on_progress(written, total);
     } else {
@@ -197,16 +194,15 @@ void GgufWriter::write(const std::string& path,
         const uint64_t cnt = std::min(per_chunk, n_el - first);
         const uint64_t bytes = cnt / block * bbytes;
         t.gen(first, cnt, chunk.data());
-        write_bytes(chunk.data(), bytes);
+        out.write(chunk.data(), bytes);
         written += bytes;
         if (on_progress) on_progress(written, total);
       }
     }
     const uint64_t pad = align_up(t.n_bytes, kGgufDefaultAlignment) - t.n_bytes;
-    write_bytes(zeros, pad);
+    out.write(zeros, pad);
     written += pad;
   }
-  if (std::fflush(f.get()) != 0) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
 }
 
 }  // namespace kivi::io

@@ -50,7 +50,7 @@ std::unique_ptr<Llama2cCheckpoint> parse_llama2c(const uint8_t* data, size_t siz
     fail("%s: llama2.c header field 'vocab_size' = %d, expected 1 to 4194304 (negative for a "
          "separate classifier)", name.c_str(), h.vocab_size);
   }
-  check_range(name, "seq_len", h.seq_len, 1, 1 << 24);
+  check_range(name, "seq_len", h.seq_len, 1, 1 << 24);  // model::kMaxContext
   if (h.dim % h.n_heads != 0) {
     fail("%s: llama2.c header: n_heads = %d does not divide dim = %d", name.c_str(), h.n_heads,
          h.dim);

@@ -14,7 +14,7 @@ void ModelConfig::validate(const std::string& src) const {
   range("n_heads (attention.head_count)", n_heads, 1, 4096);
   range("n_kv_heads (attention.head_count_kv)", n_kv_heads, 1, n_heads);
   range("vocab_size", vocab_size, 1, 1 << 22);
-  range("context_length", ctx, 1, 1 << 24);
+  range("context_length", ctx, 1, kMaxContext);
   if (dim % n_heads != 0) fail("%s: n_heads = %d does not divide dim = %d", src.c_str(), n_heads, dim);
   if (n_heads % n_kv_heads != 0) {
     fail("%s: n_kv_heads = %d does not divide n_heads = %d", src.c_str(), n_kv_heads, n_heads);

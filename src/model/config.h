@@ -5,6 +5,10 @@
 
 namespace kivi::model {
 
+// The longest context any command accepts (--ctx, a model's context_length, synth --ctx,
+// bench-attn --ctx): 2^24 tokens. Memory checks refuse what does not fit long before.
+inline constexpr int kMaxContext = 1 << 24;
+
 struct ModelConfig {
   std::string arch = "llama";
   std::string name;

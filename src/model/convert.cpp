@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/f16.h"
+#include "io/atomic_file.h"
 #include "io/gguf_writer.h"
 #include "io/llama2c.h"
 #include "tokenizer/tokenizer.h"
@@ -74,6 +75,7 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
 ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& tok_path,
                                       const std::string& out, bool f16, const std::string& name,
                                       const std::function<void(uint64_t, uint64_t)>& progress) {
+  io::check_output_is_not_input(out, {in, tok_path}, "-o");
   auto ck = io::read_llama2c(in);
   const auto& h = ck->header;
   const auto tk = tok::Tokenizer::from_llama2c(tok_path, h.vocab_size);

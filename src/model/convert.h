@@ -26,7 +26,8 @@ struct ConvertResult {
   int n_tensors = 0;
 };
 
-// `f16` stores matrices as F16 (norms stay F32). Throws kivi::Error.
+// `f16` stores matrices as F16 (norms stay F32). Refuses an `out` that is `in` or the
+// tokenizer, and writes through a temporary file (io/atomic_file.h). Throws kivi::Error.
 ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& tokenizer,
                                       const std::string& out, bool f16, const std::string& name = "",
                                       const std::function<void(uint64_t, uint64_t)>& progress = {});

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
+#include "model/finite.h"
 #include "ops/ops.h"
 
 namespace kivi::model {
@@ -86,6 +87,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size) fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
     ops::copy_row(w.token_embd, tokens[i], st.x.data() + static_cast<size_t>(i) * dim);
   }
+  check_finite_activations(m, st.x.data(), n, dim, -1, pos0, tokens);
   attn::Params ap;
   ap.n_heads = c.n_heads;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -151,6 +153,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     ops::silu_mul(st.hb.data(), st.hb2.data(), n * hid);
     ops::matmul(L.w_down, st.hb.data(), n, st.xb2.data(), pool);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
+    check_finite_activations(m, st.x.data(), n, dim, l, pos0, tokens);
   }
   if (!logits) return;
   const int first = all_logits ? 0 : n - 1;
@@ -159,6 +162,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
                  w.output_norm.data(), dim, c.norm_eps);
   }
   ops::matmul(w.output, st.xb.data() + static_cast<size_t>(first) * dim, n - first, logits, pool);
+  check_finite_activations(m, logits, n - first, c.vocab_size, c.n_layers, pos0 + first, tokens + first);
 }
 
 std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool,
@@ -177,6 +181,7 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   fill_rope_table(rope.data(), n, hd, c.rope_theta);
   const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
   for (int i = 0; i < n; ++i) ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
+  check_finite_activations(m, x.data(), n, dim, -1, 0, tokens.data());
   std::vector<double> s(n);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -228,10 +233,12 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     ops::silu_mul(hb.data(), hb2.data(), n * hid);
     ops::matmul(L.w_down, hb.data(), n, xb2.data(), pool);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
+    check_finite_activations(m, x.data(), n, dim, l, 0, tokens.data());
   }
   std::vector<float> logits(c.vocab_size);
   ops::rmsnorm(xb.data(), &x[static_cast<size_t>(n - 1) * dim], w.output_norm.data(), dim, c.norm_eps);
   ops::matvec(w.output, xb.data(), logits.data(), pool);
+  check_finite_activations(m, logits.data(), 1, c.vocab_size, c.n_layers, n - 1, &tokens[n - 1]);
   return logits;
 }
 

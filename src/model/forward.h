@@ -53,7 +53,8 @@ struct ForwardOptions {
 
 // Runs tokens[0..n) at positions pos, pos+1, ... (pos == cache.n_tokens(l) for all l),
 // n <= st.max_batch. Writes logits [n, vocab] if all_logits, else only the last
-// token's [vocab]. `logits` may be null to skip the classifier.
+// token's [vocab]. `logits` may be null to skip the classifier. Throws kivi::Error naming
+// the layer when the residual stream or the logits stop being finite (model/finite.h).
 void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* tokens, int n,
              float* logits, bool all_logits, ThreadPool* pool, const ForwardOptions& opt);
 

@@ -140,7 +140,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   c.n_layers = get_int("llama.block_count", 1 << 16);
   c.n_heads = get_int("llama.attention.head_count", 1 << 16);
   c.n_kv_heads = f.has("llama.attention.head_count_kv") ? get_int("llama.attention.head_count_kv", 1 << 16) : c.n_heads;
-  c.ctx = get_int("llama.context_length", 1 << 26);
+  c.ctx = get_int("llama.context_length", kMaxContext);
   c.rope_theta = static_cast<float>(f.get_float_opt("llama.rope.freq_base").value_or(10000.0));
   c.norm_eps = static_cast<float>(f.get_float_opt("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.synthetic = f.get_bool_opt("kivi.synthetic").value_or(false);

@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "core/sysinfo.h"
 #include "core/threadpool.h"
+#include "io/atomic_file.h"
 #include "io/gguf_writer.h"
 #include "model/convert.h"
 #include "quant/mix.h"
@@ -77,7 +78,7 @@ void validate_synth_config(const ModelConfig& c) {
   range_check("--kv-heads", c.n_kv_heads, 1, c.n_heads);
   range_check("--ffn", c.hidden_dim, 1, 1 << 20);
   range_check("--vocab", c.vocab_size, kSynthMinVocab, 1 << 22);
-  range_check("--ctx", c.ctx, 1, 1 << 24);
+  range_check("--ctx", c.ctx, 1, kMaxContext);
   if (c.dim % c.n_heads != 0) {
     fail("--heads %d does not divide --dim %d (the head dimension dim / heads must be a whole number)", c.n_heads,
          c.dim);
@@ -206,6 +207,14 @@ void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_
 std::string synthetic_name(const std::string& label) { return "synthetic " + label + ", random weights"; }
 
 SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
+                                 const std::function<void(uint64_t, uint64_t)>& progress) {
+  io::AtomicFile file(out);
+  const SynthResult r = write_synthetic_gguf(s, file, progress);
+  file.commit();
+  return r;
+}
+
+SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
                                  const std::function<void(uint64_t, uint64_t)>& progress) {
   const ModelConfig& c = s.config;
   validate_synth_config(c);

@@ -36,6 +36,7 @@
 
 namespace kivi::io {
 class GgufWriter;
+class AtomicFile;
 }
 
 namespace kivi::model {
@@ -95,6 +96,9 @@ struct SynthResult {
 // Writes the file, streaming (the tensor data is generated in chunks as it is written,
 // never held whole). `progress(bytes_written, total)` is optional. Throws kivi::Error.
 SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
+                                 const std::function<void(uint64_t, uint64_t)>& progress = {});
+// The same into an output the caller opened (and commits).
+SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
                                  const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 }  // namespace kivi::model
