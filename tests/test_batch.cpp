@@ -62,7 +62,23 @@ std::vector<CacheCase> cache_cases() {
       make("kivi2 G32 R32", kv::Format::kKivi2, kv::Format::kKivi2, 32, 32),
       make("kivi4/kivi2 G8 R24 group", kv::Format::kKivi4, kv::Format::kKivi2, 8, 24,
            kv::Int8Granularity::kHead, kv::KeyFlush::kGroup),
-      make("kivi2 R0", kv::Format::kKivi2, kv::Format::kKivi2, 32, 0)};
+      make("kivi2 R0", kv::Format::kKivi2, kv::Format::kKivi2, 32, 0),
+      [&] {
+        CacheCase c = make("kivi4 pre-RoPE keys", kv::Format::kKivi4, kv::Format::kKivi4, 32, 32);
+        c.cache.key_rope = kv::KeyRope::kPre;
+        return c;
+      }(),
+      [&] {
+        CacheCase c = make("f16 layers share by 2", kv::Format::kF16, kv::Format::kF16, 32, 0);
+        c.cache.share_every = 2;
+        return c;
+      }(),
+      [&] {
+        CacheCase c =
+            make("kivi2 layers share by 2", kv::Format::kKivi2, kv::Format::kKivi2, 32, 32);
+        c.cache.share_every = 2;
+        return c;
+      }()};
 }
 
 const char* kTexts[] = {
@@ -115,6 +131,8 @@ TEST(BatchForward, EverySequenceGetsItsOwnLogitsBitForBit) {
   for (const auto& cc : cache_cases()) {
     for (int threads : {1, 2}) {
       for (bool shared : {false, true}) {
+        // KIVI caches shared across layers take one token per sequence and step.
+        const bool one_row = cc.cache.share_every > 1 && cc.cache.has_residual();
         std::vector<std::vector<float>> ref;
         for (const auto& t : seqs) ref.push_back(alone_logits(m, cc.cache, t, threads));
         kv::CacheConfig shaped = cc.cache;
@@ -144,6 +162,7 @@ TEST(BatchForward, EverySequenceGetsItsOwnLogitsBitForBit) {
             if (left == 0 || step < 3 * s) continue;  // sequence s joins at step 3 s
             // Mostly single rows (decoding), sometimes a chunk (prefilling).
             int k = rng.next_u64() % 3 == 0 ? 1 + static_cast<int>(rng.next_u64() % 13) : 1;
+            if (one_row) k = 1;
             k = std::min({k, left, 64 - rows});
             if (k == 0) break;
             const bool want = rng.next_u64() % 4 != 0;
@@ -168,6 +187,44 @@ TEST(BatchForward, EverySequenceGetsItsOwnLogitsBitForBit) {
         for (int s = 0; s < S; ++s) ASSERT_EQ(fed[s], static_cast<int>(seqs[s].size()));
         EXPECT_GT(checked, 50);
       }
+    }
+  }
+}
+
+// A sequence that maps another's published prompt blocks gets its own logits.
+TEST(BatchForward, MappedPrefixBlocksGiveTheSameLogits) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto& tk = m.tokenizer();
+  const int V = m.config().vocab_size;
+  std::string common;
+  for (int i = 0; i < 10; ++i) common += std::string(kTexts[i]) + " ";
+  const std::vector<int> ta = tk.encode(common + kTexts[10], true),
+                         tb = tk.encode(common + kTexts[11], true);
+  for (const auto& cc : cache_cases()) {
+    const std::vector<float> ref = alone_logits(m, cc.cache, tb, 1);
+    kv::CacheConfig shaped = cc.cache;
+    shaped.n_layers = m.config().n_layers;
+    shaped.n_kv_heads = m.config().n_kv_heads;
+    shaped.head_dim = m.config().head_dim();
+    shaped.ctx = 512;
+    kv::BlockPool pool(shaped, 16);
+    kv::KvCache a(pool, 512), b(pool, 512);
+    model::BatchForward fwd(m.config(), 1, 1, 512, 1, shaped.block());
+    std::vector<float> logits(V);
+    for (size_t i = 0; i < ta.size(); ++i) {
+      model::BatchSequence q{&a, &ta[i], 1, nullptr};
+      fwd.run(m, &q, 1, nullptr, {});
+      a.publish(ta.data());
+    }
+    const int mapped = b.share_prefix(tb.data(), static_cast<int>(tb.size()));
+    if (pool.prefix_sharing()) EXPECT_GE(mapped, 1) << cc.name;
+    for (size_t i = 0; i < tb.size(); ++i) {
+      model::BatchSequence q{&b, &tb[i], 1, logits.data()};
+      fwd.run(m, &q, 1, nullptr, {});
+      b.publish(tb.data());
+      ASSERT_EQ(std::memcmp(logits.data(), &ref[i * V], V * sizeof(float)), 0)
+          << cc.name << " position " << i;
     }
   }
 }

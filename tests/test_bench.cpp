@@ -198,6 +198,40 @@ TEST(BenchCli, Errors) {
   expect_error(run(kivi_cmd("bench " + m + " --kv-cache f16,q3")), "q3");
   expect_error(run(kivi_cmd("bench " + m + " --kv-cache f16,f16")), "twice");
   expect_error(run(kivi_cmd("bench " + m + " --json --markdown")), "not both");
+  expect_error(run(kivi_cmd("bench " + m + " --configs f32+share0")), "+shareN with N >= 1");
+  expect_error(run(kivi_cmd("bench " + m + " --configs f32+wide")), "unknown cache policy");
+  expect_error(run(kivi_cmd("bench " + m + " --configs f32 --kv-cache f16")), "not both");
+  expect_error(run(kivi_cmd("bench " + m + " --configs no-cache --ctx-fill 100 --ctx-fill-random")),
+               "no-cache needs a text fill");
+  expect_error(run(kivi_cmd("generate " + m + " -p hi --kv-share-map 2:3")), "owner must be an earlier layer");
+  expect_error(run(kivi_cmd("generate " + m + " -p hi --kv-share-map 2-3")), "is not BORROWER:OWNER");
+}
+
+// The cache-engineering configurations side by side: no cache, cache, int8, sharing,
+// int8 + sharing. A decoder without a cache generates the f32 cache's tokens; sharing
+// halves (5 layers: 3 of 5) the KV bytes; perplexity is reported per configuration.
+TEST(BenchCli, CacheConfigurationsSideBySide) {
+  KIVI_REQUIRE_MODEL();
+  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+  const auto r = run(kivi_cmd("bench " + m + " -n 30 --configs no-cache,f32,int8,f32+share2,int8+share2 --ppl-text '" +
+                              test::shared_dir() + "/data/tinytales.txt' --ppl-ctx 128 --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string& j = r.out;
+  auto field = [&](const std::string& format, const std::string& key) {
+    const size_t at = j.find("\"format\":\"" + format + "\"");
+    EXPECT_NE(at, std::string::npos) << format;
+    const size_t k = j.find("\"" + key + "\":", at);
+    return std::strtod(j.c_str() + k + key.size() + 3, nullptr);
+  };
+  EXPECT_EQ(field("no-cache", "token_match"), 100.0);
+  EXPECT_EQ(field("no-cache", "kv_bytes"), 0.0);
+  EXPECT_NE(j.find("\"no_cache\":true,\"ppl\":null"), std::string::npos) << j;
+  EXPECT_NEAR(field("f32+share2", "kv_bytes") / field("f32", "kv_bytes"), 3.0 / 5.0, 1e-9);
+  EXPECT_NEAR(field("int8/head+share2", "kv_bytes") / field("int8/head", "kv_bytes"), 3.0 / 5.0, 1e-9);
+  const double p32 = field("f32", "ppl"), p8 = field("int8/head", "ppl"), ps = field("f32+share2", "ppl");
+  EXPECT_GT(p32, 1.0);
+  EXPECT_NEAR(p8 / p32, 1.0, 0.01);  // int8 costs little
+  EXPECT_GT(ps, p32);                 // sharing costs quality on a model not trained for it
 }
 
 }  // namespace

@@ -223,9 +223,15 @@ TEST(Gguf, HostileTensorTable) {
   }
   {
     TinyGguf tg;
-    tg.tok_model = "gpt2";
+    tg.tok_model = "rwkv";
     tg.write(t.file("tok.gguf"));
-    EXPECT_NE(load_error(t.file("tok.gguf")).find("unsupported tokenizer 'gpt2'"), std::string::npos);
+    EXPECT_NE(load_error(t.file("tok.gguf")).find("unsupported tokenizer 'rwkv'"), std::string::npos);
+  }
+  {
+    TinyGguf tg;
+    tg.tok_model = "gpt2";  // byte-level BPE, but without merges
+    tg.write(t.file("bpe.gguf"));
+    EXPECT_NE(load_error(t.file("bpe.gguf")).find("has no merges"), std::string::npos);
   }
   {
     TinyGguf tg;

@@ -316,3 +316,64 @@ TEST(KvCache, BlockSummariesHoldTheKeysMinAndMax) {
 
 }  // namespace
 }  // namespace kivi
+
+namespace kivi {
+namespace {
+
+// The message of the kivi::Error f throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+// Cross-layer sharing: borrowers store nothing, read their owner's cache, and refuse
+// appends; the memory formulas count only owners; bad maps name the problem.
+TEST(KvCache, CrossLayerSharing) {
+  CacheConfig c = config(Format::kInt8, Format::kKivi2, 32, 32, KeyFlush::kBatch);
+  c.n_layers = 5;
+  c.share_every = 2;
+  EXPECT_EQ(kv::layer_owners(c), (std::vector<int>{0, 0, 2, 2, 4}));
+  EXPECT_EQ(kv::stored_layers(c), 3);
+  CacheConfig none = c;
+  none.share_every = 1;
+  kv::KvCache cache(c), plain(none);
+  EXPECT_EQ(cache.bytes_reserved(), kv::expected_bytes_reserved(c));
+  EXPECT_EQ(cache.bytes_reserved() * 5, plain.bytes_reserved() * 3);
+  Rng r(5);
+  std::vector<float> k(2 * 16), v(k.size());
+  for (int t = 0; t < 100; ++t) {
+    for (auto& x : k) x = r.normal();
+    for (auto& x : v) x = r.normal();
+    for (int l : {0, 2, 4}) {
+      if (t == 0) cache.calibrate(l, k.data(), v.data(), 1);
+      cache.append(l, k.data(), v.data());
+    }
+  }
+  EXPECT_EQ(cache.n_tokens(1), 100);
+  EXPECT_TRUE(cache.borrows(3));
+  EXPECT_EQ(cache.owner(3), 2);
+  EXPECT_EQ(cache.bytes_used(3), 0u);
+  EXPECT_EQ(cache.bytes_used(), kv::expected_bytes_used(c, 100));
+  const auto v3 = cache.view(3), v2 = cache.view(2);
+  EXPECT_EQ(v3.k.codes, v2.k.codes);
+  EXPECT_EQ(v3.v.ring, v2.v.ring);
+  EXPECT_EQ(v3.n_tokens, 100);
+  EXPECT_NE(error_of([&] { cache.append(3, k.data(), v.data()); }).find("layer 3 reads layer 2's cache"), std::string::npos);
+  // Maps: explicit pairs on top of the groups, and the errors.
+  c.share_every = 1;
+  c.share_map = {{3, 1}, {4, 1}};
+  EXPECT_EQ(kv::layer_owners(c), (std::vector<int>{0, 1, 2, 1, 1}));
+  c.share_map = {{1, 3}};
+  EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("the owner must be an earlier layer"), std::string::npos);
+  c.share_map = {{7, 1}};
+  EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("layers are 0 to 4"), std::string::npos);
+  c.share_map = {{2, 1}, {1, 0}};
+  EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("which itself reads layer 0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kivi

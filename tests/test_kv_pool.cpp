@@ -50,6 +50,7 @@ void feed(kv::KvCache& c, const std::vector<int>& tokens, int from, int to) {
   std::vector<float> k(n), v(n);
   for (int p = from; p < to; ++p) {
     for (int l = 0; l < cfg.n_layers; ++l) {
+      if (c.borrows(l)) continue;
       kv_of(tokens[p], p, l, n, k.data(), v.data());
       c.append(l, k.data(), v.data());
     }
@@ -92,7 +93,13 @@ const std::vector<CacheConfig> kConfigs = {config(Format::kF32),
                                            config(Format::kInt8, Int8Granularity::kGroup),
                                            config(Format::kKivi2),
                                            config(Format::kKivi4, {}, 8, 0),
-                                           config(Format::kKivi2, {}, 16, 32)};
+                                           config(Format::kKivi2, {}, 16, 32),
+                                           [] {
+                                             CacheConfig c = config(Format::kKivi2);
+                                             c.n_layers = 3;
+                                             c.share_every = 2;  // layer 1 reads layer 0's cache
+                                             return c;
+                                           }()};
 
 TEST(BlockPool, BytesPerBlockMatchesTheCacheFormulas) {
   for (CacheConfig c : kConfigs) {
@@ -101,11 +108,11 @@ TEST(BlockPool, BytesPerBlockMatchesTheCacheFormulas) {
     EXPECT_EQ(pool.bytes_reserved(), 5 * kv::BlockPool::bytes_per_block(c)) << kv::describe(c.k);
     // An own pool of the same blocks is what a single cache reserves, minus rings and tables.
     const kv::KvCache cache(c);
+    const uint64_t stored = kv::stored_layers(c);
     const uint64_t rings =
         static_cast<uint64_t>(kv::key_ring_capacity(c) + kv::value_ring_capacity(c)) *
-        c.n_kv_heads * c.head_dim * sizeof(float) * c.n_layers;
-    EXPECT_EQ(cache.bytes_reserved(),
-              pool.bytes_reserved() + rings + 5 * sizeof(int32_t) * c.n_layers);
+        c.n_kv_heads * c.head_dim * sizeof(float) * stored;
+    EXPECT_EQ(cache.bytes_reserved(), pool.bytes_reserved() + rings + 5 * sizeof(int32_t) * stored);
   }
 }
 
@@ -257,6 +264,22 @@ TEST(BlockPool, SharingIsOffWhereContentsDependOnMoreThanThePrefix) {
   EXPECT_EQ(pool.published_blocks(), 0);
   kv::KvCache b(pool, c.ctx);
   EXPECT_EQ(b.share_prefix(t.data(), 64), 0);
+}
+
+// A layer reading another layer's KIVI cache sees its stored blocks and its residual
+// ring, as the owner does.
+TEST(KvCacheSharing, BorrowersSeeTheResidualWindow) {
+  CacheConfig c = config(Format::kKivi2);
+  c.n_layers = 2;
+  c.share_every = 2;
+  kv::KvCache cache(c);
+  feed(cache, random_tokens(4, 50), 0, 50);
+  const kv::LayerView own = cache.view(0), borrowed = cache.view_prefix(1, 50);
+  EXPECT_EQ(borrowed.n_tokens, 50);
+  EXPECT_EQ(borrowed.k.n_stored, own.k.n_stored);
+  EXPECT_EQ(borrowed.v.n_stored, own.v.n_stored);
+  EXPECT_LT(borrowed.k.n_stored, 50);
+  EXPECT_THROW(cache.view_prefix(1, 49), Error);
 }
 
 TEST(BlockPool, BadUseIsAnError) {

@@ -1,5 +1,8 @@
 // End to end on the real stories260K model.
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -105,6 +108,81 @@ TEST(Model, CachedLogitsMatchNoCacheLogits) {
     for (int v = 0; v < m.config().vocab_size; ++v) {
       ASSERT_NEAR(all[(n - 1) * m.config().vocab_size + v], ref[v], 1e-4) << "position " << n - 1;
     }
+  }
+}
+
+// Keys stored before RoPE and rotated inside attention give the logits of keys stored
+// rotated: within float rounding for f32; for f16, whose rounding of a key differs
+// before and after the rotation, within twice the whole effect of f16 against f32.
+// The greedy text of f32 is the published one.
+TEST(Model, KeysBeforeRopeMatchKeysAfterRope) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto tokens = m.tokenizer().encode("Lily and Ben went to the park to play with a red ball.", true);
+  const int V = m.config().vocab_size;
+  auto logits = [&](const char* f, kv::KeyRope where) {
+    SessionOptions o = options(f, f);
+    o.cache.key_rope = where;
+    Session s(m, o);
+    std::vector<float> all(tokens.size() * V);
+    s.prefill(tokens, all.data());
+    return all;
+  };
+  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double worst = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+    return worst;
+  };
+  const auto f32_post = logits("f32", kv::KeyRope::kPost), f32_pre = logits("f32", kv::KeyRope::kPre);
+  const auto f16_post = logits("f16", kv::KeyRope::kPost), f16_pre = logits("f16", kv::KeyRope::kPre);
+  const double f32_diff = max_diff(f32_post, f32_pre), f16_diff = max_diff(f16_post, f16_pre);
+  const double f16_effect = max_diff(f32_post, f16_post);
+  EXPECT_LT(f32_diff, 1e-4);
+  EXPECT_GT(f32_diff, 0.0) << "the pre-RoPE path did not run";
+  EXPECT_LT(f16_diff, 2 * f16_effect);
+  std::printf("largest logit difference pre/post RoPE: f32 %.3g, f16 %.3g (f16 against f32: %.3g)\n", f32_diff,
+              f16_diff, f16_effect);
+  SessionOptions pre = options("f32", "f32");
+  pre.cache.key_rope = kv::KeyRope::kPre;
+  Session s(m, pre);
+  const auto prompt = m.tokenizer().encode("Once upon a time", true);
+  const auto out = greedy(s, prompt, 56);
+  std::vector<int> all(prompt.begin() + 1, prompt.end());
+  all.insert(all.end(), out.begin(), out.end());
+  EXPECT_EQ(m.tokenizer().decode_all(all, prompt[0]), test::kPublishedText);
+}
+
+// Cross-layer sharing (--kv-share 2 on the 5-layer model): 3 layers store a cache; the
+// cached logits match the no-cache oracle with the same sharing; prefilling gives the
+// bits that decoding token by token gives, for formats with and without a residual.
+TEST(Model, CrossLayerSharing) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  ASSERT_EQ(m.config().n_layers, 5);
+  const auto tokens = m.tokenizer().encode("Lily and Ben went to the park to play with a red ball. They ran.", true);
+  const int N = static_cast<int>(tokens.size()), V = m.config().vocab_size;
+  SessionOptions o = options("f32", "f32");
+  o.cache.share_every = 2;
+  Session s(m, o);
+  int stored = 0;
+  for (int l = 0; l < 5; ++l) stored += s.cache().bytes_reserved(l) > 0;
+  EXPECT_EQ(stored, 3);
+  std::vector<float> all(static_cast<size_t>(N) * V);
+  s.prefill(tokens, all.data());
+  ThreadPool pool(1);
+  const auto owners = kv::layer_owners(s.cache().config());
+  for (int n = 1; n <= N; n += 5) {
+    const auto ref = model::forward_no_cache(m, std::vector<int>(tokens.begin(), tokens.begin() + n), &pool, owners);
+    for (int v = 0; v < V; ++v) ASSERT_NEAR(all[static_cast<size_t>(n - 1) * V + v], ref[v], 1e-4) << "position " << n - 1;
+  }
+  for (const char* f : {"f32", "int8", "kivi2", "kivi4"}) {
+    SessionOptions so = options(f, f, 8, 16);
+    so.cache.share_map = {{2, 0}, {4, 3}};
+    Session stream(m, so), batch(m, so);
+    std::vector<float> ls(static_cast<size_t>(N) * V), lb(ls.size());
+    for (int i = 0; i < N; ++i) std::memcpy(&ls[static_cast<size_t>(i) * V], stream.decode(tokens[i]), V * 4);
+    batch.prefill(tokens, lb.data());
+    EXPECT_EQ(std::memcmp(ls.data(), lb.data(), ls.size() * 4), 0) << f;
   }
 }
 

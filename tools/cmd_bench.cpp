@@ -11,6 +11,8 @@
 #include "core/sysinfo.h"
 #include "kv/format.h"
 #include "runtime/bench.h"
+#include "runtime/perplexity.h"
+#include "runtime/session.h"
 
 namespace kivi::tools {
 
@@ -18,12 +20,19 @@ namespace {
 
 const char* kRandomLabel = "random fill (speed only; token match not meaningful)";
 
-// "kivi2", "int8/head", "K kivi4 / V kivi2".
+// "kivi2", "int8/head", "K kivi4 / V kivi2", "f32+share2", "kivi2+pre".
 std::string short_name(const kv::CacheConfig& c) {
-  return c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
+  std::string s = c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
+  if (c.share_every > 1) s += "+share" + std::to_string(c.share_every);
+  if (!c.share_map.empty()) s += "+map";
+  if (c.key_rope == kv::KeyRope::kPre) s += "+pre";
+  return s;
 }
 
-bool is_f32(const kv::CacheConfig& c) { return c.k.format == kv::Format::kF32 && c.v.format == kv::Format::kF32; }
+bool is_f32(const kv::CacheConfig& c) {
+  return c.k.format == kv::Format::kF32 && c.v.format == kv::Format::kF32 && c.share_every == 1 &&
+         c.share_map.empty() && c.key_rope == kv::KeyRope::kPost;
+}
 
 // The parameters shared by every format: "G=32, R=128, batch flush, f16 scales".
 std::string shared_params(const kv::CacheConfig& c) {
@@ -61,6 +70,12 @@ int cmd_bench(int argc, char** argv) {
   a.add("ctx-fill", 0, "N", "Positions put in the cache before the prompt.", "0");
   a.add_flag("ctx-fill-random", 0, "Fill with seeded random keys and values instead of text (speed only).");
   a.add("seed", 's', "S", "Seed of the random fill.", "1234");
+  a.add("configs", 0, "LIST",
+        "Configurations to compare (instead of --kv-cache): formats with optional policies, "
+        "FORMAT[+shareN][+pre], and no-cache (every step recomputes every position), e.g. "
+        "no-cache,f32,int8,f32+share2,int8+share2.");
+  a.add("ppl-text", 0, "FILE", "Also report each configuration's perplexity on this text (streaming, as deployed).");
+  a.add("ppl-ctx", 0, "N", "Context of the perplexity runs (default: the model's).");
   a.add_flag("json", 0,
              "Print {\"model\", \"ctx_fill\", \"ctx_fill_random\", \"n\", \"threads\", \"results\": [{format, ctx, "
              "prefill_tps, decode_tps, kv_bytes, compression_vs_f32, compression_vs_f16, token_match, "
@@ -79,7 +94,10 @@ int cmd_bench(int argc, char** argv) {
   // Formats: the list (default f32, f16, int8, kivi4, kivi2), with --kv-cache-k/-v applied
   // to each; the f32 reference goes first and is run once.
   std::vector<std::string> list;
-  if (a.given("kv-cache")) {
+  if (a.given("configs") && a.given("kv-cache")) fail("give --configs or --kv-cache, not both");
+  if (a.given("configs")) {
+    list = a.list("configs");
+  } else if (a.given("kv-cache")) {
     list = a.list("kv-cache");
   } else if (a.given("kv-cache-k") || a.given("kv-cache-v")) {
     list = {"f32"};
@@ -90,8 +108,18 @@ int cmd_bench(int argc, char** argv) {
   ref.k.format = ref.v.format = kv::Format::kF32;
   std::vector<kv::CacheConfig> caches{ref};
   std::vector<std::string> names{"f32"};
+  std::vector<char> no_cache{0};
   bool ref_listed = false;
   for (const auto& f : list) {
+    if (f == "no-cache") {
+      for (const auto& n : names) {
+        if (n == f) fail("--configs lists no-cache twice");
+      }
+      caches.push_back(ref);
+      names.push_back(f);
+      no_cache.push_back(1);
+      continue;
+    }
     const kv::CacheConfig c = cache_config(a, f);
     if (is_f32(c)) {
       ref_listed = true;
@@ -102,6 +130,7 @@ int cmd_bench(int argc, char** argv) {
     if (dup) fail("--kv-cache lists %s twice", short_name(c).c_str());
     caches.push_back(c);
     names.push_back(short_name(c));
+    no_cache.push_back(0);
   }
 
   auto m = load_model(a);
@@ -110,6 +139,7 @@ int cmd_bench(int argc, char** argv) {
   runtime::BenchConfig bc;
   bc.names = names;
   bc.caches = caches;
+  bc.no_cache = no_cache;
   bc.n_gen = n_gen;
   bc.threads = threads_option(a);
   bc.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
@@ -165,6 +195,27 @@ int cmd_bench(int argc, char** argv) {
   });
   bar.finish();
 
+  // Perplexity per configuration (cached ones; a cacheless decoder computes the f32
+  // cache's numbers in double, so it has no entry of its own).
+  std::vector<double> ppl(r.formats.size(), 0.0);
+  if (a.given("ppl-text")) {
+    const auto text_tokens = tk.encode(read_text_file(a.str("ppl-text")), false);
+    const int pctx = a.given("ppl-ctx") ? static_cast<int>(a.integer("ppl-ctx", 2, 1 << 24)) : mc.ctx;
+    Progress pbar("perplexity", static_cast<int64_t>(r.formats.size()), "config", !json && Progress::stderr_is_terminal());
+    for (size_t i = 0; i < r.formats.size(); ++i) {
+      if (r.formats[i].no_cache) continue;
+      runtime::SessionOptions o;
+      o.ctx = pctx;
+      o.cache = caches[i];
+      o.threads = bc.threads;
+      o.forward = bc.forward;
+      runtime::Session s(*m, o);
+      ppl[i] = runtime::evaluate_perplexity(s, text_tokens, runtime::EvalMode::kStreaming).ppl;
+      pbar.update(static_cast<int64_t>(i + 1));
+    }
+    pbar.finish();
+  }
+
   const std::string fill_desc = n_fill == 0 ? "none" : random_fill ? kRandomLabel : "text";
   if (json) {
     JsonWriter j;
@@ -189,7 +240,12 @@ int cmd_bench(int argc, char** argv) {
       } else {
         j.key("first_divergence").null();
       }
-      j.kv("overhead_pct", f.overhead_pct).kv("attn_share", f.attn_share);
+      j.kv("overhead_pct", f.overhead_pct).kv("attn_share", f.attn_share).kv("no_cache", f.no_cache);
+      if (ppl[i] > 0) {
+        j.kv("ppl", ppl[i]);
+      } else {
+        j.key("ppl").null();
+      }
       j.end_object();
     }
     j.end_array().end_object();
@@ -206,25 +262,28 @@ int cmd_bench(int argc, char** argv) {
   std::printf("KV        %s; compression counts the bytes used at ctx %d%s\n", shared_params(ref).c_str(),
               r.ctx + n_gen, random_fill ? "" : "; match: greedy tokens equal to f32's");
   if (markdown) std::printf("\n");
-  auto cells = [&](const runtime::BenchFormatResult& f, bool first) {
+  const bool with_ppl = a.given("ppl-text");
+  auto cells = [&](const runtime::BenchFormatResult& f, bool first, size_t index) {
     std::vector<std::string> c;
     c.push_back(first ? (ref_listed ? "f32 (reference)" : "f32 (reference, not listed)") : f.name);
     c.push_back(std::to_string(r.ctx));
     c.push_back(strfmt("%.1f", f.prefill_tps));
     c.push_back(strfmt("%.1f", f.decode_tps));
-    c.push_back(strfmt("%.0f%%", 100.0 * f.attn_share));
+    c.push_back(f.no_cache ? "n/a" : strfmt("%.0f%%", 100.0 * f.attn_share));
     c.push_back(std::to_string(f.kv_bytes));
-    c.push_back(strfmt("%.2fx", f.compression_vs_f32));
-    c.push_back(strfmt("%.2fx", f.compression_vs_f16));
+    c.push_back(f.no_cache ? "-" : strfmt("%.2fx", f.compression_vs_f32));
+    c.push_back(f.no_cache ? "-" : strfmt("%.2fx", f.compression_vs_f16));
     c.push_back(strfmt("%.1f%%%s", f.token_match, random_fill ? "*" : ""));
     c.push_back(f.first_divergence >= 0 ? std::to_string(f.first_divergence) : "-");
     c.push_back(first ? "-" : strfmt("%+.1f%%", f.overhead_pct));
+    if (with_ppl) c.push_back(ppl[index] > 0 ? strfmt("%.4f", ppl[index]) : "n/a");
     return c;
   };
-  const std::vector<std::string> head = {"format", "ctx", "prefill tok/s", "decode tok/s", "attn share", "KV bytes",
-                                         "vs f32", "vs f16", "token match", "1st diverge", "overhead"};
+  std::vector<std::string> head = {"format", "ctx", "prefill tok/s", "decode tok/s", "attn share", "KV bytes",
+                                   "vs f32", "vs f16", "token match", "1st diverge", "overhead"};
+  if (with_ppl) head.push_back("ppl");
   std::vector<std::vector<std::string>> rows;
-  for (size_t i = 0; i < r.formats.size(); ++i) rows.push_back(cells(r.formats[i], i == 0));
+  for (size_t i = 0; i < r.formats.size(); ++i) rows.push_back(cells(r.formats[i], i == 0, i));
   std::vector<size_t> w(head.size());
   for (size_t k = 0; k < head.size(); ++k) {
     w[k] = head[k].size();

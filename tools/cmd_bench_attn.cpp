@@ -18,6 +18,7 @@
 #include "core/timer.h"
 #include "kv/format.h"
 #include "kv/kv_cache.h"
+#include "model/forward.h"
 
 namespace kivi::tools {
 
@@ -144,6 +145,13 @@ int cmd_bench_attn(int argc, char** argv) {
     p.scale = 1.0f / std::sqrt(static_cast<float>(D));
     p.precision = prec;
     p.window = static_cast<int>(a.integer("window", 0, 1 << 24));
+    // Keys stored before RoPE are rotated by their positions inside attention.
+    std::vector<float> rope;
+    if (cache_config(a, formats[0]).key_rope == kv::KeyRope::kPre) {
+      rope.resize(static_cast<size_t>(ctx) * D);
+      model::fill_rope_table(rope.data(), static_cast<int>(ctx), D, 500000.0f);
+      p.rope = rope.data();
+    }
     auto call = [&](Case& c) {
       for (int b = 0; b < B; ++b) attn::decode(c.views[b], q.data(), out.data(), p, &pool, *c.ws);
     };

@@ -46,10 +46,10 @@ int cmd_generate(int argc, char** argv) {
   runtime::SessionOptions opt = session_options(a, *m);
   const bool no_cache = a.flag("no-kv-cache");
   const std::string prompt = a.str("prompt");
-  std::vector<int> tokens = tk.encode(prompt, true);
+  std::vector<int> tokens = tk.encode(prompt, tk.add_bos());
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
   if (static_cast<int>(tokens.size()) >= ctx) {
-    fail("the prompt is %zu tokens (with BOS), longer than the context can hold with room to generate "
+    fail("the prompt is %zu tokens, longer than the context can hold with room to generate "
          "(--ctx %d)", tokens.size(), ctx);
   }
   std::unique_ptr<runtime::Session> sess;
@@ -57,7 +57,7 @@ int cmd_generate(int argc, char** argv) {
   runtime::Sampler sampler(so, cfg.vocab_size);
   ThreadPool nc_pool(opt.threads);
 
-  std::string text = tk.decode_all(std::vector<int>(tokens.begin() + 1, tokens.end()), tokens[0]);
+  std::string text = tk.decode_all(tokens);
   if (!json) {
     std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
@@ -79,7 +79,7 @@ int cmd_generate(int argc, char** argv) {
   t0 = now_seconds();
   for (int i = 0; i < n_gen; ++i) {
     const int next = sampler.sample(logits);
-    if (next == tk.eos_id() || next == tk.bos_id()) {
+    if (next == tk.eos_id() || next == tk.bos_id() || tk.is_end_of_generation(next)) {
       stop = "eos";
       break;
     }

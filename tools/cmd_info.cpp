@@ -100,7 +100,7 @@ int cmd_info(int argc, char** argv) {
     if (m) {
       const auto& tk = m->tokenizer();
       j.key("tokenizer").begin_object();
-      j.kv("vocab_size", tk.vocab_size()).kv("bos_id", tk.bos_id()).kv("eos_id", tk.eos_id());
+      j.kv("model", std::string(tk.model_name())).kv("vocab_size", tk.vocab_size()).kv("bos_id", tk.bos_id()).kv("eos_id", tk.eos_id());
       j.kv("byte_pieces", tk.n_byte_pieces());
       j.end_object();
     }
@@ -153,8 +153,7 @@ int cmd_info(int argc, char** argv) {
   if (m) std::printf("  weights          %s\n", sys::human_bytes(static_cast<double>(m->weight_bytes())).c_str());
   if (m) {
     const auto& tk = m->tokenizer();
-    std::printf("tokenizer: SentencePiece BPE, %d pieces, BOS %d, EOS %d, %d byte pieces, dummy prefix %s\n",
-                tk.vocab_size(), tk.bos_id(), tk.eos_id(), tk.n_byte_pieces(), tk.add_dummy_prefix() ? "on" : "off");
+    std::printf("tokenizer: %s\n", tk.describe().c_str());
     if (m->gguf()) {
       const auto& g = *m->gguf();
       std::printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u\n", g.version(), g.keys().size(),

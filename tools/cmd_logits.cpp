@@ -34,7 +34,7 @@ int cmd_logits(int argc, char** argv) {
   }
   auto m = load_model(a);
   const int V = m->config().vocab_size;
-  const std::vector<int> tokens = m->tokenizer().encode(a.str("prompt"), true);
+  const std::vector<int> tokens = m->tokenizer().encode(a.str("prompt"), m->tokenizer().add_bos());
   const int n = static_cast<int>(tokens.size());
   runtime::SessionOptions opt = session_options(a, *m);
   const int ctx = opt.ctx > 0 ? opt.ctx : m->config().ctx;

@@ -20,18 +20,6 @@
 
 namespace kivi::tools {
 
-namespace {
-
-std::string read_text(const std::string& path) {
-  io::check_regular_file(path, "text");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot read text file '%s'", path.c_str());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 int cmd_perplexity(int argc, char** argv) {
   Args a("perplexity", "[-m MODEL] [-t TOKENIZER] -f TEXT [--ctx N] [--mode streaming|batched] [KV options] "
@@ -65,7 +53,7 @@ int cmd_perplexity(int argc, char** argv) {
   if (!a.given("file")) fail("perplexity: give the text with -f TEXT");
   const bool json = a.flag("json");
   const auto mode = runtime::parse_eval_mode(a.str("mode"));
-  const std::string text = read_text(a.str("file"));
+  const std::string text = read_text_file(a.str("file"));
   auto m = load_model(a);
   runtime::SessionOptions opt = session_options(a, *m);
   runtime::Session s(*m, opt);

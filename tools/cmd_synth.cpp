@@ -16,6 +16,7 @@
 #include "core/timer.h"
 #include "model/presets.h"
 #include "model/synth.h"
+#include "model/synth_tokenizer.h"
 
 namespace kivi::tools {
 
@@ -61,6 +62,12 @@ int cmd_synth(int argc, char** argv) {
   a.add("ctx", 0, "C", "Context length written to the file (1 to 16777216).");
   a.add("rope-theta", 0, "T", "RoPE base. Default: the preset's, else 10000.");
   a.add("classifier", 0, "KIND", "tied (output = token embedding) or separate. Default: the preset's, else tied.");
+  a.section("Tokenizer");
+  a.add("tokenizer-json", 0, "FILE",
+        "Carry this Hugging Face tokenizer.json (byte-level BPE) instead of the generated vocabulary, written as "
+        "llama.cpp's converter writes it; the vocabulary size becomes its size unless --vocab is given (larger: padded).");
+  a.add("tokenizer-config", 0, "FILE",
+        "tokenizer_config.json for BOS/EOS, add_bos_token and the chat template (default: the one beside --tokenizer-json).");
   a.section("Output");
   a.add("output", 'o', "FILE", "Output GGUF path (required).");
   a.add("outtype", 0, "TYPE", "Matrix storage: f16 or f32. Norms are always f32.", "f16");
@@ -85,6 +92,7 @@ int cmd_synth(int argc, char** argv) {
   } else {
     std::string missing;
     for (const char* o : shape_opts) {
+      if (std::string(o) == "vocab" && a.given("tokenizer-json")) continue;  // the tokenizer's size
       if (!a.given(o)) missing += std::string(missing.empty() ? "" : ", ") + "--" + o;
     }
     if (!missing.empty()) fail("synth: give --preset NAME, or the whole shape (missing %s)", missing.c_str());
@@ -102,6 +110,11 @@ int cmd_synth(int argc, char** argv) {
     const std::string k = a.str("classifier");
     if (k != "tied" && k != "separate") fail("--classifier: unknown value '%s' (valid: tied, separate)", k.c_str());
     c.shared_classifier = k == "tied";
+  }
+  std::string tokenizer_desc;
+  if (a.given("tokenizer-config") && !a.given("tokenizer-json")) fail("--tokenizer-config needs --tokenizer-json");
+  if (a.given("tokenizer-json")) {
+    tokenizer_desc = model::use_hf_tokenizer(spec, a.str("tokenizer-json"), a.str("tokenizer-config"), a.given("vocab"));
   }
   model::validate_synth_config(c);
   c.synthetic = true;
@@ -139,6 +152,7 @@ int cmd_synth(int argc, char** argv) {
     j.kv("n_layers", c.n_layers).kv("dim", c.dim).kv("n_heads", c.n_heads).kv("n_kv_heads", c.n_kv_heads);
     j.kv("hidden_dim", c.hidden_dim).kv("vocab_size", c.vocab_size).kv("context_length", c.ctx);
     j.kv("memory_needed", needs.memory_bytes());
+    j.kv("tokenizer", tokenizer_desc.empty() ? std::string("generated SentencePiece") : tokenizer_desc);
     j.kv("seconds", secs).kv("mb_per_s", secs > 0 ? r.bytes / secs / 1e6 : 0.0);
     j.end_object();
     std::printf("%s\n", j.str().c_str());

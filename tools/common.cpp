@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/sysinfo.h"
 #include "core/threadpool.h"
+#include "io/mapped_file.h"
 #include "kv/format.h"
 
 namespace kivi::tools {
@@ -47,6 +51,17 @@ void add_kv_options(Args& a, bool allow_list) {
         "KIVI key flush: batch (quantize all R when the residual reaches R) or group (quantize the "
         "oldest G when it exceeds R).",
         "batch");
+  a.add("key-rope", 0, "WHERE",
+        "Keys stored after RoPE (post, as KIVI does) or before it (pre: quantized unrotated, where "
+        "channel outliers stay in their channels, and rotated by position inside attention).",
+        "post");
+  a.add("kv-share", 0, "N",
+        "Cross-layer KV sharing: each group of N adjacent layers reads the first layer's keys and values "
+        "(the others skip their K and V projections and store no cache). 1 = no sharing.",
+        "1");
+  a.add("kv-share-map", 0, "LIST",
+        "Cross-layer KV sharing by pairs BORROWER:OWNER (comma-separated, owner earlier than borrower), "
+        "e.g. 3:1,5:2; applied after --kv-share.");
   a.add("scale-dtype", 0, "TYPE", "Storage of scales and zero points: f16 (half the bytes) or f32.", "f16");
   a.add("attn-precision", 0, "MODE",
         "Attention over quantized caches: exact (float math on the stored codes, within 1e-5 of "
@@ -81,9 +96,50 @@ int threads_option(const Args& a) {
   return t > 0 ? t : hardware_threads();
 }
 
-kv::CacheConfig cache_config(const Args& a, const std::string& format) {
+std::string read_text_file(const std::string& path) {
+  io::check_regular_file(path, "text");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot read text file '%s'", path.c_str());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::pair<int, int>> parse_share_map(const std::string& text) {
+  std::vector<std::pair<int, int>> pairs;
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t e = std::min(text.find(',', i), text.size());
+    const std::string item = text.substr(i, e - i);
+    const size_t colon = item.find(':');
+    char* end = nullptr;
+    long b = -1, o = -1;
+    if (colon != std::string::npos && colon > 0 && colon + 1 < item.size()) {
+      b = std::strtol(item.c_str(), &end, 10);
+      const bool b_ok = end == item.c_str() + colon;
+      o = std::strtol(item.c_str() + colon + 1, &end, 10);
+      if (!b_ok || *end != '\0') b = o = -1;
+    }
+    if (b < 0 || o < 0 || b > (1 << 20) || o > (1 << 20)) {
+      fail("--kv-share-map: '%s' is not BORROWER:OWNER (layer numbers, e.g. 3:1)", item.c_str());
+    }
+    pairs.emplace_back(static_cast<int>(b), static_cast<int>(o));
+    i = e + 1;
+  }
+  return pairs;
+}
+
+kv::CacheConfig cache_config(const Args& a, const std::string& format_and_policies) {
   kv::CacheConfig c;
-  const std::string base = format.empty() ? a.str("kv-cache") : format;
+  // FORMAT[+shareN][+pre]: cache policies attached to one format (bench lists).
+  std::string spec = format_and_policies.empty() ? a.str("kv-cache") : format_and_policies;
+  std::vector<std::string> policies;
+  for (size_t plus = spec.find('+'); plus != std::string::npos; plus = spec.find('+')) {
+    const size_t next = spec.find('+', plus + 1);
+    policies.push_back(spec.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1));
+    spec.erase(plus, next == std::string::npos ? std::string::npos : next - plus);
+  }
+  const std::string base = spec;
   kv::StreamFormat f{kv::parse_format(base.empty() ? "f32" : base), kv::parse_granularity(a.str("int8-granularity"))};
   c.k = f;
   c.v = f;
@@ -93,6 +149,21 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format) {
   c.residual = static_cast<int>(a.integer("residual", 0, 1 << 24));
   c.key_flush = kv::parse_key_flush(a.str("key-flush"));
   c.param_type = kv::parse_param_type(a.str("scale-dtype"));
+  c.key_rope = kv::parse_key_rope(a.str("key-rope"));
+  c.share_every = static_cast<int>(a.integer("kv-share", 1, 1 << 16));
+  if (a.given("kv-share-map")) c.share_map = parse_share_map(a.str("kv-share-map"));
+  for (const auto& p : policies) {
+    char* end = nullptr;
+    if (p.rfind("share", 0) == 0 && p.size() > 5) {
+      const long n = std::strtol(p.c_str() + 5, &end, 10);
+      if (*end != '\0' || n < 1 || n > (1 << 16)) fail("'+%s': expected +shareN with N >= 1", p.c_str());
+      c.share_every = static_cast<int>(n);
+    } else if (p == "pre") {
+      c.key_rope = kv::KeyRope::kPre;
+    } else {
+      fail("'+%s': unknown cache policy (valid: +shareN, +pre)", p.c_str());
+    }
+  }
   return c;
 }
 
@@ -150,6 +221,9 @@ std::string describe_cache(const kv::CacheConfig& c) {
   } else if (c.k.format == kv::Format::kInt8 || c.v.format == kv::Format::kInt8) {
     s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
   }
+  if (c.key_rope == kv::KeyRope::kPre) s += ", keys before RoPE";
+  const std::string sharing = kv::describe_sharing(c);
+  if (!sharing.empty()) s += ", shared across " + sharing;
   return s;
 }
 

@@ -3,6 +3,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "args.h"
 #include "model/model.h"
@@ -24,7 +26,13 @@ std::unique_ptr<model::Model> load_model(const Args& a);
 bool parse_command_line(Args& a, int argc, char** argv);
 
 // Cache configuration from the KV options; `format` overrides --kv-cache when set.
+// The cache options; `format` (default: --kv-cache) may carry policies:
+// FORMAT[+shareN][+pre] (cross-layer sharing every N layers, keys before RoPE).
 kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
+// The whole of a text file (a regular file), or an error naming it.
+std::string read_text_file(const std::string& path);
+// "3:1,5:2" -> {(3, 1), (5, 2)} (--kv-share-map); throws naming a malformed item.
+std::vector<std::pair<int, int>> parse_share_map(const std::string& text);
 runtime::SessionOptions session_options(const Args& a, const model::Model& m,
                                         const std::string& format = "");
 int threads_option(const Args& a);
@@ -48,5 +56,6 @@ int cmd_perplexity(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_bench_attn(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
 
 }  // namespace kivi::tools

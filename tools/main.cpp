@@ -1,4 +1,4 @@
-// The `kivi` command: generate, info, convert, logits, perplexity, bench, bench-attn, synth.
+// The `kivi` command: generate, chat, info, convert, logits, perplexity, bench, bench-attn, synth.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -16,6 +16,7 @@ const char* kUsage =
     "\n"
     "Commands:\n"
     "  generate     Generate text from a prompt, streaming it as it is produced.\n"
+    "  chat         Interactive multi-turn chat in the model's chat format.\n"
     "  perplexity   Perplexity and KL divergence of a text, computed as deployed (streaming).\n"
     "  bench        Speed, memory and agreement of KV formats side by side on one model.\n"
     "  bench-attn   Decode-attention kernel benchmark per format, with a memory-bandwidth probe.\n"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench-attn") return cmd_bench_attn(argc, argv);
     if (cmd == "bench") return cmd_bench(argc, argv);
     if (cmd == "synth") return cmd_synth(argc, argv);
+    if (cmd == "chat") return cmd_chat(argc, argv);
     std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
     return 2;
   } catch (const kivi::Error& e) {

@@ -34,6 +34,18 @@ std::vector<float> alibi_slopes(int n) {
   return s;
 }
 
+void rotate_rope(float* x, int D, const float* rope_row, RopeStyle style) {
+  const int half = D / 2;
+  for (int i = 0; i < half; ++i) {
+    const float c = rope_row[2 * i], s = rope_row[2 * i + 1];
+    const int i0 = style == RopeStyle::kAdjacent ? 2 * i : i;
+    const int i1 = style == RopeStyle::kAdjacent ? 2 * i + 1 : i + half;
+    const float a = x[i0], b = x[i1];
+    x[i0] = a * c - b * s;
+    x[i1] = a * s + b * c;
+  }
+}
+
 void merge(State& a, const State& b, int D) {
   if (b.d == 0.0f) return;
   if (a.d == 0.0f) {
@@ -133,6 +145,8 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
     a.scratch = ws.thread_scratch(thread);
     a.ld = C;
     a.precision = p.precision;
+    a.rope = p.rope;
+    a.rope_style = p.rope_style;
     attend_range(a);
   };
   if (pool && pool->size() > 1 && n_tasks > 1) {

@@ -32,13 +32,26 @@ enum class Precision : uint8_t { kExact = 0, kFast = 1 };
 const char* precision_name(Precision p);
 Precision parse_precision(const std::string& s);
 
+// How RoPE pairs the channels of a head: (2i, 2i + 1) (Llama's GGUF layout and
+// llama2.c), or (i, i + D/2) (NeoX: Qwen2 and Hugging Face's rotate_half).
+enum class RopeStyle : uint8_t { kAdjacent = 0, kNeox = 1 };
+
 struct Params {
   int n_heads = 0;                      // query heads (a multiple of the KV heads)
   float scale = 1.0f;                   // softmax scale, usually 1/sqrt(head_dim)
   const float* alibi_slopes = nullptr;  // [n_heads] ALiBi slopes, or null
   int window = 0;                       // attend to the last `window` tokens only; 0 = all
   Precision precision = Precision::kExact;
+  // Keys stored before RoPE: key t is rotated by position t as attention reads it, with
+  // rope[t][i] = (cos, sin) of pair i ([positions][D/2][2], the model's table). Null
+  // when the cache holds rotated keys.
+  const float* rope = nullptr;
+  RopeStyle rope_style = RopeStyle::kAdjacent;
 };
+
+// Rotates x[D] by one position's RoPE row ([D/2][2] cos, sin) in place (scalar; the
+// reference, and the model's queries and keys).
+void rotate_rope(float* x, int D, const float* rope_row, RopeStyle style);
 
 // ALiBi slopes (Press et al. 2022): 2^(-8 i / n) for a power-of-two n, with the
 // interleaved extension for other head counts.

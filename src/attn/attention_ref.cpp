@@ -1,5 +1,5 @@
 // The reference attention: dequantize with the codec's scalar rules, attend in double.
-// Written for clarity; the kernels in attention_kernels.cpp are tested against it.
+// Written for clarity; the kernels (task.cpp and the files it calls) are tested against it.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -100,7 +100,18 @@ void decode_reference(const kv::LayerView& kv, const float* q, float* out, const
     for (int t = start; t < n; ++t) {
       dequantize_key(kv.k, t, h, kr.data());
       double dot = 0.0;
-      for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kr[d];
+      if (p.rope) {  // keys stored before RoPE: rotate key t by position t, in double
+        const float* row = p.rope + static_cast<size_t>(t) * D;
+        const int half = D / 2;
+        for (int i = 0; i < half; ++i) {
+          const int i0 = p.rope_style == RopeStyle::kAdjacent ? 2 * i : i;
+          const int i1 = p.rope_style == RopeStyle::kAdjacent ? 2 * i + 1 : i + half;
+          const double c = row[2 * i], sn = row[2 * i + 1], a = kr[i0], b = kr[i1];
+          dot += qh[i0] * (a * c - b * sn) + qh[i1] * (a * sn + b * c);
+        }
+      } else {
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kr[d];
+      }
       s[t] = dot * p.scale + (p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0);
       mx = std::max(mx, s[t]);
     }

@@ -64,6 +64,9 @@ void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int l
 template <class T>
 void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t stride, int len, float* O,
                size_t ostride, Prefetcher& pf);
+// Staging of f32 and f16 rows as floats: out[len][D].
+template <class T>
+void StageRows(const T* rows, size_t stride, int len, int D, float* out);
 // Staging of int8 rows with scales per row or per group of Gc channels: out[len][D].
 void DequantInt8(const int8_t* rows, size_t stride, int len, int D, const float* row_scale,
                  const float* group_scale, int Gc, size_t gstride, float* out);

@@ -246,6 +246,18 @@ void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t str
   });
 }
 
+// Staging: out[len][D] = the rows as floats.
+template <class T>
+void StageRows(const T* rows, size_t stride, int len, int D, float* out) {
+  WithTag(static_cast<size_t>(D), [&](auto df) {
+    const size_t N = hn::Lanes(df);
+    for (int i = 0; i < len; ++i) {
+      const T* r = rows + static_cast<size_t>(i) * stride;
+      float* o = out + static_cast<size_t>(i) * D;
+      for (size_t d = 0; d < static_cast<size_t>(D); d += N) hn::StoreU(LoadRow(df, r + d), df, o + d);
+    }
+  });
+}
 
 }  // namespace kivi::attn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

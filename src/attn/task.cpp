@@ -56,6 +56,7 @@ struct Task {
   bool fast_kivi_v = false;   // fast KIVI values (weights in vbuf, temporaries in kbuf)
   bool group_kivi_k = false;  // KIVI keys by the group kernels (query and partial group in kbuf)
   bool wide_k = false;        // ... with 512-bit vectors
+  bool pre_rope = false;      // keys stored before RoPE: staged in kbuf and rotated
   float q16_scale[kMaxFastInt8Heads + 4];
 
   explicit Task(const TaskArgs& args)
@@ -71,6 +72,7 @@ struct Task {
     vz = a.scratch + L.vz;
     rs = a.scratch + L.rs;
     assert(D % 8 == 0 && a.t1 - a.t0 <= ld);
+    pre_rope = a.rope != nullptr;
 #ifdef KIVI_X86
     const bool fast = a.precision == Precision::kFast;
     const int kbits = kv::format_bits(K.fmt.format), vbits = kv::format_bits(V.fmt.format);
@@ -81,6 +83,7 @@ struct Task {
              (fast || g_switches.wide_scores.load(std::memory_order_relaxed));
     group_kivi_k = kv::is_kivi(K.fmt.format) && KiviKeyGroupsOk(D, kbits, K.group, wide_k ? 32 : 16) &&
                    4 * (D + K.group) <= kTile * D;
+    if (pre_rope) fast_int8_k = group_kivi_k = false;  // keys need their rotation first
 #endif
   }
   // The scores of token t (column t - a.t0 of S).
@@ -160,8 +163,77 @@ void PrefetchParams(const Task& k, const kv::StreamView& st, int t, int end) {
 
 // --- 1. Scores ---------------------------------------------------------------------
 
+// Rotates rows x[n][D] of positions pos0, pos0 + 1, ... in place by their RoPE rows
+// rope[pos][D/2][2] (cos, sin): for adjacent pairs, x C + swap(x) S with C = (c, c)
+// and S = (-s, s) per pair, both read from the table row as it is.
+void RotateRows(float* x, int n, int D, const float* rope, RopeStyle style) {
+  const int half = D / 2;
+  for (int i = 0; i < n; ++i) {
+    float* xi = x + static_cast<size_t>(i) * D;
+    const float* r = rope + static_cast<size_t>(i) * D;
+#if HWY_TARGET != HWY_SCALAR
+    const hn::ScalableTag<float> df;
+    const int N = static_cast<int>(hn::Lanes(df));
+    if (style == RopeStyle::kAdjacent && D % N == 0) {
+      for (int d = 0; d < D; d += N) {
+        const auto t = hn::LoadU(df, r + d), v = hn::LoadU(df, xi + d);
+        const auto s = hn::DupOdd(t);
+        hn::StoreU(hn::MulAdd(hn::Shuffle2301(v), hn::OddEven(s, hn::Neg(s)), hn::Mul(v, hn::DupEven(t))), df, xi + d);
+      }
+      continue;
+    }
+#endif
+    for (int p = 0; p < half; ++p) {
+      const int i0 = style == RopeStyle::kAdjacent ? 2 * p : p;
+      const int i1 = style == RopeStyle::kAdjacent ? 2 * p + 1 : p + half;
+      const float c = r[2 * p], s = r[2 * p + 1], a = xi[i0], b = xi[i1];
+      xi[i0] = a * c - b * s;
+      xi[i1] = a * s + b * c;
+    }
+  }
+}
+
+// Keys stored before RoPE: the stored keys [t0, t0 + n) (one tile, within one block)
+// dequantized into kbuf, rotated by their positions, and scored against every query
+// head of the KV head (one rotation serves all of them).
+void ScoreStoredTilePreRope(Task& k, int t0, int n, Prefetcher& pf) {
+  const kv::StreamView& K = k.K;
+  const int D = k.D, h = k.h;
+  switch (K.fmt.format) {
+    case kv::Format::kF32:
+      StageRows(reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, D, k.kbuf);
+      break;
+    case kv::Format::kF16:
+      StageRows(reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, D, k.kbuf);
+      break;
+    case kv::Format::kInt8: {
+      const bool grp = K.fmt.granularity == kv::Int8Granularity::kGroup;
+      LoadInt8Scales(K, t0, h, n, k.rs, k.vs);
+      DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, k.rs, grp ? k.vs : nullptr,
+                  K.group, grp ? D / K.group : 0, k.kbuf);
+      break;
+    }
+    default: {
+      const int G = K.group, kbits = kv::format_bits(K.fmt.format);
+      for (int g0 = t0; g0 < t0 + n;) {
+        const int g1 = std::min(t0 + n, (g0 / G + 1) * G);
+        const size_t pi = K.group_params(g0, h);
+        LoadParams(K, pi, D, k.sp);
+        LoadParams(K, pi, D, k.zp, true);
+        DequantKiviKeys(K.group_codes(g0, h), G, g0 % G, g1 - g0, D, kbits, k.sp, k.zp,
+                        k.kbuf + static_cast<size_t>(g0 - t0) * D);
+        g0 = g1;
+      }
+      break;
+    }
+  }
+  RotateRows(k.kbuf, n, D, k.a.rope + static_cast<size_t>(t0) * D, k.a.rope_style);
+  DotRows(k.qn, k.rep, D, k.kbuf, static_cast<size_t>(D), n, k.scores(t0), k.ld, pf);
+}
+
 // Scores of the stored keys [t0, t0 + n) (one tile, within one block), by format.
 void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
+  if (k.pre_rope) return ScoreStoredTilePreRope(k, t0, n, pf);
   const kv::StreamView& K = k.K;
   const int D = k.D, rep = k.rep, h = k.h;
   float* St = k.scores(t0);
@@ -212,10 +284,17 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
 }
 
 // Scores of the residual keys [r0, r1) (full-precision rows; the ring may wrap).
+// Before RoPE, the rows are copied into kbuf and rotated first (at most a tile).
 void ScoreResidual(const Task& k, const kv::StreamView& st, int r0, int r1, Prefetcher& pf) {
   while (r0 < r1) {
     const int e = std::min(r1, (r0 / st.ring_capacity + 1) * st.ring_capacity);
-    DotRows(k.qn, k.rep, k.D, st.residual_row(r0, k.h), static_cast<size_t>(k.D), e - r0, k.scores(r0), k.ld, pf);
+    const float* rows = st.residual_row(r0, k.h);
+    if (k.pre_rope) {
+      std::memcpy(k.kbuf, rows, static_cast<size_t>(e - r0) * k.D * sizeof(float));
+      RotateRows(k.kbuf, e - r0, k.D, k.a.rope + static_cast<size_t>(r0) * k.D, k.a.rope_style);
+      rows = k.kbuf;
+    }
+    DotRows(k.qn, k.rep, k.D, rows, static_cast<size_t>(k.D), e - r0, k.scores(r0), k.ld, pf);
     r0 = e;
   }
 }

@@ -25,6 +25,8 @@ struct TaskArgs {
   int q_pos = 0;
   float* out = nullptr;  // per head r: out[r * out_stride + i]: o[0..D), then m, d
   int out_stride = 0;
+  const float* rope = nullptr;  // keys stored before RoPE: Params::rope, else null
+  RopeStyle rope_style = RopeStyle::kAdjacent;
   float* scratch = nullptr;  // ScratchLayout(rep, D, ld).floats() floats
   int ld = 0;                // capacity of the score row per head (>= t1 - t0)
   Precision precision = Precision::kExact;

@@ -54,7 +54,7 @@ uint64_t BlockPool::bytes_per_block(const CacheConfig& c, bool block_summaries) 
                        stream_block_bytes(c, stream_layout(c, Stream::kValue));
   if (block_summaries)
     per_layer += static_cast<uint64_t>(c.n_kv_heads) * 2 * c.head_dim * sizeof(float);
-  return per_layer * c.n_layers;
+  return per_layer * static_cast<uint64_t>(stored_layers(c));
 }
 
 BlockPool::BlockPool(const CacheConfig& config, int n_blocks, bool block_summaries)
@@ -70,7 +70,10 @@ BlockPool::BlockPool(const CacheConfig& config, int n_blocks, bool block_summari
   sharing_ = !tensor_scaled && !summaries_;
   const size_t H = cfg_.n_kv_heads, nb = n_blocks_, ps = param_size(cfg_.param_type);
   layers_.resize(cfg_.n_layers);
-  for (auto& L : layers_) {
+  const std::vector<int> owners = layer_owners(cfg_);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owners[l] != l) continue;  // a layer that reads another's cache stores nothing
+    LayerStorage& L = layers_[l];
     for (Stream which : {Stream::kKey, Stream::kValue}) {
       StreamStorage& s = which == Stream::kKey ? L.k : L.v;
       s.layout = stream_layout(cfg_, which);
@@ -103,6 +106,7 @@ void BlockPool::zero_block(int32_t b) {
   const size_t H = cfg_.n_kv_heads, nb = n_blocks_, D = cfg_.head_dim,
                ps = param_size(cfg_.param_type);
   for (auto& L : layers_) {
+    if (L.k.codes.size() == 0) continue;  // stores nothing
     for (StreamStorage* s : {&L.k, &L.v}) {
       const StreamLayout& lay = s->layout;
       for (size_t h = 0; h < H; ++h) {

@@ -54,7 +54,7 @@ class BlockPool {
         scales;  // [H][n_blocks][head_block_params] + [n_blocks][shared_params], param type
     AlignedBuffer<uint8_t> zeros;  // like scales (KIVI only)
   };
-  struct LayerStorage {
+  struct LayerStorage {  // empty for a layer that reads another layer's cache
     StreamStorage k, v;
     AlignedBuffer<float> summaries;  // [n_blocks][H][2][D] key min, max (if enabled)
   };

@@ -30,6 +30,7 @@ const char* granularity_name(Int8Granularity g) {
 
 const char* key_flush_name(KeyFlush k) { return k == KeyFlush::kBatch ? "batch" : "group"; }
 const char* param_type_name(ParamType p) { return p == ParamType::kF16 ? "f16" : "f32"; }
+const char* key_rope_name(KeyRope k) { return k == KeyRope::kPre ? "pre" : "post"; }
 
 void check_bits(int bits) {
   if (bits != 2 && bits != 4 && bits != 8) {
@@ -74,6 +75,12 @@ ParamType parse_param_type(const std::string& s) {
   fail("--scale-dtype: unknown value '%s' (valid: f16, f32)", s.c_str());
 }
 
+KeyRope parse_key_rope(const std::string& s) {
+  if (s == "post") return KeyRope::kPost;
+  if (s == "pre") return KeyRope::kPre;
+  fail("--key-rope: unknown value '%s' (valid: post, pre)", s.c_str());
+}
+
 int format_bits(Format f) {
   switch (f) {
     case Format::kF32: return 32;
@@ -107,6 +114,7 @@ void CacheConfig::validate() const {
   if (n_kv_heads < 1) fail("KV cache: n_kv_heads = %d, expected >= 1", n_kv_heads);
   if (head_dim < 1 || head_dim > 1024) fail("KV cache: head_dim = %d, expected 1 to 1024", head_dim);
   if (ctx < 1) fail("--ctx = %d, expected >= 1", ctx);
+  layer_owners(*this);  // throws on a bad sharing map
   const bool kivi = is_kivi(k.format) || is_kivi(v.format);
   const bool grouped = kivi || (k.format == Format::kInt8 && k.granularity == Int8Granularity::kGroup) ||
                        (v.format == Format::kInt8 && v.granularity == Int8Granularity::kGroup);
@@ -242,7 +250,7 @@ uint64_t expected_bytes_used(const CacheConfig& c, int n) {
     if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
     if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
   }
-  return per_layer * c.n_layers;
+  return per_layer * stored_layers(c);
 }
 
 uint64_t expected_bytes_reserved(const CacheConfig& c) {
@@ -256,7 +264,42 @@ uint64_t expected_bytes_reserved(const CacheConfig& c) {
                        n_blocks * sizeof(int32_t);  // block table
   if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
   if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
-  return per_layer * c.n_layers;
+  return per_layer * stored_layers(c);
+}
+
+std::vector<int> layer_owners(const CacheConfig& c) {
+  const int L = c.n_layers;
+  if (c.share_every < 1) fail("--kv-share %d: expected a group size >= 1", c.share_every);
+  std::vector<int> owner(std::max(L, 0));
+  for (int l = 0; l < L; ++l) owner[l] = l / c.share_every * c.share_every;
+  for (const auto& [b, o] : c.share_map) {
+    if (b < 0 || b >= L || o < 0 || o >= L) {
+      fail("--kv-share-map %d:%d: layers are 0 to %d", b, o, L - 1);
+    }
+    if (o >= b) fail("--kv-share-map %d:%d: the owner must be an earlier layer than the borrower", b, o);
+    owner[b] = o;
+  }
+  for (int l = 0; l < L; ++l) {
+    if (owner[owner[l]] != owner[l]) {
+      fail("--kv-share-map: layer %d reads layer %d, which itself reads layer %d (owners store their own cache)", l,
+           owner[l], owner[owner[l]]);
+    }
+  }
+  return owner;
+}
+
+int stored_layers(const CacheConfig& c) {
+  const auto owner = layer_owners(c);
+  int n = 0;
+  for (int l = 0; l < static_cast<int>(owner.size()); ++l) n += owner[l] == l;
+  return n;
+}
+
+std::string describe_sharing(const CacheConfig& c) {
+  std::string s;
+  if (c.share_every > 1) s = "every " + std::to_string(c.share_every) + " layers";
+  for (const auto& [b, o] : c.share_map) s += (s.empty() ? "layers " : " ") + std::to_string(b) + ":" + std::to_string(o);
+  return s;
 }
 
 }  // namespace kivi::kv

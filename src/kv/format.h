@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kivi::kv {
 
@@ -24,15 +26,17 @@ enum class KeyFlush : uint8_t { kBatch = 0, kGroup = 1 };
 // Storage type of quantization parameters (scales and zero points).
 enum class ParamType : uint8_t { kF16 = 0, kF32 = 1 };
 enum class Stream : uint8_t { kKey = 0, kValue = 1 };
-// Where keys are quantized relative to RoPE. KIVI quantizes after RoPE; KVQuant
-// (Hooper et al. 2024) quantizes before and rotates on read. Only kPostRope is
-// implemented; the cache records the choice so a pre-RoPE path can be added.
-enum class KeyPosition : uint8_t { kPostRope = 0 };
+// Where keys are stored relative to RoPE. KIVI stores (and quantizes) rotated keys;
+// KVQuant (Hooper et al. 2024) quantizes them before RoPE, where channel outliers have
+// not been smeared across channel pairs by the rotation, and rotates each key by its
+// position when attention reads it.
+enum class KeyRope : uint8_t { kPost = 0, kPre = 1 };
 
 const char* format_name(Format f);
 const char* granularity_name(Int8Granularity g);
 const char* key_flush_name(KeyFlush k);
 const char* param_type_name(ParamType p);
+const char* key_rope_name(KeyRope k);
 inline size_t param_size(ParamType p) { return p == ParamType::kF16 ? 2 : 4; }
 
 // Parsers throw kivi::Error naming the option and listing the valid values.
@@ -40,6 +44,7 @@ Format parse_format(const std::string& s, const char* option = "--kv-cache");
 Int8Granularity parse_granularity(const std::string& s);
 KeyFlush parse_key_flush(const std::string& s);
 ParamType parse_param_type(const std::string& s);
+KeyRope parse_key_rope(const std::string& s);
 
 inline bool is_kivi(Format f) {
   return f == Format::kKivi2 || f == Format::kKivi4 || f == Format::kKivi8;
@@ -70,7 +75,11 @@ struct CacheConfig {
   KeyFlush key_flush = KeyFlush::kBatch;
   ParamType param_type = ParamType::kF16;
   int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G
-  KeyPosition key_position = KeyPosition::kPostRope;
+  KeyRope key_rope = KeyRope::kPost;
+  // Cross-layer sharing: a borrowing layer reads an earlier layer's keys and values
+  // instead of storing its own (its K and V projections are skipped).
+  int share_every = 1;                         // groups of N adjacent layers read the first one's cache
+  std::vector<std::pair<int, int>> share_map;  // (borrower, owner) pairs, applied after share_every
 
   // Throws kivi::Error naming the parameter and its valid range.
   void validate() const;
@@ -80,6 +89,15 @@ struct CacheConfig {
   int channel_group() const;
   bool has_residual() const { return is_kivi(k.format) || is_kivi(v.format); }
 };
+
+// The layer whose cache each of the n_layers layers reads (itself for a layer that
+// stores its own), from share_every and share_map. Throws if a pair names a layer out
+// of range, an owner that is not before its borrower, or an owner that borrows itself.
+std::vector<int> layer_owners(const CacheConfig& c);
+// Layers that store a cache.
+int stored_layers(const CacheConfig& c);
+// "every 2 layers" / "layers 3:1 5:4" / "" for no sharing.
+std::string describe_sharing(const CacheConfig& c);
 
 // Asymptotic stored bytes per token for one stream of one layer (codes plus
 // quantization parameters, every KV head), excluding the full-precision residual.

@@ -38,7 +38,10 @@ void KvCache::init(bool own) {
   row_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
   readonly_.assign(n_logical_, 0);
   layers_.resize(cfg_.n_layers);
+  owner_ = layer_owners(cfg_);
   for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owner_[l] != l) continue;  // reads its owner's cache
+    last_stored_ = l;
     Layer& L = layers_[l];
     L.block_table.assign(n_logical_, -1);
     init_stream(L.k, pool_->layer(l).k);
@@ -61,7 +64,9 @@ void KvCache::init_stream(StreamStore& s, BlockPool::StreamStorage& storage) {
 }
 
 void KvCache::map_block(int logical, int32_t physical, bool ro) {
-  for (auto& L : layers_) L.block_table[logical] = physical;
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owner_[l] == l) layers_[l].block_table[logical] = physical;
+  }
   readonly_[logical] = ro ? 1 : 0;
   mapped_ = std::max(mapped_, logical + 1);
 }
@@ -70,7 +75,9 @@ void KvCache::clear() {
   if (shares_pool()) {
     for (int b = mapped_ - 1; b >= 0; --b) {
       pool_->release(layers_[0].block_table[b]);
-      for (auto& L : layers_) L.block_table[b] = -1;
+      for (int l = 0; l < cfg_.n_layers; ++l) {
+        if (owner_[l] == l) layers_[l].block_table[b] = -1;
+      }
       readonly_[b] = 0;
     }
     mapped_ = 0;
@@ -86,7 +93,7 @@ void KvCache::clear() {
       s->calibrated = false;
       s->clamped = 0;
     }
-    if (summaries_ && !shares_pool()) {
+    if (summaries_ && !shares_pool() && L.summaries) {
       // A shared pool resets a block's summaries when it hands the block out.
       const size_t D = cfg_.head_dim;
       float* sm = L.summaries;
@@ -139,7 +146,7 @@ void KvCache::map_blocks(int n_tokens) {
 
 void KvCache::publish(const int* tokens) {
   if (!shares_pool() || !pool_->prefix_sharing()) return;
-  const Layer& last = layers_.back();
+  const Layer& last = layers_[last_stored_];
   const int stored = std::min({last.n, last.k.n_stored, last.v.n_stored});
   const int complete = stored / block_;
   for (int b = published_; b < complete; ++b) {
@@ -164,6 +171,7 @@ int KvCache::blocks_shared() const {
 }
 
 void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
+  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const size_t count = static_cast<size_t>(n) * cfg_.n_kv_heads * cfg_.head_dim;
   auto cal = [&](StreamStore& s, const float* x) {
@@ -294,6 +302,7 @@ void KvCache::flush_value(Layer& L, int pos) {
 }
 
 void KvCache::append(int layer, const float* k, const float* v) {
+  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const int pos = L.n;
   if (pos >= cfg_.ctx) fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
@@ -377,12 +386,21 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
 }
 
 LayerView KvCache::view(int layer) const {
-  const Layer& L = layers_.at(layer);
+  const Layer& L = layers_.at(owner_.at(layer));
   LayerView v;
   v.k = stream_view(L, L.k, Stream::kKey);
   v.v = stream_view(L, L.v, Stream::kValue);
   v.n_tokens = L.n;
   v.summaries = summaries_ ? L.summaries : nullptr;
+  return v;
+}
+
+LayerView KvCache::view_prefix(int layer, int n) const {
+  LayerView v = view(layer);
+  if (n > v.n_tokens || n < 0) fail("KV cache: a view of %d tokens of layer %d, which holds %d", n, layer, v.n_tokens);
+  if (n == v.n_tokens) return v;  // as it stands: a KIVI cache's residual tokens stay in its ring
+  if (cfg_.has_residual()) fail("KV cache: earlier views of KIVI caches are not kept");
+  v.n_tokens = v.k.n_stored = v.v.n_stored = n;
   return v;
 }
 
@@ -408,6 +426,7 @@ uint64_t KvCache::stream_bytes_used(const StreamStore& s, Stream which, int n) c
 }
 
 uint64_t KvCache::bytes_used(int layer) const {
+  if (borrows(layer)) return 0;
   const Layer& L = layers_.at(layer);
   return stream_bytes_used(L.k, Stream::kKey, L.n) + stream_bytes_used(L.v, Stream::kValue, L.n);
 }
@@ -419,6 +438,7 @@ uint64_t KvCache::bytes_used() const {
 }
 
 uint64_t KvCache::bytes_reserved(int layer) const {
+  if (borrows(layer)) return 0;
   const Layer& L = layers_.at(layer);
   uint64_t t = L.block_table.size() * sizeof(int32_t);
   if (!shares_pool()) {
@@ -446,9 +466,10 @@ int64_t KvCache::clamped() const {
 }
 
 KvCache::RawStream KvCache::raw(int layer, Stream s) const {
-  const Layer& L = layers_.at(layer);
+  const Layer& L = layers_.at(owner_.at(layer));
   const StreamStore& st = s == Stream::kKey ? L.k : L.v;
-  const BlockPool::StreamStorage& p = s == Stream::kKey ? pool_->layer(layer).k : pool_->layer(layer).v;
+  const BlockPool::LayerStorage& P = pool_->layer(owner_.at(layer));
+  const BlockPool::StreamStorage& p = s == Stream::kKey ? P.k : P.v;
   return {&p.codes, &p.scales, &p.zeros, &st.ring, st.n_stored, st.tensor_scale};
 }
 

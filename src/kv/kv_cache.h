@@ -127,7 +127,12 @@ class KvCache {
   KvCache& operator=(const KvCache&) = delete;
 
   const CacheConfig& config() const { return cfg_; }
-  int n_tokens(int layer) const { return layers_[layer].n; }
+  int n_tokens(int layer) const { return layers_[owner_[layer]].n; }
+  // Cross-layer sharing: the layer whose cache `layer` reads (itself when it stores
+  // one). A borrowing layer has no storage; view() and n_tokens() give its owner's,
+  // and calibrate() or append() on it is an error.
+  int owner(int layer) const { return owner_[layer]; }
+  bool borrows(int layer) const { return owner_[layer] != layer; }
   int capacity() const { return cfg_.ctx; }
 
   // Fixes the int8 per-tensor scales of `layer` from the absmax of the first batch of
@@ -135,7 +140,7 @@ class KvCache {
   // other formats or once calibrated.
   void calibrate(int layer, const float* k, const float* v, int n);
 
-  // Appends one token: k, v are [H, D] (post-RoPE keys). Throws if the cache is full.
+  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope). Throws if the cache is full.
   void append(int layer, const float* k, const float* v);
 
   // Forgets every token. An own pool keeps its storage; a shared pool gets back every
@@ -143,6 +148,10 @@ class KvCache {
   void clear();
 
   LayerView view(int layer) const;
+  // The view as it was when the layer held its first n tokens: exact for formats that
+  // store each token at once (f32, f16, int8), whose stored tokens never change. For
+  // attention by a borrowing layer within a prefill batch.
+  LayerView view_prefix(int layer, int n) const;
 
   // Memory from the buffers: bytes holding live data, and bytes allocated (a cache
   // over a shared pool counts its rings and tables; the pool reports the blocks).
@@ -222,7 +231,9 @@ class KvCache {
   int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;
   AlignedBuffer<uint8_t> row_tmp_;  // one packed row, for interleaving value codes
   bool summaries_ = false;
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // [n_layers]; borrowing layers' entries hold no storage
+  std::vector<int> owner_;     // [n_layers] layer_owners(cfg_)
+  int first_stored_ = 0, last_stored_ = 0;  // layers that store a cache: the first and the last
   std::vector<uint8_t> readonly_;  // [n_logical] 1: a published block of another sequence's, never written
   int mapped_ = 0;       // logical blocks [0, mapped_) are mapped
   int reservation_ = 0;  // blocks reserved in the pool and not yet drawn

@@ -63,6 +63,20 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (pos0 + n > cache.capacity()) {
     fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n, cache.capacity());
   }
+  // A layer that reads another layer's cache attends, for token i of the batch, over
+  // the owner's cache as it was after token i. Row formats keep that state (a prefix);
+  // KIVI caches quantize their residual as they go, so with sharing the batch runs one
+  // token at a time through all layers (the same arithmetic as decoding it).
+  bool sharing = false;
+  for (int l = 0; l < c.n_layers; ++l) sharing = sharing || cache.borrows(l);
+  if (sharing && n > 1 && cache.config().has_residual()) {
+    const int V = c.vocab_size;
+    for (int i = 0; i < n; ++i) {
+      float* out = !logits ? nullptr : all_logits ? logits + static_cast<size_t>(i) * V : i == n - 1 ? logits : nullptr;
+      forward(m, st, cache, tokens + i, 1, out, false, pool, opt);
+    }
+    return;
+  }
   for (int i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size) fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
     ops::copy_row(w.token_embd, tokens[i], st.x.data() + static_cast<size_t>(i) * dim);
@@ -73,6 +87,10 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   ap.alibi_slopes = c.alibi ? st.slopes.data() : nullptr;
   ap.window = opt.window;
   ap.precision = opt.precision;
+  // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
+  // attention rotates each by its position.
+  const bool pre_rope = !c.alibi && cache.config().key_rope == kv::KeyRope::kPre;
+  if (pre_rope) ap.rope = st.rope.data();
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -80,21 +98,27 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
                    L.attn_norm.data(), dim, c.norm_eps);
     }
+    // A borrowing layer computes only its queries: no K and V projections.
+    const bool borrows = cache.borrows(l);
     ops::matmul(L.wq, st.xb.data(), n, st.q.data(), pool);
-    ops::matmul(L.wk, st.xb.data(), n, st.k.data(), pool);
-    ops::matmul(L.wv, st.xb.data(), n, st.v.data(), pool);
+    if (!borrows) {
+      ops::matmul(L.wk, st.xb.data(), n, st.k.data(), pool);
+      ops::matmul(L.wv, st.xb.data(), n, st.v.data(), pool);
+    }
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
         const float* rr = st.rope.data() + static_cast<size_t>(pos0 + i) * hd;
         apply_rope(st.q.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, rr);
-        apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
+        if (!pre_rope && !borrows) apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
       }
     }
-    if (cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
+    if (!borrows && cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
     for (int i = 0; i < n; ++i) {
-      cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd, st.v.data() + static_cast<size_t>(i) * kvd);
+      if (!borrows) {
+        cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd, st.v.data() + static_cast<size_t>(i) * kvd);
+      }
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
-      attn::decode(cache.view(l), st.q.data() + static_cast<size_t>(i) * dim,
+      attn::decode(borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l), st.q.data() + static_cast<size_t>(i) * dim,
                    st.att.data() + static_cast<size_t>(i) * dim, ap, pool, st.ws);
       if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     }
@@ -119,7 +143,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   ops::matmul(w.output, st.xb.data() + static_cast<size_t>(first) * dim, n - first, logits, pool);
 }
 
-std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool) {
+std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool,
+                                    const std::vector<int>& layer_owner) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
   const int n = static_cast<int>(tokens.size());
@@ -127,7 +152,8 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   const int rep = c.n_heads / c.n_kv_heads;
   if (n < 1 || n > c.ctx) fail("no-cache forward: %d tokens (context %d)", n, c.ctx);
   std::vector<float> x(static_cast<size_t>(n) * dim), xb(x.size()), xb2(x.size()), q(x.size()), att(x.size());
-  std::vector<float> k(static_cast<size_t>(n) * kvd), v(k.size());
+  // Keys and values of every layer (a borrowing layer reads its owner's).
+  std::vector<std::vector<float>> ks(c.n_layers), vs(c.n_layers);
   std::vector<float> hb(static_cast<size_t>(n) * hid), hb2(hb.size());
   std::vector<float> rope(static_cast<size_t>(n) * hd);
   fill_rope_table(rope.data(), n, hd, c.rope_theta);
@@ -137,13 +163,20 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     for (int i = 0; i < n; ++i) ops::rmsnorm(&xb[i * dim], &x[i * dim], L.attn_norm.data(), dim, c.norm_eps);
+    const int owner = layer_owner.empty() ? l : layer_owner[l];
     ops::matmul(L.wq, xb.data(), n, q.data(), pool);
-    ops::matmul(L.wk, xb.data(), n, k.data(), pool);
-    ops::matmul(L.wv, xb.data(), n, v.data(), pool);
+    if (owner == l) {
+      ks[l].resize(static_cast<size_t>(n) * kvd);
+      vs[l].resize(ks[l].size());
+      ops::matmul(L.wk, xb.data(), n, ks[l].data(), pool);
+      ops::matmul(L.wv, xb.data(), n, vs[l].data(), pool);
+    }
+    std::vector<float>& k = ks[owner];
+    const std::vector<float>& v = vs[owner];
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
         apply_rope(&q[i * dim], c.n_heads, hd, &rope[static_cast<size_t>(i) * hd]);
-        apply_rope(&k[i * kvd], c.n_kv_heads, hd, &rope[static_cast<size_t>(i) * hd]);
+        if (owner == l) apply_rope(&k[i * kvd], c.n_kv_heads, hd, &rope[static_cast<size_t>(i) * hd]);
       }
     }
     // Plain causal attention, in double.

@@ -53,7 +53,10 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
 // The no-cache oracle: recomputes every position of `tokens` from scratch with plain
 // attention over freshly computed keys and values (no kv/ or attn/ code) and
 // returns the logits of the last position.
-std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool);
+// layer_owner (optional, kv::layer_owners): a layer whose owner is another layer uses
+// that layer's keys and values (cross-layer sharing).
+std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool,
+                                    const std::vector<int>& layer_owner = {});
 
 // RoPE on one vector of `n_heads` heads at position pos (pairs (2i, 2i+1) rotated
 // by pos * theta^(-2i/head_dim), as llama2.c and GGUF's llama layout).

@@ -32,18 +32,21 @@ void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int 
   const int dim = c.dim, kvd = c.kv_dim();
   // One sequence's rows in order: append the token, then attend over the cache as it
   // stands (what model::forward does for a chunk of one sequence).
+  // A layer that reads another layer's cache appends nothing and attends, for each row,
+  // over the owner's cache as it was after that row's token.
   auto run_seq = [&](int s, ThreadPool* inner, attn::Workspace& ws) {
     kv::KvCache& cache = *seqs[s].cache;
     const int r0 = first_row_[s], n = seqs[s].n;
-    if (cache.n_tokens(l) == 0) {
+    const bool borrows = cache.borrows(l);
+    if (!borrows && cache.n_tokens(l) == 0) {
       cache.calibrate(l, st_.k.data() + static_cast<size_t>(r0) * kvd,
                       st_.v.data() + static_cast<size_t>(r0) * kvd, n);
     }
-    for (int r = r0; r < r0 + n; ++r) {
-      cache.append(l, st_.k.data() + static_cast<size_t>(r) * kvd,
-                   st_.v.data() + static_cast<size_t>(r) * kvd);
-      attn::decode(cache.view(l), st_.q.data() + static_cast<size_t>(r) * dim,
-                   st_.att.data() + static_cast<size_t>(r) * dim, ap, inner, ws);
+    for (int i = 0; i < n; ++i) {
+      const size_t r = static_cast<size_t>(r0 + i);
+      if (!borrows) cache.append(l, st_.k.data() + r * kvd, st_.v.data() + r * kvd);
+      attn::decode(borrows ? cache.view_prefix(l, pos0_[s] + i + 1) : cache.view(l),
+                   st_.q.data() + r * dim, st_.att.data() + r * dim, ap, inner, ws);
     }
   };
   if (per_sequence) {
@@ -82,6 +85,15 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
       fail("batch of %d rows exceeds the maximum of %d", rows, st_.max_batch);
   }
   first_row_[n_seqs] = rows;
+  // All caches of a batch share one configuration (they draw on one pool).
+  const kv::KvCache& c0 = *seqs[0].cache;
+  bool sharing = false;
+  for (int l = 0; l < c.n_layers; ++l) sharing = sharing || c0.borrows(l);
+  if (sharing && c0.config().has_residual() && rows > n_seqs) {
+    // KIVI caches quantize their residual as tokens arrive, so a layer reading another
+    // layer's cache can attend only over its latest state: one token per sequence.
+    fail("batch: with cross-layer sharing of KIVI caches each sequence takes one token per step");
+  }
   // Blocks for this step's tokens are taken from the pool here, on this thread, so
   // that appends running on several workers never allocate.
   for (int s = 0; s < n_seqs; ++s) seqs[s].cache->map_blocks(pos0_[s] + seqs[s].n);
@@ -101,6 +113,10 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
   ap.alibi_slopes = c.alibi ? st_.slopes.data() : nullptr;
   ap.window = opt.window;
   ap.precision = opt.precision;
+  // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
+  // attention rotates each by its position.
+  const bool pre_rope = !c.alibi && c0.config().key_rope == kv::KeyRope::kPre;
+  if (pre_rope) ap.rope = st_.rope.data();
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
@@ -109,16 +125,21 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
                    st_.x.data() + static_cast<size_t>(r) * dim, L.attn_norm.data(), dim,
                    c.norm_eps);
     }
+    // A borrowing layer computes only its queries: no K and V projections.
+    const bool borrows = c0.borrows(l);
     ops::matmul(L.wq, st_.xb.data(), rows, st_.q.data(), pool);
-    ops::matmul(L.wk, st_.xb.data(), rows, st_.k.data(), pool);
-    ops::matmul(L.wv, st_.xb.data(), rows, st_.v.data(), pool);
+    if (!borrows) {
+      ops::matmul(L.wk, st_.xb.data(), rows, st_.k.data(), pool);
+      ops::matmul(L.wv, st_.xb.data(), rows, st_.v.data(), pool);
+    }
     if (!c.alibi) {
       for (int s = 0; s < n_seqs; ++s) {
         for (int i = 0; i < seqs[s].n; ++i) {
           const int r = first_row_[s] + i;
           const float* rr = st_.rope.data() + static_cast<size_t>(pos0_[s] + i) * hd;
           apply_rope(st_.q.data() + static_cast<size_t>(r) * dim, c.n_heads, hd, rr);
-          apply_rope(st_.k.data() + static_cast<size_t>(r) * kvd, c.n_kv_heads, hd, rr);
+          if (!pre_rope && !borrows)
+            apply_rope(st_.k.data() + static_cast<size_t>(r) * kvd, c.n_kv_heads, hd, rr);
         }
       }
     }

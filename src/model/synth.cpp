@@ -103,7 +103,7 @@ SynthNeeds synth_needs(const SynthSpec& s) {
   // Metadata: the tokenizer dominates (a piece is at most 8 + 3 + 4 bytes of string at
   // the vocabulary sizes in use, plus a score and a type); 64 KiB covers the rest.
   const uint64_t max_piece = 8 + 16;
-  n.file_bytes += tensor_table + static_cast<uint64_t>(c.vocab_size) * (max_piece + 4 + 4) + (64u << 10);
+  n.file_bytes += tensor_table + static_cast<uint64_t>(c.vocab_size) * (max_piece + 4 + 4) + (64u << 10) + s.tokenizer_bytes;
   n.kv_tokens = std::min(c.ctx, 4096);
   n.kv_bytes = 2ull * c.n_layers * c.kv_dim() * 4ull * n.kv_tokens;
   const uint64_t batch = 64;
@@ -205,7 +205,11 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
   w.add_bool("kivi.synthetic", true);
   w.add_u64("kivi.synthetic.seed", s.seed);
   w.add_f32("kivi.synthetic.weight_std", kSynthWeightStd);
-  add_tokenizer_metadata(w, synthetic_tokenizer(c.vocab_size));
+  if (s.write_tokenizer) {
+    s.write_tokenizer(w);
+  } else {
+    add_tokenizer_metadata(w, synthetic_tokenizer(c.vocab_size));
+  }
 
   static const float kOne = 1.0f;
   const auto specs = llama_tensor_specs(c);

@@ -32,6 +32,10 @@
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
 
+namespace kivi::io {
+class GgufWriter;
+}
+
 namespace kivi::model {
 
 struct SynthSpec {
@@ -39,6 +43,10 @@ struct SynthSpec {
   std::string label;   // preset name or shape description, for general.name
   bool f16 = true;     // matrices in F16 (norm vectors are always F32)
   uint64_t seed = 0;
+  // Writes the tokenizer metadata instead of the generated SentencePiece vocabulary
+  // (synth_tokenizer.h), and the bytes it takes.
+  std::function<void(io::GgufWriter&)> write_tokenizer;
+  uint64_t tokenizer_bytes = 0;
 };
 
 inline constexpr float kSynthWeightStd = 0.02f;

@@ -48,6 +48,7 @@ void fill_random(const std::vector<kv::KvCache*>& caches, int n_tokens, uint64_t
         if (i % D % 16 == 3) k[i] *= 6.0f;
       }
       for (kv::KvCache* c : caches) {
+        if (c->borrows(l)) continue;  // reads another layer's cache
         if (c->n_tokens(l) == 0) c->calibrate(l, k.data(), v.data(), 1);
         c->append(l, k.data(), v.data());
       }
@@ -72,6 +73,11 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     fail("bench: fill %d + prompt %d + %d generated tokens = %d exceed the context of %d tokens", n_fill, n_prompt,
          cfg.n_gen, need, ctx);
   }
+  auto cacheless = [&](int f) { return f < static_cast<int>(cfg.no_cache.size()) && cfg.no_cache[f]; };
+  if (cacheless(0)) fail("bench: the reference runs with an f32 cache");
+  for (int f = 0; f < F; ++f) {
+    if (cacheless(f) && cfg.fill_random > 0) fail("bench: no-cache needs a text fill, not --ctx-fill-random");
+  }
   ThreadPool pool(cfg.threads > 0 ? cfg.threads : hardware_threads());
   BenchResult res;
   res.ctx = n_fill + n_prompt;
@@ -83,7 +89,18 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
   // Each session's attention time goes to its own counter.
   std::vector<double> attn(F, 0.0);
   std::vector<std::unique_ptr<Session>> sessions;
+  // A cacheless decoder keeps only its tokens.
+  std::vector<std::vector<int>> history(F);
+  auto nocache_step = [&](int f, std::vector<float>& out) {
+    out = model::forward_no_cache(m, history[f], &pool);
+    return out.data();
+  };
+  std::vector<std::vector<float>> nocache_logits(F);
   for (int f = 0; f < F; ++f) {
+    if (cacheless(f)) {
+      sessions.push_back(nullptr);
+      continue;
+    }
     SessionOptions o;
     o.ctx = ctx;
     o.cache = cfg.caches[f];
@@ -121,7 +138,13 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     });
   } else if (!cfg.fill.empty()) {
     const int chunk = std::max(1, cfg.fill_chunk);
-    for (auto& s : sessions) {
+    for (int f = 0; f < F; ++f) {
+      if (cacheless(f)) {
+        history[f] = cfg.fill;
+        report(n_fill);
+        continue;
+      }
+      auto& s = sessions[f];
       for (int i = 0; i < n_fill; i += chunk) {
         const int b = std::min(chunk, n_fill - i);
         s->prefill(std::vector<int>(cfg.fill.begin() + i, cfg.fill.begin() + i + b));
@@ -136,9 +159,15 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
   for (int f = 0; f < F; ++f) {
     BenchFormatResult& r = res.formats[f];
     r.name = cfg.names[f];
-    r.cache = sessions[f]->options().cache;
+    r.no_cache = cacheless(f);
+    r.cache = r.no_cache ? cfg.caches[f] : sessions[f]->options().cache;
     const double t0 = now_seconds();
-    logits[f] = sessions[f]->prefill(cfg.prompt);
+    if (r.no_cache) {
+      history[f].insert(history[f].end(), cfg.prompt.begin(), cfg.prompt.end());
+      logits[f] = nocache_step(f, nocache_logits[f]);
+    } else {
+      logits[f] = sessions[f]->prefill(cfg.prompt);
+    }
     r.prefill_seconds = now_seconds() - t0;
     r.prefill_tps = r.prefill_seconds > 0 ? n_prompt / r.prefill_seconds : 0.0;
     r.step_seconds.reserve(cfg.n_gen);
@@ -157,7 +186,12 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
       r.tokens.push_back(tok);
       attn[f] = 0.0;
       const double t0 = now_seconds();
-      logits[f] = sessions[f]->decode(tok);
+      if (r.no_cache) {
+        history[f].push_back(tok);
+        logits[f] = nocache_step(f, nocache_logits[f]);
+      } else {
+        logits[f] = sessions[f]->decode(tok);
+      }
       r.step_seconds.push_back(now_seconds() - t0);
       r.attn_seconds.push_back(attn[f]);
     }
@@ -179,7 +213,7 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     std::vector<double> share(r.step_seconds.size());
     for (size_t s = 0; s < share.size(); ++s) share[s] = r.step_seconds[s] > 0 ? r.attn_seconds[s] / r.step_seconds[s] : 0.0;
     r.attn_share = median(share);
-    r.kv_bytes = sessions[f]->cache().bytes_used();
+    r.kv_bytes = r.no_cache ? 0 : sessions[f]->cache().bytes_used();
     r.compression_vs_f32 = r.kv_bytes > 0 ? bytes32 / r.kv_bytes : 0.0;
     r.compression_vs_f16 = r.kv_bytes > 0 ? bytes16 / r.kv_bytes : 0.0;
     int same = 0;

@@ -33,6 +33,9 @@ namespace kivi::runtime {
 struct BenchConfig {
   std::vector<std::string> names;       // one per format, for display
   std::vector<kv::CacheConfig> caches;  // caches[0] is the reference (f32)
+  // [formats] (optional) 1: run without a cache: every step recomputes every position
+  // with the no-cache oracle (model::forward_no_cache), as a cacheless decoder does.
+  std::vector<char> no_cache;
   std::vector<int> fill;                // text fill tokens (BOS first), or empty
   int fill_random = 0;                  // positions of random keys and values instead of a text fill
   uint64_t seed = 1234;                 // random fill
@@ -53,6 +56,7 @@ struct BenchFormatResult {
   double decode_seconds = 0;         // median step
   double decode_tps = 0;             // 1 / median step
   double attn_share = 0;             // median over steps of attention time / step time
+  bool no_cache = false;             // ran without a cache
   uint64_t kv_bytes = 0;             // bytes_used() after the run
   std::vector<int> tokens;           // [n_gen] greedy tokens
   double token_match = 0;            // percent of positions equal to the reference's token

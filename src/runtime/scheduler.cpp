@@ -17,7 +17,7 @@ PoolPlan plan_pool(const kv::CacheConfig& c, const SchedulerOptions& o) {
   p.slot_bytes =
       (static_cast<uint64_t>(kv::key_ring_capacity(c) + kv::value_ring_capacity(c)) * row +
        n_logical * sizeof(int32_t)) *
-      c.n_layers;
+      static_cast<uint64_t>(kv::stored_layers(c));
   int64_t blocks = 0;
   if (o.kv_budget_bytes > 0) {
     const uint64_t slots = p.slot_bytes * static_cast<uint64_t>(o.parallel);
@@ -67,6 +67,11 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
     // prefill interleaved with other sequences would fix a different one.
     fail("--int8-granularity tensor is not supported when serving (valid: token, head, group)");
   }
+  // KIVI caches with cross-layer sharing take one token per sequence and step
+  // (model/forward_batch.h); other caches take prompt chunks.
+  max_chunk_ = kv::stored_layers(shaped_) < shaped_.n_layers && shaped_.has_residual()
+                   ? 1
+                   : opt_.prefill_chunk;
   plan_ = plan_pool(shaped_, opt_);
   blocks_ = std::make_unique<kv::BlockPool>(shaped_, plan_.blocks);
   fwd_ = std::make_unique<model::BatchForward>(c, opt_.parallel + opt_.prefill_chunk, opt_.parallel,
@@ -245,7 +250,7 @@ void Scheduler::step() {
     }
     if (best < 0) break;
     Slot& s = slots_[best];
-    const int k = std::min(budget, s.n_prompt - s.fed);
+    const int k = std::min({budget, s.n_prompt - s.fed, max_chunk_});
     batch_[n] = {s.cache.get(), s.tokens.data() + s.fed, k,
                  s.fed + k == s.n_prompt ? s.logits.data() : nullptr};
     batch_slot_[n++] = best;

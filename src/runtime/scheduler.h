@@ -131,6 +131,7 @@ class Scheduler {
   std::vector<model::BatchSequence> batch_;  // [parallel]
   std::vector<int> batch_slot_;              // [parallel]
   uint64_t next_order_ = 0;
+  int max_chunk_ = 1;  // prompt tokens of one sequence per step
 
   mutable std::mutex mu_;  // queue_, stopping_, counters, stats_
   std::condition_variable cv_;

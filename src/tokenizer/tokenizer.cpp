@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "io/llama2c.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/unicode.h"
 
 namespace kivi::tok {
 
@@ -83,6 +85,108 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
     }
     index_.emplace(pieces_[i], i);  // first id wins for duplicate pieces
   }
+  index_specials();
+}
+
+Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector<TokenType> types,
+                                    const std::vector<std::string>& merges, const std::string& pre, int bos_id,
+                                    int eos_id, const std::string& source) {
+  const int n = static_cast<int>(pieces.size());
+  if (n == 0) fail("%s: tokenizer has no tokens", source.c_str());
+  if (types.size() != pieces.size()) {
+    fail("%s: %zu tokens but %zu token types", source.c_str(), pieces.size(), types.size());
+  }
+  auto check_id = [&](const char* what, int id) {
+    if (id < -1 || id >= n) fail("%s: %s id %d is outside the vocabulary (0 to %d)", source.c_str(), what, id, n - 1);
+  };
+  check_id("BOS", bos_id);
+  check_id("EOS", eos_id);
+  std::vector<bool> mergeable(n);
+  for (int i = 0; i < n; ++i) {
+    const TokenType t = types[i];
+    mergeable[i] = t == TokenType::kNormal || t == TokenType::kByte || t == TokenType::kUndefined;
+  }
+  Tokenizer tk;
+  tk.bpe_ = std::make_shared<const BpeModel>(pieces, mergeable, merges, pre, source);
+  tk.pieces_ = std::move(pieces);
+  tk.types_ = std::move(types);
+  tk.scores_.assign(n, 0.0f);
+  std::fill(std::begin(tk.byte_ids_), std::end(tk.byte_ids_), -1);
+  tk.bos_id_ = bos_id;
+  tk.eos_id_ = eos_id;
+  tk.unk_id_ = -1;
+  tk.add_dummy_prefix_ = false;
+  tk.add_bos_ = tk.bpe_->pre().ignore_merges();  // llama.cpp's default: Llama 3 wants BOS, others not
+  tk.index_specials();
+  return tk;
+}
+
+// End-of-generation markers recognized by their text (llama.cpp's list, the common ones).
+static const char* const kEndMarkers[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                          "<|eom_id|>", "<EOT>", "<|end_of_text|>"};
+
+void Tokenizer::index_specials() {
+  const int n = vocab_size();
+  special_by_byte_.assign(256, {});
+  for (int i = 0; i < n; ++i) {
+    if ((types_[i] == TokenType::kControl || types_[i] == TokenType::kUserDefined) && !pieces_[i].empty()) {
+      special_by_byte_[static_cast<uint8_t>(pieces_[i][0])].push_back(i);
+    }
+  }
+  for (auto& v : special_by_byte_) {
+    std::stable_sort(v.begin(), v.end(), [&](int a, int b) { return pieces_[a].size() > pieces_[b].size(); });
+  }
+  if (eot_id_ < 0) {
+    for (const char* m : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>"}) {
+      const int id = find_special(m);
+      if (id >= 0 && types_[id] == TokenType::kControl) {
+        eot_id_ = id;
+        break;
+      }
+    }
+  }
+  eog_.clear();
+  for (int id : {eos_id_, eot_id_, eom_id_}) {
+    if (id >= 0) eog_.push_back(id);
+  }
+  for (const char* m : kEndMarkers) {
+    const int id = find_special(m);
+    if (id >= 0 && types_[id] == TokenType::kControl) eog_.push_back(id);
+  }
+  std::sort(eog_.begin(), eog_.end());
+  eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
+}
+
+void Tokenizer::set_eot_id(int id) {
+  if (id < -1 || id >= vocab_size()) fail("tokenizer: EOT id %d is outside the vocabulary (0 to %d)", id, vocab_size() - 1);
+  eot_id_ = id;
+  index_specials();
+}
+
+void Tokenizer::set_eom_id(int id) {
+  if (id < -1 || id >= vocab_size()) fail("tokenizer: EOM id %d is outside the vocabulary (0 to %d)", id, vocab_size() - 1);
+  eom_id_ = id;
+  index_specials();
+}
+
+std::string Tokenizer::describe() const {
+  if (bpe_) {
+    return strfmt("byte-level BPE (gpt2), %d tokens, %d merges, pre-tokenizer %s, BOS %d%s, EOS %d, EOT %d%s",
+                  vocab_size(), bpe_->n_merges(), bpe_->pre().name().c_str(), bos_id_, add_bos_ ? " (added)" : "",
+                  eos_id_, eot_id_, chat_template_.empty() ? "" : ", chat template");
+  }
+  return strfmt("SentencePiece BPE, %d pieces, BOS %d, EOS %d, %d byte pieces, dummy prefix %s", vocab_size(), bos_id_,
+                eos_id_, n_byte_pieces(), add_dummy_prefix_ ? "on" : "off");
+}
+
+bool Tokenizer::is_end_of_generation(int token) const { return std::binary_search(eog_.begin(), eog_.end(), token); }
+
+int Tokenizer::find_special(std::string_view text) const {
+  if (text.empty() || special_by_byte_.empty()) return -1;
+  for (int id : special_by_byte_[static_cast<uint8_t>(text[0])]) {
+    if (pieces_[id] == text) return id;
+  }
+  return -1;
 }
 
 int Tokenizer::find(std::string_view piece) const {
@@ -123,33 +227,26 @@ Tokenizer Tokenizer::from_llama2c_memory(const uint8_t* data, size_t size, int v
 }
 
 Tokenizer Tokenizer::from_gguf(const io::GgufFile& f, int vocab_size) {
+  const char* path = f.path().c_str();
   const auto model = f.get_string_opt("tokenizer.ggml.model");
-  if (!model) fail("%s: no tokenizer in the file (missing 'tokenizer.ggml.model')", f.path().c_str());
-  if (*model != "llama") {
-    fail("%s: unsupported tokenizer '%s' (supported: 'llama', SentencePiece BPE with scores; "
-         "byte-level BPE ('gpt2') is not implemented yet)", f.path().c_str(), model->c_str());
+  if (!model) fail("%s: no tokenizer in the file (missing 'tokenizer.ggml.model')", path);
+  if (*model != "llama" && *model != "gpt2") {
+    fail("%s: unsupported tokenizer '%s' (supported: 'llama', SentencePiece BPE with scores; 'gpt2', byte-level BPE)",
+         path, model->c_str());
   }
   auto pieces = f.get_string_array("tokenizer.ggml.tokens");
   const int n = static_cast<int>(pieces.size());
   if (n != vocab_size) {
-    fail("%s: tokenizer has %d tokens but the model's vocabulary size is %d", f.path().c_str(), n,
-         vocab_size);
-  }
-  std::vector<float> scores(n, 0.0f);
-  if (f.has("tokenizer.ggml.scores")) {
-    scores = f.get_f32_array("tokenizer.ggml.scores");
-    if (static_cast<int>(scores.size()) != n) {
-      fail("%s: tokenizer.ggml.scores has %zu entries, expected %d", f.path().c_str(), scores.size(), n);
-    }
+    fail("%s: tokenizer has %d tokens but the model's vocabulary size is %d", path, n, vocab_size);
   }
   std::vector<TokenType> types(n, TokenType::kNormal);
   if (f.has("tokenizer.ggml.token_type")) {
     auto t = f.get_i32_array("tokenizer.ggml.token_type");
     if (static_cast<int>(t.size()) != n) {
-      fail("%s: tokenizer.ggml.token_type has %zu entries, expected %d", f.path().c_str(), t.size(), n);
+      fail("%s: tokenizer.ggml.token_type has %zu entries, expected %d", path, t.size(), n);
     }
     for (int i = 0; i < n; ++i) {
-      if (t[i] < 0 || t[i] > 6) fail("%s: token %d has unknown type %d", f.path().c_str(), i, t[i]);
+      if (t[i] < 0 || t[i] > 6) fail("%s: token %d has unknown type %d", path, i, t[i]);
       types[i] = static_cast<TokenType>(t[i]);
     }
   }
@@ -157,16 +254,37 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f, int vocab_size) {
     auto v = f.get_uint_opt(key);
     if (!v) return def;
     if (*v >= static_cast<uint64_t>(n)) {
-      fail("%s: %s = %llu is outside the vocabulary (0 to %d)", f.path().c_str(), key,
-           static_cast<unsigned long long>(*v), n - 1);
+      fail("%s: %s = %llu is outside the vocabulary (0 to %d)", path, key, static_cast<unsigned long long>(*v), n - 1);
     }
     return static_cast<int>(*v);
   };
-  Tokenizer tk(std::move(pieces), std::move(scores), std::move(types),
-               id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1),
-               id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1),
-               id("tokenizer.ggml.unknown_token_id", 0));
-  if (auto p = f.get_bool_opt("tokenizer.ggml.add_space_prefix")) tk.set_add_dummy_prefix(*p);
+  Tokenizer tk;
+  if (*model == "gpt2") {
+    if (!f.has("tokenizer.ggml.merges")) fail("%s: byte-level BPE vocabulary has no merges (missing 'tokenizer.ggml.merges')", path);
+    const auto merges = f.get_string_array("tokenizer.ggml.merges");
+    // A file without tokenizer.ggml.pre gets llama.cpp's "default" expressions, as llama.cpp does.
+    const std::string pre = f.get_string_opt("tokenizer.ggml.pre").value_or("default");
+    tk = byte_level_bpe(std::move(pieces), std::move(types), merges, pre, id("tokenizer.ggml.bos_token_id", -1),
+                        id("tokenizer.ggml.eos_token_id", -1), f.path());
+  } else {
+    std::vector<float> scores(n, 0.0f);
+    if (f.has("tokenizer.ggml.scores")) {
+      scores = f.get_f32_array("tokenizer.ggml.scores");
+      if (static_cast<int>(scores.size()) != n) {
+        fail("%s: tokenizer.ggml.scores has %zu entries, expected %d", path, scores.size(), n);
+      }
+    }
+    tk = Tokenizer(std::move(pieces), std::move(scores), std::move(types),
+                   id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1), id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1),
+                   id("tokenizer.ggml.unknown_token_id", 0));
+    if (auto p = f.get_bool_opt("tokenizer.ggml.add_space_prefix")) tk.set_add_dummy_prefix(*p);
+  }
+  if (auto p = f.get_bool_opt("tokenizer.ggml.add_bos_token")) tk.set_add_bos(*p);
+  if (auto p = f.get_bool_opt("tokenizer.ggml.add_eos_token")) tk.set_add_eos(*p);
+  const int eot = id("tokenizer.ggml.eot_token_id", -1), eom = id("tokenizer.ggml.eom_token_id", -1);
+  if (eot >= 0) tk.set_eot_id(eot);
+  if (eom >= 0) tk.set_eom_id(eom);
+  if (auto t = f.get_string_opt("tokenizer.chat_template")) tk.set_chat_template(*t);
   return tk;
 }
 
@@ -179,15 +297,63 @@ static int utf8_len(unsigned char c) {
   return 1;
 }
 
-std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos, bool parse_special) const {
   std::vector<int> out;
   if (add_bos && bos_id_ >= 0) out.push_back(bos_id_);
-  if (text.empty()) {
-    if (add_eos && eos_id_ >= 0) out.push_back(eos_id_);
-    return out;
+  const std::vector<int> body = encode_segments({TextSegment{text, parse_special}});
+  out.insert(out.end(), body.begin(), body.end());
+  if (add_eos && eos_id_ >= 0) out.push_back(eos_id_);
+  return out;
+}
+
+std::vector<int> Tokenizer::encode_segments(const std::vector<TextSegment>& segments) const {
+  // Cut the joined text at special tokens (the longest at the leftmost position wins;
+  // control tokens only inside segments that allow them), and encode each run of text
+  // between them as a whole.
+  std::vector<int> out;
+  std::string run;
+  bool first = true;
+  auto flush = [&]() {
+    if (!run.empty()) encode_text(run, first, out);
+    first = false;
+    run.clear();
+  };
+  for (const TextSegment& seg : segments) {
+    const std::string_view t = seg.text;
+    size_t i = 0;
+    while (i < t.size()) {
+      int hit = -1;
+      for (int id : special_by_byte_[static_cast<uint8_t>(t[i])]) {
+        if (types_[id] == TokenType::kControl && !seg.parse_special) continue;
+        if (t.compare(i, pieces_[id].size(), pieces_[id]) == 0) {
+          hit = id;
+          break;
+        }
+      }
+      if (hit < 0) {
+        run += t[i++];
+        continue;
+      }
+      flush();
+      out.push_back(hit);
+      i += pieces_[hit].size();
+    }
   }
+  flush();
+  return out;
+}
+
+void Tokenizer::encode_text(std::string_view text, bool first, std::vector<int>& out) const {
+  if (bpe_) {
+    bpe_->encode(text, out);
+  } else {
+    encode_spm(text, add_dummy_prefix_ && first, out);  // the dummy prefix goes before the text only
+  }
+}
+
+void Tokenizer::encode_spm(std::string_view text, bool dummy_prefix, std::vector<int>& out) const {
   std::string norm = to_sentencepiece(text);
-  if (add_dummy_prefix_) norm.insert(0, kSpaceMark);
+  if (dummy_prefix) norm.insert(0, kSpaceMark);
 
   // Symbols as a doubly linked list over the normalized text.
   struct Sym {
@@ -258,14 +424,13 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add
     try_add(c.left);
   }
   for (int i = n > 0 ? 0 : -1; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
-  if (add_eos && eos_id_ >= 0) out.push_back(eos_id_);
-  return out;
 }
 
 std::string Tokenizer::decode(int prev, int token) const {
   if (token < 0 || token >= vocab_size()) return std::string();
   const TokenType t = types_[token];
   if (t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUnused) return {};
+  if (bpe_) return token_text(token);
   if (t == TokenType::kByte) {
     const int b = parse_byte_piece(pieces_[token]);
     if (b >= 0) return std::string(1, static_cast<char>(b));
@@ -275,6 +440,21 @@ std::string Tokenizer::decode(int prev, int token) const {
   return s;
 }
 
+std::string Tokenizer::token_text(int token, bool special) const {
+  if (token < 0 || token >= vocab_size()) return std::string();
+  const TokenType t = types_[token];
+  if (t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUnused) {
+    return special ? pieces_[token] : std::string();
+  }
+  if (t == TokenType::kUserDefined) return pieces_[token];  // stored as plain text
+  if (bpe_) return byte_level_decode(pieces_[token]);
+  if (t == TokenType::kByte) {
+    const int b = parse_byte_piece(pieces_[token]);
+    if (b >= 0) return std::string(1, static_cast<char>(b));
+  }
+  return from_sentencepiece(pieces_[token]);
+}
+
 std::string Tokenizer::decode_all(const std::vector<int>& tokens, int prev) const {
   std::string s;
   for (int t : tokens) {
@@ -282,6 +462,21 @@ std::string Tokenizer::decode_all(const std::vector<int>& tokens, int prev) cons
     prev = t;
   }
   return s;
+}
+
+std::string StreamDecoder::push(int token) {
+  pending_ += tk_.decode(prev_, token);
+  prev_ = token;
+  const size_t keep = utf8_incomplete_tail(pending_);
+  std::string out = utf8_sanitize(std::string_view(pending_).substr(0, pending_.size() - keep));
+  pending_.erase(0, pending_.size() - keep);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out = utf8_sanitize(pending_);
+  pending_.clear();
+  return out;
 }
 
 }  // namespace kivi::tok

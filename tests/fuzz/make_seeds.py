@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes small valid inputs for the fuzzers: a GGUF model, a llama2.c checkpoint and a
 llama2.c tokenizer, each a few kilobytes, so mutations start from well-formed files."""
+import json
 import os
 import struct
 import sys
@@ -75,6 +76,33 @@ def write_tokenizer(path):
         f.write(bytes([9, 0, split, 1]) + body + b"ab a\xc3\xa9!")
 
 
+def write_bpe(folder):
+    """fuzz_bpe seeds: a small tokenizer.json (mode byte 0) and a structured input (1)."""
+    bs = list(range(33, 127)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    char = {b: chr(c) for b, c in zip(bs, cs)}
+    vocab = {char[b]: b for b in range(256)}
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), (char[32], "w")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    regex = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    tj = {"added_tokens": [{"id": len(vocab), "content": "<|im_end|>", "special": True}],
+          "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+              {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated"},
+              {"type": "ByteLevel", "use_regex": False}]},
+          "model": {"type": "BPE", "vocab": vocab, "merges": [a + " " + b for a, b in merges]}}
+    with open(os.path.join(folder, "tiny.json"), "wb") as f:
+        f.write(b"\x00" + json.dumps(tj).encode())
+    with open(os.path.join(folder, "struct.bin"), "wb") as f:
+        f.write(b"\x01\x00\x08" + bytes([104, 101, 108, 108, 0, 1, 32, 119, 1, 2, 3, 4, 5, 6, 7, 8]) +
+                "hello world  12345 \u00e9\U0001F600 <|c|><u>\n\n".encode() + b"\xff\xe2\x82")
+
+
 def main():
     out = sys.argv[1]
     for sub in ("gguf", "llama2c", "tokenizer"):
@@ -82,6 +110,8 @@ def main():
     write_gguf(os.path.join(out, "gguf", "tiny.gguf"))
     write_llama2c(os.path.join(out, "llama2c", "tiny.bin"))
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
+    os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
+    write_bpe(os.path.join(out, "bpe"))
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ def default_configs():
           "kv=kivi2,G=64,R=128,flush=group,scale=f32"]
     c += ["k=kivi4,v=kivi2", "k=kivi2,v=kivi4,R=32,flush=group", "k=int8,v=kivi4",
           "k=int8,v=kivi2,gran=tensor,R=0", "k=f16,v=kivi2", "k=kivi2,v=f16,G=64,R=0"]
+    c += ["kv=f16,rope=pre", "kv=int8,rope=pre", "kv=kivi4,rope=pre", "kv=kivi2,R=32,rope=pre",
+          "kv=kivi2,R=128,rope=pre", "kv=kivi2,G=64,R=0,flush=group,rope=pre"]
     return c
 
 
@@ -103,6 +105,8 @@ def parse_config(text):
             spec.scale_dtype = val
         elif key == "gran":
             spec.int8_granularity = val
+        elif key == "rope":
+            spec.key_rope = val
         else:
             raise ValueError("unknown config key %r (in %r)" % (key, text))
     spec.validate()
@@ -124,6 +128,8 @@ def canonical(spec):
         parts.append("scale=%s" % spec.scale_dtype)
     if "int8" in fm:
         parts.append("gran=%s" % spec.int8_granularity)
+    if spec.key_rope == "pre":
+        parts.append("rope=pre")
     return ",".join(parts)
 
 
@@ -131,7 +137,8 @@ def engine_args(spec):
     return ["--kv-cache", spec.k_format, "--kv-cache-k", spec.k_format,
             "--kv-cache-v", spec.v_format, "--group-size", str(spec.group_size),
             "--residual", str(spec.residual), "--key-flush", spec.key_flush,
-            "--scale-dtype", spec.scale_dtype, "--int8-granularity", spec.int8_granularity]
+            "--scale-dtype", spec.scale_dtype, "--int8-granularity", spec.int8_granularity,
+            "--key-rope", spec.key_rope]
 
 
 def run_engine(a, spec):

@@ -306,6 +306,7 @@ class KVSpec:
     residual: int = 128           # R (kivi formats only)
     key_flush: str = "batch"      # "batch" | "group"
     scale_dtype: str = "f16"      # "f16" | "f32"
+    key_rope: str = "post"        # "post": keys quantized after RoPE; "pre": before it
     # How each chunk is fed: "streaming" (one token at a time) or "batched" (the whole
     # chunk appended at once). Only int8 "tensor" differs: its scale comes from the first
     # append batch (BOS alone when streaming, the whole chunk when batched).
@@ -321,6 +322,8 @@ class KVSpec:
             raise ValueError("unknown key flush policy %r" % self.key_flush)
         if self.scale_dtype not in ("f16", "f32"):
             raise ValueError("unknown scale dtype %r" % self.scale_dtype)
+        if self.key_rope not in ("post", "pre"):
+            raise ValueError("unknown key RoPE position %r" % self.key_rope)
         if self.mode not in ("streaming", "batched"):
             raise ValueError("unknown mode %r" % self.mode)
         if self.group_size <= 0 or self.residual < 0 or self.residual % self.group_size:
@@ -339,6 +342,8 @@ class KVSpec:
             s += " G%d R%d %s" % (self.group_size, self.residual, self.key_flush)
         if self.k_format not in ("f32", "f16") or self.v_format not in ("f32", "f16"):
             s += " s%s" % self.scale_dtype
+        if self.key_rope == "pre":
+            s += " keys-pre-RoPE"
         return s
 
 
@@ -538,7 +543,10 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
         k = (xb @ m.wk[l].T).reshape(T, nkv, hs)
         v = (xb @ m.wv[l].T).reshape(T, nkv, hs)
         q = rope(q, pos)
-        k = rope(k, pos)
+        # Keys before RoPE: the cache quantizes them unrotated; attention sees them rotated.
+        pre = kv_spec is not None and kv_spec.key_rope == "pre"
+        if not pre:
+            k = rope(k, pos)
         if kv_noise is not None:
             eps, gen = kv_noise
             k = k * (1.0 + eps * gen.standard_normal(k.shape))
@@ -546,8 +554,12 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
         if quant:
             kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec)
             vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec)
+            if pre:
+                k, kq = rope(k, pos), rope(kq, pos)
             o = attention(q, k, v, kq, nk, vq, nv)
         else:
+            if pre:
+                k = rope(k, pos)
             o = attention(q, k, v)
         x = x + o @ m.wo[l].T
         xb = rmsnorm(x, m.rms_ffn[l])
@@ -630,6 +642,7 @@ def add_kv_args(ap):
     ap.add_argument("--residual", type=int, default=128)
     ap.add_argument("--key-flush", default="batch", choices=("batch", "group"))
     ap.add_argument("--scale-dtype", default="f16", choices=("f16", "f32"))
+    ap.add_argument("--key-rope", default="post", choices=("post", "pre"))
     ap.add_argument("--mode", default="streaming", choices=("streaming", "batched"),
                     help="feeding of each chunk (only int8 tensor scales depend on it)")
 
@@ -638,7 +651,7 @@ def spec_from_args(a):
     return KVSpec(k_format=a.kv_cache_k or a.kv_cache, v_format=a.kv_cache_v or a.kv_cache,
                   int8_granularity=a.int8_granularity, group_size=a.group_size,
                   residual=a.residual, key_flush=a.key_flush, scale_dtype=a.scale_dtype,
-                  mode=a.mode)
+                  key_rope=a.key_rope, mode=a.mode)
 
 
 def main(argv=None):

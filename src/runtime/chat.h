@@ -1,0 +1,54 @@
+// Chat formats: how a conversation is written as tokens for an instruction-tuned model.
+// Two are known, detected from the model's tokenizer.chat_template (Jinja source):
+//
+//   llama3  <|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>
+//           <|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>
+//           <|start_header_id|>assistant<|end_header_id|>\n\n{reply}<|eot_id|>...
+//           (message text trimmed of surrounding whitespace, as Meta's template does)
+//   chatml  <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n
+//           <|im_start|>assistant\n{reply}<|im_end|>\n...   (Qwen2, Qwen2.5, Qwen3)
+//
+// The markup is encoded with special tokens recognized, the messages without: text a
+// user types that looks like "<|eot_id|>" stays text. A conversation grows by turns:
+// each turn's tokens close the previous reply (the end marker the model sampled, which
+// the cache has not seen yet) and open the next one, so history is never encoded again.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace kivi::runtime {
+
+enum class ChatFormat { kLlama3, kChatMl };
+
+const char* chat_format_name(ChatFormat f);
+// "llama3" or "chatml"; anything else is a kivi::Error listing them.
+ChatFormat parse_chat_format(const std::string& name);
+// The format a Jinja chat template writes, if it is one of the known ones.
+std::optional<ChatFormat> detect_chat_format(const std::string& chat_template);
+
+class ChatPrompt {
+ public:
+  // `override_name` ("llama3", "chatml" or empty) wins over the tokenizer's template;
+  // with neither, or when the vocabulary lacks the format's special tokens, throws
+  // kivi::Error saying what is missing.
+  ChatPrompt(const tok::Tokenizer& tk, const std::string& override_name);
+
+  ChatFormat format() const { return format_; }
+  // Tokens of the next user turn, up to the assistant's header. The first turn starts
+  // the conversation (BOS as the format or vocabulary wants, then the system message
+  // if `system` is not empty); later turns first close the previous reply.
+  std::vector<int> user_turn(const std::string& text, const std::string& system, bool first) const;
+  // Whether `token` ends the assistant's reply (the format's end marker, EOS, EOT).
+  bool ends_reply(int token) const;
+
+ private:
+  const tok::Tokenizer& tk_;
+  ChatFormat format_;
+  int end_id_;  // <|eot_id|> or <|im_end|>
+};
+
+}  // namespace kivi::runtime

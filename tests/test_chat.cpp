@@ -1,0 +1,175 @@
+// `kivi chat` end to end on a synthetic model that carries a small real byte-level
+// vocabulary (written by `kivi synth --tokenizer-json`): the text of a random model is
+// meaningless, so these tests check the mechanics: the prompt tokens of each turn, that
+// a turn prefills only its own tokens (the history stays in the cache), end of input, a
+// full context, and the errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "bpe_fixture.h"
+#include "io/gguf.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kivi {
+namespace {
+
+struct ChatModel {
+  test::TempDir dir;
+  std::string path;
+  ChatModel(const std::string& config) {
+    test::write_text(dir.file("tokenizer.json"), test::chat_tokenizer_json().dump());
+    if (!config.empty()) test::write_text(dir.file("tokenizer_config.json"), config);
+    path = dir.file("chat.gguf");
+    const auto r = test::run(
+        test::kivi_cmd("synth --layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --ctx 4096 "
+                       "--tokenizer-json '" +
+                       dir.file("tokenizer.json") + "' -o '" + path + "'"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
+  tok::Tokenizer tokenizer() const {
+    io::GgufFile f(path);
+    return tok::Tokenizer::from_gguf(f, static_cast<int>(f.array_size("tokenizer.ggml.tokens")));
+  }
+  test::RunResult chat(const std::string& input, const std::string& args) const {
+    test::write_text(dir.file("in.txt"), input);
+    return test::run(
+        test::kivi_cmd("chat -m '" + path + "' " + args + " < '" + dir.file("in.txt") + "'"));
+  }
+};
+
+const char* kChatMlConfig =
+    R"({"eos_token": "<|im_end|>", "add_bos_token": false,
+        "chat_template": "{% for m in messages %}{{'<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n'}}{% endfor %}"})";
+
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  size_t p = 0;
+  while (p < out.size()) {
+    const size_t q = out.find('\n', p);
+    const std::string line = out.substr(p, q - p);
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+    p = q == std::string::npos ? out.size() : q + 1;
+  }
+  return v;
+}
+
+std::vector<int> ids(const nlohmann::json& j) { return j.get<std::vector<int>>(); }
+
+TEST(Chat, TurnsAppendToOneCacheWithoutReprefill) {
+  ChatModel m(kChatMlConfig);
+  const auto tk = m.tokenizer();
+  const auto r =
+      m.chat("hello\n\nsecond <|im_end|> turn\n", "--json -n 5 --temp 0 --system 'be brief'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto turns = json_lines(r.out);
+  ASSERT_EQ(turns.size(), 2u) << r.out;  // the empty line is skipped
+  // Turn 1: the ChatML text with the system message, specials in the markup only.
+  const auto want1 = tk.encode(
+      "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
+      "<|im_start|>assistant\n",
+      false, false, true);
+  EXPECT_EQ(ids(turns[0]["prompt_token_ids"]), want1);
+  EXPECT_EQ(turns[0]["pos_before"], 0);
+  EXPECT_EQ(turns[0]["pos_after_prompt"].get<int>(), static_cast<int>(want1.size()));
+  const int reply1 = static_cast<int>(turns[0]["reply_token_ids"].size());
+  EXPECT_EQ(turns[0]["pos_after"].get<int>(), static_cast<int>(want1.size()) + reply1);
+  // Turn 2 starts where turn 1 ended and prefills only its own tokens: the end marker
+  // of the reply, then the user turn; the message's "<|im_end|>" stays text.
+  const int im_end = tk.find_special("<|im_end|>");
+  const auto p2 = ids(turns[1]["prompt_token_ids"]);
+  ASSERT_FALSE(p2.empty());
+  EXPECT_EQ(p2.front(), im_end);
+  EXPECT_EQ(std::count(p2.begin(), p2.end(), im_end), 2);  // closing the reply, closing the message
+  EXPECT_EQ(turns[1]["pos_before"], turns[0]["pos_after"]);
+  EXPECT_EQ(turns[1]["pos_after_prompt"].get<int>(),
+            turns[1]["pos_before"].get<int>() + static_cast<int>(p2.size()));
+  std::vector<int> msg = tk.encode("second <|im_end|> turn", false);
+  EXPECT_NE(std::search(p2.begin(), p2.end(), msg.begin(), msg.end()), p2.end());
+  for (const auto& t : turns) {
+    const std::string stop = t["stop"];
+    EXPECT_TRUE(stop == "length" || stop == "end_of_turn") << stop;
+    if (stop == "length") EXPECT_EQ(t["reply_token_ids"].size(), 5u);
+  }
+  EXPECT_NE(r.err.find("[chat: 2 turns"), std::string::npos) << r.err;
+}
+
+TEST(Chat, StreamsRepliesAndEndsAtEndOfInput) {
+  ChatModel m(kChatMlConfig);
+  const auto r =
+      m.chat("one\ntwo\nthree", "-n 4 --temp 0.8 --seed 7");  // no newline after the last line
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 3) << r.out;  // one line per reply
+  EXPECT_NE(r.err.find("[chat: 3 turns"), std::string::npos) << r.err;
+  const auto none = m.chat("", "-n 4");
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_EQ(none.out, "");
+  EXPECT_NE(none.err.find("[chat: 0 turns, 0 tokens"), std::string::npos) << none.err;
+}
+
+TEST(Chat, FullContextEndsTheChatWithAMessage) {
+  ChatModel m(kChatMlConfig);
+  // Each turn takes 30-odd tokens plus up to 8 generated: 64 tokens hold one turn, not two.
+  const auto r =
+      m.chat("hello there\nhello again\nnever reached\n", "--json -n 8 --temp 0 --ctx 64");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("[the context of 64 tokens is full"), std::string::npos) << r.err;
+  const auto turns = json_lines(r.out);
+  ASSERT_GE(turns.size(), 1u);
+  ASSERT_LE(turns.size(), 2u);
+  for (const auto& t : turns) EXPECT_LE(t["pos_after"].get<int>(), 64);
+  // A context that fills during a reply stops it there.
+  const auto r2 = m.chat("hello there\n", "--json --temp 0 --ctx 24");
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  const auto t2 = json_lines(r2.out);
+  ASSERT_EQ(t2.size(), 1u) << r2.out;
+  EXPECT_EQ(t2[0]["stop"], "context");
+  EXPECT_EQ(t2[0]["pos_after"], 24);
+  EXPECT_NE(r2.err.find("[the context of 24 tokens is full"), std::string::npos) << r2.err;
+}
+
+TEST(Chat, FormatFromTheOptionAndErrors) {
+  ChatModel plain("");  // no tokenizer_config.json: no chat template
+  const auto none = plain.chat("hi\n", "-n 2");
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("the model has no chat template"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("--chat-template llama3|chatml"), std::string::npos) << none.err;
+  const auto bad = plain.chat("hi\n", "--chat-template vicuna");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("unknown format 'vicuna' (known: llama3, chatml)"), std::string::npos)
+      << bad.err;
+  const auto tk = plain.tokenizer();
+  const auto r = plain.chat("hi\n", "--chat-template llama3 --json -n 2 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto turns = json_lines(r.out);
+  ASSERT_EQ(turns.size(), 1u);
+  std::vector<int> want = {tk.bos_id()};
+  const auto body = tk.encode(
+      "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n",
+      false, false, true);
+  want.insert(want.end(), body.begin(), body.end());
+  ASSERT_GE(tk.bos_id(), 0);
+  EXPECT_EQ(ids(turns[0]["prompt_token_ids"]), want);
+  const auto help = test::run(test::kivi_cmd("chat --help"));
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* o :
+       {"--system", "--chat-template", "--kv-cache", "--temp", "--top-p", "--json", "--ctx"}) {
+    EXPECT_NE(help.out.find(o), std::string::npos) << o;
+  }
+}
+
+TEST(Chat, KvCacheFormatsRun) {
+  ChatModel m(kChatMlConfig);
+  for (const char* kv : {"f16", "int8", "kivi2 --residual 32"}) {
+    const auto r = m.chat("hello\nagain\n", std::string("--json -n 6 --temp 0 --kv-cache ") + kv);
+    ASSERT_EQ(r.exit_code, 0) << kv << ": " << r.err;
+    const auto turns = json_lines(r.out);
+    ASSERT_EQ(turns.size(), 2u) << kv;
+    EXPECT_EQ(turns[1]["pos_before"], turns[0]["pos_after"]) << kv;
+  }
+}
+
+}  // namespace
+}  // namespace kivi
