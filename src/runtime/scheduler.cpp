@@ -175,6 +175,7 @@ bool Scheduler::admit_locked() {
     s.n_generated = 0;
     s.order = next_order_++;
     s.sampler = std::make_unique<Sampler>(s.params.sampling, m_.config().vocab_size);
+    s.decoder = std::make_unique<tok::StreamDecoder>(m_.tokenizer(), s.params.prompt.back());
     s.text = std::make_unique<TextStream>(s.params.stop);
     s.req->admitted(shared * plan_.block_tokens);
     ++stats_.admitted;
@@ -186,7 +187,7 @@ bool Scheduler::admit_locked() {
 
 void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
   if (r == FinishReason::kStop || r == FinishReason::kLength) {
-    const std::string rest = s.text->finish();
+    const std::string rest = s.text->push(s.decoder->flush()) + s.text->finish();
     if (!rest.empty()) s.req->push(rest, -1, s.n_generated);
   }
   s.req->finish(r, s.n_generated, error);
@@ -194,6 +195,7 @@ void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
   s.cache->clear();
   s.sampler.reset();
   s.text.reset();
+  s.decoder.reset();
   std::lock_guard<std::mutex> lock(mu_);
   if (r == FinishReason::kCancelled) {
     ++stats_.cancelled;
@@ -207,14 +209,14 @@ void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
 void Scheduler::sample(Slot& s) {
   const tok::Tokenizer& tk = m_.tokenizer();
   const int next = s.sampler->sample(s.logits.data());
-  const bool ends = next == tk.eos_id() || next == tk.bos_id() ||
+  const bool ends = next == tk.eos_id() || next == tk.bos_id() || tk.is_end_of_generation(next) ||
                     std::find(s.params.end_tokens.begin(), s.params.end_tokens.end(), next) !=
                         s.params.end_tokens.end();
   if (ends && !s.params.ignore_eos) {
     end(s, FinishReason::kStop);
     return;
   }
-  const std::string piece = tk.decode(s.tokens.back(), next);
+  const std::string piece = s.decoder->push(next);
   s.tokens.push_back(next);
   ++s.n_generated;
   s.req->push(s.text->push(piece), next, s.n_generated);

@@ -104,6 +104,7 @@ class Scheduler {
     int n_prompt = 0, n_generated = 0;
     uint64_t order = 0;  // admission order (prefill goes first come, first served)
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<tok::StreamDecoder> decoder;
     std::unique_ptr<TextStream> text;
     bool active() const { return req != nullptr; }
     bool prefilling() const { return fed < n_prompt; }

@@ -1,9 +1,8 @@
-// Generated text on its way to a client: pieces arrive token by token, and what is
-// released must never need taking back. Two things are held back:
-//   - an incomplete UTF-8 sequence at the end (a character split over byte tokens);
-//   - an ending that could be the start of a stop string.
-// When a stop string appears, the text before it is released and generation ends;
-// the stop string and anything after it are dropped (OpenAI's `stop`).
+// Generated text on its way to a client: pieces arrive token by token (whole UTF-8
+// characters, from tok::StreamDecoder), and what is released must never need taking
+// back. An ending that could be the start of a stop string is held back; when a stop
+// string appears, the text before it is released and generation ends, the stop string
+// and anything after it dropped (OpenAI's `stop`).
 #pragma once
 
 #include <string>
@@ -28,11 +27,5 @@ class TextStream {
   std::string held_, released_;
   bool stopped_ = false;
 };
-
-// Length of the longest prefix of s that does not end inside a UTF-8 sequence which
-// the next bytes could still complete.
-size_t utf8_complete_prefix(const std::string& s);
-// Whether s is valid UTF-8 (no overlong forms, no surrogates, at most U+10FFFF).
-bool utf8_valid(const char* s, size_t n);
 
 }  // namespace kivi::runtime
