@@ -57,5 +57,6 @@ int cmd_bench(int argc, char** argv);
 int cmd_bench_attn(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 }  // namespace kivi::tools
