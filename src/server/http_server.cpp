@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <csignal>
@@ -67,7 +68,14 @@ struct Stream {
 
 class HttpServer::Impl {
  public:
-  httplib::Server http;
+  // The library listens with a backlog of 5 connections; many clients connecting at
+  // once overflow it and some see their connection reset. listen() again on the bound
+  // socket raises it.
+  class Server : public httplib::Server {
+   public:
+    void raise_backlog() { ::listen(svr_sock_, SOMAXCONN); }
+  };
+  Server http;
 };
 
 HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched), opt_(o) {
@@ -297,9 +305,11 @@ int HttpServer::bind() {
   } else {
     port_ = h.bind_to_port(opt_.host, opt_.port) ? opt_.port : -1;
   }
-  if (port_ < 0)
+  if (port_ < 0) {
     fail("cannot listen on %s:%d (in use, or not an address of this machine)", opt_.host.c_str(),
          opt_.port);
+  }
+  impl_->http.raise_backlog();
   return port_;
 }
 
