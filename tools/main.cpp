@@ -1,4 +1,4 @@
-// The `kivi` command: generate, chat, info, convert, logits, perplexity, bench, bench-attn, synth.
+// The `kivi` command: generate, chat, serve, info, convert, logits, perplexity, bench, bench-attn, synth.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,6 +17,7 @@ const char* kUsage =
     "Commands:\n"
     "  generate     Generate text from a prompt, streaming it as it is produced.\n"
     "  chat         Interactive multi-turn chat in the model's chat format.\n"
+    "  serve        OpenAI-compatible HTTP server: many requests batched over one KV block pool.\n"
     "  perplexity   Perplexity and KL divergence of a text, computed as deployed (streaming).\n"
     "  bench        Speed, memory and agreement of KV formats side by side on one model.\n"
     "  bench-attn   Decode-attention kernel benchmark per format, with a memory-bandwidth probe.\n"
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
     if (cmd == "chat") return cmd_chat(argc, argv);
     if (cmd == "quantize") return cmd_quantize(argc, argv);
     if (cmd == "bench-matvec") return cmd_bench_matvec(argc, argv);
+    if (cmd == "serve") return cmd_serve(argc, argv);
     std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
     return 2;
   } catch (const kivi::Error& e) {
