@@ -12,6 +12,7 @@ packages=(
   libcpp-httplib-dev    # the HTTP server (kivi serve) and load generator (kivi bench-serve)
   libgtest-dev googletest
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
+  clang-format-14            # the formatting check in scripts/test.sh
   python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
   python3-dev pybind11-dev   # the Python module kivi (python/)
   python3-torch libopenblas0-pthread   # quantization-aware training (scripts/qat.py) and its tests

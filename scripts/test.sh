@@ -3,7 +3,8 @@
 #   1. the release build's unit, end-to-end and reference tests (the perplexity
 #      reference in --strict mode, see tests/CMakeLists.txt);
 #   2. the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer;
-#   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 60).
+#   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 60);
+#   and first, that every C++ file is formatted as .clang-format says (scripts/format.sh).
 # Every build treats compiler warnings as errors (KIVI_WERROR=ON).
 set -euo pipefail
 export KIVI_WERROR=ON
@@ -14,6 +15,9 @@ step() { echo; echo "== $* ($(( $(date +%s) - start ))s)"; }
 
 step "setup"
 scripts/setup.sh
+
+step "format check"
+scripts/format.sh --check
 
 step "release build"
 scripts/build.sh release
