@@ -635,5 +635,65 @@ TEST(Server, OfficialOpenAiClient) {
   EXPECT_TRUE(srv.drained());
 }
 
+// `kivi bench-serve` against a server it starts: its counts agree with each other, with
+// the responses' usage and with the server's own token count.
+TEST(Server, BenchServeReportsConsistentNumbers) {
+  KIVI_REQUIRE_MODEL();
+  const auto r = test::run(test::kivi_cmd(
+      "bench-serve --json -m '" + test::model_path() +
+      "' --ctx 512 --parallel 3 --queue 16 --kv-cache kivi2 -R 32 --threads 1 --clients 5 "
+      "--requests 20 --seconds 120 --max-tokens 24 --prompt-words 2,60 --seed 7"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out << r.err;
+  EXPECT_EQ(j["sent"], 20);
+  EXPECT_EQ(j["completed"], 20);
+  EXPECT_EQ(j["rejected"].get<int>() + j["errors"].get<int>() + j["cut"].get<int>(), 0);
+  const json& res = j["results"];
+  ASSERT_EQ(res.size(), 20u);
+  uint64_t prompt = 0, completion = 0;
+  for (const auto& q : res) {
+    EXPECT_EQ(q["outcome"], "completed");
+    EXPECT_EQ(q["completion_tokens"], 24);  // ignore_eos: every request runs to max_tokens
+    EXPECT_GE(q["chunks"].get<int>(), 1);
+    EXPECT_LE(q["chunks"].get<int>(), 24);
+    EXPECT_GT(q["prompt_tokens"].get<int>(), q["prompt_words"].get<int>() / 2);
+    EXPECT_GE(q["ttft_ms"].get<double>(), 0);
+    EXPECT_LE(q["ttft_ms"].get<double>(), q["total_ms"].get<double>());
+    prompt += q["prompt_tokens"].get<uint64_t>();
+    completion += q["completion_tokens"].get<uint64_t>();
+  }
+  EXPECT_EQ(j["prompt_tokens"].get<uint64_t>(), prompt);
+  EXPECT_EQ(j["completion_tokens"].get<uint64_t>(), completion);
+  EXPECT_NEAR(j["tokens_per_second"].get<double>(),
+              static_cast<double>(completion) / j["wall_s"].get<double>(),
+              1e-6 * j["tokens_per_second"].get<double>());
+  for (const char* p : {"ttft_ms", "itl_ms", "tpot_ms"}) {
+    const json& x = j[p];
+    EXPECT_LE(x["p50"].get<double>(), x["p99"].get<double>()) << p;
+    EXPECT_LE(x["p99"].get<double>(), x["max"].get<double>()) << p;
+    EXPECT_GT(x["count"].get<int>(), 0) << p;
+  }
+  EXPECT_EQ(j["ttft_ms"]["count"], 20);
+  // The server saw what the clients saw.
+  const json& s = j["server"];
+  ASSERT_TRUE(s.is_object()) << r.out;
+  EXPECT_EQ(s["admitted"].get<double>(), 20.0);
+  EXPECT_EQ(s["generated_tokens"].get<double>(), static_cast<double>(completion));
+  EXPECT_LE(s["active_peak"].get<double>(), 3.0);
+  EXPECT_GT(s["kv_bytes_peak"].get<double>(), 0.0);
+  EXPECT_LE(s["kv_bytes_peak_seen"].get<double>(), s["kv_bytes_peak"].get<double>());
+  EXPECT_LE(s["kv_bytes_peak"].get<double>(),
+            j["kv_pool_blocks"].get<double>() * j["kv_block_bytes"].get<double>() +
+                3 * 1e6);  // the pool plus 3 slots' residual windows (well under 1 MB each)
+  // Bad options are errors, not runs.
+  for (const char* bad : {"--clients 0", "--prompt-words 9,3", "--url ftp://x:1",
+                          "--url http://127.0.0.1:1 -m x.gguf"}) {
+    const auto e = test::run(test::kivi_cmd(std::string("bench-serve --json ") + bad));
+    EXPECT_NE(e.exit_code, 0) << bad;
+    EXPECT_NE(e.err.find("error"), std::string::npos) << bad << ": " << e.err;
+  }
+}
+
 }  // namespace
 }  // namespace kivi
