@@ -355,7 +355,7 @@ void Scheduler::publish_stats() {
 
 void Scheduler::loop() {
   for (;;) {
-    bool any_active = false;
+    bool any_active = false, admitted = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (stopping_) break;
@@ -366,7 +366,7 @@ void Scheduler::loop() {
         held_ = false;
         continue;
       }
-      admit_locked();
+      admitted = admit_locked();
       for (const Slot& s : slots_) any_active = any_active || s.active();
       if (!any_active) {
         // Idle: wake for a new request, or now and then to drop cancelled ones.
@@ -376,6 +376,8 @@ void Scheduler::loop() {
         continue;
       }
     }
+    // New sequences and their reservations show at once, not after a step that may be long.
+    if (admitted) publish_stats();
     step();
     publish_stats();
   }
