@@ -91,6 +91,12 @@ int cmd_bench_serve(int argc, char** argv) {
         "Time limit: no request starts after it, and streams still open are cut.", "60");
   a.add("prompt-words", 0, "MIN,MAX",
         "Prompt length in words, drawn per request (tokens depend on the tokenizer).", "8,128");
+  a.add("system-words", 0, "N",
+        "A common system prompt of N words before every prompt (prefix sharing).", "0");
+  a.add_flag("distinct-system", 0,
+             "Give every request a different system prompt of --system-words words (the "
+             "control for prefix sharing).");
+  a.add("ramp", 0, "S", "Start the clients spread over S seconds instead of at once.", "0");
   a.add("max-tokens", 0, "N", "max_tokens of every request.", "64");
   a.add("temp", 0, "T", "Sampling temperature of every request (each has its own seed).", "0.8");
   a.add_flag("stop-at-eos", 0,
@@ -113,6 +119,9 @@ int cmd_bench_serve(int argc, char** argv) {
     fail("--prompt-words '%s': expected MIN,MAX with MIN <= MAX", a.str("prompt-words").c_str());
   lo.prompt_words_min = static_cast<int>(words[0]);
   lo.prompt_words_max = static_cast<int>(words[1]);
+  lo.system_words = static_cast<int>(a.integer("system-words", 0, 1000000));
+  lo.distinct_system = a.flag("distinct-system");
+  lo.ramp_seconds = a.number("ramp", 0, 86400);
   lo.max_tokens = static_cast<int>(a.integer("max-tokens", 1, 1 << 24));
   lo.temperature = a.number("temp", 0, 2);
   lo.ignore_eos = !a.flag("stop-at-eos");
@@ -181,6 +190,9 @@ int cmd_bench_serve(int argc, char** argv) {
         .kv("requests", lo.requests)
         .kv("seconds_limit", lo.seconds)
         .kv("max_tokens", lo.max_tokens)
+        .kv("system_words", lo.system_words)
+        .kv("distinct_system", lo.distinct_system)
+        .kv("ramp_s", lo.ramp_seconds)
         .kv("ignore_eos", lo.ignore_eos)
         .kv("seed", lo.seed);
     j.kv("sent", r.sent)
@@ -200,6 +212,7 @@ int cmd_bench_serve(int argc, char** argv) {
       j.kv("admitted", r.admitted)
           .kv("generated_tokens", r.server_generated_tokens)
           .kv("kv_bytes_peak", r.kv_bytes_peak)
+          .kv("kv_blocks_peak", r.kv_blocks_peak)
           .kv("kv_bytes_peak_seen", r.kv_bytes_peak_seen)
           .kv("queue_depth_peak", r.queue_depth_peak)
           .kv("active_peak", r.active_peak)

@@ -201,6 +201,7 @@ ServerSample scrape_metrics(const std::string& text) {
                   : name == "kivi_requests_active"        ? &s.active
                   : name == "kivi_kv_blocks_used"         ? &s.blocks_used
                   : name == "kivi_kv_blocks_shared"       ? &s.blocks_shared
+                  : name == "kivi_kv_blocks_peak"         ? &s.blocks_peak
                                                           : nullptr;
     if (dst) {
       *dst = v;
@@ -212,16 +213,23 @@ ServerSample scrape_metrics(const std::string& text) {
 }
 
 std::string load_prompt(const LoadOptions& o, int i, int* words) {
+  std::string s;
+  uint64_t y =
+      mix(o.seed * 0x9E3779B97F4A7C15ull + (o.distinct_system ? static_cast<uint64_t>(i) + 1 : 0));
+  for (int k = 0; k < o.system_words; ++k) {
+    y = mix(y);
+    s += kWords[y % kNumWords];
+    s += ' ';
+  }
   uint64_t x = mix(o.seed * 0x100000001B3ull + static_cast<uint64_t>(i));
   const int span = std::max(0, o.prompt_words_max - o.prompt_words_min);
   const int n = o.prompt_words_min + static_cast<int>(x % static_cast<uint64_t>(span + 1));
-  std::string s;
   for (int k = 0; k < n; ++k) {
     x = mix(x);
     if (k) s += ' ';
     s += kWords[x % kNumWords];
   }
-  if (words) *words = n;
+  if (words) *words = o.system_words + n;
   return s;
 }
 
@@ -255,6 +263,12 @@ LoadReport run_load(const LoadOptions& o) {
   for (int t = 0; t < std::max(1, o.clients); ++t) {
     clients.emplace_back([&, t] {
       auto c = make_client();
+      if (o.ramp_seconds > 0) {
+        const auto at =
+            start + std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(o.ramp_seconds * t / std::max(1, o.clients)));
+        std::this_thread::sleep_until(std::min(at, deadline));
+      }
       for (;;) {
         if (Clock::now() >= deadline) return;
         const int i = next.fetch_add(1);
@@ -316,6 +330,7 @@ LoadReport run_load(const LoadOptions& o) {
     rep.admitted = after.admitted - before.admitted;
     rep.server_generated_tokens = after.generated_tokens - before.generated_tokens;
     rep.kv_bytes_peak = after.kv_bytes_peak;
+    rep.kv_blocks_peak = after.blocks_peak;
     std::lock_guard<std::mutex> lock(mon.mu);
     rep.kv_bytes_peak_seen = mon.kv_bytes;
     rep.queue_depth_peak = mon.queue_depth;

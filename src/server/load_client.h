@@ -23,6 +23,11 @@ struct LoadOptions {
   int requests = 64;    // sent in all
   double seconds = 60;  // no request starts later, and streams still open then are cut
   int prompt_words_min = 8, prompt_words_max = 128;
+  // A common system prompt of this many words before every prompt (the same words for
+  // every request, or different ones per request with distinct_system).
+  int system_words = 0;
+  bool distinct_system = false;
+  double ramp_seconds = 0;  // client t starts at t / clients * ramp_seconds
   int max_tokens = 64;
   double temperature = 0.8;
   bool ignore_eos = true;  // every request generates max_tokens
@@ -52,7 +57,7 @@ Percentiles percentiles(std::vector<double> v);
 struct ServerSample {
   bool ok = false;
   double admitted = 0, generated_tokens = 0, kv_bytes = 0, kv_bytes_peak = 0, queue_depth = 0,
-         active = 0, blocks_used = 0, blocks_shared = 0;
+         active = 0, blocks_used = 0, blocks_shared = 0, blocks_peak = 0;
 };
 ServerSample scrape_metrics(const std::string& prometheus_text);
 
@@ -68,12 +73,14 @@ struct LoadReport {
   // From /metrics: deltas over the run, peaks seen during it.
   bool metrics = false;
   double admitted = 0, server_generated_tokens = 0;
-  double kv_bytes_peak = 0;  // the server's peak gauge (since it started)
+  double kv_bytes_peak = 0;  // the server's peak gauges (since it started)
+  double kv_blocks_peak = 0;
   double kv_bytes_peak_seen = 0, queue_depth_peak = 0, active_peak = 0, blocks_shared_peak = 0;
   std::vector<RequestResult> requests;
 };
 
-// The prompt of request i: prompt_words_min..max words of a fixed vocabulary.
+// The prompt of request i: the system words, then prompt_words_min..max words of a
+// fixed vocabulary.
 std::string load_prompt(const LoadOptions& o, int i, int* words = nullptr);
 
 LoadReport run_load(const LoadOptions& o);
