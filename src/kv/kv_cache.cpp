@@ -173,11 +173,14 @@ int KvCache::blocks_shared() const {
 }
 
 void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
-  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
+  if (borrows(layer))
+    fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const size_t count = static_cast<size_t>(n) * cfg_.n_kv_heads * cfg_.head_dim;
   auto cal = [&](StreamStore& s, const float* x) {
-    if (s.lay.fmt.format != Format::kInt8 || s.lay.fmt.granularity != Int8Granularity::kTensor || s.calibrated) return;
+    if (s.lay.fmt.format != Format::kInt8 || s.lay.fmt.granularity != Int8Granularity::kTensor ||
+        s.calibrated)
+      return;
     float m = 0.0f;
     for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(x[i]));
     s.tensor_scale = int8_scale(m, cfg_.param_type);
@@ -195,14 +198,17 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
   const int slot = pos % block_;
   // Codes of head h for this token.
   auto dst = [&](int h) {
-    return s.codes + (static_cast<size_t>(h) * n_blocks_ + pb) * s.lay.head_block_bytes + slot * s.lay.token_stride;
+    return s.codes + (static_cast<size_t>(h) * n_blocks_ + pb) * s.lay.head_block_bytes +
+           slot * s.lay.token_stride;
   };
   switch (s.lay.fmt.format) {
     case Format::kF32:
-      for (int h = 0; h < H; ++h) std::memcpy(dst(h), x + static_cast<size_t>(h) * D, D * sizeof(float));
+      for (int h = 0; h < H; ++h)
+        std::memcpy(dst(h), x + static_cast<size_t>(h) * D, D * sizeof(float));
       break;
     case Format::kF16:
-      for (int h = 0; h < H; ++h) ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(dst(h)), D);
+      for (int h = 0; h < H; ++h)
+        ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(dst(h)), D);
       break;
     case Format::kInt8: {
       const ParamType pt = cfg_.param_type;
@@ -230,10 +236,12 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
         switch (s.lay.fmt.granularity) {
           case Int8Granularity::kTensor:
           case Int8Granularity::kToken:
-            s.clamped += quantize_int8(xh, 1, 1, D, Int8Granularity::kTensor, cgroup_, pt, codes, nullptr, fixed);
+            s.clamped += quantize_int8(xh, 1, 1, D, Int8Granularity::kTensor, cgroup_, pt, codes,
+                                       nullptr, fixed);
             break;
           case Int8Granularity::kHead:
-            quantize_int8(xh, 1, 1, D, Int8Granularity::kHead, cgroup_, pt, codes, s.scales + (base + slot) * ps);
+            quantize_int8(xh, 1, 1, D, Int8Granularity::kHead, cgroup_, pt, codes,
+                          s.scales + (base + slot) * ps);
             break;
           case Int8Granularity::kGroup:
             quantize_int8(xh, 1, 1, D, Int8Granularity::kGroup, cgroup_, pt, codes,
@@ -258,7 +266,8 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
     const size_t pb = static_cast<size_t>(L.block_table[g0 / block_]);
     const int slot = g0 % block_;
     for (int h = 0; h < H; ++h) {
-      const float* src = s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, g0)) * D;
+      const float* src =
+          s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, g0)) * D;
       const size_t hb = static_cast<size_t>(h) * n_blocks_ + pb;
       uint8_t* codes = s.codes + hb * s.lay.head_block_bytes + slot * s.lay.token_stride;
       const size_t pi = hb * s.lay.head_block_params + static_cast<size_t>(slot / G) * D;
@@ -284,7 +293,8 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   if (readonly(pos)) return;
   const int bits = format_bits(s.lay.fmt.format);
   const size_t ps = param_size(cfg_.param_type);
-  const size_t hb = static_cast<size_t>(h) * n_blocks_ + static_cast<size_t>(L.block_table[pos / block_]);
+  const size_t hb =
+      static_cast<size_t>(h) * n_blocks_ + static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
   const size_t pi = hb * s.lay.head_block_params + static_cast<size_t>(slot) * (D / cgroup_);
   quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(), s.scales + pi * ps,
@@ -298,16 +308,19 @@ void KvCache::flush_value(Layer& L, int pos) {
   StreamStore& s = L.v;
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
   for (int h = 0; h < H; ++h) {
-    store_value(L, pos, h, s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D);
+    store_value(L, pos, h,
+                s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D);
   }
   s.n_stored = pos + 1;
 }
 
 void KvCache::append(int layer, const float* k, const float* v) {
-  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
+  if (borrows(layer))
+    fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const int pos = L.n;
-  if (pos >= cfg_.ctx) fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
+  if (pos >= cfg_.ctx)
+    fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim, G = cfg_.group_size, R = cfg_.residual;
   if (pos >= mapped_ * block_) map_blocks(pos + 1);
 
@@ -351,8 +364,9 @@ void KvCache::append(int layer, const float* k, const float* v) {
     } else {
       if (pos - s.n_stored == R) flush_value(L, s.n_stored);  // ring full: oldest goes first
       for (int h = 0; h < H; ++h) {
-        std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
-                    v + static_cast<size_t>(h) * D, D * sizeof(float));
+        std::memcpy(
+            s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
+            v + static_cast<size_t>(h) * D, D * sizeof(float));
       }
     }
   } else {
@@ -400,7 +414,8 @@ LayerView KvCache::view(int layer) const {
 
 int KvCache::droppable(int layer) const {
   const Layer& L = layers_.at(owner_.at(layer));
-  const int stored = std::min(is_kivi(L.k.lay.fmt.format) ? L.k.n_stored : L.n, is_kivi(L.v.lay.fmt.format) ? L.v.n_stored : L.n);
+  const int stored = std::min(is_kivi(L.k.lay.fmt.format) ? L.k.n_stored : L.n,
+                              is_kivi(L.v.lay.fmt.format) ? L.v.n_stored : L.n);
   return stored / block_ * block_;
 }
 
@@ -409,8 +424,10 @@ void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row)
   Layer& L = layers_.at(layer);
   StreamStore& s = L.k;
   if (s.lay.fmt.format != Format::kF32 && s.lay.fmt.format != Format::kF16) {
-    fail("KV cache: %s keys cannot be rotated in place (they would be rounded twice); store keys before RoPE",
-         format_name(s.lay.fmt.format));
+    fail(
+        "KV cache: %s keys cannot be rotated in place (they would be rounded twice); store keys "
+        "before RoPE",
+        format_name(s.lay.fmt.format));
   }
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
   std::vector<float> x(D);
@@ -439,13 +456,17 @@ void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row)
 }
 
 void KvCache::drop(int layer, int first, int count) {
-  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
+  if (borrows(layer))
+    fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   if (shares_pool()) fail("KV cache: a cache in a shared block pool does not drop tokens");
   Layer& L = layers_.at(layer);
   if (count == 0) return;
-  if (first < 0 || count < 0 || first % block_ != 0 || count % block_ != 0 || first + count > droppable(layer)) {
-    fail("KV cache: cannot drop tokens [%d, %d) of layer %d: whole blocks of %d tokens among the %d stored ones", first,
-         first + count, layer, block_, droppable(layer));
+  if (first < 0 || count < 0 || first % block_ != 0 || count % block_ != 0 ||
+      first + count > droppable(layer)) {
+    fail(
+        "KV cache: cannot drop tokens [%d, %d) of layer %d: whole blocks of %d tokens among the %d "
+        "stored ones",
+        first, first + count, layer, block_, droppable(layer));
   }
   // The dropped blocks move to the end of the table, where the next tokens will go.
   const int b0 = first / block_, nb = count / block_;
@@ -469,7 +490,8 @@ void KvCache::drop(int layer, int first, int count) {
 
 LayerView KvCache::view_prefix(int layer, int n) const {
   LayerView v = view(layer);
-  if (n > v.n_tokens || n < 0) fail("KV cache: a view of %d tokens of layer %d, which holds %d", n, layer, v.n_tokens);
+  if (n > v.n_tokens || n < 0)
+    fail("KV cache: a view of %d tokens of layer %d, which holds %d", n, layer, v.n_tokens);
   if (n == v.n_tokens) return v;  // as it stands: a KIVI cache's residual tokens stay in its ring
   if (cfg_.has_residual()) fail("KV cache: earlier views of KIVI caches are not kept");
   v.n_tokens = v.k.n_stored = v.v.n_stored = n;
@@ -485,7 +507,8 @@ uint64_t KvCache::stream_bytes_used(const StreamStore& s, Stream which, int n) c
   uint64_t params = 0;
   if (s.lay.head_block_params) {
     if (is_kivi(s.lay.fmt.format) && which == Stream::kKey) {
-      params = H * (stored / cfg_.group_size) * (s.lay.head_block_params / (block_ / cfg_.group_size));
+      params =
+          H * (stored / cfg_.group_size) * (s.lay.head_block_params / (block_ / cfg_.group_size));
     } else {
       params = H * stored * s.lay.head_block_params / block_;
     }
@@ -516,11 +539,13 @@ uint64_t KvCache::bytes_reserved(int layer) const {
   if (!shares_pool()) {
     const BlockPool::LayerStorage& P = pool_->layer(layer);
     t += P.summaries.bytes();
-    for (const BlockPool::StreamStorage* s : {&P.k, &P.v}) t += s->codes.bytes() + s->scales.bytes() + s->zeros.bytes();
+    for (const BlockPool::StreamStorage* s : {&P.k, &P.v})
+      t += s->codes.bytes() + s->scales.bytes() + s->zeros.bytes();
   }
   for (const StreamStore* s : {&L.k, &L.v}) {
     t += s->ring.bytes();
-    if (s->lay.fmt.format == Format::kInt8 && s->lay.fmt.granularity == Int8Granularity::kTensor) t += sizeof(float);
+    if (s->lay.fmt.format == Format::kInt8 && s->lay.fmt.granularity == Int8Granularity::kTensor)
+      t += sizeof(float);
   }
   return t;
 }

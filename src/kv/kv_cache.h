@@ -57,7 +57,8 @@ struct StreamView {
   StreamFormat fmt;
   ParamType param_type = ParamType::kF16;
   int n_heads = 0, head_dim = 0, block = 0, group = 0;  // group: G (keys) or Gc (values/int8)
-  bool per_channel = false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
+  bool per_channel =
+      false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
   // Stored segment: tokens [0, n_stored).
   int n_stored = 0;
   const uint8_t* codes = nullptr;   // [H][n_blocks][head_block_bytes]
@@ -66,11 +67,11 @@ struct StreamView {
   const int32_t* block_table = nullptr;  // logical block -> physical block
   int n_blocks = 0;                      // physical blocks per head
   size_t head_block_bytes = 0;           // codes of one head in one block
-  size_t head_block_params = 0;          // parameters (each of scale, zero) of one head in one block
-  size_t code_row_bytes = 0;             // bytes of one token's codes for one head
-  size_t token_stride = 0;               // bytes between tokens' rows within a block
-  bool quad = false;                     // rows interleaved by quads of tokens (KIVI values)
-  float tensor_scale = 0.0f;             // int8 tensor granularity
+  size_t head_block_params = 0;  // parameters (each of scale, zero) of one head in one block
+  size_t code_row_bytes = 0;     // bytes of one token's codes for one head
+  size_t token_stride = 0;       // bytes between tokens' rows within a block
+  bool quad = false;             // rows interleaved by quads of tokens (KIVI values)
+  float tensor_scale = 0.0f;     // int8 tensor granularity
   // Residual segment: tokens [n_stored, n_tokens) in full precision.
   const float* ring = nullptr;  // [H][ring_capacity][D]
   int ring_capacity = 0;
@@ -86,13 +87,16 @@ struct StreamView {
   // KIVI keys (per_channel): the start of t's group; byte j of token t is at
   // group_codes(t, h)[kv::key_group_offset(t % group, j, code_row_bytes, group)].
   const uint8_t* row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) * token_stride;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) * token_stride;
   }
   const uint8_t* group_codes(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / group * group * code_row_bytes;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) / group * group * code_row_bytes;
   }
   const uint8_t* quad_row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
   }
   // Index of the first parameter of head h in the block holding token t; the layout
   // within it: KIVI keys [B/G][D], KIVI values and int8/group [B][D/Gc], int8/head [B].
@@ -107,7 +111,8 @@ struct StreamView {
   }
   // Residual row of token t (>= n_stored), head h.
   const float* residual_row(int t, int h) const {
-    return ring + (static_cast<size_t>(h) * ring_capacity + (t + ring_shift) % ring_capacity) * head_dim;
+    return ring +
+           (static_cast<size_t>(h) * ring_capacity + (t + ring_shift) % ring_capacity) * head_dim;
   }
   // The end of the run of residual tokens from t (< limit) that are contiguous in the
   // ring (the ring wraps after slot ring_capacity - 1).
@@ -148,7 +153,8 @@ class KvCache {
   // other formats or once calibrated.
   void calibrate(int layer, const float* k, const float* v, int n);
 
-  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope). Throws if the cache is full.
+  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope).
+  // Throws if the cache is full.
   void append(int layer, const float* k, const float* v);
 
   // Forgets every token. An own pool keeps its storage; a shared pool gets back every
@@ -220,11 +226,12 @@ class KvCache {
  private:
   struct StreamStore {
     StreamLayout lay;
-    uint8_t* codes = nullptr;   // the pool's buffers
+    uint8_t* codes = nullptr;  // the pool's buffers
     uint8_t* scales = nullptr;
     uint8_t* zeros = nullptr;
     AlignedBuffer<float> ring;  // [H][ring_cap][D], this cache's own
-    int ring_shift = 0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
+    int ring_shift =
+        0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
     int n_stored = 0;  // tokens in blocks
     float tensor_scale = 0.0f;
     bool calibrated = false;
@@ -232,7 +239,8 @@ class KvCache {
   };
   struct Layer {
     int n = 0;
-    std::vector<int32_t> block_table;  // [n_logical] physical block of each logical one, -1 unmapped
+    std::vector<int32_t>
+        block_table;  // [n_logical] physical block of each logical one, -1 unmapped
     StreamStore k, v;
     float* summaries = nullptr;  // the pool's
   };
@@ -241,7 +249,9 @@ class KvCache {
   void init_stream(StreamStore& s, BlockPool::StreamStorage& storage);
   void map_block(int logical, int32_t physical, bool readonly);
   bool readonly(int pos) const { return readonly_[pos / block_] != 0; }
-  static int ring_slot(const StreamStore& s, int pos) { return (pos + s.ring_shift) % s.lay.ring_cap; }
+  static int ring_slot(const StreamStore& s, int pos) {
+    return (pos + s.ring_shift) % s.lay.ring_cap;
+  }
   StreamView stream_view(const Layer& L, const StreamStore& s, Stream which) const;
   void store_rows(Layer& L, StreamStore& s, int pos, const float* x);  // row formats, one token
   void flush_keys(Layer& L, int first, int count);                     // KIVI keys from ring
@@ -255,10 +265,11 @@ class KvCache {
   int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;
   AlignedBuffer<uint8_t> row_tmp_;  // one packed row, for interleaving value codes
   bool summaries_ = false;
-  std::vector<Layer> layers_;  // [n_layers]; borrowing layers' entries hold no storage
-  std::vector<int> owner_;     // [n_layers] layer_owners(cfg_)
+  std::vector<Layer> layers_;               // [n_layers]; borrowing layers' entries hold no storage
+  std::vector<int> owner_;                  // [n_layers] layer_owners(cfg_)
   int first_stored_ = 0, last_stored_ = 0;  // layers that store a cache: the first and the last
-  std::vector<uint8_t> readonly_;  // [n_logical] 1: a published block of another sequence's, never written
+  std::vector<uint8_t>
+      readonly_;         // [n_logical] 1: a published block of another sequence's, never written
   int mapped_ = 0;       // logical blocks [0, mapped_) are mapped
   int reservation_ = 0;  // blocks reserved in the pool and not yet drawn
   int published_ = 0;    // logical blocks [0, published_) are published

@@ -18,7 +18,8 @@ namespace {
 const kivi::tok::Tokenizer& tokenizer() {
   static const kivi::tok::Tokenizer tk = [] {
     std::vector<std::string> pieces = {"<unk>", "<s>", "</s>"};
-    std::vector<kivi::tok::TokenType> types = {kivi::tok::TokenType::kUnknown, kivi::tok::TokenType::kControl,
+    std::vector<kivi::tok::TokenType> types = {kivi::tok::TokenType::kUnknown,
+                                               kivi::tok::TokenType::kControl,
                                                kivi::tok::TokenType::kControl};
     char buf[8];
     for (int b = 0; b < 256; ++b) {
@@ -26,7 +27,12 @@ const kivi::tok::Tokenizer& tokenizer() {
       pieces.push_back(buf);
       types.push_back(kivi::tok::TokenType::kByte);
     }
-    for (const char* w : {"\xE2\x96\x81", "a", "\xE2\x96\x81" "a", "User", ":", "\xE2\x96\x81" "the"}) {
+    for (const char* w : {"\xE2\x96\x81", "a",
+                          "\xE2\x96\x81"
+                          "a",
+                          "User", ":",
+                          "\xE2\x96\x81"
+                          "the"}) {
       pieces.push_back(w);
       types.push_back(kivi::tok::TokenType::kNormal);
     }
@@ -52,7 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto r = kivi::server::parse_request(e, body, ctx);
     const int n = static_cast<int>(r.gen.prompt.size());
-    if (n < 1 || n >= ctx.ctx || r.gen.max_tokens < 1 || n + r.gen.max_tokens > ctx.ctx) __builtin_trap();
+    if (n < 1 || n >= ctx.ctx || r.gen.max_tokens < 1 || n + r.gen.max_tokens > ctx.ctx)
+      __builtin_trap();
     for (int id : r.gen.prompt) {
       if (id < 0 || id >= tokenizer().vocab_size()) __builtin_trap();
     }
