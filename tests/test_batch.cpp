@@ -311,14 +311,15 @@ Outcome follow(const std::shared_ptr<RequestHandle>& h, int cancel_after = -1) {
 }
 
 void wait_for_empty_pool(const Scheduler& s) {
-  for (int i = 0; i < 200; ++i) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < end) {
     const auto st = s.stats();
-    if (st.active == 0 && st.blocks_used == 0 && st.blocks_reserved == 0) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (st.active == 0 && st.queued == 0 && st.blocks_used == 0 && st.blocks_reserved == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const auto st = s.stats();
   ADD_FAILURE() << "pool not empty: " << st.blocks_used << " used, " << st.blocks_reserved
-                << " reserved, " << st.active << " active";
+                << " reserved, " << st.active << " active, " << st.queued << " queued";
 }
 
 // 16 concurrent requests with different prompts, 6 decoded together: each gets exactly
@@ -404,7 +405,7 @@ TEST(Scheduler, CommonPrefixIsStoredOnce) {
     ASSERT_GT(static_cast<int>(first.size()), 2 * block);
     GenerationRequest r;
     r.prompt = first;
-    r.max_tokens = 120;
+    r.max_tokens = o.ctx - static_cast<int>(first.size());
     r.ignore_eos = true;  // it must still hold its blocks when the others arrive
     std::shared_ptr<RequestHandle> h0;
     ASSERT_EQ(sched.submit(r, &h0), Scheduler::Submit::kQueued);
@@ -413,6 +414,8 @@ TEST(Scheduler, CommonPrefixIsStoredOnce) {
       auto u = h0->wait(std::chrono::milliseconds(100));
       if (!u.tokens.empty() || u.finished) break;
     }
+    // The others join while it runs (held, so it cannot end first on a busy machine).
+    sched.pause();
     std::vector<std::shared_ptr<RequestHandle>> hs(3);
     std::vector<std::vector<int>> prompts;
     for (int i = 0; i < 3; ++i) {
@@ -422,6 +425,8 @@ TEST(Scheduler, CommonPrefixIsStoredOnce) {
       prompts.push_back(q.prompt);
       ASSERT_EQ(sched.submit(q, &hs[i]), Scheduler::Submit::kQueued);
     }
+    ASSERT_FALSE(h0->finished());
+    sched.resume();
     for (int i = 0; i < 3; ++i) {
       const Outcome out = follow(hs[i]);
       EXPECT_EQ(out.tokens, generate_alone(m, cc.cache, prompts[i], 30, {})) << cc.name;
@@ -465,6 +470,7 @@ TEST(Scheduler, AdmissionNeverOvercommitsAndTheQueueIsBounded) {
   EXPECT_EQ(sched.submit(GenerationRequest{}, &h), Scheduler::Submit::kTooLong);
   std::vector<std::shared_ptr<RequestHandle>> hs;
   int full = 0;
+  sched.pause();  // nothing leaves the queue while it fills
   for (int i = 0; i < 8; ++i) {
     std::shared_ptr<RequestHandle> x;
     GenerationRequest q = r;
@@ -473,8 +479,10 @@ TEST(Scheduler, AdmissionNeverOvercommitsAndTheQueueIsBounded) {
     if (st == Scheduler::Submit::kQueued) hs.push_back(x);
     if (st == Scheduler::Submit::kQueueFull) ++full;
   }
-  EXPECT_GT(full, 0);
-  EXPECT_GE(hs.size(), 3u);
+  EXPECT_EQ(full, 5);
+  EXPECT_EQ(hs.size(), 3u);
+  EXPECT_EQ(sched.stats().queued, 3);
+  sched.resume();
   int max_active = 0;
   std::atomic<bool> done{false};
   std::thread watch([&] {
@@ -515,7 +523,8 @@ TEST(Scheduler, CancelledRequestsFreeTheirBlocksAtOnce) {
     GenerationRequest r;
     r.prompt = tk.encode(kTexts[i], true);
     r.max_tokens = 450;
-    r.sampling.temperature = 1.0f;  // long outputs
+    r.ignore_eos = true;  // none ends before it is cancelled
+    r.sampling.temperature = 1.0f;
     r.sampling.seed = i;
     ASSERT_EQ(sched.submit(r, &hs[i]), Scheduler::Submit::kQueued);
   }
@@ -523,7 +532,11 @@ TEST(Scheduler, CancelledRequestsFreeTheirBlocksAtOnce) {
   const Outcome a = follow(hs[0], 5);
   EXPECT_EQ(a.reason, FinishReason::kCancelled);
   EXPECT_LT(a.completion_tokens, 450);
+  sched.pause();  // the one running beside it cannot reach max_tokens meanwhile
+  EXPECT_FALSE(hs[1]->finished());
   for (int i = 1; i < 4; ++i) hs[i]->cancel();
+  EXPECT_EQ(sched.stats().cancelling, 4);  // 1..3, and 4 (still queued)
+  sched.resume();
   for (int i = 1; i < 5; ++i) EXPECT_EQ(follow(hs[i]).reason, FinishReason::kCancelled);
   wait_for_empty_pool(sched);
   EXPECT_EQ(sched.stats().cancelled, 5u);

@@ -69,16 +69,25 @@ class TestServer {
     c.set_read_timeout(120, 0);
     return c;
   }
-  // Waits (bounded) until no sequence is active and the pool is empty.
-  bool drained(int ms = 5000) const {
+  void pause() { sched_->pause(); }
+  void resume() { sched_->resume(); }
+  // Waits (bounded) until `done(stats)` holds; false on the deadline.
+  template <class F>
+  bool wait_for(F done, int ms = 20000) const {
     const auto end = Clock::now() + std::chrono::milliseconds(ms);
     while (Clock::now() < end) {
-      const auto s = stats();
-      if (s.active == 0 && s.queued == 0 && s.blocks_used == 0 && s.blocks_reserved == 0)
-        return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (done(stats())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    return false;
+    return done(stats());
+  }
+  // Waits (bounded) until no sequence is active and the pool is empty.
+  bool drained(int ms = 20000) const {
+    return wait_for(
+        [](const runtime::SchedulerStats& s) {
+          return s.active == 0 && s.queued == 0 && s.blocks_used == 0 && s.blocks_reserved == 0;
+        },
+        ms);
   }
 
  private:
@@ -269,19 +278,18 @@ TEST(Server, ApiKeyIsRequiredWhereSet) {
 TEST(Server, FullQueueAnswers503WithRetryAfter) {
   KIVI_REQUIRE_MODEL();
   TestServer srv(kivi2_options(1, 1));
-  // One long request runs, one waits; the next finds the queue full.
+  // One long request runs, one waits; the next finds the queue full. The scheduler is
+  // held once the first runs, so neither can finish or move before the third arrives.
   const std::string body =
       "{\"prompt\": \"Once\", \"max_tokens\": 400, \"ignore_eos\": true, \"stream\": true}";
   std::vector<int> fds;
-  for (int i = 0; i < 2; ++i) {
-    fds.push_back(connect_to(srv.port()));
-    send_all(fds.back(), post_text("/v1/completions", body));
-    // Wait until the server has taken it (running, then queued).
-    const auto end = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < end && static_cast<int>(srv.stats().submitted) < i + 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  }
+  fds.push_back(connect_to(srv.port()));
+  send_all(fds.back(), post_text("/v1/completions", body));
+  ASSERT_TRUE(srv.wait_for([](const runtime::SchedulerStats& s) { return s.active == 1; }));
+  srv.pause();
+  fds.push_back(connect_to(srv.port()));
+  send_all(fds.back(), post_text("/v1/completions", body));
+  ASSERT_TRUE(srv.wait_for([](const runtime::SchedulerStats& s) { return s.queued == 1; }));
   auto c = srv.client();
   const auto r =
       c.Post("/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 4}", "application/json");
@@ -290,8 +298,12 @@ TEST(Server, FullQueueAnswers503WithRetryAfter) {
   EXPECT_EQ(r->get_header_value("Retry-After"), "1");
   error_of(r);
   for (int fd : fds) close(fd);
+  srv.resume();
   EXPECT_TRUE(srv.drained());
-  EXPECT_EQ(srv.stats().rejected_queue_full, 1u);
+  const auto s = srv.stats();
+  EXPECT_EQ(s.rejected_queue_full, 1u);
+  EXPECT_EQ(s.cancelled, 2u);
+  EXPECT_EQ(s.completed, 0u);
 }
 
 // 16 concurrent greedy requests with different prompts give the text each gives alone
@@ -445,27 +457,42 @@ TEST(Server, ThirtyTwoStreamingClients) {
 }
 
 // Clients that vanish mid-stream (closing, or resetting the connection) cancel their
-// sequences: the blocks are back long before max_tokens could have been generated.
+// sequences: every request that had not finished when its client went away ends as
+// cancelled, none completes, and the blocks come back. The scheduler is held while the
+// clients vanish and until the server has noticed them all, so a busy machine cannot
+// let a request run on to max_tokens meanwhile.
 TEST(Server, ClientsKilledMidStreamFreeTheirBlocks) {
   KIVI_REQUIRE_MODEL();
   TestServer srv(kivi2_options(4, 8));
-  const std::string body =
-      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 480, \"ignore_eos\": true, \"stream\": "
-      "true}";
+  const std::string completion =
+      "{\"prompt\": \"Once upon a time\", \"max_tokens\": 480, \"ignore_eos\": true, "
+      "\"stream\": true}";
+  const std::string chat =
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 480, "
+      "\"ignore_eos\": true, \"stream\": true}";
+  uint64_t unfinished = 0;  // requests running or queued when their clients vanished
   for (int round = 0; round < 3; ++round) {
+    const auto before = srv.stats();
     std::vector<int> fds;
     for (int i = 0; i < 6; ++i) {
       const int fd = connect_to(srv.port());
       ASSERT_GE(fd, 0);
       send_all(fd, post_text(i % 2 ? "/v1/completions" : "/v1/chat/completions",
-                             i % 2 ? body
-                                   : "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-                                     "\"max_tokens\": 480, "
-                                     "\"ignore_eos\": true, \"stream\": true}"));
+                             i % 2 ? completion : chat));
       fds.push_back(fd);
     }
-    // Read the first event of the running ones, then vanish.
-    for (int i = 0; i < 4; ++i) read_until(fds[i], "data: ");
+    // Four decode (each has a token out), two wait; then hold everything.
+    ASSERT_TRUE(srv.wait_for([&](const runtime::SchedulerStats& s) {
+      return s.submitted == before.submitted + 6 &&
+             s.completed + s.cancelled + static_cast<uint64_t>(s.active + s.queued) ==
+                 before.completed + before.cancelled + 6 &&
+             (s.active == 4 || s.queued == 0) && s.prefilling == 0 &&
+             s.generated_tokens >= before.generated_tokens + 4;
+    })) << "round "
+        << round;
+    srv.pause();
+    const auto held = srv.stats();
+    unfinished += static_cast<uint64_t>(held.active + held.queued);
     for (size_t i = 0; i < fds.size(); ++i) {
       if (i % 2) {
         linger l{1, 0};  // close with a reset
@@ -473,14 +500,22 @@ TEST(Server, ClientsKilledMidStreamFreeTheirBlocks) {
       }
       close(fds[i]);
     }
-    const auto t0 = Clock::now();
-    EXPECT_TRUE(srv.drained(5000)) << "round " << round;
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    EXPECT_LT(ms, 2000) << "blocks returned after " << ms << " ms";
+    // The server notices every vanished client while nothing runs.
+    EXPECT_TRUE(srv.wait_for([&](const runtime::SchedulerStats& s) {
+      return s.cancelling == held.active + held.queued;
+    })) << "round "
+        << round;
+    srv.resume();
+    EXPECT_TRUE(srv.drained()) << "round " << round;
+    const auto after = srv.stats();
+    EXPECT_EQ(after.completed, held.completed) << "round " << round;
+    EXPECT_EQ(after.cancelled - held.cancelled, static_cast<uint64_t>(held.active + held.queued))
+        << "round " << round;
   }
   const auto s = srv.stats();
-  EXPECT_EQ(s.cancelled, 18u);
-  EXPECT_EQ(s.completed, 0u);
+  EXPECT_EQ(s.cancelled, unfinished);
+  EXPECT_EQ(s.completed + s.cancelled, 18u);
+  EXPECT_GT(s.cancelled, 0u);
   EXPECT_LT(s.generated_tokens, 18u * 480u);
   // The server still serves.
   auto c = srv.client();
@@ -533,15 +568,31 @@ TEST(Server, MetricsReportThePool) {
       c.Post("/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 5}", "application/json")
           ->status,
       200);
-  const auto m = c.Get("/metrics");
+  // The client has its answer before the scheduler frees the sequence and before the
+  // server counts the request (after the response is written): wait for both.
+  EXPECT_TRUE(srv.drained());
+  const std::vector<std::string> lines = {
+      "kivi_requests_completed_total 1",
+      "kivi_kv_blocks_total{format=\"kivi2\"} 8",
+      "kivi_kv_blocks_used{format=\"kivi2\"} 0",
+      "kivi_queue_depth 0",
+      "kivi_http_requests_total{route=\"/v1/completions\",status=\"200\"} 1",
+      "kivi_generated_tokens_total 5"};
+  auto has_all = [&](const std::string& body) {
+    for (const auto& l : lines)
+      if (body.find(l) == std::string::npos) return false;
+    return true;
+  };
+  httplib::Result m = c.Get("/metrics");
+  for (const auto end = Clock::now() + std::chrono::seconds(20);
+       m && !has_all(m->body) && Clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = c.Get("/metrics");
+  }
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
   EXPECT_NE(m->get_header_value("Content-Type").find("text/plain"), std::string::npos);
-  for (const char* line :
-       {"kivi_requests_completed_total 1", "kivi_kv_blocks_total{format=\"kivi2\"} 8",
-        "kivi_kv_blocks_used{format=\"kivi2\"} 0", "kivi_queue_depth 0",
-        "kivi_http_requests_total{route=\"/v1/completions\",status=\"200\"} 1",
-        "kivi_generated_tokens_total 5"}) {
+  for (const auto& line : lines) {
     EXPECT_NE(m->body.find(line), std::string::npos) << line << "\n" << m->body;
   }
   // Every sample line is "name{labels} value" or "name value", after its HELP and TYPE.
@@ -582,6 +633,66 @@ TEST(Server, OfficialOpenAiClient) {
   EXPECT_EQ(j["wrong_key"], 401);
   EXPECT_EQ(j["too_long"], 400);
   EXPECT_TRUE(srv.drained());
+}
+
+// `kivi bench-serve` against a server it starts: its counts agree with each other, with
+// the responses' usage and with the server's own token count.
+TEST(Server, BenchServeReportsConsistentNumbers) {
+  KIVI_REQUIRE_MODEL();
+  const auto r = test::run(test::kivi_cmd(
+      "bench-serve --json -m '" + test::model_path() +
+      "' --ctx 512 --parallel 3 --queue 16 --kv-cache kivi2 -R 32 --threads 1 --clients 5 "
+      "--requests 20 --seconds 120 --max-tokens 24 --prompt-words 2,60 --seed 7"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out << r.err;
+  EXPECT_EQ(j["sent"], 20);
+  EXPECT_EQ(j["completed"], 20);
+  EXPECT_EQ(j["rejected"].get<int>() + j["errors"].get<int>() + j["cut"].get<int>(), 0);
+  const json& res = j["results"];
+  ASSERT_EQ(res.size(), 20u);
+  uint64_t prompt = 0, completion = 0;
+  for (const auto& q : res) {
+    EXPECT_EQ(q["outcome"], "completed");
+    EXPECT_EQ(q["completion_tokens"], 24);  // ignore_eos: every request runs to max_tokens
+    EXPECT_GE(q["chunks"].get<int>(), 1);
+    EXPECT_LE(q["chunks"].get<int>(), 24);
+    EXPECT_GT(q["prompt_tokens"].get<int>(), q["prompt_words"].get<int>() / 2);
+    EXPECT_GE(q["ttft_ms"].get<double>(), 0);
+    EXPECT_LE(q["ttft_ms"].get<double>(), q["total_ms"].get<double>());
+    prompt += q["prompt_tokens"].get<uint64_t>();
+    completion += q["completion_tokens"].get<uint64_t>();
+  }
+  EXPECT_EQ(j["prompt_tokens"].get<uint64_t>(), prompt);
+  EXPECT_EQ(j["completion_tokens"].get<uint64_t>(), completion);
+  EXPECT_NEAR(j["tokens_per_second"].get<double>(),
+              static_cast<double>(completion) / j["wall_s"].get<double>(),
+              1e-6 * j["tokens_per_second"].get<double>());
+  for (const char* p : {"ttft_ms", "itl_ms", "tpot_ms"}) {
+    const json& x = j[p];
+    EXPECT_LE(x["p50"].get<double>(), x["p99"].get<double>()) << p;
+    EXPECT_LE(x["p99"].get<double>(), x["max"].get<double>()) << p;
+    EXPECT_GT(x["count"].get<int>(), 0) << p;
+  }
+  EXPECT_EQ(j["ttft_ms"]["count"], 20);
+  // The server saw what the clients saw.
+  const json& s = j["server"];
+  ASSERT_TRUE(s.is_object()) << r.out;
+  EXPECT_EQ(s["admitted"].get<double>(), 20.0);
+  EXPECT_EQ(s["generated_tokens"].get<double>(), static_cast<double>(completion));
+  EXPECT_LE(s["active_peak"].get<double>(), 3.0);
+  EXPECT_GT(s["kv_bytes_peak"].get<double>(), 0.0);
+  EXPECT_LE(s["kv_bytes_peak_seen"].get<double>(), s["kv_bytes_peak"].get<double>());
+  EXPECT_LE(s["kv_bytes_peak"].get<double>(),
+            j["kv_pool_blocks"].get<double>() * j["kv_block_bytes"].get<double>() +
+                3 * 1e6);  // the pool plus 3 slots' residual windows (well under 1 MB each)
+  // Bad options are errors, not runs.
+  for (const char* bad : {"--clients 0", "--prompt-words 9,3", "--url ftp://x:1",
+                          "--url http://127.0.0.1:1 -m x.gguf"}) {
+    const auto e = test::run(test::kivi_cmd(std::string("bench-serve --json ") + bad));
+    EXPECT_NE(e.exit_code, 0) << bad;
+    EXPECT_NE(e.err.find("error"), std::string::npos) << bad << ": " << e.err;
+  }
 }
 
 }  // namespace

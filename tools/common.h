@@ -74,5 +74,6 @@ int cmd_chat(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 int cmd_bench_matvec(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
+int cmd_bench_serve(int argc, char** argv);
 
 }  // namespace kivi::tools

@@ -110,6 +110,21 @@ void Scheduler::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Scheduler::pause() {
+  std::unique_lock<std::mutex> lock(mu_);
+  paused_ = true;
+  cv_.notify_all();  // an idle loop wakes to hold
+  held_cv_.wait(lock, [&] { return held_ || stopping_; });
+}
+
+void Scheduler::resume() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paused_ = false;
+  }
+  cv_.notify_all();
+}
+
 Scheduler::Submit Scheduler::submit(GenerationRequest r, std::shared_ptr<RequestHandle>* handle) {
   const int n = static_cast<int>(r.prompt.size());
   if (n < 1 || n >= opt_.ctx || r.max_tokens < 1 ||
@@ -128,6 +143,8 @@ Scheduler::Submit Scheduler::submit(GenerationRequest r, std::shared_ptr<Request
   }
   auto h = std::make_shared<RequestHandle>(n);
   queue_.push_back({std::move(r), h});
+  if (live_.size() >= 2 * static_cast<size_t>(opt_.parallel + opt_.queue)) prune_live_locked();
+  live_.push_back(h);
   ++queue_version_;
   *handle = h;
   cv_.notify_all();
@@ -138,7 +155,22 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   SchedulerStats s = stats_;
   s.queued = static_cast<int>(queue_.size());
+  s.cancelling = prune_live_locked();
   return s;
+}
+
+int Scheduler::prune_live_locked() const {
+  // Forgets ended requests; counts those not yet ended whose clients cancelled them.
+  int cancelling = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < live_.size(); ++i) {
+    const auto h = live_[i].lock();
+    if (!h || h->finished()) continue;
+    if (h->cancelled()) ++cancelling;
+    live_[kept++] = live_[i];
+  }
+  live_.resize(kept);
+  return cancelling;
 }
 
 bool Scheduler::admit_locked() {
@@ -323,20 +355,29 @@ void Scheduler::publish_stats() {
 
 void Scheduler::loop() {
   for (;;) {
-    bool any_active = false;
+    bool any_active = false, admitted = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (stopping_) break;
-      admit_locked();
+      if (paused_) {
+        held_ = true;
+        held_cv_.notify_all();
+        cv_.wait(lock, [&] { return stopping_ || !paused_; });
+        held_ = false;
+        continue;
+      }
+      admitted = admit_locked();
       for (const Slot& s : slots_) any_active = any_active || s.active();
       if (!any_active) {
         // Idle: wake for a new request, or now and then to drop cancelled ones.
         const uint64_t seen = queue_version_;
         cv_.wait_for(lock, std::chrono::milliseconds(50),
-                     [&] { return stopping_ || queue_version_ != seen; });
+                     [&] { return stopping_ || paused_ || queue_version_ != seen; });
         continue;
       }
     }
+    // New sequences and their reservations show at once, not after a step that may be long.
+    if (admitted) publish_stats();
     step();
     publish_stats();
   }

@@ -59,6 +59,7 @@ PoolPlan plan_pool(const kv::CacheConfig& shaped, const SchedulerOptions& o);
 struct SchedulerStats {
   int parallel = 0, queue_capacity = 0, ctx = 0;
   int queued = 0, active = 0, prefilling = 0;
+  int cancelling = 0;  // cancelled by their clients, not yet ended by the scheduler
   uint64_t submitted = 0, admitted = 0, completed = 0, cancelled = 0, rejected_queue_full = 0,
            errors = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
@@ -92,6 +93,12 @@ class Scheduler {
   const model::Model& model() const { return m_; }
   // Stops accepting and finishes everything (also done by the destructor).
   void stop();
+  // Holds the scheduler between steps: once pause() returns, no request is admitted and
+  // no step runs until resume(); submit() still queues (or refuses when the queue is
+  // full) and cancellations are noted. Lets a caller observe or change a fixed state,
+  // e.g. a test that must close clients before any of them can finish.
+  void pause();
+  void resume();
 
  private:
   struct Slot {
@@ -115,7 +122,9 @@ class Scheduler {
   };
 
   void loop();
-  bool admit_locked();  // moves waiting requests into free slots; under mu_
+  bool admit_locked();
+  int prune_live_locked() const;  // under mu_; returns SchedulerStats::cancelling  // moves waiting
+                                  // requests into free slots; under mu_
   void step();
   void sample(Slot& s);
   void end(Slot& s, FinishReason r, const std::string& error = "");
@@ -137,8 +146,12 @@ class Scheduler {
   mutable std::mutex mu_;  // queue_, stopping_, counters, stats_
   std::condition_variable cv_;
   std::deque<Waiting> queue_;
+  mutable std::vector<std::weak_ptr<RequestHandle>> live_;  // submitted, for `cancelling`
   uint64_t queue_version_ = 0;  // counts submissions, to wake the idle loop
   bool stopping_ = false;
+  bool paused_ = false;  // pause() asked for a hold
+  bool held_ = false;    // the loop is holding (no step in flight)
+  std::condition_variable held_cv_;
   SchedulerStats stats_;
   std::deque<std::pair<double, int>> recent_;  // (time, tokens generated in a step), last 10 s
   std::thread thread_;
