@@ -17,8 +17,10 @@ void add_model_options(Args& a);
 // --threads N and --threads-force (part of add_model_options).
 void add_threads_options(Args& a);
 // --kv-cache, --kv-cache-k, --kv-cache-v, --int8-granularity, --group-size, --residual,
-// --key-flush, --scale-dtype, --attn-precision, --window
+// --key-flush, --scale-dtype, --attn-precision, --window, and the --sparse options
 void add_kv_options(Args& a, bool allow_list = false);
+// The --sparse options (validated).
+sparse::Options sparse_options(const Args& a);
 
 // Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
 // ../shared/models/stories260K.bin) and loads it, applying --alibi.
