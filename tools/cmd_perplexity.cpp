@@ -104,6 +104,12 @@ int cmd_perplexity(int argc, char** argv) {
     j.kv("kv_cache", describe_cache(cc)).kv("bits_per_element_k", bits_k).kv("bits_per_element_v", bits_v);
     j.kv("int8_clamped", s.cache().clamped());
     j.kv("seconds", secs).kv("tokens_per_second", r.tokens / secs);
+    if (s.sparse()) {
+      const auto& ss = s.sparse()->stats();
+      j.kv("sparse", sparse::describe(s.options().sparse));
+      j.kv("sparse_attended_fraction", ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
+      j.kv("sparse_select_seconds", ss.select_seconds).kv("sparse_attend_seconds", ss.attend_seconds);
+    }
     if (reader) {
       j.kv("kld_mean", ks.mean).kv("kld_median", ks.median).kv("kld_p99", ks.p99).kv("kld_max", ks.max);
       j.kv("top1_agree", ks.top1_agree).kv("first_disagree", ks.first_disagree);
@@ -119,6 +125,11 @@ int cmd_perplexity(int argc, char** argv) {
   std::printf("mode         %s\n", runtime::eval_mode_name(mode));
   std::printf("perplexity   %.4f\n", r.ppl);
   std::printf("mean NLL     %.6f +/- %.6f\n", r.mean_nll, r.nll_stderr);
+  if (s.sparse()) {
+    const auto& ss = s.sparse()->stats();
+    std::printf("sparse       %s: %.1f%% of the tokens attended\n", sparse::describe(s.options().sparse).c_str(),
+                ss.tokens_context ? 100.0 * ss.tokens_attended / ss.tokens_context : 0.0);
+  }
   if (s.cache().clamped()) std::printf("int8 clamped %lld elements\n", static_cast<long long>(s.cache().clamped()));
   if (reader) {
     std::printf("KL divergence vs %s: mean %.6g, median %.6g, p99 %.6g, max %.6g\n", a.str("kld-base").c_str(), ks.mean,
