@@ -65,5 +65,6 @@ int cmd_synth(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 int cmd_bench_matvec(int argc, char** argv);
+int cmd_bench_sparse(int argc, char** argv);
 
 }  // namespace kivi::tools

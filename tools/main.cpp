@@ -26,6 +26,7 @@ const char* kUsage =
     "  logits       Print or save the logits of every position of a prompt (for checks).\n"
     "  quantize     Rewrite a GGUF with its weight matrices in another type (q8_0, q4_k_m, ...).\n"
     "  bench-matvec Matrix-vector speed per weight type, against the memory-bandwidth probe.\n"
+    "  bench-sparse Decode attention per token, dense against block-sparse, selection timed apart.\n"
     "\n"
     "Run 'kivi COMMAND --help' for a command's options. Docs: docs/README.md.\n";
 
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
     if (cmd == "chat") return cmd_chat(argc, argv);
     if (cmd == "quantize") return cmd_quantize(argc, argv);
     if (cmd == "bench-matvec") return cmd_bench_matvec(argc, argv);
+    if (cmd == "bench-sparse") return cmd_bench_sparse(argc, argv);
     std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
     return 2;
   } catch (const kivi::Error& e) {
