@@ -17,6 +17,8 @@
 #include "core/threadpool.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
+#include "model/model.h"
+#include "runtime/session.h"
 #include "sparse/options.h"
 #include "sparse/score.h"
 #include "sparse/select.h"
@@ -508,6 +510,63 @@ TEST(Sparse, PlantedNeedleIsFoundAtEveryDepth) {
     EXPECT_LT(rel_error(s.out, ref), 1e-5) << "n=" << n;
   }
   EXPECT_EQ(found, 3 * hkv);
+}
+
+// Through a session on stories260K (prefill, then decoding): a budget covering the
+// context gives dense attention's logits bit for bit, for f16 and kivi2 with keys after
+// and before RoPE and the first layers dense; a small budget changes them (the layers
+// select), and the summaries are counted with the cache.
+TEST(Sparse, SessionWithFullBudgetGivesDenseLogits) {
+  KIVI_REQUIRE_MODEL();
+  auto m = model::Model::load(test::model_path(), test::tokenizer_path());
+  const auto prompt =
+      m->tokenizer().encode("Once upon a time, there was a little girl named Lily.", true);
+  for (const char* f : {"f16", "kivi2"}) {
+    for (auto kr : {kv::KeyRope::kPost, kv::KeyRope::kPre}) {
+      auto run = [&](const sparse::Options& so, double* attended) {
+        runtime::SessionOptions o;
+        o.threads = 2;
+        o.ctx = 512;
+        o.cache.k = o.cache.v = {kv::parse_format(f), Int8Granularity::kHead};
+        o.cache.group_size = 16;
+        o.cache.residual = 16;
+        o.cache.key_rope = kr;
+        o.sparse = so;
+        runtime::Session s(*m, o);
+        std::vector<float> all;
+        const float* lg = s.prefill(prompt);
+        int t = 0;
+        for (int i = 0; i < 300; ++i) {
+          all.insert(all.end(), lg, lg + s.vocab());
+          t = (t * 7 + 13 + static_cast<int>(std::fabs(lg[i % s.vocab()]) * 100)) % s.vocab();
+          lg = s.decode(t);
+        }
+        if (s.sparse()) {
+          EXPECT_EQ(s.kv_bytes_reserved(),
+                    s.cache().bytes_reserved() + s.sparse()->bytes_reserved());
+          EXPECT_GT(s.sparse()->bytes_reserved(), 0u);
+          *attended =
+              double(s.sparse()->stats().tokens_attended) / s.sparse()->stats().tokens_context;
+        }
+        return all;
+      };
+      double attended = 0;
+      const auto dense = run(sparse::Options{}, &attended);
+      sparse::Options so;
+      so.kind = sparse::Kind::kQuest;
+      so.block = 16;
+      so.budget = 512;
+      so.local = 16;
+      so.dense_layers = 1;
+      const auto full = run(so, &attended);
+      EXPECT_EQ(attended, 1.0) << f;
+      EXPECT_EQ(rel_error(full, dense), 0.0) << f << " rope " << int(kr);
+      so.budget = 32;
+      const auto small = run(so, &attended);
+      EXPECT_LT(attended, 0.5) << f;
+      EXPECT_GT(rel_error(small, dense), 1e-3) << f << " rope " << int(kr);
+    }
+  }
 }
 
 // --- Bad options ---------------------------------------------------------------------------
