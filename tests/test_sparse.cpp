@@ -606,6 +606,7 @@ TEST(Sparse, BadOptionsGiveClearErrors) {
   const Bad bad[] = {
       {"--sparse fast", "--sparse: unknown value 'fast'"},
       {"--sparse quest --sparse-block 0", "--sparse-block"},
+      {"--sparse-budget 64", "--sparse-budget needs --sparse KIND"},
       {"--sparse quest --sparse-budget -1", "--sparse-budget"},
       {"--sparse quest --kv-cache kivi2 --sparse-block 48", "multiple of the KIVI key group"},
       {"--sparse quest --sparse-dense-layers 99", "--sparse-dense-layers 99"},

@@ -65,6 +65,7 @@ int cmd_bench_sparse(int argc, char** argv) {
              "attended, cache_bytes, "
              "summary_bytes}]}.");
   add_kv_options(a);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   const auto ctxs = a.int_list("ctx", 1, 1 << 24);
@@ -75,8 +76,7 @@ int cmd_bench_sparse(int argc, char** argv) {
   const int reps = static_cast<int>(a.integer("reps", 1, 100000));
   if (H % Hkv != 0) fail("--kv-heads %d must divide --heads %d", Hkv, H);
   if (D % 8 != 0) fail("--head-dim %d: expected a multiple of 8", D);
-  sparse::Options so = sparse_options(a);
-  if (!a.given("sparse")) so.kind = sparse::Kind::kQuest;
+  const sparse::Options so = sparse_options(a, sparse::Kind::kQuest);
   if (!so.enabled())
     fail("--sparse off: bench-sparse compares a selection with dense attention; choose one");
   const int threads = threads_option(a);

@@ -28,6 +28,7 @@ int cmd_generate(int argc, char** argv) {
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");
   add_model_options(a);
   add_kv_options(a);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   const int n_gen = static_cast<int>(a.integer("n", 0, 1 << 24));

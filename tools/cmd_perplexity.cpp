@@ -49,6 +49,7 @@ int cmd_perplexity(int argc, char** argv) {
   a.add_flag("json", 0, "Print one JSON object: ppl, mean_nll, nll_stderr, tokens, mode, ... (and kld_* fields).");
   add_model_options(a);
   add_kv_options(a);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   if (!a.given("file")) fail("perplexity: give the text with -f TEXT");
   const bool json = a.flag("json");

@@ -77,6 +77,9 @@ void add_kv_options(Args& a, bool allow_list) {
         "or window (keep the sinks and the most recent --window tokens; memory stays flat).",
         "stop");
   a.add("sinks", 0, "N", "Tokens at the start kept by the shift and window policies (attention sinks).", "4");
+}
+
+void add_sparse_options(Args& a) {
   a.section("Sparse attention");
   a.add("sparse", 0, "KIND",
         "Block-sparse attention: each KV head attends the top blocks by their summary (quest: per-channel key "
@@ -90,9 +93,15 @@ void add_kv_options(Args& a, bool allow_list) {
   a.add("sparse-dense-layers", 0, "N", "The first N layers attend densely.", "0");
 }
 
-sparse::Options sparse_options(const Args& a) {
+sparse::Options sparse_options(const Args& a, sparse::Kind default_kind) {
   sparse::Options o;
-  o.kind = sparse::parse_kind(a.str("sparse"));
+  if (!a.given("sparse") && default_kind == sparse::Kind::kOff) {
+    for (const char* n : {"sparse-block", "sparse-budget", "sparse-sinks", "sparse-local", "sparse-dense-layers"}) {
+      if (a.given(n)) fail("--%s needs --sparse KIND (quest, max, mean or random)", n);
+    }
+    return o;
+  }
+  o.kind = a.given("sparse") ? sparse::parse_kind(a.str("sparse")) : default_kind;
   o.block = static_cast<int>(a.integer("sparse-block", 1, 65536));
   o.budget = static_cast<int>(a.integer("sparse-budget", 0, 1 << 30));
   o.sinks = static_cast<int>(a.integer("sparse-sinks", 0, 1 << 30));

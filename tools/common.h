@@ -17,10 +17,14 @@ void add_model_options(Args& a);
 // --threads N and --threads-force (part of add_model_options).
 void add_threads_options(Args& a);
 // --kv-cache, --kv-cache-k, --kv-cache-v, --int8-granularity, --group-size, --residual,
-// --key-flush, --scale-dtype, --attn-precision, --window, and the --sparse options
+// --key-flush, --scale-dtype, --attn-precision, --window
 void add_kv_options(Args& a, bool allow_list = false);
-// The --sparse options (validated).
-sparse::Options sparse_options(const Args& a);
+// --sparse, --sparse-block, --sparse-budget, --sparse-sinks, --sparse-local,
+// --sparse-dense-layers (commands whose sessions honour them).
+void add_sparse_options(Args& a);
+// The --sparse options, validated. Without --sparse: `default_kind`, and when that is off
+// the other --sparse-* options are an error. session_options() reads them.
+sparse::Options sparse_options(const Args& a, sparse::Kind default_kind = sparse::Kind::kOff);
 
 // Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
 // ../shared/models/stories260K.bin) and loads it, applying --alibi.
