@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 
 import matplotlib
 
@@ -72,12 +73,45 @@ def colours(names):
     return out
 
 
+def check_not_input(path, inputs):
+    """Refuses an output that is one of the input files (same device and inode, so hard
+    links and symlinks count): writing it would destroy the input."""
+    if not os.path.exists(path):
+        return
+    for i in inputs:
+        if os.path.exists(i) and os.path.samefile(path, i):
+            die(f"output '{path}' is the same file as the input '{i}'; writing it would destroy the input "
+                f"(choose another --out)")
+
+
 def save(fig, out, name):
-    """Writes the figure to OUT/NAME as PNG, closes it and returns the path."""
+    """Writes the figure to OUT/NAME as PNG through a temporary file in the same folder,
+    renamed over the target only when complete (an error leaves the previous chart and no
+    temporary file), closes it and returns the path."""
     fig.tight_layout()
     path = os.path.join(out, name)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    target = os.path.realpath(path)  # a symlink is written through to its target
+    mode = os.stat(target).st_mode & 0o7777 if os.path.exists(target) else None
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".tmp-", dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, dpi=120, format="png")
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is None:
+            mask = os.umask(0)
+            os.umask(mask)
+            mode = 0o666 & ~mask
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -108,7 +142,7 @@ def plot_bench_attn(paths, out):
     for label, s in sorted(series.items()):
         ctx = sorted(s["pts"])
         us = [s["pts"][c][0] for c in ctx]
-        floor = [s["pts"][c][1] for c in ctx]
+        floor = [s["pts"][c][1] or 0 for c in ctx]  # null (no probe): no floor
         c = col[s["name"]]
         ax.plot(ctx, us, "o-", color=c, label=label)
         if any(f > 0 for f in floor):
@@ -250,6 +284,12 @@ def main():
         os.makedirs(a.out, exist_ok=True)
     except OSError as e:
         die(f"cannot create output directory '{a.out}': {e.strerror}")
+    # Every chart this run would write, checked against every input before anything is drawn.
+    inputs = (a.bench_attn or []) + (a.bench or []) + (a.quality or [])
+    for given, name in ((a.bench_attn, "attn_time_vs_ctx.png"), (a.bench, "bench_decode.png"),
+                        (a.quality, "quality.png")):
+        if given:
+            check_not_input(os.path.join(a.out, name), inputs)
     written = []
     if a.bench_attn:
         written.append(plot_bench_attn(a.bench_attn, a.out))

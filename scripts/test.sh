@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs every test:
-#   1. the release build's unit, end-to-end and reference tests;
+#   1. the release build's unit, end-to-end and reference tests (the perplexity
+#      reference in --strict mode, see tests/CMakeLists.txt);
 #   2. the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer;
-#   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 60).
+#   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 60);
+#   and first, that every C++ file is formatted as .clang-format says (scripts/format.sh).
+# Every build treats compiler warnings as errors (KIVI_WERROR=ON).
 set -euo pipefail
+export KIVI_WERROR=ON
 cd "$(dirname "$0")/.."
 jobs="$(nproc 2>/dev/null || echo 2)"
 start=$(date +%s)
@@ -11,6 +15,9 @@ step() { echo; echo "== $* ($(( $(date +%s) - start ))s)"; }
 
 step "setup"
 scripts/setup.sh
+
+step "format check"
+scripts/format.sh --check
 
 step "release build"
 scripts/build.sh release
@@ -28,7 +35,7 @@ scripts/build.sh fuzz
 seconds="${KIVI_FUZZ_SECONDS:-60}"
 corpus="build-fuzz/corpus"
 /usr/bin/python3 tests/fuzz/make_seeds.py "$corpus"
-for f in gguf llama2c tokenizer bpe; do
+for f in gguf llama2c tokenizer bpe openai_request; do
   echo "-- fuzz_$f for ${seconds}s"
   mkdir -p "$corpus/$f.out"
   build-fuzz/bin/fuzz_$f -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 \

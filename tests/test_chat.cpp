@@ -90,7 +90,9 @@ TEST(Chat, TurnsAppendToOneCacheWithoutReprefill) {
   for (const auto& t : turns) {
     const std::string stop = t["stop"];
     EXPECT_TRUE(stop == "length" || stop == "end_of_turn") << stop;
-    if (stop == "length") EXPECT_EQ(t["reply_token_ids"].size(), 5u);
+    if (stop == "length") {
+      EXPECT_EQ(t["reply_token_ids"].size(), 5u);
+    }
   }
   EXPECT_NE(r.err.find("[chat: 2 turns"), std::string::npos) << r.err;
 }

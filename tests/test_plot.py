@@ -62,7 +62,33 @@ def main():
         r = subprocess.run([sys.executable, plot, "--bench", attn, "--out", out], capture_output=True, text=True)
         if r.returncode != 1 or not r.stderr.startswith("plot.py: error:") or r.stderr.count("\n") != 1:
             sys.exit(f"FAIL: a bench-attn file given as --bench should be a one-line error, got {r.returncode}: {r.stderr}")
-    print("plot.py: 3 charts written from real outputs; wrong input reported")
+        # An input that is also an output (here: a chart's name in --out) is refused and
+        # left as it was, and a failed run leaves the previous charts and no temporary file.
+        victim = os.path.join(out, "bench_decode.png")
+        with open(bench, "rb") as f:
+            bench_bytes = f.read()
+        with open(victim, "wb") as f:
+            f.write(bench_bytes)
+        r = subprocess.run([sys.executable, plot, "--bench", victim, "--out", out], capture_output=True, text=True)
+        if r.returncode != 1 or "is the same file as the input" not in r.stderr:
+            sys.exit(f"FAIL: an input named as an output should be refused, got {r.returncode}: {r.stderr}")
+        with open(victim, "rb") as f:
+            if f.read() != bench_bytes:
+                sys.exit("FAIL: plot.py overwrote its input")
+        before = sorted(os.listdir(out))
+        r = subprocess.run([sys.executable, plot, "--bench", bench, "--quality", attn, "--out", out],
+                           capture_output=True, text=True)
+        if r.returncode != 1 or sorted(os.listdir(out)) != before:
+            sys.exit(f"FAIL: a failed run should leave the folder as it was: {before} -> {sorted(os.listdir(out))}")
+        # bench-attn --no-probe has no floor (null): still a chart.
+        attn_np = os.path.join(d, "attn_np.json")
+        with open(attn_np, "w") as f:
+            f.write(run([a.kivi, "bench-attn", "--ctx", "256,512", "--reps", "1", "--heads", "4", "--kv-heads", "2",
+                         "--head-dim", "64", "--threads", "1", "--no-probe", "--json"]))
+        r = subprocess.run([sys.executable, plot, "--bench-attn", attn_np, "--out", out], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"FAIL: plot.py on bench-attn --no-probe: {r.stderr.strip()}")
+    print("plot.py: 3 charts written from real outputs; wrong input reported; inputs never overwritten")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ int cmd_bench_sparse(int argc, char** argv) {
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
-  const auto ctxs = a.int_list("ctx", 1, 1 << 24);
+  const auto ctxs = a.int_list("ctx", 1, model::kMaxContext);
   const int L = static_cast<int>(a.integer("layers", 1, 1024));
   const int H = static_cast<int>(a.integer("heads", 1, 1024));
   const int Hkv = static_cast<int>(a.integer("kv-heads", 1, 1024));

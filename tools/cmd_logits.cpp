@@ -1,4 +1,3 @@
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -8,12 +7,13 @@
 #include "common.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "io/atomic_file.h"
 #include "model/forward.h"
 
 namespace kivi::tools {
 
 int cmd_logits(int argc, char** argv) {
-  Args a("logits", "[-m MODEL] -p PROMPT [--mode prefill|stream|no-cache] [-o FILE] [--json]",
+  Args a("logits", "[-m MODEL] [-p PROMPT] [--mode prefill|stream|no-cache] [-o FILE] [--json]",
          "Computes the logits after every position of PROMPT (BOS prepended) and prints them as\n"
          "JSON, or writes them to FILE as raw little-endian f32 [positions, vocab] after a header\n"
          "(magic 'KVLG', u32 positions, u32 vocab). Used to check the engine against independent\n"
@@ -33,6 +33,14 @@ int cmd_logits(int argc, char** argv) {
   if (mode != "prefill" && mode != "stream" && mode != "no-cache") {
     fail("--mode: unknown value '%s' (valid: prefill, stream, no-cache)", mode.c_str());
   }
+  if (mode == "no-cache")
+    refuse_kv_options(a, "--mode no-cache (it recomputes keys and values, it has no cache)");
+  // The output is written through a temporary file renamed into place at the end.
+  std::unique_ptr<io::AtomicFile> out;
+  if (a.given("output")) {
+    io::check_output_is_not_input(a.str("output"), model_input_paths(a), "-o");
+    out = std::make_unique<io::AtomicFile>(a.str("output"));
+  }
   auto m = load_model(a);
   const int V = m->config().vocab_size;
   const std::vector<int> tokens = m->tokenizer().encode(a.str("prompt"), m->tokenizer().add_bos());
@@ -44,7 +52,8 @@ int cmd_logits(int argc, char** argv) {
   if (mode == "no-cache") {
     ThreadPool pool(opt.threads);
     for (int i = 1; i <= n; ++i) {
-      auto l = model::forward_no_cache(*m, std::vector<int>(tokens.begin(), tokens.begin() + i), &pool);
+      auto l =
+          model::forward_no_cache(*m, std::vector<int>(tokens.begin(), tokens.begin() + i), &pool);
       std::memcpy(&logits[static_cast<size_t>(i - 1) * V], l.data(), V * sizeof(float));
     }
   } else {
@@ -58,14 +67,11 @@ int cmd_logits(int argc, char** argv) {
       }
     }
   }
-  if (a.given("output")) {
-    const std::string path = a.str("output");
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
-    if (!f) fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
+  if (out) {
     const uint32_t head[3] = {0x474C564Bu, static_cast<uint32_t>(n), static_cast<uint32_t>(V)};
-    if (std::fwrite(head, 4, 3, f.get()) != 3 || std::fwrite(logits.data(), 4, logits.size(), f.get()) != logits.size()) {
-      fail("cannot write '%s': %s", path.c_str(), std::strerror(errno));
-    }
+    out->write(head, sizeof head);
+    out->write(logits.data(), logits.size() * sizeof(float));
+    out->commit();
     return 0;
   }
   JsonWriter j;

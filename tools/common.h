@@ -12,7 +12,7 @@
 
 namespace kivi::tools {
 
-// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd
+// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd, --check-weights
 void add_model_options(Args& a);
 // --threads N and --threads-force (part of add_model_options).
 void add_threads_options(Args& a);
@@ -29,6 +29,15 @@ sparse::Options sparse_options(const Args& a, sparse::Kind default_kind = sparse
 // Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
 // ../shared/models/stories260K.bin) and loads it, applying --alibi.
 std::unique_ptr<model::Model> load_model(const Args& a);
+// The files a model run reads: the model (resolved as load_model does) and its tokenizer
+// (given, or the default beside a llama2.c model; "" when there is none). For refusing an
+// output that is one of them (io/atomic_file.h).
+std::vector<std::string> model_input_paths(const Args& a);
+// --kv-cache as a comma-separated list (`def` when not given); an empty entry is an error.
+std::vector<std::string> kv_format_list(const Args& a, const std::vector<std::string>& def);
+// Throws naming the first KV cache option given, which would have no effect: `why` says
+// why, e.g. "--no-kv-cache".
+void refuse_kv_options(const Args& a, const char* why);
 // Parses the command line and applies --simd if given. Returns false when --help was asked
 // for (the help is then printed to stdout); throws on a bad option.
 bool parse_command_line(Args& a, int argc, char** argv);
@@ -54,7 +63,8 @@ int threads_option(const Args& a);
 inline constexpr int kSyntheticDefaultCtx = 4096;
 int default_context(const model::Model& m, const runtime::SessionOptions& o);
 
-// A one-line description of the cache configuration: "kivi2 (G=32, R=128, batch flush, f16 scales)".
+// A one-line description of the cache configuration: "kivi2 (G=32, R=128, batch flush, f16
+// scales)".
 std::string describe_cache(const kv::CacheConfig& c);
 
 // Command entry points: return the exit code.
@@ -70,5 +80,6 @@ int cmd_chat(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 int cmd_bench_matvec(int argc, char** argv);
 int cmd_bench_sparse(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 }  // namespace kivi::tools

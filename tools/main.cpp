@@ -1,4 +1,5 @@
-// The `kivi` command: generate, chat, info, convert, logits, perplexity, bench, bench-attn, synth.
+// The `kivi` command: generate, chat, serve, info, convert, logits, perplexity, bench, bench-attn,
+// synth.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,16 +18,20 @@ const char* kUsage =
     "Commands:\n"
     "  generate     Generate text from a prompt, streaming it as it is produced.\n"
     "  chat         Interactive multi-turn chat in the model's chat format.\n"
+    "  serve        OpenAI-compatible HTTP server: many requests batched over one KV block pool.\n"
     "  perplexity   Perplexity and KL divergence of a text, computed as deployed (streaming).\n"
     "  bench        Speed, memory and agreement of KV formats side by side on one model.\n"
     "  bench-attn   Decode-attention kernel benchmark per format, with a memory-bandwidth probe.\n"
-    "  info         Describe a model (architecture, tensors, tokenizer) or a cache's memory needs.\n"
+    "  info         Describe a model (architecture, tensors, tokenizer) or a cache's memory "
+    "needs.\n"
     "  convert      Convert a llama2.c checkpoint and tokenizer to GGUF.\n"
-    "  synth        Write a GGUF with seeded random weights at a real model's shape (speed tests).\n"
+    "  synth        Write a GGUF with seeded random weights at a real model's shape (speed "
+    "tests).\n"
     "  logits       Print or save the logits of every position of a prompt (for checks).\n"
     "  quantize     Rewrite a GGUF with its weight matrices in another type (q8_0, q4_k_m, ...).\n"
     "  bench-matvec Matrix-vector speed per weight type, against the memory-bandwidth probe.\n"
-    "  bench-sparse Decode attention per token, dense against block-sparse, selection timed apart.\n"
+    "  bench-sparse Decode attention per token, dense against block-sparse, selection timed "
+    "apart.\n"
     "\n"
     "Run 'kivi COMMAND --help' for a command's options. Docs: docs/README.md.\n";
 
@@ -60,7 +65,9 @@ int main(int argc, char** argv) {
     if (cmd == "quantize") return cmd_quantize(argc, argv);
     if (cmd == "bench-matvec") return cmd_bench_matvec(argc, argv);
     if (cmd == "bench-sparse") return cmd_bench_sparse(argc, argv);
-    std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
+    if (cmd == "serve") return cmd_serve(argc, argv);
+    std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n",
+                 cmd.c_str());
     return 2;
   } catch (const kivi::Error& e) {
     std::fprintf(stderr, "kivi: error: %s\n", e.what());

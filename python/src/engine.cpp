@@ -357,11 +357,13 @@ pb::dict perplexity(const pb::object& model_or_path, const std::optional<std::st
     std::unique_ptr<runtime::LogprobReader> reader;
     if (save_logits) {
       writer = std::make_unique<runtime::LogprobWriter>(*save_logits, V, s.ctx(),
-                                                        static_cast<int64_t>(tokens.size()), hash);
+                                                        static_cast<int64_t>(tokens.size()), hash,
+                                                        runtime::model_fingerprint(m));
     }
     if (kld_base)
-      reader = std::make_unique<runtime::LogprobReader>(*kld_base, V,
-                                                        static_cast<int64_t>(tokens.size()), hash);
+      reader = std::make_unique<runtime::LogprobReader>(*kld_base, V, s.ctx(),
+                                                        static_cast<int64_t>(tokens.size()), hash,
+                                                        runtime::model_fingerprint(m));
     std::vector<float> base(V);
     std::vector<double> kld;
     std::vector<char> agree;

@@ -1,6 +1,7 @@
 #include "core/progress.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/sysinfo.h"
 #include "core/timer.h"
@@ -9,28 +10,55 @@ namespace kivi {
 
 bool Progress::stderr_is_terminal() { return sys::is_tty(2); }
 
+double Progress::line_interval() {
+  if (const char* s = std::getenv("KIVI_PROGRESS_SECONDS"); s && *s) {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (*end == '\0' && v >= 0.0 && v < 1e9) return v;
+  }
+  return 5.0;
+}
+
 Progress::Progress(std::string label, int64_t total, std::string unit, bool enabled)
     : label_(std::move(label)), unit_(std::move(unit)), total_(total), enabled_(enabled) {
   start_ = now_seconds();
+  if (enabled_) {
+    terminal_ = stderr_is_terminal();
+    interval_ = line_interval();
+    last_draw_ = start_;
+  }
 }
 
-Progress::~Progress() { finish(); }
+// Unwinding from an error: end the bar's line so the error starts on its own, but do
+// not report a run that did not finish.
+Progress::~Progress() {
+  if (enabled_ && !finished_ && terminal_) std::fputc('\n', stderr);
+}
 
 void Progress::update(int64_t done) {
   done_ = done;
-  if (!enabled_) return;
+  if (!enabled_ || finished_) return;
   const double t = now_seconds();
-  if (t - last_draw_ < 0.1 && done_ < total_) return;
-  last_draw_ = t;
-  draw(false);
+  if (terminal_) {
+    if (t - last_draw_ < 0.1 && done_ < total_) return;
+    last_draw_ = t;
+    draw(false);
+  } else if (t - last_draw_ >= interval_) {
+    last_draw_ = t;
+    line(false);
+  }
 }
 
 void Progress::finish() {
   if (!enabled_ || finished_) return;
   finished_ = true;
-  draw(true);
-  std::fputc('\n', stderr);
-  std::fflush(stderr);
+  if (terminal_) {
+    draw(true);
+    std::fputc('\n', stderr);
+    std::fflush(stderr);
+  } else if (lines_ > 0) {
+    line(true);  // the run was long enough to report: say that it ended
+  }
 }
 
 void Progress::draw(bool final) {
@@ -47,6 +75,24 @@ void Progress::draw(bool final) {
                static_cast<long long>(done_), static_cast<long long>(total_), unit_.c_str(), rate,
                unit_.c_str(), final ? "took" : "ETA", final ? elapsed : eta);
   std::fflush(stderr);
+}
+
+void Progress::line(bool final) {
+  const double elapsed = now_seconds() - start_;
+  const double rate = elapsed > 0 ? done_ / elapsed : 0.0;
+  const double pct = total_ > 0 ? 100.0 * static_cast<double>(done_) / total_ : 0.0;
+  if (final) {
+    std::fprintf(stderr, "%s: %lld/%lld %s (%.0f%%), %.1f %s/s, took %.0f s\n", label_.c_str(),
+                 static_cast<long long>(done_), static_cast<long long>(total_), unit_.c_str(), pct,
+                 rate, unit_.c_str(), elapsed);
+  } else {
+    const double eta = rate > 0 ? (total_ - done_) / rate : 0.0;
+    std::fprintf(stderr, "%s: %lld/%lld %s (%.0f%%), %.1f %s/s, ETA %.0f s\n", label_.c_str(),
+                 static_cast<long long>(done_), static_cast<long long>(total_), unit_.c_str(), pct,
+                 rate, unit_.c_str(), eta);
+  }
+  std::fflush(stderr);
+  ++lines_;
 }
 
 }  // namespace kivi

@@ -12,6 +12,8 @@
 
 namespace kivi::io {
 
+class AtomicFile;
+
 class GgufWriter {
  public:
   void add_string(const std::string& key, const std::string& v);
@@ -40,9 +42,13 @@ class GgufWriter {
   // Total file size write() will produce.
   uint64_t file_size() const;
 
-  // Writes the file; throws kivi::Error naming the path if it cannot be written.
+  // Writes the file through a temporary file renamed into place when complete
+  // (io/atomic_file.h); throws kivi::Error naming the path if it cannot be written.
   // `on_progress(bytes_written, total)` is called after each chunk if given.
   void write(const std::string& path,
+             const std::function<void(uint64_t, uint64_t)>& on_progress = {}) const;
+  // Writes the whole file into `out` (opened by the caller, who commits it).
+  void write(AtomicFile& out,
              const std::function<void(uint64_t, uint64_t)>& on_progress = {}) const;
 
  private:

@@ -1,7 +1,8 @@
 // The KV cache: every layer's keys and values in their configured formats, stored
 // in fixed-size blocks of tokens described by a block table, with KIVI's
 // full-precision residual window in a ring buffer. All storage is allocated by the
-// constructor; append() allocates nothing and never copies or re-quantizes history.
+// constructor (or by a shared pool before); append() allocates no memory and never
+// copies or re-quantizes history.
 //
 // Streaming (KIVI Algorithm 1 / seed 001), applied on every append, before the
 // step's attention reads the cache:
@@ -29,13 +30,23 @@
 //   residual:    f32 ring [H][capacity][D], token p in slot p % capacity
 // Block summaries (optional): per block and head, the per-channel min and max of the
 // keys (Quest, Tang et al. 2024), [n_blocks][H][2][D] f32.
+//
+// Blocks come from a kv::BlockPool (block_pool.h). A cache made from a configuration
+// owns a pool of exactly the blocks its context needs, mapped in order (an identity
+// block table). A cache made over a shared pool maps a logical block when the first
+// of its tokens arrives, draws it from its reservation, can start with published
+// blocks of an identical prompt prefix (never writing them: their stored contents are
+// already what it would write), and returns its blocks to the pool when cleared.
+// The residual ring, the token counts and the int8 tensor scales are per cache.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/aligned.h"
+#include "kv/block_pool.h"
 #include "kv/format.h"
 
 namespace kivi::kv {
@@ -46,7 +57,8 @@ struct StreamView {
   StreamFormat fmt;
   ParamType param_type = ParamType::kF16;
   int n_heads = 0, head_dim = 0, block = 0, group = 0;  // group: G (keys) or Gc (values/int8)
-  bool per_channel = false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
+  bool per_channel =
+      false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
   // Stored segment: tokens [0, n_stored).
   int n_stored = 0;
   const uint8_t* codes = nullptr;   // [H][n_blocks][head_block_bytes]
@@ -55,11 +67,11 @@ struct StreamView {
   const int32_t* block_table = nullptr;  // logical block -> physical block
   int n_blocks = 0;                      // physical blocks per head
   size_t head_block_bytes = 0;           // codes of one head in one block
-  size_t head_block_params = 0;          // parameters (each of scale, zero) of one head in one block
-  size_t code_row_bytes = 0;             // bytes of one token's codes for one head
-  size_t token_stride = 0;               // bytes between tokens' rows within a block
-  bool quad = false;                     // rows interleaved by quads of tokens (KIVI values)
-  float tensor_scale = 0.0f;             // int8 tensor granularity
+  size_t head_block_params = 0;  // parameters (each of scale, zero) of one head in one block
+  size_t code_row_bytes = 0;     // bytes of one token's codes for one head
+  size_t token_stride = 0;       // bytes between tokens' rows within a block
+  bool quad = false;             // rows interleaved by quads of tokens (KIVI values)
+  float tensor_scale = 0.0f;     // int8 tensor granularity
   // Residual segment: tokens [n_stored, n_tokens) in full precision.
   const float* ring = nullptr;  // [H][ring_capacity][D]
   int ring_capacity = 0;
@@ -75,13 +87,16 @@ struct StreamView {
   // KIVI keys (per_channel): the start of t's group; byte j of token t is at
   // group_codes(t, h)[kv::key_group_offset(t % group, j, code_row_bytes, group)].
   const uint8_t* row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) * token_stride;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) * token_stride;
   }
   const uint8_t* group_codes(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / group * group * code_row_bytes;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) / group * group * code_row_bytes;
   }
   const uint8_t* quad_row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
   }
   // Index of the first parameter of head h in the block holding token t; the layout
   // within it: KIVI keys [B/G][D], KIVI values and int8/group [B][D/Gc], int8/head [B].
@@ -96,7 +111,8 @@ struct StreamView {
   }
   // Residual row of token t (>= n_stored), head h.
   const float* residual_row(int t, int h) const {
-    return ring + (static_cast<size_t>(h) * ring_capacity + (t + ring_shift) % ring_capacity) * head_dim;
+    return ring +
+           (static_cast<size_t>(h) * ring_capacity + (t + ring_shift) % ring_capacity) * head_dim;
   }
   // The end of the run of residual tokens from t (< limit) that are contiguous in the
   // ring (the ring wraps after slot ring_capacity - 1).
@@ -115,7 +131,11 @@ struct LayerView {
 
 class KvCache {
  public:
+  // A single-sequence cache with its own pool for config.ctx tokens.
   explicit KvCache(const CacheConfig& config, bool block_summaries = false);
+  // A cache of up to `ctx` tokens drawing blocks from `pool` (which must outlive it).
+  KvCache(BlockPool& pool, int ctx);
+  ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -133,10 +153,12 @@ class KvCache {
   // other formats or once calibrated.
   void calibrate(int layer, const float* k, const float* v, int n);
 
-  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope). Throws if the cache is full.
+  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope).
+  // Throws if the cache is full.
   void append(int layer, const float* k, const float* v);
 
-  // Forgets every token (storage is kept).
+  // Forgets every token. An own pool keeps its storage; a shared pool gets back every
+  // block and the unused reservation.
   void clear();
 
   // Drops tokens [first, first + count) of `layer`: whole stored blocks (first and count
@@ -159,7 +181,8 @@ class KvCache {
   // attention by a borrowing layer within a prefill batch.
   LayerView view_prefix(int layer, int n) const;
 
-  // Memory from the buffers: bytes holding live data, and bytes allocated.
+  // Memory from the buffers: bytes holding live data, and bytes allocated (a cache
+  // over a shared pool counts its rings and tables; the pool reports the blocks).
   uint64_t bytes_used() const;
   uint64_t bytes_used(int layer) const;
   uint64_t bytes_reserved() const;
@@ -167,6 +190,27 @@ class KvCache {
 
   // int8 per-tensor elements clamped since the cache was created/cleared.
   int64_t clamped() const;
+
+  // Shared pools. All of these run on the thread that owns the pool.
+  bool shares_pool() const { return own_pool_ == nullptr; }
+  const BlockPool& pool() const { return *pool_; }
+  // Maps the published blocks that hold the full blocks of `tokens` [n] (an empty
+  // cache only; the tokens must be fed afterwards as usual). Returns the number of
+  // blocks mapped.
+  int share_prefix(const int* tokens, int n);
+  // Reserves the blocks needed to grow to n_tokens; false (and nothing reserved) if
+  // the pool cannot promise them.
+  bool reserve(int n_tokens);
+  // Maps the logical blocks that tokens [0, n_tokens) fall in (before a step that
+  // appends from several threads, so that no append allocates).
+  void map_blocks(int n_tokens);
+  // Publishes the blocks whose tokens are all stored, under their prefixes (tokens:
+  // every token fed so far, [n_tokens(0)]); a block identical to one already
+  // published is replaced by it and returned to the pool.
+  void publish(const int* tokens);
+  int blocks_mapped() const { return mapped_; }
+  int blocks_reserved() const { return reservation_; }
+  int blocks_shared() const;  // mapped blocks held by other caches too
 
   // Test access: a stored stream's raw storage (for bit-exact state comparison).
   struct RawStream {
@@ -181,27 +225,33 @@ class KvCache {
 
  private:
   struct StreamStore {
-    StreamFormat fmt;
-    AlignedBuffer<uint8_t> codes, scales, zeros;
-    AlignedBuffer<float> ring;
-    int ring_cap = 0;
-    int ring_shift = 0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
+    StreamLayout lay;
+    uint8_t* codes = nullptr;  // the pool's buffers
+    uint8_t* scales = nullptr;
+    uint8_t* zeros = nullptr;
+    AlignedBuffer<float> ring;  // [H][ring_cap][D], this cache's own
+    int ring_shift =
+        0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
     int n_stored = 0;  // tokens in blocks
     float tensor_scale = 0.0f;
     bool calibrated = false;
     int64_t clamped = 0;
-    size_t head_block_bytes = 0, head_block_params = 0, code_row_bytes = 0, token_stride = 0;
-    size_t shared_params = 0;  // int8/token: one scale per token for all heads, [n_blocks][B]
   };
   struct Layer {
     int n = 0;
-    std::vector<int32_t> block_table;
+    std::vector<int32_t>
+        block_table;  // [n_logical] physical block of each logical one, -1 unmapped
     StreamStore k, v;
-    AlignedBuffer<float> summaries;
+    float* summaries = nullptr;  // the pool's
   };
 
-  void init_stream(StreamStore& s, const StreamFormat& f, Stream which, int n_blocks);
-  static int ring_slot(const StreamStore& s, int pos) { return (pos + s.ring_shift) % s.ring_cap; }
+  void init(bool own);
+  void init_stream(StreamStore& s, BlockPool::StreamStorage& storage);
+  void map_block(int logical, int32_t physical, bool readonly);
+  bool readonly(int pos) const { return readonly_[pos / block_] != 0; }
+  static int ring_slot(const StreamStore& s, int pos) {
+    return (pos + s.ring_shift) % s.lay.ring_cap;
+  }
   StreamView stream_view(const Layer& L, const StreamStore& s, Stream which) const;
   void store_rows(Layer& L, StreamStore& s, int pos, const float* x);  // row formats, one token
   void flush_keys(Layer& L, int first, int count);                     // KIVI keys from ring
@@ -210,11 +260,19 @@ class KvCache {
   uint64_t stream_bytes_used(const StreamStore& s, Stream which, int n) const;
 
   CacheConfig cfg_;
-  int block_ = 0, n_blocks_ = 0, cgroup_ = 0;
+  std::unique_ptr<BlockPool> own_pool_;
+  BlockPool* pool_ = nullptr;
+  int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;
   AlignedBuffer<uint8_t> row_tmp_;  // one packed row, for interleaving value codes
   bool summaries_ = false;
-  std::vector<Layer> layers_;  // [n_layers]; borrowing layers' entries hold no storage
-  std::vector<int> owner_;     // [n_layers] layer_owners(cfg_)
+  std::vector<Layer> layers_;               // [n_layers]; borrowing layers' entries hold no storage
+  std::vector<int> owner_;                  // [n_layers] layer_owners(cfg_)
+  int first_stored_ = 0, last_stored_ = 0;  // layers that store a cache: the first and the last
+  std::vector<uint8_t>
+      readonly_;         // [n_logical] 1: a published block of another sequence's, never written
+  int mapped_ = 0;       // logical blocks [0, mapped_) are mapped
+  int reservation_ = 0;  // blocks reserved in the pool and not yet drawn
+  int published_ = 0;    // logical blocks [0, published_) are published
 };
 
 }  // namespace kivi::kv

@@ -6,17 +6,20 @@
 
 #include "core/error.h"
 #include "core/f16.h"
+#include "io/atomic_file.h"
 #include "io/gguf_writer.h"
 #include "io/llama2c.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kivi::model {
 
-void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16) {
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name,
+                        bool f16) {
   add_llama_metadata(w, c, name, f16 ? 1 : 0);
 }
 
-void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, int file_type) {
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name,
+                        int file_type) {
   w.add_string("general.architecture", "llama");
   w.add_string("general.name", name);
   w.add_u32("general.file_type", static_cast<uint32_t>(file_type));
@@ -74,6 +77,7 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
 ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& tok_path,
                                       const std::string& out, bool f16, const std::string& name,
                                       const std::function<void(uint64_t, uint64_t)>& progress) {
+  io::check_output_is_not_input(out, {in, tok_path}, "-o");
   auto ck = io::read_llama2c(in);
   const auto& h = ck->header;
   const auto tk = tok::Tokenizer::from_llama2c(tok_path, h.vocab_size);
@@ -89,18 +93,30 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
   auto source = [&](const TensorSpec& s) -> const float* {
     const uint64_t l = s.layer < 0 ? 0 : static_cast<uint64_t>(s.layer);
     switch (s.role) {
-      case TensorRole::kTokenEmbd: return ck->token_embd;
-      case TensorRole::kAttnNorm: return ck->rms_att + l * dim;
-      case TensorRole::kAttnQ: return ck->wq + l * dim * dim;
-      case TensorRole::kAttnK: return ck->wk + l * kv * dim;
-      case TensorRole::kAttnV: return ck->wv + l * kv * dim;
-      case TensorRole::kAttnOutput: return ck->wo + l * dim * dim;
-      case TensorRole::kFfnNorm: return ck->rms_ffn + l * dim;
-      case TensorRole::kFfnGate: return ck->w1 + l * hid * dim;
-      case TensorRole::kFfnDown: return ck->w2 + l * dim * hid;
-      case TensorRole::kFfnUp: return ck->w3 + l * hid * dim;
-      case TensorRole::kOutputNorm: return ck->rms_final;
-      case TensorRole::kOutput: return ck->wcls;
+      case TensorRole::kTokenEmbd:
+        return ck->token_embd;
+      case TensorRole::kAttnNorm:
+        return ck->rms_att + l * dim;
+      case TensorRole::kAttnQ:
+        return ck->wq + l * dim * dim;
+      case TensorRole::kAttnK:
+        return ck->wk + l * kv * dim;
+      case TensorRole::kAttnV:
+        return ck->wv + l * kv * dim;
+      case TensorRole::kAttnOutput:
+        return ck->wo + l * dim * dim;
+      case TensorRole::kFfnNorm:
+        return ck->rms_ffn + l * dim;
+      case TensorRole::kFfnGate:
+        return ck->w1 + l * hid * dim;
+      case TensorRole::kFfnDown:
+        return ck->w2 + l * dim * hid;
+      case TensorRole::kFfnUp:
+        return ck->w3 + l * hid * dim;
+      case TensorRole::kOutputNorm:
+        return ck->rms_final;
+      case TensorRole::kOutput:
+        return ck->wcls;
     }
     return nullptr;
   };
@@ -108,7 +124,8 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
   for (const auto& s : specs) {
     const float* p = source(s);
     if (s.is_vector() || !f16) {
-      const std::vector<uint64_t> dims = s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
+      const std::vector<uint64_t> dims =
+          s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
       w.add_tensor(s.name, dims, io::GgmlType::kF32, static_cast<const void*>(p));
     } else {
       w.add_tensor(s.name, {s.cols, s.rows}, io::GgmlType::kF16,

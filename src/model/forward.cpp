@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
+#include "model/finite.h"
 #include "ops/ops.h"
 #include "sparse/sparse_attention.h"
 
@@ -24,7 +25,8 @@ void fill_rope_row(float* row, int64_t pos, int hd, float theta) {
 }
 
 void fill_rope_table(float* table, int ctx, int hd, float theta) {
-  for (int pos = 0; pos < ctx; ++pos) fill_rope_row(table + static_cast<size_t>(pos) * hd, pos, hd, theta);
+  for (int pos = 0; pos < ctx; ++pos)
+    fill_rope_row(table + static_cast<size_t>(pos) * hd, pos, hd, theta);
 }
 
 void apply_rope(float* x, int n_heads, int hd, const float* rope_row) {
@@ -67,7 +69,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (n < 1 || n > st.max_batch) fail("forward: batch of %d tokens (max %d)", n, st.max_batch);
   const int pos0 = cache.n_tokens(0);
   if (pos0 + n > cache.capacity()) {
-    fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n, cache.capacity());
+    fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n,
+         cache.capacity());
   }
   // A layer that reads another layer's cache attends, for token i of the batch, over
   // the owner's cache as it was after token i. Row formats keep that state (a prefix);
@@ -78,15 +81,20 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (sharing && n > 1 && cache.config().has_residual()) {
     const int V = c.vocab_size;
     for (int i = 0; i < n; ++i) {
-      float* out = !logits ? nullptr : all_logits ? logits + static_cast<size_t>(i) * V : i == n - 1 ? logits : nullptr;
+      float* out = !logits      ? nullptr
+                   : all_logits ? logits + static_cast<size_t>(i) * V
+                   : i == n - 1 ? logits
+                                : nullptr;
       forward(m, st, cache, tokens + i, 1, out, false, pool, opt);
     }
     return;
   }
   for (int i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+      fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
     ops::copy_row(w.token_embd, tokens[i], st.x.data() + static_cast<size_t>(i) * dim);
   }
+  check_finite_activations(m, st.x.data(), n, dim, -1, pos0, tokens);
   attn::Params ap;
   ap.n_heads = c.n_heads;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -114,8 +122,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     for (int i = 0; i < n; ++i) {
-      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
-                   L.attn_norm.data(), dim, c.norm_eps);
+      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
+                   st.x.data() + static_cast<size_t>(i) * dim, L.attn_norm.data(), dim, c.norm_eps);
     }
     // A borrowing layer computes only its queries: no K and V projections.
     const bool borrows = cache.borrows(l);
@@ -128,13 +136,15 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       for (int i = 0; i < n; ++i) {
         const float* rr = rows[i];
         apply_rope(st.q.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, rr);
-        if (!pre_rope && !borrows) apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
+        if (!pre_rope && !borrows)
+          apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
       }
     }
     if (!borrows && cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
     for (int i = 0; i < n; ++i) {
       if (!borrows) {
-        cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd, st.v.data() + static_cast<size_t>(i) * kvd);
+        cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd,
+                     st.v.data() + static_cast<size_t>(i) * kvd);
       }
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
       const kv::LayerView view = borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l);
@@ -150,44 +160,51 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     for (int i = 0; i < n; ++i) {
-      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
-                   L.ffn_norm.data(), dim, c.norm_eps);
+      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
+                   st.x.data() + static_cast<size_t>(i) * dim, L.ffn_norm.data(), dim, c.norm_eps);
     }
     ops::matmul(L.w_gate, st.xb.data(), n, st.hb.data(), pool);
     ops::matmul(L.w_up, st.xb.data(), n, st.hb2.data(), pool);
     ops::silu_mul(st.hb.data(), st.hb2.data(), n * hid);
     ops::matmul(L.w_down, st.hb.data(), n, st.xb2.data(), pool);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
+    check_finite_activations(m, st.x.data(), n, dim, l, pos0, tokens);
   }
   if (!logits) return;
   const int first = all_logits ? 0 : n - 1;
   for (int i = first; i < n; ++i) {
-    ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
-                 w.output_norm.data(), dim, c.norm_eps);
+    ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
+                 st.x.data() + static_cast<size_t>(i) * dim, w.output_norm.data(), dim, c.norm_eps);
   }
   ops::matmul(w.output, st.xb.data() + static_cast<size_t>(first) * dim, n - first, logits, pool);
+  check_finite_activations(m, logits, n - first, c.vocab_size, c.n_layers, pos0 + first,
+                           tokens + first);
 }
 
-std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool,
-                                    const std::vector<int>& layer_owner) {
+std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens,
+                                    ThreadPool* pool, const std::vector<int>& layer_owner) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
   const int n = static_cast<int>(tokens.size());
   const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
   const int rep = c.n_heads / c.n_kv_heads;
   if (n < 1 || n > c.ctx) fail("no-cache forward: %d tokens (context %d)", n, c.ctx);
-  std::vector<float> x(static_cast<size_t>(n) * dim), xb(x.size()), xb2(x.size()), q(x.size()), att(x.size());
+  std::vector<float> x(static_cast<size_t>(n) * dim), xb(x.size()), xb2(x.size()), q(x.size()),
+      att(x.size());
   // Keys and values of every layer (a borrowing layer reads its owner's).
   std::vector<std::vector<float>> ks(c.n_layers), vs(c.n_layers);
   std::vector<float> hb(static_cast<size_t>(n) * hid), hb2(hb.size());
   std::vector<float> rope(static_cast<size_t>(n) * hd);
   fill_rope_table(rope.data(), n, hd, c.rope_theta);
   const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
-  for (int i = 0; i < n; ++i) ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
+  for (int i = 0; i < n; ++i)
+    ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
+  check_finite_activations(m, x.data(), n, dim, -1, 0, tokens.data());
   std::vector<double> s(n);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
-    for (int i = 0; i < n; ++i) ops::rmsnorm(&xb[i * dim], &x[i * dim], L.attn_norm.data(), dim, c.norm_eps);
+    for (int i = 0; i < n; ++i)
+      ops::rmsnorm(&xb[i * dim], &x[i * dim], L.attn_norm.data(), dim, c.norm_eps);
     const int owner = layer_owner.empty() ? l : layer_owner[l];
     ops::matmul(L.wq, xb.data(), n, q.data(), pool);
     if (owner == l) {
@@ -201,7 +218,8 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
         apply_rope(&q[i * dim], c.n_heads, hd, &rope[static_cast<size_t>(i) * hd]);
-        if (owner == l) apply_rope(&k[i * kvd], c.n_kv_heads, hd, &rope[static_cast<size_t>(i) * hd]);
+        if (owner == l)
+          apply_rope(&k[i * kvd], c.n_kv_heads, hd, &rope[static_cast<size_t>(i) * hd]);
       }
     }
     // Plain causal attention, in double.
@@ -214,7 +232,8 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
           const float* kt = &k[static_cast<size_t>(t) * kvd + h * hd];
           double dot = 0.0;
           for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * kt[d];
-          s[t] = dot / std::sqrt(static_cast<double>(hd)) + (c.alibi ? static_cast<double>(slopes[hq]) * (t - i) : 0.0);
+          s[t] = dot / std::sqrt(static_cast<double>(hd)) +
+                 (c.alibi ? static_cast<double>(slopes[hq]) * (t - i) : 0.0);
           mx = std::max(mx, s[t]);
         }
         double den = 0.0;
@@ -229,16 +248,20 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     }
     ops::matmul(L.wo, att.data(), n, xb2.data(), pool);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
-    for (int i = 0; i < n; ++i) ops::rmsnorm(&xb[i * dim], &x[i * dim], L.ffn_norm.data(), dim, c.norm_eps);
+    for (int i = 0; i < n; ++i)
+      ops::rmsnorm(&xb[i * dim], &x[i * dim], L.ffn_norm.data(), dim, c.norm_eps);
     ops::matmul(L.w_gate, xb.data(), n, hb.data(), pool);
     ops::matmul(L.w_up, xb.data(), n, hb2.data(), pool);
     ops::silu_mul(hb.data(), hb2.data(), n * hid);
     ops::matmul(L.w_down, hb.data(), n, xb2.data(), pool);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
+    check_finite_activations(m, x.data(), n, dim, l, 0, tokens.data());
   }
   std::vector<float> logits(c.vocab_size);
-  ops::rmsnorm(xb.data(), &x[static_cast<size_t>(n - 1) * dim], w.output_norm.data(), dim, c.norm_eps);
+  ops::rmsnorm(xb.data(), &x[static_cast<size_t>(n - 1) * dim], w.output_norm.data(), dim,
+               c.norm_eps);
   ops::matvec(w.output, xb.data(), logits.data(), pool);
+  check_finite_activations(m, logits.data(), 1, c.vocab_size, c.n_layers, n - 1, &tokens[n - 1]);
   return logits;
 }
 

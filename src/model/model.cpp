@@ -70,8 +70,9 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
 static const quant::TypeInfo* weight_type(const std::string& path, const io::GgufTensor& t) {
   const quant::TypeInfo* ti = t.type_info();
   if (!ti || !ti->weight || !t.data) {
-    fail("%s: tensor '%s' has type %s, which kivi.cpp cannot read as a weight (supported: %s)", path.c_str(),
-         t.name.c_str(), io::ggml_type_name(t.type).c_str(), quant::supported_weight_types());
+    fail("%s: tensor '%s' has type %s, which kivi.cpp cannot read as a weight (supported: %s)",
+         path.c_str(), t.name.c_str(), io::ggml_type_name(t.type).c_str(),
+         quant::supported_weight_types());
   }
   return ti;
 }
@@ -110,8 +111,10 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
   w.output = f32_matrix(ck.wcls, c.vocab_size, dim);
   const std::string tp = tok_path.empty() ? default_tokenizer_path(path) : tok_path;
   if (tp.empty()) {
-    fail("%s: llama2.c checkpoints carry no tokenizer; give one with -t/--tokenizer (looked for "
-         "tok%d.bin and tokenizer.bin beside the model)", path.c_str(), c.vocab_size);
+    fail(
+        "%s: llama2.c checkpoints carry no tokenizer; give one with -t/--tokenizer (looked for "
+        "tok%d.bin and tokenizer.bin beside the model)",
+        path.c_str(), c.vocab_size);
   }
   m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tp, c.vocab_size));
   return m;
@@ -132,40 +135,52 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   c.name = f.get_string_opt("general.name").value_or(path.substr(path.find_last_of('/') + 1));
   auto get_int = [&](const char* key, uint64_t max) -> int {
     const uint64_t v = f.get_uint(key);
-    if (v > max) fail("%s: metadata '%s' = %llu, expected at most %llu", path.c_str(), key, (unsigned long long)v, (unsigned long long)max);
+    if (v > max)
+      fail("%s: metadata '%s' = %llu, expected at most %llu", path.c_str(), key,
+           (unsigned long long)v, (unsigned long long)max);
     return static_cast<int>(v);
   };
   c.dim = get_int("llama.embedding_length", 1 << 20);
   c.hidden_dim = get_int("llama.feed_forward_length", 1 << 22);
   c.n_layers = get_int("llama.block_count", 1 << 16);
   c.n_heads = get_int("llama.attention.head_count", 1 << 16);
-  c.n_kv_heads = f.has("llama.attention.head_count_kv") ? get_int("llama.attention.head_count_kv", 1 << 16) : c.n_heads;
-  c.ctx = get_int("llama.context_length", 1 << 26);
+  c.n_kv_heads = f.has("llama.attention.head_count_kv")
+                     ? get_int("llama.attention.head_count_kv", 1 << 16)
+                     : c.n_heads;
+  c.ctx = get_int("llama.context_length", kMaxContext);
   c.rope_theta = static_cast<float>(f.get_float_opt("llama.rope.freq_base").value_or(10000.0));
-  c.norm_eps = static_cast<float>(f.get_float_opt("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.norm_eps =
+      static_cast<float>(f.get_float_opt("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.synthetic = f.get_bool_opt("kivi.synthetic").value_or(false);
   const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) fail("%s: missing tensor 'token_embd.weight'", path.c_str());
-  if (emb->dims.size() != 2) fail("%s: tensor 'token_embd.weight' has %zu dimensions, expected 2", path.c_str(), emb->dims.size());
+  if (emb->dims.size() != 2)
+    fail("%s: tensor 'token_embd.weight' has %zu dimensions, expected 2", path.c_str(),
+         emb->dims.size());
   if (f.has("llama.vocab_size")) {
     c.vocab_size = get_int("llama.vocab_size", 1 << 22);
   } else if (f.has("tokenizer.ggml.tokens")) {
-    c.vocab_size = static_cast<int>(std::min<uint64_t>(f.array_size("tokenizer.ggml.tokens"), 1u << 23));
+    c.vocab_size =
+        static_cast<int>(std::min<uint64_t>(f.array_size("tokenizer.ggml.tokens"), 1u << 23));
   } else {
     c.vocab_size = static_cast<int>(std::min<uint64_t>(emb->dims[1], 1u << 23));
   }
   c.shared_classifier = f.find_tensor("output.weight") == nullptr;
   c.validate(path);
-  if (auto rd = f.get_uint_opt("llama.rope.dimension_count"); rd && *rd != static_cast<uint64_t>(c.head_dim())) {
-    fail("%s: llama.rope.dimension_count = %llu but the head dimension is %d; partial rotary "
-         "embeddings are not supported", path.c_str(), (unsigned long long)*rd, c.head_dim());
+  if (auto rd = f.get_uint_opt("llama.rope.dimension_count");
+      rd && *rd != static_cast<uint64_t>(c.head_dim())) {
+    fail(
+        "%s: llama.rope.dimension_count = %llu but the head dimension is %d; partial rotary "
+        "embeddings are not supported",
+        path.c_str(), (unsigned long long)*rd, c.head_dim());
   }
 
   const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) -> ops::Matrix {
     const io::GgufTensor* t = f.find_tensor(name);
     if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
-    if (t->dims.size() != 2 || t->dims[0] != static_cast<uint64_t>(cols) || t->dims[1] != static_cast<uint64_t>(rows)) {
+    if (t->dims.size() != 2 || t->dims[0] != static_cast<uint64_t>(cols) ||
+        t->dims[1] != static_cast<uint64_t>(rows)) {
       std::string got;
       for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
       fail("%s: tensor '%s' has shape [%s], expected [%lld, %lld]", path.c_str(), name.c_str(),
@@ -174,7 +189,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     const quant::TypeInfo* ti = weight_type(path, *t);
     const size_t align = ti->type == quant::Type::kF32 ? 4 : quant::is_float(ti->type) ? 2 : 1;
     if (reinterpret_cast<uintptr_t>(t->data) % align != 0) {
-      fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(), ti->name, align);
+      fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(),
+           ti->name, align);
     }
     // In place: the matrix views the mapped file.
     return ops::Matrix{t->data, ti->type, rows, cols};
@@ -183,7 +199,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     const io::GgufTensor* t = f.find_tensor(name);
     if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
     if (t->dims.size() != 1 || t->dims[0] != static_cast<uint64_t>(dim)) {
-      fail("%s: tensor '%s' should be a vector of %lld elements", path.c_str(), name.c_str(), static_cast<long long>(dim));
+      fail("%s: tensor '%s' should be a vector of %lld elements", path.c_str(), name.c_str(),
+           static_cast<long long>(dim));
     }
     std::vector<float> out(dim);
     quant::dequantize_row(weight_type(path, *t)->type, t->data, out.data(), dim);
@@ -209,7 +226,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   w.output = c.shared_classifier ? w.token_embd : matrix("output.weight", vocab, dim);
 
   if (!tok_path.empty()) {
-    m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tok_path, c.vocab_size));
+    m->tok_ =
+        std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tok_path, c.vocab_size));
   } else {
     m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_gguf(f, c.vocab_size));
   }

@@ -26,17 +26,18 @@ struct LayerWeights {
 };
 
 struct Weights {
-  ops::Matrix token_embd;        // [vocab, dim]
+  ops::Matrix token_embd;  // [vocab, dim]
   std::vector<LayerWeights> layers;
   std::vector<float> output_norm;  // [dim]
-  ops::Matrix output;            // [vocab, dim] (== token_embd when tied)
+  ops::Matrix output;              // [vocab, dim] (== token_embd when tied)
 };
 
 class Model {
  public:
   // Loads a llama2.c checkpoint (tokenizer from `tokenizer_path`) or a GGUF file
   // (tokenizer from its metadata unless `tokenizer_path` is given). Throws kivi::Error.
-  static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+  static std::unique_ptr<Model> load(const std::string& path,
+                                     const std::string& tokenizer_path = "");
 
   const ModelConfig& config() const { return cfg_; }
   ModelConfig& mutable_config() { return cfg_; }

@@ -21,13 +21,18 @@ static ModelConfig shape(int layers, int dim, int heads, int kv_heads, int ffn, 
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
-      {"llama-3.2-1b", "Llama-3.2-1B shape: 16 layers, dim 2048, 32 heads, 8 KV heads, ffn 8192, vocab 128256",
+      {"llama-3.2-1b",
+       "Llama-3.2-1B shape: 16 layers, dim 2048, 32 heads, 8 KV heads, ffn 8192, vocab 128256",
        shape(16, 2048, 32, 8, 8192, 128256, 131072, 500000.0f, true)},
-      {"llama-2-7b", "Llama-2-7B shape: 32 layers, dim 4096, 32 heads, 32 KV heads, ffn 11008, vocab 32000",
+      {"llama-2-7b",
+       "Llama-2-7B shape: 32 layers, dim 4096, 32 heads, 32 KV heads, ffn 11008, vocab 32000",
        shape(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false)},
-      {"llama-3-8b", "Llama-3-8B shape: 32 layers, dim 4096, 32 heads, 8 KV heads, ffn 14336, vocab 128256",
+      {"llama-3-8b",
+       "Llama-3-8B shape: 32 layers, dim 4096, 32 heads, 8 KV heads, ffn 14336, vocab 128256",
        shape(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, false)},
-      {"tiny", "small GQA shape that builds in seconds: 4 layers, dim 256, 8 heads, 2 KV heads, ffn 688, vocab 512",
+      {"tiny",
+       "small GQA shape that builds in seconds: 4 layers, dim 256, 8 heads, 2 KV heads, ffn 688, "
+       "vocab 512",
        shape(4, 256, 8, 2, 688, 512, 4096, 10000.0f, true)},
   };
   return p;

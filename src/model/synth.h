@@ -36,14 +36,16 @@
 
 namespace kivi::io {
 class GgufWriter;
-}
+class AtomicFile;
+}  // namespace kivi::io
 
 namespace kivi::model {
 
 struct SynthSpec {
   ModelConfig config;  // shape, context length, RoPE theta, tied or separate classifier
   std::string label;   // preset name or shape description, for general.name
-  std::string outtype = "f16";  // matrix storage, a quant/mix.h file type (norm vectors are always F32)
+  std::string outtype =
+      "f16";  // matrix storage, a quant/mix.h file type (norm vectors are always F32)
   uint64_t seed = 0;
   // Writes the tokenizer metadata instead of the generated SentencePiece vocabulary
   // (synth_tokenizer.h), and the bytes it takes.
@@ -82,7 +84,8 @@ tok::Tokenizer synthetic_tokenizer(int vocab_size);
 // Elements [first, first + count) of the matrix with index `tensor` in
 // llama_tensor_specs order, in F16 (or F32): exactly what the file holds, whatever the
 // chunking. (Other output types quantize the F32 values.)
-void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16, void* dst);
+void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16,
+                         void* dst);
 
 // general.name of a synthetic file: "synthetic <label>, random weights".
 std::string synthetic_name(const std::string& label);
@@ -95,6 +98,9 @@ struct SynthResult {
 // Writes the file, streaming (the tensor data is generated in chunks as it is written,
 // never held whole). `progress(bytes_written, total)` is optional. Throws kivi::Error.
 SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
+                                 const std::function<void(uint64_t, uint64_t)>& progress = {});
+// The same into an output the caller opened (and commits).
+SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
                                  const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 }  // namespace kivi::model

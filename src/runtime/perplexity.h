@@ -11,10 +11,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/session.h"
+
+namespace kivi::io {
+class AtomicFile;
+}
 
 namespace kivi::runtime {
 
@@ -45,28 +50,37 @@ void log_softmax(const float* logits, float* out, int n);
 // FNV-1a 64-bit hash of token ids (identifies a text's tokenization).
 uint64_t hash_tokens(const std::vector<int>& tokens);
 
+// Identifies a model for --kld-base: FNV-1a over its shape (layers, dim, FFN, heads,
+// KV heads, vocabulary, context length, ALiBi or not) and the f32 values of its first
+// attention norm and its output norm, which every conversion (llama2.c, GGUF f32 or f16)
+// keeps as they are.
+uint64_t model_fingerprint(const model::Model& m);
+
 // A file of log-probabilities, for comparing runs (--save-logits / --kld-base):
-//   header (little-endian): char magic[8] = "KIVILP1\0", u32 vocab, u32 ctx,
-//                           u64 n_tokens (scored), u64 token_hash (hash_tokens of the text)
+//   header (little-endian): char magic[8] = "KIVILP2\0", u32 vocab, u32 ctx,
+//                           u64 n_tokens (scored), u64 token_hash (hash_tokens of the text),
+//                           u64 model (model_fingerprint)
 //   body: for each scored token: u32 token id, then f32 log-probabilities [vocab]
+// The writer goes through a temporary file renamed into place by close().
 class LogprobWriter {
  public:
-  LogprobWriter(const std::string& path, int vocab, int ctx, int64_t n_tokens, uint64_t token_hash);
-  ~LogprobWriter();
+  LogprobWriter(const std::string& path, int vocab, int ctx, int64_t n_tokens, uint64_t token_hash,
+                uint64_t model);
+  ~LogprobWriter();  // without close(), the temporary file is removed
   void write(int token, const float* logprobs);
   void close();
 
  private:
-  std::string path_;
-  void* f_ = nullptr;
+  std::unique_ptr<io::AtomicFile> file_;
   int vocab_;
 };
 
 class LogprobReader {
  public:
-  // Throws naming what differs if the file was written for another vocabulary, token
-  // count or text.
-  LogprobReader(const std::string& path, int vocab, int64_t n_tokens, uint64_t token_hash);
+  // Throws naming what differs if the file was written for another model or vocabulary,
+  // another context length, or another text (token count or hash).
+  LogprobReader(const std::string& path, int vocab, int ctx, int64_t n_tokens, uint64_t token_hash,
+                uint64_t model);
   ~LogprobReader();
   // Reads the next record; returns its token id.
   int read(float* logprobs);
@@ -80,7 +94,7 @@ class LogprobReader {
 // KL divergence statistics of a run against a saved base.
 struct KldStats {
   double mean = 0, median = 0, p99 = 0, max = 0;
-  double top1_agree = 0;      // percent of tokens whose argmax matches the base
+  double top1_agree = 0;        // percent of tokens whose argmax matches the base
   int64_t first_disagree = -1;  // index of the first scored token whose argmax differs
   int64_t tokens = 0;
 };

@@ -15,10 +15,17 @@ int argmax(const float* x, int n) {
   return best;
 }
 
+void check_sampler_options(const SamplerOptions& o) {
+  if (!(o.temperature >= 0.0f) || o.temperature > 100.0f) {
+    fail("--temp = %g is out of range (valid: 0 to 100)", o.temperature);
+  }
+  if (o.top_k < 0) fail("--top-k = %d is out of range (valid: 0 or more)", o.top_k);
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
+    fail("--top-p = %g is out of range (valid: greater than 0, up to 1)", o.top_p);
+}
+
 Sampler::Sampler(const SamplerOptions& o, int vocab) : o_(o), rng_(o.seed) {
-  if (!(o.temperature >= 0.0f) || o.temperature > 100.0f) fail("--temp = %g, expected 0 to 100", o.temperature);
-  if (o.top_k < 0) fail("--top-k = %d, expected >= 0", o.top_k);
-  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail("--top-p = %g, expected in (0, 1]", o.top_p);
+  check_sampler_options(o);
   cand_.resize(vocab);
   probs_.resize(vocab);
 }

@@ -16,6 +16,10 @@ struct SamplerOptions {
   uint64_t seed = 0;
 };
 
+// Throws kivi::Error for a temperature outside [0, 100], a negative top-k or a top-p
+// outside (0, 1], in the words of the CLI's range errors.
+void check_sampler_options(const SamplerOptions& o);
+
 class Sampler {
  public:
   explicit Sampler(const SamplerOptions& o, int vocab);

@@ -124,6 +124,20 @@ def write_bpe(folder):
                 "hello world  12345 \u00e9\U0001F600 <|c|><u>\n\n".encode() + b"\xff\xe2\x82")
 
 
+def write_openai(folder):
+    """fuzz_openai_request seeds: byte 0 picks the endpoint (0 completions, 1 chat)."""
+    seeds = [
+        (0, {"model": "m", "prompt": "a the", "max_tokens": 5, "temperature": 0.5, "stop": ["\n", "User:"]}),
+        (0, {"prompt": [1, 200, 40], "stream": True, "stream_options": {"include_usage": True}, "seed": 7}),
+        (1, {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+                          {"role": "assistant", "content": [{"type": "text", "text": "b"}]},
+                          {"role": "user", "content": "c"}], "max_completion_tokens": 9, "top_p": 0.9}),
+    ]
+    for i, (endpoint, body) in enumerate(seeds):
+        with open(os.path.join(folder, f"req{i}.bin"), "wb") as f:
+            f.write(bytes([endpoint]) + json.dumps(body).encode())
+
+
 def main():
     out = sys.argv[1]
     for sub in ("gguf", "llama2c", "tokenizer"):
@@ -134,6 +148,8 @@ def main():
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
     write_bpe(os.path.join(out, "bpe"))
+    os.makedirs(os.path.join(out, "openai_request"), exist_ok=True)
+    write_openai(os.path.join(out, "openai_request"))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,21 @@ Besides the short built-in prompts, a long prompt (the first --long-chars charac
 of the text file, 509 tokens with the default files) checks late RoPE positions; it is
 run in prefill and stream modes only, because the engine's no-cache mode recomputes
 every prefix and takes ~20 s there (--long-no-cache adds it; --long-chars 0 skips it).
+
+KV cache formats (--kv, on by default): for each configuration of KV_CONFIGS the long
+prompt runs through the engine in stream mode with that cache, and through the reference
+with the same fake quantization (llama_ref.forward_chunk with a KVSpec). Two checks:
+  * the format's effect: per position, max |logits(format) - logits(f32)|, its median
+    over positions in the engine divided by the same in the reference must lie within
+    --effect-tol (default 5%) of 1 (measured: 0.992 for f16, 1.000 +- 0.003 for the rest).
+    An engine that silently kept f32 for a format scores 0; the perplexity tolerance
+    (0.5%) is larger than the whole effect of f16, int8, kivi8 and kivi4 with R = 128.
+  * for the configurations marked stable (4- and 2-bit KIVI with a 128-token residual
+    window: their codes are far from rounding boundaries), every position's logits within
+    --kv-tol (default 3e-4; measured worst 1.0e-4). The others are chaotic at this level:
+    in the reference alone, rounding K and V through float32 before float16, or a 1e-7
+    relative perturbation, moves the f16 logits by up to 2e-2, because a code that lands
+    on the other side of a rounding boundary changes an element by a whole step.
 Exit status 0 when everything agrees, 1 otherwise.
 """
 
@@ -35,14 +50,72 @@ DEFAULT_PROMPTS = [
 ]
 MODES = ("prefill", "stream", "no-cache")
 
+# (configuration, stable): configurations in tests/reference/check_perplexity.py syntax.
+KV_CONFIGS = [
+    ("kv=f16", False),
+    ("kv=int8,gran=token", False),
+    ("kv=int8,gran=head", False),
+    ("kv=int8,gran=group", False),
+    ("kv=int8,gran=tensor", False),
+    ("kv=int8,gran=head,scale=f32", False),
+    ("kv=kivi8", False),
+    ("kv=kivi4", True),
+    ("kv=kivi4,scale=f32", True),
+    ("kv=kivi4,G=64", True),
+    ("kv=kivi4,R=0", False),
+    ("kv=kivi2", True),
+    ("kv=kivi2,scale=f32", True),
+    ("kv=kivi2,G=64,flush=group", True),
+    ("kv=kivi2,R=0", False),
+    ("k=kivi4,v=kivi2", True),
+    ("k=int8,v=kivi4", False),
+    ("k=f16,v=kivi2", False),
+]
 
-def run_engine(kivi, model, tokenizer, prompt, mode):
-    cmd = [kivi, "logits", "-m", model, "-t", tokenizer, "-p", prompt, "--mode", mode, "--json"]
+
+def run_engine(kivi, model, tokenizer, prompt, mode, extra=()):
+    cmd = [kivi, "logits", "-m", model, "-t", tokenizer, "-p", prompt, "--mode", mode, "--json", *extra]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if r.returncode != 0:
         raise RuntimeError("engine failed (exit %d): %s\n%s"
                            % (r.returncode, " ".join(cmd), r.stderr.decode(errors="replace")))
     return json.loads(r.stdout.decode("utf-8"))
+
+
+def check_kv_formats(a, model, tok, prompt, failures):
+    """The KV-format checks described in the module doc; appends to failures."""
+    import check_perplexity as cp  # the configuration syntax and engine options
+    ids = tok.encode(prompt, bos=True)
+    ref_f32 = ref.forward_logits(model, ids)
+    eng_f32 = np.asarray(run_engine(a.kivi, a.model, a.tokenizer, prompt, "stream", ["--threads", "1"])["logits"])
+    print("\n%-44s %10s %10s %8s %12s %9s" % ("KV configuration (stream, %d tokens)" % len(ids), "ref effect",
+                                              "eng effect", "ratio", "max|diff|", "tolerance"))
+    for cfg, stable in KV_CONFIGS:
+        spec = cp.parse_config(cfg)
+        name = cp.canonical(spec)
+        want = ref.forward_chunk(model, ids, spec)
+        try:
+            got = np.asarray(run_engine(a.kivi, a.model, a.tokenizer, prompt, "stream",
+                                        ["--threads", "1"] + cp.engine_args(spec))["logits"])
+        except Exception as e:
+            failures.append("%s: %s" % (name, e))
+            print("%-44s ERROR %s" % (name, str(e).splitlines()[0]))
+            continue
+        eff_r = float(np.median(np.abs(want - ref_f32).max(axis=1)))
+        eff_e = float(np.median(np.abs(got - eng_f32).max(axis=1)))
+        ratio = eff_e / eff_r if eff_r > 0 else float("nan")
+        err = np.abs(got - want).max(axis=1)
+        worst = int(err.argmax())
+        problems = []
+        if not abs(ratio - 1.0) <= a.effect_tol:
+            problems.append("effect ratio %.3f outside 1 +- %.2f" % (ratio, a.effect_tol))
+        if stable and err[worst] > a.kv_tol:
+            problems.append("max |diff| %.2e at position %d exceeds %.1e" % (err[worst], worst, a.kv_tol))
+        print("%-44s %10.3e %10.3e %8.3f %12.3e %9s%s"
+              % (name, eff_r, eff_e, ratio, err[worst], "%.0e" % a.kv_tol if stable else "chaotic",
+                 "  FAIL" if problems else ""))
+        for p in problems:
+            failures.append("%s: %s" % (name, p))
 
 
 def main():
@@ -56,6 +129,11 @@ def main():
                     help="length of the long prompt in characters (0: none; default 1130)")
     ap.add_argument("--long-no-cache", action="store_true",
                     help="also run the long prompt in no-cache mode (slow)")
+    ap.add_argument("--no-kv", action="store_true", help="skip the KV-format checks")
+    ap.add_argument("--kv-tol", type=float, default=3e-4,
+                    help="max |logit difference| for the stable KV configurations (default 3e-4)")
+    ap.add_argument("--effect-tol", type=float, default=0.05,
+                    help="allowed |engine effect / reference effect - 1| per KV configuration (default 0.05)")
     a = ref.resolve_paths(ap.parse_args())
 
     model = ref.load_model(a.model)
@@ -106,13 +184,17 @@ def main():
                 bad = np.nonzero(per_pos > a.tol)[0]
                 failures.append("%s %r: max |diff| %.3e at position %d exceeds %.1e (%d positions over)"
                                 % (mode, prompt, per_pos[worst], worst, a.tol, bad.size))
+    if not a.no_kv and not a.prompt and a.long_chars > 0:
+        check_kv_formats(a, model, tok, ref.read_text(a.text)[:a.long_chars], failures)
     print("time %.1f s" % (time.time() - t0))
     if failures:
         print("\nFAILED (%d):" % len(failures))
         for f in failures:
             print("  " + f)
         return 1
-    print("OK: token ids identical and all logits within %.1e" % a.tol)
+    print("OK: token ids identical and all logits within %.1e%s" % (
+        a.tol, "" if a.no_kv or a.prompt or a.long_chars <= 0 else
+        "; every KV format's effect within %.0f%% of the reference's" % (100 * a.effect_tol)))
     return 0
 
 

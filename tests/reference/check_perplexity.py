@@ -26,10 +26,18 @@ Unlisted keys take the defaults (G=32, R=128, flush=batch, scale=f16, gran=head)
 e.g. "kv=kivi2,G=64,R=0,flush=group" or "k=int8,v=kivi4,gran=tensor".
 --list prints the default list; --quick runs a handful of configurations.
 
-The "effect" column (informational, never a failure) is the engine's quantization effect
-over the reference's: (mean_nll - mean_nll[f32]) of the engine divided by the same for the
-reference, shown when kv=f32 is among the configurations. It should be close to 1; it is
-more sensitive than the ppl tolerance for mild formats whose whole effect is below 0.5%.
+The "effect" column is the engine's quantization effect over the reference's:
+(mean_nll - mean_nll[f32]) of the engine divided by the same for the reference, shown when
+kv=f32 is among the configurations (kv=f32,rope=pre for keys stored before RoPE). It is more sensitive than the ppl tolerance for mild
+formats whose whole effect is below 0.5% (an engine that silently kept f32 for f16 passes
+the 0.5% tolerance with effect 0). Where the reference's effect is at least 5e-5 nats per
+token, an effect outside 1 +- --effect-tol (default 0.5) is a failure; below that it is
+shown only: the engine and the reference differ by up to ~5e-5 nats in float rounding
+alone, so smaller effects (kivi8; f16 with keys before RoPE, 2e-5) have no stable ratio. Measured on tinytales: 0.79 to 1.06 for
+the mild formats (int8 with f32 scales, whose effect is 2.7e-4 nats, is lowest: the
+engine-reference difference of ~5e-5 nats is a fifth of it), 1.000 +- 0.012 for the rest.
+tests/reference/check_logits.py compares the effects per position, for every format, at
+5%.
 Exit status 0 when everything agrees, 1 otherwise.
 """
 
@@ -73,7 +81,7 @@ def default_configs():
           "kv=kivi2,G=64,R=128,flush=group,scale=f32"]
     c += ["k=kivi4,v=kivi2", "k=kivi2,v=kivi4,R=32,flush=group", "k=int8,v=kivi4",
           "k=int8,v=kivi2,gran=tensor,R=0", "k=f16,v=kivi2", "k=kivi2,v=f16,G=64,R=0"]
-    c += ["kv=f16,rope=pre", "kv=int8,rope=pre", "kv=kivi4,rope=pre", "kv=kivi2,R=32,rope=pre",
+    c += ["kv=f32,rope=pre", "kv=f16,rope=pre", "kv=int8,rope=pre", "kv=kivi4,rope=pre", "kv=kivi2,R=32,rope=pre",
           "kv=kivi2,R=128,rope=pre", "kv=kivi2,G=64,R=0,flush=group,rope=pre"]
     return c
 
@@ -215,6 +223,8 @@ def main():
     ap.add_argument("--noise-runs", type=int, default=0, metavar="N",
                     help="N perturbed reference runs per quantized configuration to measure its "
                          "numerical spread; tolerance becomes max(tol, 2 x spread)")
+    ap.add_argument("--effect-tol", type=float, default=0.5,
+                    help="allowed |effect - 1| where the reference's effect is >= 5e-5 nats (default 0.5)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ref.resolve_paths(ap.parse_args())
 
@@ -263,13 +273,17 @@ def main():
     # Quantization effect, for information: (mean_nll - mean_nll of f32), engine over
     # reference. The pass/fail tolerances are larger than the whole effect of the mild
     # formats (f16, int8, kivi8, often kivi4), so this ratio shows more than the check.
-    base_r = base_e = None
-    if "kv=f32" in names:
-        i = names.index("kv=f32")
-        base_r = refs[i]["mean_nll"]
-        e = engine.get("kv=f32")
-        if e and "error" not in e and "mean_nll" in e:
-            base_e = float(e["mean_nll"])
+    # Keys stored before RoPE are measured against f32 with keys before RoPE: the engine
+    # rotates them in float inside attention, a rounding of its own that is not the format's.
+    bases = {}
+    for key, base_name in (("post", "kv=f32"), ("pre", "kv=f32,rope=pre")):
+        base_r = base_e = None
+        if base_name in names:
+            base_r = refs[names.index(base_name)]["mean_nll"]
+            e = engine.get(base_name)
+            if e and "error" not in e and "mean_nll" in e:
+                base_e = float(e["mean_nll"])
+        bases[key] = (base_r, base_e)
 
     rows, failures = [], []
     hdr = "%-48s %6s %12s %12s %10s %6s %7s" % ("config", "tokens", "engine ppl", "ref ppl",
@@ -317,20 +331,27 @@ def main():
                         "engine_nll_stderr": e.get("nll_stderr"), "engine_tokens": e.get("tokens"),
                         "rel_diff": rel, "engine_seconds": round(e["_seconds"], 3)})
             effect = "-"
+            base_r, base_e = bases["pre" if ",rope=pre" in n else "post"]
             if base_e is not None and base_r is not None and "mean_nll" in e:
                 d_r = r["mean_nll"] - base_r
-                if abs(d_r) > 1e-5:
-                    row["effect_ratio"] = (float(e["mean_nll"]) - base_e) / d_r
-                    effect = "%.3f" % row["effect_ratio"]
+                if abs(d_r) > 1e-7:
+                    ratio = (float(e["mean_nll"]) - base_e) / d_r
+                    effect = "%.3f" % ratio
+                    if abs(d_r) >= 5e-5:
+                        row["effect_ratio"] = ratio
+                    else:
+                        row["effect_ratio_shown"] = ratio
             ok_tok = int(e.get("tokens", -1)) == r["tokens"]
-            ok = ok_tok and abs(rel) <= tol
+            ok_eff = "effect_ratio" not in row or abs(row["effect_ratio"] - 1.0) <= a.effect_tol
+            ok = ok_tok and abs(rel) <= tol and ok_eff
             status = "ok" if ok else ("FAIL tokens %s != %d" % (e.get("tokens"), r["tokens"]) if not ok_tok
-                                      else "FAIL")
+                                      else "FAIL effect" if not ok_eff else "FAIL")
             if ok and tol > a.tol_quant and (s.k_format, s.v_format) != ("f32", "f32"):
                 status = "ok (chaotic)" if not a.noise_runs else "ok (noise)"
             if not ok:
-                failures.append("%s: %s (engine %.6f, reference %.6f, rel %+.4f%%, tol %.2f%%)"
-                                % (n, status, ppl, r["ppl"], 100 * rel, 100 * tol))
+                failures.append("%s: %s (engine %.6f, reference %.6f, rel %+.4f%%, tol %.2f%%, effect %s, "
+                                "effect tol %.2f)" % (n, status, ppl, r["ppl"], 100 * rel, 100 * tol, effect,
+                                                      a.effect_tol))
             print("%-48s %6d %12.6f %12.6f %+9.4f%% %6s %7s%s  %s"
                   % (n, r["tokens"], ppl, r["ppl"], 100 * rel, tol_txt, effect, noise_txt, status),
                   file=log)

@@ -1,0 +1,206 @@
+#include "kv/block_pool.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "kv/codec.h"
+
+namespace kivi::kv {
+
+StreamLayout stream_layout(const CacheConfig& c, Stream which) {
+  const StreamFormat& f = which == Stream::kKey ? c.k : c.v;
+  const size_t D = c.head_dim, B = c.block(), cg = c.channel_group();
+  StreamLayout s;
+  s.fmt = f;
+  if (!is_kivi(f.format)) {
+    const size_t eb = f.format == Format::kF32 ? 4 : f.format == Format::kF16 ? 2 : 1;
+    s.code_row_bytes = D * eb;
+    s.token_stride = D * eb;
+    if (f.format == Format::kInt8) {
+      switch (f.granularity) {
+        case Int8Granularity::kTensor:
+          break;
+        case Int8Granularity::kToken:
+          s.shared_params = B;
+          break;
+        case Int8Granularity::kHead:
+          s.head_block_params = B;
+          break;
+        case Int8Granularity::kGroup:
+          s.head_block_params = B * (D / cg);
+          break;
+      }
+    }
+  } else {
+    s.code_row_bytes = packed_row_bytes(static_cast<int>(D), format_bits(f.format));
+    s.token_stride = s.code_row_bytes;
+    s.head_block_params = which == Stream::kKey ? (B / c.group_size) * D : B * (D / cg);
+    s.ring_cap = which == Stream::kKey ? key_ring_capacity(c) : value_ring_capacity(c);
+  }
+  s.head_block_bytes = B * s.code_row_bytes;
+  return s;
+}
+
+static uint64_t stream_block_bytes(const CacheConfig& c, const StreamLayout& s) {
+  const uint64_t H = c.n_kv_heads;
+  const uint64_t params = (H * s.head_block_params + s.shared_params) * param_size(c.param_type);
+  return H * s.head_block_bytes + params * (is_kivi(s.fmt.format) ? 2 : 1);
+}
+
+uint64_t BlockPool::bytes_per_block(const CacheConfig& c, bool block_summaries) {
+  uint64_t per_layer = stream_block_bytes(c, stream_layout(c, Stream::kKey)) +
+                       stream_block_bytes(c, stream_layout(c, Stream::kValue));
+  if (block_summaries)
+    per_layer += static_cast<uint64_t>(c.n_kv_heads) * 2 * c.head_dim * sizeof(float);
+  return per_layer * static_cast<uint64_t>(stored_layers(c));
+}
+
+BlockPool::BlockPool(const CacheConfig& config, int n_blocks, bool block_summaries)
+    : cfg_(config), n_blocks_(n_blocks), summaries_(block_summaries) {
+  if (cfg_.ctx < 1) cfg_.ctx = std::max(1, n_blocks) * cfg_.block();
+  cfg_.validate();
+  if (n_blocks < 1) fail("KV pool: %d blocks, expected at least 1", n_blocks);
+  block_ = cfg_.block();
+  block_bytes_ = bytes_per_block(cfg_, summaries_);
+  const bool tensor_scaled =
+      (cfg_.k.format == Format::kInt8 && cfg_.k.granularity == Int8Granularity::kTensor) ||
+      (cfg_.v.format == Format::kInt8 && cfg_.v.granularity == Int8Granularity::kTensor);
+  sharing_ = !tensor_scaled && !summaries_;
+  const size_t H = cfg_.n_kv_heads, nb = n_blocks_, ps = param_size(cfg_.param_type);
+  layers_.resize(cfg_.n_layers);
+  const std::vector<int> owners = layer_owners(cfg_);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owners[l] != l) continue;  // a layer that reads another's cache stores nothing
+    LayerStorage& L = layers_[l];
+    for (Stream which : {Stream::kKey, Stream::kValue}) {
+      StreamStorage& s = which == Stream::kKey ? L.k : L.v;
+      s.layout = stream_layout(cfg_, which);
+      // Not zeroed here: allocate() zeroes each block when it hands it out, so a large
+      // pool commits memory only as sequences use it.
+      s.codes.reset(s.layout.head_block_bytes * nb * H, false);
+      const size_t np = s.layout.head_block_params * nb * H + s.layout.shared_params * nb;
+      s.scales.reset(np * ps, false);
+      if (is_kivi(s.layout.fmt.format)) s.zeros.reset(np * ps, false);
+    }
+    if (summaries_) L.summaries.reset(nb * H * 2 * cfg_.head_dim, false);
+  }
+  free_.resize(n_blocks_);
+  for (int i = 0; i < n_blocks_; ++i) free_[i] = n_blocks_ - 1 - i;  // block 0 on top
+  refs_.assign(n_blocks_, 0);
+  keys_.resize(n_blocks_);
+}
+
+uint64_t BlockPool::bytes_reserved() const {
+  uint64_t t = 0;
+  for (const auto& L : layers_) {
+    for (const StreamStorage* s : {&L.k, &L.v})
+      t += s->codes.bytes() + s->scales.bytes() + s->zeros.bytes();
+    t += L.summaries.bytes();
+  }
+  return t;
+}
+
+void BlockPool::zero_block(int32_t b) {
+  const size_t H = cfg_.n_kv_heads, nb = n_blocks_, D = cfg_.head_dim,
+               ps = param_size(cfg_.param_type);
+  for (auto& L : layers_) {
+    if (L.k.codes.size() == 0) continue;  // stores nothing
+    for (StreamStorage* s : {&L.k, &L.v}) {
+      const StreamLayout& lay = s->layout;
+      for (size_t h = 0; h < H; ++h) {
+        const size_t hb = h * nb + static_cast<size_t>(b);
+        std::memset(s->codes.data() + hb * lay.head_block_bytes, 0, lay.head_block_bytes);
+        if (lay.head_block_params) {
+          std::memset(s->scales.data() + hb * lay.head_block_params * ps, 0,
+                      lay.head_block_params * ps);
+          if (s->zeros.size())
+            std::memset(s->zeros.data() + hb * lay.head_block_params * ps, 0,
+                        lay.head_block_params * ps);
+        }
+      }
+      if (lay.shared_params) {
+        const size_t base =
+            H * nb * lay.head_block_params + static_cast<size_t>(b) * lay.shared_params;
+        std::memset(s->scales.data() + base * ps, 0, lay.shared_params * ps);
+      }
+    }
+    if (summaries_) {
+      float* sm = L.summaries.data() + static_cast<size_t>(b) * H * 2 * D;
+      for (size_t h = 0; h < H; ++h, sm += 2 * D) {
+        std::fill(sm, sm + D, std::numeric_limits<float>::infinity());
+        std::fill(sm + D, sm + 2 * D, -std::numeric_limits<float>::infinity());
+      }
+    }
+  }
+}
+
+bool BlockPool::try_reserve(int n) {
+  if (n < 0 || n > available_blocks()) return false;
+  reserved_ += n;
+  return true;
+}
+
+void BlockPool::unreserve(int n) {
+  if (n < 0 || n > reserved_) fail("KV pool: unreserving %d blocks, %d reserved", n, reserved_);
+  reserved_ -= n;
+}
+
+int32_t BlockPool::allocate(bool reserved) {
+  if (reserved) {
+    if (reserved_ < 1) fail("KV pool: allocation from a reservation, but none is held");
+    --reserved_;
+  } else if (available_blocks() < 1) {
+    fail("KV pool exhausted: %d blocks of %d tokens, %d free, %d of them reserved", n_blocks_,
+         block_, free_blocks(), reserved_);
+  }
+  const int32_t b = free_.back();
+  free_.pop_back();
+  refs_[b] = 1;
+  zero_block(b);
+  return b;
+}
+
+void BlockPool::retain(int32_t b) {
+  if (refs_[b] < 1) fail("KV pool: block %d retained while free", b);
+  if (refs_[b]++ == 1) ++shared_;
+}
+
+void BlockPool::release(int32_t b) {
+  if (refs_[b] < 1) fail("KV pool: block %d released while free", b);
+  if (--refs_[b] == 1) --shared_;
+  if (refs_[b] > 0) return;
+  if (!keys_[b].empty()) {
+    index_.erase(keys_[b]);
+    keys_[b].clear();
+  }
+  free_.push_back(b);
+}
+
+std::string BlockPool::key(int32_t parent, const int* tokens) const {
+  std::string k(sizeof(int32_t) * (1 + static_cast<size_t>(block_)), '\0');
+  std::memcpy(k.data(), &parent, sizeof(int32_t));
+  std::memcpy(k.data() + sizeof(int32_t), tokens, sizeof(int32_t) * block_);
+  return k;
+}
+
+int32_t BlockPool::find(int32_t parent, const int* tokens) const {
+  if (!sharing_) return -1;
+  const auto it = index_.find(key(parent, tokens));
+  return it == index_.end() ? -1 : it->second;
+}
+
+int32_t BlockPool::publish(int32_t parent, const int* tokens, int32_t block) {
+  if (!sharing_) return block;
+  if (refs_[block] < 1) fail("KV pool: publishing free block %d", block);
+  std::string k = key(parent, tokens);
+  const auto it = index_.find(k);
+  if (it != index_.end()) return it->second;
+  if (!keys_[block].empty()) return block;  // already published under another prefix
+  keys_[block] = k;
+  index_.emplace(std::move(k), block);
+  return block;
+}
+
+}  // namespace kivi::kv

@@ -1,0 +1,182 @@
+#include "model/forward_batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "core/timer.h"
+#include "ops/ops.h"
+
+namespace kivi::model {
+
+BatchForward::BatchForward(const ModelConfig& c, int max_rows, int max_seqs, int ctx, int n_threads,
+                           int kv_block)
+    : max_seqs_(std::max(1, max_seqs)),
+      ctx_(ctx),
+      st_(c, std::max(1, max_rows), ctx, n_threads, kv_block),
+      first_row_(max_seqs_ + 1),
+      pos0_(max_seqs_),
+      last_(static_cast<size_t>(max_seqs_) * c.dim),
+      logits_(static_cast<size_t>(max_seqs_) * c.vocab_size) {
+  worker_ws_.reserve(std::max(1, n_threads));
+  for (int t = 0; t < std::max(1, n_threads); ++t) {
+    worker_ws_.emplace_back(1, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx);
+  }
+}
+
+void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int n_seqs,
+                          ThreadPool* pool, const attn::Params& ap, bool per_sequence) {
+  const ModelConfig& c = m.config();
+  const int dim = c.dim, kvd = c.kv_dim();
+  // One sequence's rows in order: append the token, then attend over the cache as it
+  // stands (what model::forward does for a chunk of one sequence).
+  // A layer that reads another layer's cache appends nothing and attends, for each row,
+  // over the owner's cache as it was after that row's token.
+  auto run_seq = [&](int s, ThreadPool* inner, attn::Workspace& ws) {
+    kv::KvCache& cache = *seqs[s].cache;
+    const int r0 = first_row_[s], n = seqs[s].n;
+    const bool borrows = cache.borrows(l);
+    if (!borrows && cache.n_tokens(l) == 0) {
+      cache.calibrate(l, st_.k.data() + static_cast<size_t>(r0) * kvd,
+                      st_.v.data() + static_cast<size_t>(r0) * kvd, n);
+    }
+    for (int i = 0; i < n; ++i) {
+      const size_t r = static_cast<size_t>(r0 + i);
+      if (!borrows) cache.append(l, st_.k.data() + r * kvd, st_.v.data() + r * kvd);
+      attn::decode(borrows ? cache.view_prefix(l, pos0_[s] + i + 1) : cache.view(l),
+                   st_.q.data() + r * dim, st_.att.data() + r * dim, ap, inner, ws);
+    }
+  };
+  if (per_sequence) {
+    pool->run(n_seqs, [&](int s, int thread) { run_seq(s, nullptr, worker_ws_[thread]); });
+  } else {
+    for (int s = 0; s < n_seqs; ++s) run_seq(s, pool, st_.ws);
+  }
+}
+
+void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, ThreadPool* pool,
+                       const ForwardOptions& opt) {
+  const ModelConfig& c = m.config();
+  const Weights& w = m.weights();
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  if (n_seqs < 1 || n_seqs > max_seqs_) fail("batch of %d sequences (1 to %d)", n_seqs, max_seqs_);
+  int rows = 0;
+  bool one_row_each = true;
+  for (int s = 0; s < n_seqs; ++s) {
+    const BatchSequence& q = seqs[s];
+    if (!q.cache || q.n < 1) fail("batch sequence %d has no cache or no tokens", s);
+    const int pos0 = q.cache->n_tokens(0);
+    if (pos0 + q.n > std::min(q.cache->capacity(), ctx_)) {
+      fail("context full: sequence %d holds %d tokens, %d more exceed its context of %d", s, pos0,
+           q.n, std::min(q.cache->capacity(), ctx_));
+    }
+    for (int i = 0; i < q.n; ++i) {
+      if (q.tokens[i] < 0 || q.tokens[i] >= c.vocab_size) {
+        fail("token id %d outside the vocabulary (0 to %d)", q.tokens[i], c.vocab_size - 1);
+      }
+    }
+    first_row_[s] = rows;
+    pos0_[s] = pos0;
+    rows += q.n;
+    one_row_each = one_row_each && q.n == 1;
+    if (rows > st_.max_batch)
+      fail("batch of %d rows exceeds the maximum of %d", rows, st_.max_batch);
+  }
+  first_row_[n_seqs] = rows;
+  // All caches of a batch share one configuration (they draw on one pool).
+  const kv::KvCache& c0 = *seqs[0].cache;
+  bool sharing = false;
+  for (int l = 0; l < c.n_layers; ++l) sharing = sharing || c0.borrows(l);
+  if (sharing && c0.config().has_residual() && rows > n_seqs) {
+    // KIVI caches quantize their residual as tokens arrive, so a layer reading another
+    // layer's cache can attend only over its latest state: one token per sequence.
+    fail("batch: with cross-layer sharing of KIVI caches each sequence takes one token per step");
+  }
+  // Blocks for this step's tokens are taken from the pool here, on this thread, so
+  // that appends running on several workers never allocate.
+  for (int s = 0; s < n_seqs; ++s) seqs[s].cache->map_blocks(pos0_[s] + seqs[s].n);
+  const int threads = pool ? pool->size() : 1;
+  const bool per_sequence = pool && threads > 1 && one_row_each && n_seqs >= 2 * threads &&
+                            static_cast<int>(worker_ws_.size()) >= threads;
+
+  for (int s = 0; s < n_seqs; ++s) {
+    for (int i = 0; i < seqs[s].n; ++i) {
+      ops::copy_row(w.token_embd, seqs[s].tokens[i],
+                    st_.x.data() + static_cast<size_t>(first_row_[s] + i) * dim);
+    }
+  }
+  attn::Params ap;
+  ap.n_heads = c.n_heads;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ap.alibi_slopes = c.alibi ? st_.slopes.data() : nullptr;
+  ap.window = opt.window;
+  ap.precision = opt.precision;
+  // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
+  // attention rotates each by its position.
+  const bool pre_rope = !c.alibi && c0.config().key_rope == kv::KeyRope::kPre;
+  if (pre_rope) ap.rope = st_.rope.data();
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    for (int r = 0; r < rows; ++r) {
+      ops::rmsnorm(st_.xb.data() + static_cast<size_t>(r) * dim,
+                   st_.x.data() + static_cast<size_t>(r) * dim, L.attn_norm.data(), dim,
+                   c.norm_eps);
+    }
+    // A borrowing layer computes only its queries: no K and V projections.
+    const bool borrows = c0.borrows(l);
+    ops::matmul(L.wq, st_.xb.data(), rows, st_.q.data(), pool);
+    if (!borrows) {
+      ops::matmul(L.wk, st_.xb.data(), rows, st_.k.data(), pool);
+      ops::matmul(L.wv, st_.xb.data(), rows, st_.v.data(), pool);
+    }
+    if (!c.alibi) {
+      for (int s = 0; s < n_seqs; ++s) {
+        for (int i = 0; i < seqs[s].n; ++i) {
+          const int r = first_row_[s] + i;
+          const float* rr = st_.rope.data() + static_cast<size_t>(pos0_[s] + i) * hd;
+          apply_rope(st_.q.data() + static_cast<size_t>(r) * dim, c.n_heads, hd, rr);
+          if (!pre_rope && !borrows)
+            apply_rope(st_.k.data() + static_cast<size_t>(r) * kvd, c.n_kv_heads, hd, rr);
+        }
+      }
+    }
+    const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
+    attend(m, l, seqs, n_seqs, pool, ap, per_sequence);
+    if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
+    ops::matmul(L.wo, st_.att.data(), rows, st_.xb2.data(), pool);
+    ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
+    for (int r = 0; r < rows; ++r) {
+      ops::rmsnorm(st_.xb.data() + static_cast<size_t>(r) * dim,
+                   st_.x.data() + static_cast<size_t>(r) * dim, L.ffn_norm.data(), dim, c.norm_eps);
+    }
+    ops::matmul(L.w_gate, st_.xb.data(), rows, st_.hb.data(), pool);
+    ops::matmul(L.w_up, st_.xb.data(), rows, st_.hb2.data(), pool);
+    ops::silu_mul(st_.hb.data(), st_.hb2.data(), rows * hid);
+    ops::matmul(L.w_down, st_.hb.data(), rows, st_.xb2.data(), pool);
+    ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
+  }
+
+  // The classifier over the last row of each sequence that wants logits, in one product.
+  int n_out = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    if (!seqs[s].logits) continue;
+    const int r = first_row_[s + 1] - 1;
+    ops::rmsnorm(last_.data() + static_cast<size_t>(n_out) * dim,
+                 st_.x.data() + static_cast<size_t>(r) * dim, w.output_norm.data(), dim,
+                 c.norm_eps);
+    ++n_out;
+  }
+  if (n_out == 0) return;
+  ops::matmul(w.output, last_.data(), n_out, logits_.data(), pool);
+  int i = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    if (!seqs[s].logits) continue;
+    std::memcpy(seqs[s].logits, logits_.data() + static_cast<size_t>(i++) * c.vocab_size,
+                static_cast<size_t>(c.vocab_size) * sizeof(float));
+  }
+}
+
+}  // namespace kivi::model

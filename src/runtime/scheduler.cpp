@@ -1,0 +1,355 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace kivi::runtime {
+
+PoolPlan plan_pool(const kv::CacheConfig& c, const SchedulerOptions& o) {
+  PoolPlan p;
+  p.block_tokens = c.block();
+  p.block_bytes = kv::BlockPool::bytes_per_block(c);
+  const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
+  const uint64_t n_logical = (static_cast<uint64_t>(c.ctx) + p.block_tokens - 1) / p.block_tokens;
+  p.slot_bytes =
+      (static_cast<uint64_t>(kv::key_ring_capacity(c) + kv::value_ring_capacity(c)) * row +
+       n_logical * sizeof(int32_t)) *
+      static_cast<uint64_t>(kv::stored_layers(c));
+  int64_t blocks = 0;
+  if (o.kv_budget_bytes > 0) {
+    const uint64_t slots = p.slot_bytes * static_cast<uint64_t>(o.parallel);
+    if (o.kv_budget_bytes <= slots) {
+      fail(
+          "--kv-budget of %llu bytes does not cover the %d sequences' residual windows and block "
+          "tables "
+          "(%llu bytes)",
+          static_cast<unsigned long long>(o.kv_budget_bytes), o.parallel,
+          static_cast<unsigned long long>(slots));
+    }
+    blocks = static_cast<int64_t>((o.kv_budget_bytes - slots) / p.block_bytes);
+  } else {
+    const int64_t tokens =
+        o.kv_budget_tokens > 0 ? o.kv_budget_tokens : static_cast<int64_t>(o.parallel) * o.ctx;
+    blocks = (tokens + p.block_tokens - 1) / p.block_tokens;
+  }
+  if (blocks < 1) {
+    fail("--kv-budget buys no block of the cache (a block of %d tokens takes %llu bytes)",
+         p.block_tokens, static_cast<unsigned long long>(p.block_bytes));
+  }
+  if (blocks > (int64_t{1} << 30))
+    fail("--kv-budget asks for %lld blocks; at most 2^30", static_cast<long long>(blocks));
+  p.blocks = static_cast<int>(blocks);
+  return p;
+}
+
+Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
+    : m_(m), opt_(o), pool_(o.threads > 0 ? o.threads : hardware_threads()) {
+  const auto& c = m.config();
+  if (opt_.parallel < 1 || opt_.parallel > 4096)
+    fail("--parallel = %d, expected 1 to 4096", opt_.parallel);
+  if (opt_.queue < 0) fail("--queue = %d, expected >= 0", opt_.queue);
+  if (opt_.prefill_chunk < 1) fail("--prefill-chunk = %d, expected >= 1", opt_.prefill_chunk);
+  if (opt_.ctx < 2) fail("--ctx = %d, expected >= 2", opt_.ctx);
+  shaped_ = opt_.cache;
+  shaped_.n_layers = c.n_layers;
+  shaped_.n_kv_heads = c.n_kv_heads;
+  shaped_.head_dim = c.head_dim();
+  shaped_.ctx = opt_.ctx;
+  shaped_.validate();
+  auto tensor_scaled = [](const kv::StreamFormat& f) {
+    return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
+  };
+  if (tensor_scaled(shaped_.k) || tensor_scaled(shaped_.v)) {
+    // One scale per tensor is fixed by a sequence's whole first prefill; chunked
+    // prefill interleaved with other sequences would fix a different one.
+    fail("--int8-granularity tensor is not supported when serving (valid: token, head, group)");
+  }
+  // KIVI caches with cross-layer sharing take one token per sequence and step
+  // (model/forward_batch.h); other caches take prompt chunks.
+  max_chunk_ = kv::stored_layers(shaped_) < shaped_.n_layers && shaped_.has_residual()
+                   ? 1
+                   : opt_.prefill_chunk;
+  plan_ = plan_pool(shaped_, opt_);
+  blocks_ = std::make_unique<kv::BlockPool>(shaped_, plan_.blocks);
+  fwd_ = std::make_unique<model::BatchForward>(c, opt_.parallel + opt_.prefill_chunk, opt_.parallel,
+                                               opt_.ctx, pool_.size(), shaped_.block());
+  slots_.resize(opt_.parallel);
+  for (Slot& s : slots_) {
+    s.cache = std::make_unique<kv::KvCache>(*blocks_, opt_.ctx);
+    s.logits.reset(static_cast<size_t>(c.vocab_size));
+    s.tokens.reserve(opt_.ctx + 1);
+  }
+  batch_.resize(opt_.parallel);
+  batch_slot_.resize(opt_.parallel);
+  stats_.parallel = opt_.parallel;
+  stats_.queue_capacity = opt_.queue;
+  stats_.ctx = opt_.ctx;
+  stats_.blocks_total = plan_.blocks;
+  stats_.blocks_free = plan_.blocks;
+  stats_.block_tokens = plan_.block_tokens;
+  stats_.block_bytes = plan_.block_bytes;
+  stats_.slot_bytes = plan_.slot_bytes;
+  stats_.cache_format = shaped_.k == shaped_.v
+                            ? kv::describe(shaped_.k)
+                            : kv::describe(shaped_.k) + "/" + kv::describe(shaped_.v);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Scheduler::Submit Scheduler::submit(GenerationRequest r, std::shared_ptr<RequestHandle>* handle) {
+  const int n = static_cast<int>(r.prompt.size());
+  if (n < 1 || n >= opt_.ctx || r.max_tokens < 1 ||
+      n + static_cast<int64_t>(r.max_tokens) > opt_.ctx) {
+    return Submit::kTooLong;
+  }
+  const int64_t need =
+      (static_cast<int64_t>(n) + r.max_tokens + plan_.block_tokens - 1) / plan_.block_tokens;
+  if (need > plan_.blocks) return Submit::kOverBudget;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return Submit::kStopped;
+  ++stats_.submitted;
+  if (static_cast<int>(queue_.size()) >= opt_.queue) {
+    ++stats_.rejected_queue_full;
+    return Submit::kQueueFull;
+  }
+  auto h = std::make_shared<RequestHandle>(n);
+  queue_.push_back({std::move(r), h});
+  ++queue_version_;
+  *handle = h;
+  cv_.notify_all();
+  return Submit::kQueued;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerStats s = stats_;
+  s.queued = static_cast<int>(queue_.size());
+  return s;
+}
+
+bool Scheduler::admit_locked() {
+  bool any = false;
+  while (!queue_.empty()) {
+    Waiting& w = queue_.front();
+    if (w.req->cancelled()) {
+      w.req->finish(FinishReason::kCancelled, 0);
+      ++stats_.cancelled;
+      queue_.pop_front();
+      continue;
+    }
+    Slot* free_slot = nullptr;
+    for (Slot& s : slots_) {
+      if (!s.active()) {
+        free_slot = &s;
+        break;
+      }
+    }
+    if (!free_slot) break;
+    Slot& s = *free_slot;
+    const int n = static_cast<int>(w.params.prompt.size());
+    const int shared = s.cache->share_prefix(w.params.prompt.data(), n);
+    if (!s.cache->reserve(n + w.params.max_tokens)) {
+      s.cache->clear();
+      break;  // first come, first served: later requests wait behind this one
+    }
+    s.params = std::move(w.params);
+    s.req = std::move(w.req);
+    queue_.pop_front();
+    s.tokens.assign(s.params.prompt.begin(), s.params.prompt.end());
+    s.fed = 0;
+    s.n_prompt = n;
+    s.n_generated = 0;
+    s.order = next_order_++;
+    s.sampler = std::make_unique<Sampler>(s.params.sampling, m_.config().vocab_size);
+    s.decoder = std::make_unique<tok::StreamDecoder>(m_.tokenizer(), s.params.prompt.back());
+    s.text = std::make_unique<TextStream>(s.params.stop);
+    s.req->admitted(shared * plan_.block_tokens);
+    ++stats_.admitted;
+    stats_.prompt_tokens += n;
+    any = true;
+  }
+  return any;
+}
+
+void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
+  if (r == FinishReason::kStop || r == FinishReason::kLength) {
+    const std::string rest = s.text->push(s.decoder->flush()) + s.text->finish();
+    if (!rest.empty()) s.req->push(rest, -1, s.n_generated);
+  }
+  s.req->finish(r, s.n_generated, error);
+  s.req.reset();
+  s.cache->clear();
+  s.sampler.reset();
+  s.text.reset();
+  s.decoder.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (r == FinishReason::kCancelled) {
+    ++stats_.cancelled;
+  } else if (r == FinishReason::kError) {
+    ++stats_.errors;
+  } else {
+    ++stats_.completed;
+  }
+}
+
+void Scheduler::sample(Slot& s) {
+  const tok::Tokenizer& tk = m_.tokenizer();
+  const int next = s.sampler->sample(s.logits.data());
+  const bool ends = next == tk.eos_id() || next == tk.bos_id() || tk.is_end_of_generation(next) ||
+                    std::find(s.params.end_tokens.begin(), s.params.end_tokens.end(), next) !=
+                        s.params.end_tokens.end();
+  if (ends && !s.params.ignore_eos) {
+    end(s, FinishReason::kStop);
+    return;
+  }
+  const std::string piece = s.decoder->push(next);
+  s.tokens.push_back(next);
+  ++s.n_generated;
+  s.req->push(s.text->push(piece), next, s.n_generated);
+  if (s.text->stopped()) {
+    end(s, FinishReason::kStop);
+  } else if (s.n_generated >= s.params.max_tokens) {
+    end(s, FinishReason::kLength);
+  }
+}
+
+void Scheduler::step() {
+  // Clients that went away free their sequences before the step.
+  for (Slot& s : slots_) {
+    if (s.active() && s.req->cancelled()) end(s, FinishReason::kCancelled);
+  }
+  int n = 0;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    Slot& s = slots_[i];
+    if (!s.active() || s.prefilling()) continue;
+    batch_[n] = {s.cache.get(), s.tokens.data() + s.fed, 1, s.logits.data()};
+    batch_slot_[n++] = i;
+  }
+  // Prompt chunks, oldest admission first, within the step's prompt budget.
+  int budget = opt_.prefill_chunk;
+  while (budget > 0) {
+    int best = -1;
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+      const Slot& s = slots_[i];
+      if (!s.active() || !s.prefilling()) continue;
+      if (std::find(batch_slot_.begin(), batch_slot_.begin() + n, i) != batch_slot_.begin() + n)
+        continue;
+      if (best < 0 || s.order < slots_[best].order) best = i;
+    }
+    if (best < 0) break;
+    Slot& s = slots_[best];
+    const int k = std::min({budget, s.n_prompt - s.fed, max_chunk_});
+    batch_[n] = {s.cache.get(), s.tokens.data() + s.fed, k,
+                 s.fed + k == s.n_prompt ? s.logits.data() : nullptr};
+    batch_slot_[n++] = best;
+    budget -= k;
+  }
+  if (n == 0) return;
+  try {
+    fwd_->run(m_, batch_.data(), n, &pool_, opt_.forward);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kivi serve: step failed: %s\n", e.what());
+    for (int j = 0; j < n; ++j) end(slots_[batch_slot_[j]], FinishReason::kError, e.what());
+    return;
+  }
+  int generated = 0;
+  for (int j = 0; j < n; ++j) {
+    Slot& s = slots_[batch_slot_[j]];
+    s.fed += batch_[j].n;
+    s.cache->publish(s.tokens.data());
+    if (!batch_[j].logits) continue;
+    const int before = s.n_generated;
+    sample(s);
+    generated += s.n_generated - before;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.generated_tokens += generated;
+  const double now = now_seconds();
+  recent_.emplace_back(now, generated);
+  while (!recent_.empty() && recent_.front().first < now - 10.0) recent_.pop_front();
+}
+
+void Scheduler::publish_stats() {
+  int active = 0, prefilling = 0;
+  int64_t tokens = 0;
+  for (const Slot& s : slots_) {
+    if (!s.active()) continue;
+    ++active;
+    prefilling += s.prefilling();
+    tokens += s.fed;
+  }
+  const auto& c = shaped_;
+  const uint64_t used = static_cast<uint64_t>(blocks_->used_blocks()) * plan_.block_bytes +
+                        static_cast<uint64_t>(active) * plan_.slot_bytes;
+  const double f16 =
+      static_cast<double>(tokens) * c.n_layers * 2.0 * c.n_kv_heads * c.head_dim * 2.0;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.active = active;
+  stats_.prefilling = prefilling;
+  stats_.tokens_held = tokens;
+  stats_.blocks_used = blocks_->used_blocks();
+  stats_.blocks_free = blocks_->free_blocks();
+  stats_.blocks_reserved = blocks_->reserved_blocks();
+  stats_.blocks_shared = blocks_->shared_blocks();
+  stats_.blocks_published = blocks_->published_blocks();
+  stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, stats_.blocks_used);
+  stats_.bytes_allocated = used;
+  stats_.peak_bytes_allocated = std::max(stats_.peak_bytes_allocated, used);
+  stats_.compression_vs_f16 = used > 0 ? f16 / static_cast<double>(used) : 0.0;
+  if (recent_.size() >= 2) {
+    const double span = recent_.back().first - recent_.front().first;
+    int64_t sum = 0;
+    for (size_t i = 1; i < recent_.size(); ++i) sum += recent_[i].second;
+    stats_.tokens_per_second = span > 0 ? static_cast<double>(sum) / span : 0.0;
+  } else {
+    stats_.tokens_per_second = 0.0;
+  }
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    bool any_active = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stopping_) break;
+      admit_locked();
+      for (const Slot& s : slots_) any_active = any_active || s.active();
+      if (!any_active) {
+        // Idle: wake for a new request, or now and then to drop cancelled ones.
+        const uint64_t seen = queue_version_;
+        cv_.wait_for(lock, std::chrono::milliseconds(50),
+                     [&] { return stopping_ || queue_version_ != seen; });
+        continue;
+      }
+    }
+    step();
+    publish_stats();
+  }
+  // Stopping: everything still running or waiting ends as cancelled.
+  for (Slot& s : slots_) {
+    if (s.active()) end(s, FinishReason::kCancelled);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Waiting& w : queue_) w.req->finish(FinishReason::kCancelled, 0);
+    queue_.clear();
+  }
+  publish_stats();
+}
+
+}  // namespace kivi::runtime

@@ -1,0 +1,147 @@
+// Continuous batching: many requests share one model, one worker pool and one KV block
+// pool. A thread of its own runs steps; each step advances every admitted sequence by
+// one token (decoding) or by a chunk of its prompt (prefilling, at most
+// `prefill_chunk` prompt tokens per step over all sequences), in one batched forward
+// pass (model/forward_batch.h). Sequences join and leave between steps.
+//
+// Admission never overcommits memory: a request leaves the queue (first come, first
+// served) only when a sequence slot is free and the pool can reserve blocks for its
+// prompt plus max_tokens (less the blocks of a published identical prefix, which it
+// maps instead). The queue is bounded; a full queue refuses new requests.
+//
+// A sequence ends at an end-of-text token (EOS, BOS, or a chat format's end marker), a
+// stop string, max_tokens, or when its client cancels; its blocks and reservation go
+// back to the pool at once.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/threadpool.h"
+#include "kv/block_pool.h"
+#include "kv/kv_cache.h"
+#include "model/forward_batch.h"
+#include "model/model.h"
+#include "runtime/request.h"
+#include "runtime/sampler.h"
+#include "runtime/text_stream.h"
+
+namespace kivi::runtime {
+
+struct SchedulerOptions {
+  int parallel = 4;              // sequences decoded together (slots)
+  int ctx = 0;                   // tokens per sequence (prompt + generated); required
+  int queue = 64;                // requests waiting for a slot or for memory
+  int prefill_chunk = 64;        // prompt tokens per step, over all prefilling sequences
+  uint64_t kv_budget_bytes = 0;  // the pool plus every slot's residual rings and tables
+  int64_t kv_budget_tokens = 0;  // or: the pool's size in tokens; both 0: parallel * ctx tokens
+  kv::CacheConfig cache;         // formats, G, R, ...; the shape comes from the model
+  model::ForwardOptions forward;
+  int threads = 0;  // 0 = all hardware threads
+};
+
+// Blocks a budget buys, and the bytes every slot needs beside the pool.
+struct PoolPlan {
+  int blocks = 0;
+  int block_tokens = 0;
+  uint64_t block_bytes = 0;
+  uint64_t slot_bytes = 0;  // one sequence's residual rings and block tables
+};
+PoolPlan plan_pool(const kv::CacheConfig& shaped, const SchedulerOptions& o);
+
+struct SchedulerStats {
+  int parallel = 0, queue_capacity = 0, ctx = 0;
+  int queued = 0, active = 0, prefilling = 0;
+  uint64_t submitted = 0, admitted = 0, completed = 0, cancelled = 0, rejected_queue_full = 0,
+           errors = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  double tokens_per_second = 0;  // generated, over the last 10 s
+  int blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_reserved = 0, blocks_shared = 0;
+  int blocks_published = 0, peak_blocks_used = 0, block_tokens = 0;
+  uint64_t block_bytes = 0, slot_bytes = 0;
+  int64_t tokens_held = 0;       // tokens in the caches of active sequences
+  uint64_t bytes_allocated = 0;  // used blocks plus the rings of active sequences
+  uint64_t peak_bytes_allocated = 0;
+  double compression_vs_f16 = 0;  // f16 bytes of tokens_held / bytes_allocated
+  std::string cache_format;       // e.g. "kivi2"
+};
+
+class Scheduler {
+ public:
+  Scheduler(const model::Model& m, const SchedulerOptions& o);
+  ~Scheduler();  // finishes every request as cancelled and stops the thread
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Submit { kQueued, kQueueFull, kTooLong, kOverBudget, kStopped };
+  // Queues a request. kTooLong: the prompt leaves no room in the context, or prompt +
+  // max_tokens exceed it; kOverBudget: it could never fit the pool; kQueueFull: try
+  // later. `handle` is set only for kQueued.
+  Submit submit(GenerationRequest r, std::shared_ptr<RequestHandle>* handle);
+
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return opt_; }
+  const kv::CacheConfig& cache_config() const { return shaped_; }
+  const model::Model& model() const { return m_; }
+  // Stops accepting and finishes everything (also done by the destructor).
+  void stop();
+
+ private:
+  struct Slot {
+    std::unique_ptr<kv::KvCache> cache;
+    AlignedBuffer<float> logits;  // [vocab]
+    std::shared_ptr<RequestHandle> req;
+    GenerationRequest params;
+    std::vector<int> tokens;  // prompt, then generated tokens
+    int fed = 0;              // tokens in the cache
+    int n_prompt = 0, n_generated = 0;
+    uint64_t order = 0;  // admission order (prefill goes first come, first served)
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<tok::StreamDecoder> decoder;
+    std::unique_ptr<TextStream> text;
+    bool active() const { return req != nullptr; }
+    bool prefilling() const { return fed < n_prompt; }
+  };
+  struct Waiting {
+    GenerationRequest params;
+    std::shared_ptr<RequestHandle> req;
+  };
+
+  void loop();
+  bool admit_locked();  // moves waiting requests into free slots; under mu_
+  void step();
+  void sample(Slot& s);
+  void end(Slot& s, FinishReason r, const std::string& error = "");
+  void publish_stats();
+
+  const model::Model& m_;
+  SchedulerOptions opt_;
+  kv::CacheConfig shaped_;
+  PoolPlan plan_;
+  ThreadPool pool_;
+  std::unique_ptr<kv::BlockPool> blocks_;
+  std::unique_ptr<model::BatchForward> fwd_;
+  std::vector<Slot> slots_;
+  std::vector<model::BatchSequence> batch_;  // [parallel]
+  std::vector<int> batch_slot_;              // [parallel]
+  uint64_t next_order_ = 0;
+  int max_chunk_ = 1;  // prompt tokens of one sequence per step
+
+  mutable std::mutex mu_;  // queue_, stopping_, counters, stats_
+  std::condition_variable cv_;
+  std::deque<Waiting> queue_;
+  uint64_t queue_version_ = 0;  // counts submissions, to wake the idle loop
+  bool stopping_ = false;
+  SchedulerStats stats_;
+  std::deque<std::pair<double, int>> recent_;  // (time, tokens generated in a step), last 10 s
+  std::thread thread_;
+};
+
+}  // namespace kivi::runtime

@@ -1,0 +1,50 @@
+// A chat conversation (OpenAI `messages`) written as prompt tokens. Models with a known
+// chat format (llama3, chatml: runtime/chat.h, detected from the model's template or
+// chosen with --chat-template) get it; other models (base models such as stories260K)
+// get a plain transcript:
+//   {system}\n\nUser: {user}\nAssistant: {reply}\nUser: {user}\nAssistant:
+// with "\nUser:" as a stop string, so a base model's continuation ends where it starts
+// writing the user's next line.
+//
+// Leading system (or developer) messages form the system prompt; then user and
+// assistant messages alternate (consecutive messages of one role are joined with a blank
+// line), and the last one is the user's.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kivi::server {
+
+struct ChatMessage {
+  std::string role;  // system, developer, user, assistant
+  std::string content;
+};
+
+class ChatFormatter {
+ public:
+  // name: "llama3", "chatml", "plain", or "" for the model's own format (plain if it
+  // has none that is known). Throws kivi::Error for a format the vocabulary cannot write.
+  ChatFormatter(const tok::Tokenizer& tk, const std::string& name);
+
+  const char* name() const;
+
+  struct Prompt {
+    std::vector<int> tokens;
+    std::vector<int> end_tokens;    // tokens that end the reply
+    std::vector<std::string> stop;  // stop strings the format implies
+  };
+  // Throws ApiError (400, param "messages") for a conversation it cannot write.
+  Prompt format(const std::vector<ChatMessage>& messages) const;
+
+ private:
+  const tok::Tokenizer& tk_;
+  std::unique_ptr<runtime::ChatPrompt> chat_;  // null: plain
+  std::vector<int> end_tokens_;                // the tokens chat_ ends a reply at
+};
+
+}  // namespace kivi::server

@@ -1,0 +1,306 @@
+#include "server/openai_request.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "tokenizer/unicode.h"
+
+namespace kivi::server {
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw ApiError(400, message, param);
+}
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a value";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const json& v, const char* expected) {
+  bad(param, "'" + param + "' must be " + expected + ", not " + type_name(v));
+}
+
+// A field, or null when absent (JSON null counts as absent).
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+int64_t integer(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) wrong_type(param, v, "an integer");
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) bad(param, "'" + param + "' is out of range");
+    x = static_cast<int64_t>(u);
+  } else {
+    x = v.get<int64_t>();
+  }
+  if (x < lo || x > hi) {
+    bad(param,
+        strfmt("'%s' = %lld is out of range (%lld to %lld)", param.c_str(),
+               static_cast<long long>(x), static_cast<long long>(lo), static_cast<long long>(hi)));
+  }
+  return x;
+}
+
+double number(const json& v, const std::string& param, double lo, double hi) {
+  if (!v.is_number()) wrong_type(param, v, "a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    bad(param, strfmt("'%s' = %g is out of range (%g to %g)", param.c_str(), x, lo, hi));
+  }
+  return x;
+}
+
+bool boolean(const json& v, const std::string& param) {
+  if (!v.is_boolean()) wrong_type(param, v, "a boolean");
+  return v.get<bool>();
+}
+
+// Rejects a field that asks for something this server does not do.
+void unsupported(const json& body, const char* name,
+                 const std::function<bool(const json&)>& harmless) {
+  const json* v = field(body, name);
+  if (v && !harmless(*v)) {
+    bad(name, std::string("'") + name + "' is not supported by this server");
+  }
+}
+
+uint64_t random_seed() {
+  static std::atomic<uint64_t> counter{0};
+  const uint64_t t =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return t ^ (counter.fetch_add(1) * 0x9E3779B97F4A7C15ull);
+}
+
+std::vector<int> token_ids(const json& a, const std::string& param, const tok::Tokenizer& tk) {
+  std::vector<int> ids;
+  ids.reserve(a.size());
+  for (const json& x : a) {
+    if (!x.is_number_integer()) bad(param, "'" + param + "' holds something other than token ids");
+    ids.push_back(static_cast<int>(integer(x, param, 0, tk.vocab_size() - 1)));
+  }
+  return ids;
+}
+
+// The completion prompt: a string, one string in an array, token ids, or one array of them.
+std::vector<int> completion_prompt(const json& body, const tok::Tokenizer& tk) {
+  const json* p = field(body, "prompt");
+  if (!p) bad("prompt", "'prompt' is required");
+  if (p->is_string()) return tk.encode(p->get<std::string>(), tk.add_bos());
+  if (!p->is_array())
+    wrong_type("prompt", *p, "a string, an array of strings or an array of token ids");
+  if (p->empty()) bad("prompt", "'prompt' is empty");
+  const json& first = (*p)[0];
+  if (first.is_number_integer()) return token_ids(*p, "prompt", tk);
+  if (p->size() > 1)
+    bad("prompt", "'prompt' holds several prompts; this server takes one per request");
+  if (first.is_string()) return tk.encode(first.get<std::string>(), tk.add_bos());
+  if (first.is_array()) {
+    if (first.empty()) bad("prompt", "'prompt' is empty");
+    return token_ids(first, "prompt", tk);
+  }
+  wrong_type("prompt", *p, "a string, an array of strings or an array of token ids");
+}
+
+std::vector<ChatMessage> chat_messages(const json& body) {
+  const json* m = field(body, "messages");
+  if (!m) bad("messages", "'messages' is required");
+  if (!m->is_array()) wrong_type("messages", *m, "an array");
+  if (m->empty()) bad("messages", "'messages' is empty");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& x = (*m)[i];
+    const std::string where = strfmt("messages[%zu]", i);
+    if (!x.is_object()) wrong_type(where, x, "an object");
+    const json* role = field(x, "role");
+    if (!role || !role->is_string()) bad(where + ".role", "'" + where + ".role' must be a string");
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role != "system" && msg.role != "developer" && msg.role != "user" &&
+        msg.role != "assistant") {
+      bad(where + ".role", "'" + where + ".role' = '" + msg.role +
+                               "' is not supported (system, developer, user, assistant)");
+    }
+    if (field(x, "tool_calls") || field(x, "function_call")) {
+      bad(where, "tool calls are not supported by this server");
+    }
+    const json* content = field(x, "content");
+    if (!content) bad(where + ".content", "'" + where + ".content' is required");
+    if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      // Content parts: text only.
+      for (const json& part : *content) {
+        const json* type = part.is_object() ? field(part, "type") : nullptr;
+        const json* text = part.is_object() ? field(part, "text") : nullptr;
+        if (!type || !type->is_string() || type->get<std::string>() != "text" || !text ||
+            !text->is_string()) {
+          bad(where + ".content",
+              "'" + where + ".content' parts must be {\"type\": \"text\", \"text\": ...}");
+        }
+        msg.content += text->get<std::string>();
+      }
+    } else {
+      wrong_type(where + ".content", *content, "a string or an array of text parts");
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+}  // namespace
+
+ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiContext& ctx) {
+  const tok::Tokenizer& tk = *ctx.tokenizer;
+  if (!tok::utf8_is_valid(body_text)) throw ApiError(400, "the request body is not valid UTF-8");
+  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
+  if (!body.is_object())
+    throw ApiError(400,
+                   std::string("the request body must be a JSON object, not ") + type_name(body));
+
+  ParsedRequest r;
+  r.endpoint = e;
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) wrong_type("model", *m, "a string");
+    if (m->get<std::string>() != ctx.model_id) {
+      throw ApiError(404,
+                     "The model '" + m->get<std::string>() + "' does not exist (this server has '" +
+                         ctx.model_id + "')",
+                     "model", "model_not_found");
+    }
+  }
+  // What this server does not do is refused rather than ignored.
+  auto is_one = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
+  auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
+  auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
+  auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
+  if (const json* n = field(body, "n")) {
+    if (!n->is_number_integer()) wrong_type("n", *n, "an integer");
+    if (!is_one(*n)) bad("n", "'n' must be 1: this server returns one choice per request");
+  }
+  unsupported(body, "best_of", is_one);
+  unsupported(body, "echo", is_false);
+  unsupported(body, "suffix", [](const json&) { return false; });
+  unsupported(body, "presence_penalty", is_zero);
+  unsupported(body, "frequency_penalty", is_zero);
+  unsupported(body, "logit_bias", is_empty);
+  unsupported(body, "tools", is_empty);
+  unsupported(body, "functions", is_empty);
+  unsupported(body, "logprobs", [&](const json& v) { return is_false(v); });
+  unsupported(body, "top_logprobs", is_zero);
+  unsupported(body, "response_format", [](const json& v) {
+    return v.is_object() && v.contains("type") && v["type"] == "text";
+  });
+
+  if (const json* s = field(body, "stream")) r.stream = boolean(*s, "stream");
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", *so, "an object");
+    if (const json* u = field(*so, "include_usage"))
+      r.include_usage = boolean(*u, "stream_options.include_usage");
+  }
+  runtime::SamplerOptions& s = r.gen.sampling;
+  s.temperature = 1.0f;
+  s.top_p = 1.0f;
+  s.top_k = 0;
+  if (const json* v = field(body, "temperature"))
+    s.temperature = static_cast<float>(number(*v, "temperature", 0, 2));
+  if (const json* v = field(body, "top_p")) {
+    s.top_p = static_cast<float>(number(*v, "top_p", 0, 1));
+    if (s.top_p <= 0.0f) bad("top_p", "'top_p' must be greater than 0");
+  }
+  if (const json* v = field(body, "top_k"))
+    s.top_k = static_cast<int>(integer(*v, "top_k", 0, tk.vocab_size()));
+  s.seed = random_seed();
+  if (const json* v = field(body, "seed")) {
+    if (!v->is_number_integer()) wrong_type("seed", *v, "an integer");
+    s.seed =
+        v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+  }
+  if (const json* v = field(body, "stop")) {
+    if (v->is_string()) {
+      r.gen.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > 4) bad("stop", "'stop' holds more than 4 strings");
+      for (const json& x : *v) {
+        if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+        r.gen.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      wrong_type("stop", *v, "a string or an array of strings");
+    }
+  }
+  if (const json* v = field(body, "ignore_eos")) r.gen.ignore_eos = boolean(*v, "ignore_eos");
+
+  if (e == Endpoint::kCompletions) {
+    r.gen.prompt = completion_prompt(body, tk);
+  } else {
+    ChatFormatter::Prompt p = ctx.chat->format(chat_messages(body));
+    r.gen.prompt = std::move(p.tokens);
+    r.gen.end_tokens = std::move(p.end_tokens);
+    r.gen.stop.insert(r.gen.stop.end(), p.stop.begin(), p.stop.end());
+  }
+  const int n_prompt = static_cast<int>(r.gen.prompt.size());
+  if (n_prompt == 0) bad(e == Endpoint::kChat ? "messages" : "prompt", "the prompt has no tokens");
+  if (n_prompt >= ctx.ctx) {
+    throw ApiError(
+        400,
+        strfmt(
+            "This model's maximum context length is %d tokens. However, your prompt is %d tokens, "
+            "which leaves no room for a completion.",
+            ctx.ctx, n_prompt),
+        e == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
+  }
+  const char* max_name = "max_tokens";
+  const json* max = field(body, "max_tokens");
+  if (!max && e == Endpoint::kChat && field(body, "max_completion_tokens")) {
+    max_name = "max_completion_tokens";
+    max = field(body, max_name);
+  }
+  int64_t max_tokens = e == Endpoint::kChat ? ctx.ctx - n_prompt : std::min(16, ctx.ctx - n_prompt);
+  if (max) max_tokens = integer(*max, max_name, 1, INT32_MAX);
+  if (n_prompt + max_tokens > ctx.ctx) {
+    throw ApiError(
+        400,
+        strfmt(
+            "This model's maximum context length is %d tokens. However, you requested %lld tokens "
+            "(%d in the prompt, %lld in the completion). Please reduce the prompt or the "
+            "completion length.",
+            ctx.ctx, static_cast<long long>(n_prompt + max_tokens), n_prompt,
+            static_cast<long long>(max_tokens)),
+        max_name, "context_length_exceeded");
+  }
+  r.gen.max_tokens = static_cast<int>(max_tokens);
+  return r;
+}
+
+}  // namespace kivi::server

@@ -1,0 +1,42 @@
+// OpenAI request bodies (POST /v1/completions, POST /v1/chat/completions) read into a
+// generation request, with every field checked: a body that is not UTF-8 or not JSON,
+// a field of the wrong type or out of range, an unknown model, a prompt longer than
+// the context or max_tokens beyond it, a feature this server does not implement
+// (n > 1, logprobs, tools, ...) are ApiErrors naming the field. Unknown fields are
+// ignored, as OpenAI's clients send fields servers may not know.
+//
+// Fields: model, prompt (a string, one string in an array, or token ids) or messages,
+// max_tokens (chat: also max_completion_tokens), temperature, top_p, top_k, seed, stop
+// (a string or up to 4), n (1), stream, stream_options.include_usage, ignore_eos.
+// Defaults: max_tokens 16 for completions (OpenAI's), the rest of the context for
+// chat; temperature 1, top_p 1, top_k off; a random seed.
+#pragma once
+
+#include <string>
+
+#include "runtime/request.h"
+#include "server/messages.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kivi::server {
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ApiContext {
+  const tok::Tokenizer* tokenizer = nullptr;
+  const ChatFormatter* chat = nullptr;
+  std::string model_id;  // the name clients use in `model`
+  int ctx = 0;           // tokens per sequence
+};
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  runtime::GenerationRequest gen;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+};
+
+// Throws ApiError.
+ParsedRequest parse_request(Endpoint e, const std::string& body, const ApiContext& ctx);
+
+}  // namespace kivi::server

@@ -1,0 +1,146 @@
+#include "server/openai_response.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "server/api_error.h"
+
+namespace kivi::server {
+
+namespace {
+
+using nlohmann::json;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json base(const ResponseInfo& r, const char* object) {
+  return {{"id", r.id}, {"object", object}, {"created", r.created}, {"model", r.model}};
+}
+
+bool chat(const ResponseInfo& r) { return r.endpoint == Endpoint::kChat; }
+
+json finish(const char* reason) { return reason && *reason ? json(reason) : json(nullptr); }
+
+std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace
+
+std::string ApiError::default_type(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "invalid_request_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "server_overloaded";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+std::string ApiError::json() const {
+  nlohmann::json e = {{"message", what()},
+                      {"type", type_},
+                      {"param", param_.empty() ? nlohmann::json(nullptr) : nlohmann::json(param_)},
+                      {"code", code_.empty() ? nlohmann::json(nullptr) : nlohmann::json(code_)}};
+  return dump(nlohmann::json{{"error", e}});
+}
+
+std::string new_response_id(Endpoint e) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }();
+  const uint64_t a =
+      salt ^ static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const uint64_t b = counter.fetch_add(1);
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%s%016llx%08llx", e == Endpoint::kChat ? "chatcmpl-" : "cmpl-",
+                static_cast<unsigned long long>(a),
+                static_cast<unsigned long long>(b & 0xffffffffu));
+  return buf;
+}
+
+std::string completion_body(const ResponseInfo& r, const std::string& text,
+                            const char* finish_reason, const Usage& u) {
+  json j = base(r, chat(r) ? "chat.completion" : "text_completion");
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}};
+  if (chat(r)) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(u);
+  return dump(j);
+}
+
+std::string chunk_role(const ResponseInfo& r) {
+  json j = base(r, "chat.completion.chunk");
+  j["choices"] = json::array({{{"index", 0},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  return event(j);
+}
+
+std::string chunk_text(const ResponseInfo& r, const std::string& text) {
+  json j = base(r, chat(r) ? "chat.completion.chunk" : "text_completion");
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (chat(r)) {
+    choice["delta"] = {{"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  j["choices"] = json::array({choice});
+  return event(j);
+}
+
+std::string chunk_finish(const ResponseInfo& r, const char* finish_reason) {
+  json j = base(r, chat(r) ? "chat.completion.chunk" : "text_completion");
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}};
+  if (chat(r)) {
+    choice["delta"] = json::object();
+  } else {
+    choice["text"] = "";
+  }
+  j["choices"] = json::array({choice});
+  return event(j);
+}
+
+std::string chunk_usage(const ResponseInfo& r, const Usage& u) {
+  json j = base(r, chat(r) ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = usage_json(u);
+  return event(j);
+}
+
+std::string sse_error(const std::string& error_json) { return "data: " + error_json + "\n\n"; }
+
+std::string model_body(const std::string& model, int64_t created) {
+  return dump({{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "kivi"}});
+}
+
+std::string models_body(const std::string& model, int64_t created) {
+  return dump(
+      {{"object", "list"},
+       {"data",
+        json::array(
+            {{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "kivi"}}})}});
+}
+
+}  // namespace kivi::server

@@ -1,0 +1,46 @@
+// OpenAI response bodies: a whole completion (text_completion / chat.completion) and
+// the server-sent events of a streamed one (text_completion / chat.completion.chunk),
+// each carrying the request's id, creation time and model. Text is written as JSON
+// with ill-formed UTF-8 replaced by U+FFFD.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "server/openai_request.h"
+
+namespace kivi::server {
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+struct ResponseInfo {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// A new id for an endpoint: "cmpl-" or "chatcmpl-" and 24 hex digits.
+std::string new_response_id(Endpoint e);
+
+std::string completion_body(const ResponseInfo& r, const std::string& text,
+                            const char* finish_reason, const Usage& u);
+
+// One SSE event ("data: {...}\n\n"). chunk_role: the chat stream's first chunk, which
+// names the assistant's role; chunk_text: new text; chunk_finish: the last chunk with
+// the finish reason; chunk_usage: the usage chunk (stream_options.include_usage).
+std::string chunk_role(const ResponseInfo& r);
+std::string chunk_text(const ResponseInfo& r, const std::string& text);
+std::string chunk_finish(const ResponseInfo& r, const char* finish_reason);
+std::string chunk_usage(const ResponseInfo& r, const Usage& u);
+std::string sse_error(const std::string& error_json);
+inline const char* sse_done() { return "data: [DONE]\n\n"; }
+
+// GET /v1/models and /v1/models/{id}.
+std::string models_body(const std::string& model, int64_t created);
+std::string model_body(const std::string& model, int64_t created);
+
+}  // namespace kivi::server

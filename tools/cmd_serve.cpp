@@ -1,0 +1,77 @@
+// kivi serve: the OpenAI-compatible HTTP server (docs/SERVER.md).
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "common.h"
+#include "core/error.h"
+#include "runtime/scheduler.h"
+#include "serve_options.h"
+#include "server/http_server.h"
+
+namespace kivi::tools {
+
+int cmd_serve(int argc, char** argv) {
+  Args a(
+      "serve", "[-m MODEL] [--host ADDR] [--port N] [--parallel N] [--kv-budget SIZE] [options]",
+      "Serves the model over HTTP with OpenAI's API: POST /v1/completions and "
+      "/v1/chat/completions\n"
+      "(stream: true for server-sent events), GET /v1/models, /health and /metrics (Prometheus).\n"
+      "Requests are decoded together in one batch; all sequences draw KV cache blocks from one "
+      "pool,\n"
+      "and prompts with a common prefix share its blocks. Ctrl-C stops the server. Docs: "
+      "docs/SERVER.md.");
+  add_serve_options(a);
+  add_model_options(a);
+  add_kv_options(a);
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
+
+  // Signals go to one thread that stops the server; the others never see them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  auto m = load_model(a);
+  if (m->config().synthetic) {
+    std::fprintf(stderr,
+                 "note: %s has random weights (written by 'kivi synth' for speed measurement); "
+                 "its text is meaningless\n",
+                 m->path().c_str());
+  }
+  const ServeConfig cfg = serve_config(a, *m);
+  runtime::Scheduler sched(*m, cfg.sched);
+  server::HttpServer http(sched, cfg.server);
+  const int port = http.bind();
+  print_serve_summary(sched, cfg.server);
+  std::fprintf(stderr, "kivi serve: chat format %s; listening on http://%s:%d%s\n",
+               http.chat().name(), cfg.server.host.c_str(), port,
+               cfg.server.api_key.empty() ? "" : " (API key required)");
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig != SIGUSR1) std::fprintf(stderr, "kivi serve: stopping\n");
+    http.stop();
+  });
+  http.run();
+  pthread_kill(waiter.native_handle(),
+               SIGUSR1);  // wakes the waiter if the server stopped by itself
+  waiter.join();
+  sched.stop();
+  const auto st = sched.stats();
+  std::fprintf(
+      stderr,
+      "kivi serve: %llu requests completed, %llu cancelled, %llu refused (queue full); %llu "
+      "tokens generated\n",
+      static_cast<unsigned long long>(st.completed), static_cast<unsigned long long>(st.cancelled),
+      static_cast<unsigned long long>(st.rejected_queue_full),
+      static_cast<unsigned long long>(st.generated_tokens));
+  return 0;
+}
+
+}  // namespace kivi::tools
