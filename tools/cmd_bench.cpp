@@ -92,6 +92,7 @@ int cmd_bench(int argc, char** argv) {
   a.add_flag("markdown", 0, "Print the table as GitHub Markdown.");
   add_model_options(a);
   add_kv_options(a, true);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json"), markdown = a.flag("markdown");
   if (json && markdown) fail("give --json or --markdown, not both");
@@ -155,6 +156,7 @@ int cmd_bench(int argc, char** argv) {
   bc.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
   bc.forward.precision = attn::parse_precision(a.str("attn-precision"));
   bc.forward.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
+  bc.sparse = sparse_options(a);
   if (random_fill) {
     bc.fill_random = n_fill;
   } else if (n_fill > 0) {
@@ -230,6 +232,7 @@ int cmd_bench(int argc, char** argv) {
       o.cache = caches[i];
       o.threads = bc.threads;
       o.forward = bc.forward;
+      if (i > 0) o.sparse = bc.sparse;
       runtime::Session s(*m, o);
       ppl[i] = runtime::evaluate_perplexity(s, text_tokens, runtime::EvalMode::kStreaming).ppl;
       pbar.update(static_cast<int64_t>(i + 1));
@@ -249,6 +252,7 @@ int cmd_bench(int argc, char** argv) {
     j.kv("token_match_meaningful", !random_fill).kv("synthetic", mc.synthetic);
     j.kv("simd", cpu::current_target_name()).kv("kv_params", shared_params(ref));
     j.kv("attn_precision", attn::precision_name(bc.forward.precision));
+    j.kv("sparse", sparse::describe(bc.sparse));
     j.key("results").begin_array();
     for (size_t i = 0; i < r.formats.size(); ++i) {
       const auto& f = r.formats[i];
@@ -294,6 +298,9 @@ int cmd_bench(int argc, char** argv) {
   std::printf("KV        %s; compression counts the bytes used at ctx %d%s\n",
               shared_params(ref).c_str(), r.ctx + n_gen,
               random_fill ? "" : "; match: greedy tokens equal to f32's");
+  if (bc.sparse.enabled())
+    std::printf("sparse    %s (every format but the f32 reference)\n",
+                sparse::describe(bc.sparse).c_str());
   if (markdown) std::printf("\n");
   const bool with_ppl = a.given("ppl-text");
   auto cells = [&](const runtime::BenchFormatResult& f, bool first, size_t index) {

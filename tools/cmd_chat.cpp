@@ -63,6 +63,7 @@ int cmd_chat(int argc, char** argv) {
       "stop reason) instead of streaming.");
   add_model_options(a);
   add_kv_options(a);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   const int n_max = static_cast<int>(a.integer("n", 0, 1 << 24));

@@ -33,6 +33,7 @@ int cmd_generate(int argc, char** argv) {
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");
   add_model_options(a);
   add_kv_options(a);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   const int n_gen = static_cast<int>(a.integer("n", 0, 1 << 24));
@@ -135,8 +136,8 @@ int cmd_generate(int argc, char** argv) {
   // Decode speed counts the forward passes after the prefill (the last token needs none).
   const int n_steps = n_out > 0 ? n_out - (stop == "length" || stop == "context" ? 1 : 0) : 0;
   const double decode_tps = t_decode > 0 && n_steps > 0 ? n_steps / t_decode : 0.0;
-  const uint64_t kv_used = sess ? sess->cache().bytes_used() : 0;
-  const uint64_t kv_reserved = sess ? sess->cache().bytes_reserved() : 0;
+  const uint64_t kv_used = sess ? sess->kv_bytes_used() : 0;
+  const uint64_t kv_reserved = sess ? sess->kv_bytes_reserved() : 0;
   if (json) {
     JsonWriter j;
     j.begin_object();
@@ -157,6 +158,14 @@ int cmd_generate(int argc, char** argv) {
     j.kv("kv_cache", no_cache ? std::string("none") : describe_cache(sess->options().cache));
     j.kv("kv_cache_bytes", kv_used);
     j.kv("kv_cache_reserved_bytes", kv_reserved);
+    j.kv("sparse", sess ? sparse::describe(sess->options().sparse) : std::string());
+    if (sess && sess->sparse()) {
+      const auto& ss = sess->sparse()->stats();
+      j.kv("sparse_select_seconds", ss.select_seconds)
+          .kv("sparse_attend_seconds", ss.attend_seconds);
+      j.kv("sparse_attended_fraction",
+           ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
+    }
     j.kv("stop", stop);
     j.kv("context_overflow", runtime::context_overflow_name(opt.overflow));
     j.kv("dropped_tokens", sess ? sess->dropped() : int64_t{0});
@@ -177,6 +186,15 @@ int cmd_generate(int argc, char** argv) {
                  no_cache ? "none (--no-kv-cache)" : describe_cache(sess->options().cache).c_str(),
                  static_cast<unsigned long long>(kv_used),
                  static_cast<unsigned long long>(kv_reserved));
+    if (sess && sess->sparse()) {
+      const auto& ss = sess->sparse()->stats();
+      std::fprintf(
+          stderr,
+          "[sparse attention %s: %.1f%% of the tokens attended | select %.1f ms, attend %.1f ms]\n",
+          sparse::describe(sess->options().sparse).c_str(),
+          ss.tokens_context ? 100.0 * ss.tokens_attended / ss.tokens_context : 0.0,
+          1e3 * ss.select_seconds, 1e3 * ss.attend_seconds);
+    }
   }
   return 0;
 }

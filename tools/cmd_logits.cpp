@@ -27,6 +27,7 @@ int cmd_logits(int argc, char** argv) {
   a.add_flag("json", 0, "Print JSON (the default when -o is not given).");
   add_model_options(a);
   add_kv_options(a);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const std::string mode = a.str("mode");
   if (mode != "prefill" && mode != "stream" && mode != "no-cache") {

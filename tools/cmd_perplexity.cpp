@@ -57,6 +57,7 @@ int cmd_perplexity(int argc, char** argv) {
       "Print one JSON object: ppl, mean_nll, nll_stderr, tokens, mode, ... (and kld_* fields).");
   add_model_options(a);
   add_kv_options(a);
+  add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   if (!a.given("file")) fail("perplexity: give the text with -f TEXT");
   const bool json = a.flag("json");
@@ -128,6 +129,14 @@ int cmd_perplexity(int argc, char** argv) {
         .kv("bits_per_element_v", bits_v);
     j.kv("int8_clamped", s.cache().clamped());
     j.kv("seconds", secs).kv("tokens_per_second", r.tokens / secs);
+    if (s.sparse()) {
+      const auto& ss = s.sparse()->stats();
+      j.kv("sparse", sparse::describe(s.options().sparse));
+      j.kv("sparse_attended_fraction",
+           ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
+      j.kv("sparse_select_seconds", ss.select_seconds)
+          .kv("sparse_attend_seconds", ss.attend_seconds);
+    }
     if (reader) {
       j.kv("kld_mean", ks.mean)
           .kv("kld_median", ks.median)
@@ -148,6 +157,12 @@ int cmd_perplexity(int argc, char** argv) {
   std::printf("mode         %s\n", runtime::eval_mode_name(mode));
   std::printf("perplexity   %.4f\n", r.ppl);
   std::printf("mean NLL     %.6f +/- %.6f\n", r.mean_nll, r.nll_stderr);
+  if (s.sparse()) {
+    const auto& ss = s.sparse()->stats();
+    std::printf("sparse       %s: %.1f%% of the tokens attended\n",
+                sparse::describe(s.options().sparse).c_str(),
+                ss.tokens_context ? 100.0 * ss.tokens_attended / ss.tokens_context : 0.0);
+  }
   if (s.cache().clamped())
     std::printf("int8 clamped %lld elements\n", static_cast<long long>(s.cache().clamped()));
   if (reader) {

@@ -100,6 +100,43 @@ void add_kv_options(Args& a, bool allow_list) {
         "Tokens at the start kept by the shift and window policies (attention sinks).", "4");
 }
 
+void add_sparse_options(Args& a) {
+  a.section("Sparse attention");
+  a.add("sparse", 0, "KIND",
+        "Block-sparse attention: each KV head attends the top blocks by their summary (quest: "
+        "per-channel key "
+        "min/max bound; max; mean; random: a baseline) plus the sinks and the local window; off = "
+        "dense.",
+        "off");
+  a.add("sparse-block", 0, "N", "Tokens per block (a multiple of the KIVI key group G).", "64");
+  a.add("sparse-budget", 0, "N", "Tokens of selected blocks per KV head and step.", "4096");
+  a.add("sparse-sinks", 0, "N", "First tokens always attended.", "4");
+  a.add(
+      "sparse-local", 0, "N",
+      "Most recent tokens always attended (with KIVI's residual and any block not yet summarized).",
+      "256");
+  a.add("sparse-dense-layers", 0, "N", "The first N layers attend densely.", "0");
+}
+
+sparse::Options sparse_options(const Args& a, sparse::Kind default_kind) {
+  sparse::Options o;
+  if (!a.given("sparse") && default_kind == sparse::Kind::kOff) {
+    for (const char* n :
+         {"sparse-block", "sparse-budget", "sparse-sinks", "sparse-local", "sparse-dense-layers"}) {
+      if (a.given(n)) fail("--%s needs --sparse KIND (quest, max, mean or random)", n);
+    }
+    return o;
+  }
+  o.kind = a.given("sparse") ? sparse::parse_kind(a.str("sparse")) : default_kind;
+  o.block = static_cast<int>(a.integer("sparse-block", 1, 65536));
+  o.budget = static_cast<int>(a.integer("sparse-budget", 0, model::kMaxContext));
+  o.sinks = static_cast<int>(a.integer("sparse-sinks", 0, model::kMaxContext));
+  o.local = static_cast<int>(a.integer("sparse-local", 1, model::kMaxContext));
+  o.dense_layers = static_cast<int>(a.integer("sparse-dense-layers", 0, 1 << 16));
+  o.validate();
+  return o;
+}
+
 std::unique_ptr<model::Model> load_model(const Args& a) {
   const std::string path = model::default_model_path(a.str("model"));
   if (path.empty()) {
@@ -141,8 +178,10 @@ std::vector<std::string> kv_format_list(const Args& a, const std::vector<std::st
 }
 
 void refuse_kv_options(const Args& a, const char* why) {
-  for (const char* o : {"kv-cache", "kv-cache-k", "kv-cache-v", "int8-granularity", "group-size",
-                        "residual", "key-flush", "scale-dtype", "attn-precision", "window"}) {
+  for (const char* o :
+       {"kv-cache", "kv-cache-k", "kv-cache-v", "int8-granularity", "group-size", "residual",
+        "key-flush", "scale-dtype", "attn-precision", "window", "sparse", "sparse-block",
+        "sparse-budget", "sparse-sinks", "sparse-local", "sparse-dense-layers"}) {
     if (a.given(o)) fail("--%s has no effect with %s; leave it out", o, why);
   }
 }
@@ -266,6 +305,7 @@ runtime::SessionOptions session_options(const Args& a, const model::Model& m,
   o.forward.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
   o.overflow = runtime::parse_context_overflow(a.str("context-overflow"));
   o.sinks = static_cast<int>(a.integer("sinks", 0, 512));
+  o.sparse = sparse_options(a);
   if (!a.given("ctx")) o.ctx = default_context(m, o);
   return o;
 }
@@ -276,10 +316,12 @@ int default_context(const model::Model& m, const runtime::SessionOptions& o) {
   // The mapped weights stay resident while the model runs; the rest is the session's.
   const uint64_t weights = m.weight_bytes();
   const uint64_t budget = avail == 0 ? UINT64_MAX : avail > weights ? avail - weights : 0;
-  auto fits = [&](int n) { return runtime::session_bytes(c, o.cache, n, o.max_batch) <= budget; };
+  auto fits = [&](int n) {
+    return runtime::session_bytes(c, o.cache, n, o.max_batch, o.sparse) <= budget;
+  };
   auto need = [&](int n) {
     return sys::human_bytes(
-        static_cast<double>(runtime::session_bytes(c, o.cache, n, o.max_batch)));
+        static_cast<double>(runtime::session_bytes(c, o.cache, n, o.max_batch, o.sparse)));
   };
   const std::string have = sys::human_bytes(static_cast<double>(budget));
   if (c.synthetic) {

@@ -19,6 +19,12 @@ void add_threads_options(Args& a);
 // --kv-cache, --kv-cache-k, --kv-cache-v, --int8-granularity, --group-size, --residual,
 // --key-flush, --scale-dtype, --attn-precision, --window
 void add_kv_options(Args& a, bool allow_list = false);
+// --sparse, --sparse-block, --sparse-budget, --sparse-sinks, --sparse-local,
+// --sparse-dense-layers (commands whose sessions honour them).
+void add_sparse_options(Args& a);
+// The --sparse options, validated. Without --sparse: `default_kind`, and when that is off
+// the other --sparse-* options are an error. session_options() reads them.
+sparse::Options sparse_options(const Args& a, sparse::Kind default_kind = sparse::Kind::kOff);
 
 // Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
 // ../shared/models/stories260K.bin) and loads it, applying --alibi.
@@ -73,6 +79,7 @@ int cmd_synth(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 int cmd_bench_matvec(int argc, char** argv);
+int cmd_bench_sparse(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
 

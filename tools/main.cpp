@@ -32,6 +32,8 @@ const char* kUsage =
     "  bench-matvec Matrix-vector speed per weight type, against the memory-bandwidth probe.\n"
     "  bench-serve  Load generator for the server: concurrent streaming clients, tokens/s, "
     "latency.\n"
+    "  bench-sparse Decode attention per token, dense against block-sparse, selection timed "
+    "apart.\n"
     "\n"
     "Run 'kivi COMMAND --help' for a command's options. Docs: docs/README.md.\n";
 
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
     if (cmd == "chat") return cmd_chat(argc, argv);
     if (cmd == "quantize") return cmd_quantize(argc, argv);
     if (cmd == "bench-matvec") return cmd_bench_matvec(argc, argv);
+    if (cmd == "bench-sparse") return cmd_bench_sparse(argc, argv);
     if (cmd == "serve") return cmd_serve(argc, argv);
     if (cmd == "bench-serve") return cmd_bench_serve(argc, argv);
     std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n",

@@ -9,6 +9,7 @@
 #include "core/timer.h"
 #include "model/finite.h"
 #include "ops/ops.h"
+#include "sparse/sparse_attention.h"
 
 namespace kivi::model {
 
@@ -146,9 +147,14 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
                      st.v.data() + static_cast<size_t>(i) * kvd);
       }
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
-      attn::decode(borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l),
-                   st.q.data() + static_cast<size_t>(i) * dim,
-                   st.att.data() + static_cast<size_t>(i) * dim, ap, pool, st.ws);
+      const kv::LayerView view = borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l);
+      const float* qi = st.q.data() + static_cast<size_t>(i) * dim;
+      float* oi = st.att.data() + static_cast<size_t>(i) * dim;
+      if (opt.sparse && opt.sparse->sparse_layer(l)) {
+        opt.sparse->decode(l, cache.owner(l), view, qi, oi, ap, pool, st.ws);
+      } else {
+        attn::decode(view, qi, oi, ap, pool, st.ws);
+      }
       if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     }
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);

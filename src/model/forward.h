@@ -17,6 +17,9 @@
 namespace kivi {
 class ThreadPool;
 }
+namespace kivi::sparse {
+class SparseAttention;
+}
 
 namespace kivi::model {
 
@@ -49,6 +52,8 @@ struct ForwardOptions {
   int window = 0;                  // sliding-window attention (0 = full)
   int sinks = 0;                   // with a window: also attend to the first `sinks` tokens
   double* attn_seconds = nullptr;  // when set, the time spent in attn::decode is added to it
+  sparse::SparseAttention* sparse =
+      nullptr;  // block-sparse attention for the layers it selects in, or null
 };
 
 // Runs tokens[0..n) at positions pos, pos+1, ... (pos == cache.n_tokens(l) for all l),

@@ -116,6 +116,7 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     o.cache = cfg.caches[f];
     o.forward = cfg.forward;
     o.forward.attn_seconds = &attn[f];
+    if (f > 0) o.sparse = cfg.sparse;
     o.pool = &pool;
     sessions.push_back(std::make_unique<Session>(m, o));
   }

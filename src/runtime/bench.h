@@ -26,6 +26,7 @@
 
 #include "kv/kv_cache.h"
 #include "model/forward.h"
+#include "sparse/options.h"
 #include "model/model.h"
 
 namespace kivi::runtime {
@@ -44,7 +45,8 @@ struct BenchConfig {
   int ctx = 0;              // session capacity; 0 = exactly fill + prompt + n_gen
   int threads = 0;          // 0 = all cores
   model::ForwardOptions forward;
-  int fill_chunk = 256;  // text fill prefilled this many tokens at a time
+  sparse::Options sparse;  // block-sparse attention for every format but the reference
+  int fill_chunk = 256;    // text fill prefilled this many tokens at a time
 };
 
 struct BenchFormatResult {

@@ -92,6 +92,22 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
     }
   }
   cache_ = std::make_unique<kv::KvCache>(cc, opt.block_summaries);
+  if (opt_.sparse.enabled()) {
+    if (opt_.overflow != ContextOverflow::kStop) {
+      fail(
+          "--sparse: block selection needs --context-overflow stop (dropped tokens would leave "
+          "stale summaries)");
+    }
+    if (opt_.forward.window > 0) fail("--sparse: block selection and --window do not combine");
+    if (opt_.sparse.dense_layers > c.n_layers) {
+      fail("--sparse-dense-layers %d: the model has %d layers", opt_.sparse.dense_layers,
+           c.n_layers);
+    }
+    sparse_ = std::make_unique<sparse::SparseAttention>(opt_.sparse, cc, c.n_heads);
+    opt_.forward.sparse = sparse_.get();
+  } else {
+    opt_.forward.sparse = nullptr;
+  }
   st_ = std::make_unique<model::ForwardState>(c, std::max(1, opt_.max_batch), ctx_, threads,
                                               cc.block());
   logits_.reset(static_cast<size_t>(c.vocab_size));
@@ -174,14 +190,23 @@ const float* Session::decode(int token) {
 
 void Session::reset() {
   cache_->clear();
+  if (sparse_) sparse_->reset();
   st_->position_offset = 0;
   dropped_ = 0;
   overflows_ = 0;
   overflow_seconds_ = 0.0;
 }
 
+uint64_t Session::kv_bytes_used() const {
+  return cache_->bytes_used() + (sparse_ ? sparse_->summaries().bytes_used() : 0);
+}
+
+uint64_t Session::kv_bytes_reserved() const {
+  return cache_->bytes_reserved() + (sparse_ ? sparse_->bytes_reserved() : 0);
+}
+
 uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx,
-                       int max_batch) {
+                       int max_batch, const sparse::Options& sparse) {
   kv::CacheConfig cc = cache;
   cc.n_layers = c.n_layers;
   cc.n_kv_heads = c.n_kv_heads;
@@ -195,7 +220,9 @@ uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache
   const uint64_t activations =
       b * (6ull * c.dim + 2ull * c.kv_dim() + 2ull * c.hidden_dim) * sizeof(float);
   const uint64_t rope = static_cast<uint64_t>(ctx) * c.head_dim() * sizeof(float);
-  return kv::expected_bytes_reserved(cc) + activations + rope +
+  const uint64_t summaries =
+      sparse.enabled() ? sparse::SparseAttention::summary_bytes(sparse, cc) : 0;
+  return kv::expected_bytes_reserved(cc) + summaries + activations + rope +
          static_cast<uint64_t>(c.vocab_size) * sizeof(float);
 }
 

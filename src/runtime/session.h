@@ -13,6 +13,7 @@
 #include "kv/kv_cache.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "sparse/sparse_attention.h"
 
 namespace kivi::runtime {
 
@@ -41,6 +42,7 @@ struct SessionOptions {
   ContextOverflow overflow = ContextOverflow::kStop;
   int sinks = 4;  // shift and window: tokens at the start that are always kept
   model::ForwardOptions forward;
+  sparse::Options sparse;  // block-sparse decode attention (off by default)
   ThreadPool* pool =
       nullptr;  // shared worker threads (sessions run one at a time); null = own pool of `threads`
 };
@@ -48,8 +50,9 @@ struct SessionOptions {
 // Bytes a session allocates for `ctx` tokens: the KV cache reservation, the activations
 // of a prefill chunk of `max_batch` tokens, the RoPE table and the logits (the attention
 // workspace is small beside them). For memory checks before creating one.
+// With sparse attention the block summaries are counted too.
 uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx,
-                       int max_batch = 64);
+                       int max_batch = 64, const sparse::Options& sparse = {});
 
 class Session {
  public:
@@ -58,6 +61,12 @@ class Session {
   const model::Model& model() const { return m_; }
   kv::KvCache& cache() { return *cache_; }
   const kv::KvCache& cache() const { return *cache_; }
+  // Block-sparse attention (its summaries and statistics), or null when off.
+  sparse::SparseAttention* sparse() { return sparse_.get(); }
+  const sparse::SparseAttention* sparse() const { return sparse_.get(); }
+  // Bytes of the cache and of the block summaries beside it: used and allocated.
+  uint64_t kv_bytes_used() const;
+  uint64_t kv_bytes_reserved() const;
   ThreadPool& pool() { return *pool_; }
   int ctx() const { return ctx_; }
   int pos() const { return cache_->n_tokens(0); }
@@ -86,6 +95,7 @@ class Session {
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_ = nullptr;
   std::unique_ptr<kv::KvCache> cache_;
+  std::unique_ptr<sparse::SparseAttention> sparse_;
   std::unique_ptr<model::ForwardState> st_;
   AlignedBuffer<float> logits_;  // [max_batch, vocab] when scoring chunks, else [vocab]
   int sink_keep_ = 0;            // tokens kept at the start: the sinks rounded up to whole blocks

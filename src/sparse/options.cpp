@@ -1,0 +1,68 @@
+#include "sparse/options.h"
+
+#include "core/error.h"
+
+namespace kivi::sparse {
+
+Kind parse_kind(const std::string& s) {
+  if (s == "off") return Kind::kOff;
+  if (s == "quest") return Kind::kQuest;
+  if (s == "max") return Kind::kMax;
+  if (s == "mean") return Kind::kMean;
+  if (s == "random") return Kind::kRandom;
+  fail("--sparse: unknown value '%s' (valid: quest, max, mean, random, off)", s.c_str());
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kOff:
+      return "off";
+    case Kind::kQuest:
+      return "quest";
+    case Kind::kMax:
+      return "max";
+    case Kind::kMean:
+      return "mean";
+    case Kind::kRandom:
+      return "random";
+  }
+  return "?";
+}
+
+void Options::validate() const {
+  if (!enabled()) return;
+  if (block < 1 || block > 65536) fail("--sparse-block %d: expected 1 to 65536 tokens", block);
+  if (budget < 0) fail("--sparse-budget %d: expected 0 or more tokens", budget);
+  if (sinks < 0) fail("--sparse-sinks %d: expected 0 or more tokens", sinks);
+  if (local < 1)
+    fail("--sparse-local %d: expected 1 or more tokens (the query itself is local)", local);
+  if (dense_layers < 0) fail("--sparse-dense-layers %d: expected 0 or more", dense_layers);
+}
+
+std::string describe(const Options& o) {
+  if (!o.enabled()) return "";
+  std::string s = strfmt("%s, blocks of %d, budget %d, sinks %d, local %d", kind_name(o.kind),
+                         o.block, o.budget, o.sinks, o.local);
+  if (o.dense_layers > 0)
+    s += strfmt(", %d dense layer%s", o.dense_layers, o.dense_layers == 1 ? "" : "s");
+  return s;
+}
+
+SummaryKind summary_kind(Kind k) {
+  switch (k) {
+    case Kind::kQuest:
+      return SummaryKind::kMinMax;
+    case Kind::kMax:
+      return SummaryKind::kMax;
+    case Kind::kMean:
+      return SummaryKind::kMean;
+    default:
+      return SummaryKind::kNone;
+  }
+}
+
+int summary_vectors(SummaryKind s) {
+  return s == SummaryKind::kMinMax ? 2 : s == SummaryKind::kNone ? 0 : 1;
+}
+
+}  // namespace kivi::sparse
