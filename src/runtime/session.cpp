@@ -109,9 +109,9 @@ void Session::make_room() {
     if (post && opt_.overflow == ContextOverflow::kShift) {
       // The kept tokens move down by `count` positions: rotate their keys back by as much.
       std::vector<float> back(c.head_dim());
-      model::fill_rope_row(back.data(), count, c.head_dim(), c.rope_theta);
+      model::fill_rope_row(back.data(), count, c);
       for (int i = 1; i < c.head_dim(); i += 2) back[i] = -back[i];
-      cache_->rotate_keys(l, first, n - count, back.data());
+      cache_->rotate_keys(l, first, n - count, back.data(), c.rope_style == attn::RopeStyle::kNeox);
     }
   }
   if (post && opt_.overflow == ContextOverflow::kWindow) st_->position_offset += count;
