@@ -168,7 +168,7 @@ uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache
   const bool tensor_scaled = (cc.k.format == kv::Format::kInt8 && cc.k.granularity == kv::Int8Granularity::kTensor) ||
                              (cc.v.format == kv::Format::kInt8 && cc.v.granularity == kv::Int8Granularity::kTensor);
   const uint64_t b = static_cast<uint64_t>(std::max(1, tensor_scaled ? std::max(max_batch, ctx) : max_batch));
-  const uint64_t activations = b * (6ull * c.dim + 2ull * c.kv_dim() + 2ull * c.hidden_dim) * sizeof(float);
+  const uint64_t activations = b * (4ull * c.dim + 2ull * c.q_dim() + 2ull * c.kv_dim() + 2ull * c.hidden_dim) * sizeof(float);
   const uint64_t rope = static_cast<uint64_t>(ctx) * c.head_dim() * sizeof(float);
   return kv::expected_bytes_reserved(cc) + activations + rope + static_cast<uint64_t>(c.vocab_size) * sizeof(float);
 }
