@@ -29,14 +29,19 @@ struct Case {
 };
 
 std::vector<Case> all_formats() {
-  auto sf = [](Format f, Int8Granularity g = Int8Granularity::kHead) { return kv::StreamFormat{f, g}; };
+  auto sf = [](Format f, Int8Granularity g = Int8Granularity::kHead) {
+    return kv::StreamFormat{f, g};
+  };
   return {
       {"f32", sf(Format::kF32), sf(Format::kF32)},
       {"f16", sf(Format::kF16), sf(Format::kF16)},
-      {"int8/tensor", sf(Format::kInt8, Int8Granularity::kTensor), sf(Format::kInt8, Int8Granularity::kTensor)},
-      {"int8/token", sf(Format::kInt8, Int8Granularity::kToken), sf(Format::kInt8, Int8Granularity::kToken)},
+      {"int8/tensor", sf(Format::kInt8, Int8Granularity::kTensor),
+       sf(Format::kInt8, Int8Granularity::kTensor)},
+      {"int8/token", sf(Format::kInt8, Int8Granularity::kToken),
+       sf(Format::kInt8, Int8Granularity::kToken)},
       {"int8/head", sf(Format::kInt8), sf(Format::kInt8)},
-      {"int8/group", sf(Format::kInt8, Int8Granularity::kGroup), sf(Format::kInt8, Int8Granularity::kGroup)},
+      {"int8/group", sf(Format::kInt8, Int8Granularity::kGroup),
+       sf(Format::kInt8, Int8Granularity::kGroup)},
       {"kivi8", sf(Format::kKivi8), sf(Format::kKivi8)},
       {"kivi4", sf(Format::kKivi4), sf(Format::kKivi4)},
       {"kivi2", sf(Format::kKivi2), sf(Format::kKivi2)},
@@ -54,7 +59,8 @@ const Shape kShapes[] = {{"MHA", 4, 4}, {"GQA 4:1", 8, 2}, {"MQA", 8, 1}};
 
 // Fills a cache with n tokens of random keys/values (a few outlier channels, as
 // real keys have) and returns it.
-std::unique_ptr<kv::KvCache> filled_cache(const Case& c, int Hkv, int D, int n, int G, int R, uint64_t seed) {
+std::unique_ptr<kv::KvCache> filled_cache(const Case& c, int Hkv, int D, int n, int G, int R,
+                                          uint64_t seed) {
   kv::CacheConfig cfg;
   cfg.n_layers = 1;
   cfg.n_kv_heads = Hkv;
@@ -99,8 +105,8 @@ attn::Params params_for(const Shape& s, int D, const float* slopes) {
 // Largest relative error check() has seen (printed by the tests that use it).
 double g_worst_exact = 0.0;
 
-void check(const Case& c, const Shape& s, int D, int n, int G, int R, bool alibi, int window, ThreadPool* pool,
-           const std::string& target) {
+void check(const Case& c, const Shape& s, int D, int n, int G, int R, bool alibi, int window,
+           ThreadPool* pool, const std::string& target) {
   auto cache = filled_cache(c, s.n_kv_heads, D, n, G, R, n * 7 + D);
   Rng r(n);
   std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size());
@@ -108,14 +114,15 @@ void check(const Case& c, const Shape& s, int D, int n, int G, int R, bool alibi
   const auto slopes = attn::alibi_slopes(s.n_heads);
   attn::Params p = params_for(s, D, alibi ? slopes.data() : nullptr);
   p.window = window;
-  attn::Workspace ws(pool ? pool->size() : 1, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
+  attn::Workspace ws(pool ? pool->size() : 1, s.n_heads, s.n_kv_heads, D, cache->config().block(),
+                     cache->capacity());
   const auto view = cache->view(0);
   attn::decode(view, q.data(), out.data(), p, pool, ws);
   attn::decode_reference(view, q.data(), ref.data(), p);
   const double e = rel_error(out, ref);
   g_worst_exact = std::max(g_worst_exact, e);
-  EXPECT_LT(e, 1e-5) << target << " " << c.name << " " << s.name << " D=" << D << " n=" << n << " G=" << G << " R=" << R
-                     << (alibi ? " alibi" : "") << " window=" << window;
+  EXPECT_LT(e, 1e-5) << target << " " << c.name << " " << s.name << " D=" << D << " n=" << n
+                     << " G=" << G << " R=" << R << (alibi ? " alibi" : "") << " window=" << window;
 }
 
 TEST(Attention, EveryFormatShapeAndLengthOnEveryTarget) {
@@ -180,13 +187,14 @@ TEST(Attention, KiviKeyGroupSizesAndWindows) {
               attn::Params p = params_for(s, D, nullptr);
               p.window = window;
               p.precision = attn::Precision::kFast;
-              attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
+              attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(),
+                                 cache->capacity());
               attn::decode(cache->view(0), q.data(), out.data(), p, &pool, ws);
               attn::decode_reference(cache->view(0), q.data(), ref.data(), p);
               const double e = rel_error(out, ref);
               worst_fast = std::max(worst_fast, e);
-              EXPECT_LT(e, 2e-3) << target.name << " fast " << c.name << " " << s.name << " D=" << D << " G=" << G
-                                 << " window=" << window;
+              EXPECT_LT(e, 2e-3) << target.name << " fast " << c.name << " " << s.name << " D=" << D
+                                 << " G=" << G << " window=" << window;
             }
           }
         }
@@ -194,8 +202,10 @@ TEST(Attention, KiviKeyGroupSizesAndWindows) {
     }
   }
   cpu::reset_target();
-  std::printf("worst exact-path relative error so far: %.3g (bound 1e-05); fast path here: %.3g (bound 2e-3)\n",
-              g_worst_exact, worst_fast);
+  std::printf(
+      "worst exact-path relative error so far: %.3g (bound 1e-05); fast path here: %.3g (bound "
+      "2e-3)\n",
+      g_worst_exact, worst_fast);
 }
 
 TEST(Attention, ResultDoesNotDependOnThreadCount) {
@@ -208,7 +218,8 @@ TEST(Attention, ResultDoesNotDependOnThreadCount) {
     p.n_heads = 8;
     p.scale = 0.125f;
     ThreadPool p1(1), p3(3);
-    attn::Workspace w1(1, 8, 2, 64, cache->config().block(), 3000), w3(3, 8, 2, 64, cache->config().block(), 3000);
+    attn::Workspace w1(1, 8, 2, 64, cache->config().block(), 3000),
+        w3(3, 8, 2, 64, cache->config().block(), 3000);
     attn::decode(cache->view(0), q.data(), a.data(), p, &p1, w1);
     attn::decode(cache->view(0), q.data(), b.data(), p, &p3, w3);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << c.name;
@@ -232,7 +243,8 @@ TEST(Attention, WideAndNarrowExactKernelsOnAvx3) {
     for (int D : {64, 128}) {
       for (int n : {31, 200, 1000}) {
         auto cache = filled_cache(c, 2, D, n, 32, n == 200 ? 0 : 128, n + D);
-        std::vector<float> q(8 * D), wide(q.size()), narrow_v(q.size()), narrow(q.size()), ref(q.size());
+        std::vector<float> q(8 * D), wide(q.size()), narrow_v(q.size()), narrow(q.size()),
+            ref(q.size());
         Rng r(n + 11);
         for (auto& x : q) x = r.normal();
         const auto slopes = attn::alibi_slopes(8);
@@ -287,7 +299,8 @@ TEST(Attention, MergeOfSplitStatesEqualsOnePass) {
   // (m, d, o) states of two halves merge into the state of the whole.
   const int D = 4;
   std::vector<float> s = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f};
-  std::vector<std::vector<float>> v = {{1, 2, 3, 4}, {0, 1, 0, 1}, {2, 2, 2, 2}, {-1, 0, 1, 0}, {3, 1, 4, 1}};
+  std::vector<std::vector<float>> v = {
+      {1, 2, 3, 4}, {0, 1, 0, 1}, {2, 2, 2, 2}, {-1, 0, 1, 0}, {3, 1, 4, 1}};
   auto state = [&](int a, int b, std::vector<float>& o) {
     float m = -INFINITY, d = 0;
     for (int i = a; i < b; ++i) m = std::max(m, s[i]);
@@ -317,7 +330,6 @@ TEST(Attention, AlibiSlopes) {
   EXPECT_FLOAT_EQ(s12[8], std::pow(2.0f, -0.5f));  // interleaved extension
 }
 
-
 TEST(Attention, ExpOfNonPositive) {
   // The softmax's vector exp against a double exp: within 3 ulp (relative 3 x 2^-23)
   // where e^x is a normal float, 0 below -87.3 and for -inf.
@@ -326,7 +338,8 @@ TEST(Attention, ExpOfNonPositive) {
   for (float v : {-0.0f, -1e-30f, -1e-7f, -0.34657359f, -0.34657362f, -0.6931472f, -1.0f, -86.99f})
     x.push_back(v);
   const size_t n_normal = x.size();
-  for (float v : {-87.31f, -88.0f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()}) x.push_back(v);
+  for (float v : {-87.31f, -88.0f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()})
+    x.push_back(v);
   for (const auto& target : cpu::available_targets()) {
     cpu::force_target_bits(target.bits);
     // Every length up to 20 covers the vector tail of every width.
@@ -343,9 +356,10 @@ TEST(Attention, ExpOfNonPositive) {
       worst = std::max(worst, std::abs(y[i] - ref) / ref);
     }
     EXPECT_LT(worst, 3.0 * 0x1p-23) << target.name;
-    std::printf("%s: worst relative error of the softmax exp: %.3g (%.2f ulp)\n", target.name.c_str(), worst,
-                worst / 0x1p-23);
-    for (size_t i = n_normal; i < x.size(); ++i) EXPECT_EQ(y[i], 0.0f) << target.name << " x=" << x[i];
+    std::printf("%s: worst relative error of the softmax exp: %.3g (%.2f ulp)\n",
+                target.name.c_str(), worst, worst / 0x1p-23);
+    for (size_t i = n_normal; i < x.size(); ++i)
+      EXPECT_EQ(y[i], 0.0f) << target.name << " x=" << x[i];
   }
   cpu::reset_target();
 }
@@ -451,13 +465,15 @@ TEST(Attention, KeysBeforeRopeOnEveryTarget) {
               p.rope = rope.data();
               p.rope_style = style;
               p.window = n == 1100 ? 700 : 0;
-              attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(), cache->capacity());
+              attn::Workspace ws(2, s.n_heads, s.n_kv_heads, D, cache->config().block(),
+                                 cache->capacity());
               attn::decode_reference(cache->view(0), q.data(), ref.data(), p);
               attn::decode(cache->view(0), q.data(), out.data(), p, &pool, ws);
               const double e = rel_error(out, ref);
               worst = std::max(worst, e);
-              const std::string what = target.name + " " + c.name + " " + s.name + " D=" + std::to_string(D) +
-                                       " n=" + std::to_string(n) + (style == attn::RopeStyle::kNeox ? " neox" : "");
+              const std::string what = target.name + " " + c.name + " " + s.name +
+                                       " D=" + std::to_string(D) + " n=" + std::to_string(n) +
+                                       (style == attn::RopeStyle::kNeox ? " neox" : "");
               EXPECT_LT(e, 1e-5) << what;
               p.precision = attn::Precision::kFast;
               attn::decode(cache->view(0), q.data(), out.data(), p, &pool, ws);
@@ -542,7 +558,8 @@ struct DirectState {
   float m = -INFINITY, d = 0.0f;
   std::vector<float> o;
 };
-DirectState direct_state(const std::vector<float>& s, const std::vector<std::vector<float>>& v, int a, int b, int D) {
+DirectState direct_state(const std::vector<float>& s, const std::vector<std::vector<float>>& v,
+                         int a, int b, int D) {
   DirectState st;
   st.o.assign(D, 0.0f);
   for (int i = a; i < b; ++i) st.m = std::max(st.m, s[i]);
@@ -559,7 +576,8 @@ DirectState direct_state(const std::vector<float>& s, const std::vector<std::vec
 // (d = 0; its m and o are then ignored, even if not finite).
 TEST(Attention, MergeCoversBothOrdersEqualMaximaAndEmptyStates) {
   const int D = 4;
-  const std::vector<std::vector<float>> v = {{1, 2, 3, 4}, {0, 1, 0, 1}, {2, 2, 2, 2}, {-1, 0, 1, 0}, {3, 1, 4, 1}};
+  const std::vector<std::vector<float>> v = {
+      {1, 2, 3, 4}, {0, 1, 0, 1}, {2, 2, 2, 2}, {-1, 0, 1, 0}, {3, 1, 4, 1}};
   struct Case {
     const char* name;
     std::vector<float> s;
@@ -584,7 +602,9 @@ TEST(Attention, MergeCoversBothOrdersEqualMaximaAndEmptyStates) {
     attn::merge(sa, sb, D);
     EXPECT_FLOAT_EQ(sa.m, all.m) << c.name;
     EXPECT_NEAR(sa.d, all.d, 1e-6 * all.d) << c.name;
-    for (int j = 0; j < D; ++j) EXPECT_NEAR(a.o[j], all.o[j], 1e-5 * std::max(1.0f, std::fabs(all.o[j]))) << c.name << " o[" << j << "]";
+    for (int j = 0; j < D; ++j)
+      EXPECT_NEAR(a.o[j], all.o[j], 1e-5 * std::max(1.0f, std::fabs(all.o[j])))
+          << c.name << " o[" << j << "]";
     // The normalized output, as attention uses it.
     for (int j = 0; j < D; ++j) EXPECT_NEAR(a.o[j] / sa.d, all.o[j] / all.d, 1e-6) << c.name;
   }
@@ -610,7 +630,8 @@ TEST(Attention, FastPathValueTailWithoutWindow) {
           for (int D : {64, 128}) {
             const double e = fast_error(c, s, D, n, false);
             worst = std::max(worst, e);
-            EXPECT_LT(e, kBound) << target.name << " " << c.name << " " << s.name << " D=" << D << " n=" << n;
+            EXPECT_LT(e, kBound) << target.name << " " << c.name << " " << s.name << " D=" << D
+                                 << " n=" << n;
           }
         }
         const double e = fast_error(c, s, 128, 133, true);  // 5 quantized values: the tail alone
@@ -620,7 +641,8 @@ TEST(Attention, FastPathValueTailWithoutWindow) {
     }
   }
   cpu::reset_target();
-  std::printf("worst fast-path relative error with a value tail: %.3g (bound %.3g)\n", worst, kBound);
+  std::printf("worst fast-path relative error with a value tail: %.3g (bound %.3g)\n", worst,
+              kBound);
 }
 
 }  // namespace

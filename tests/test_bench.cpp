@@ -94,7 +94,8 @@ TEST(Bench, ReferenceAgreesAndFormatsAreAccounted) {
   EXPECT_GT(r.formats[1].token_match, 50.0);
   // The same run again gives the same tokens (greedy, deterministic).
   const auto again = runtime::run_bench(stories(), b);
-  for (size_t i = 0; i < r.formats.size(); ++i) EXPECT_EQ(again.formats[i].tokens, r.formats[i].tokens);
+  for (size_t i = 0; i < r.formats.size(); ++i)
+    EXPECT_EQ(again.formats[i].tokens, r.formats[i].tokens);
 }
 
 TEST(Bench, RandomFillAdvancesEveryLayer) {
@@ -133,7 +134,8 @@ TEST(BenchCli, JsonHasEveryFieldAndMatchesInfo) {
   const auto r = run(kivi_cmd("bench " + m + " -n 20 --ctx-fill 150 --kv-cache f16,kivi2 --json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
-  for (const char* k : {"\"model\":", "\"ctx_fill\":150", "\"ctx_fill_random\":false", "\"n\":20", "\"threads\":"}) {
+  for (const char* k : {"\"model\":", "\"ctx_fill\":150", "\"ctx_fill_random\":false", "\"n\":20",
+                        "\"threads\":"}) {
     EXPECT_NE(r.out.find(k), std::string::npos) << k;
   }
   const auto res = results(r.out);
@@ -142,8 +144,8 @@ TEST(BenchCli, JsonHasEveryFieldAndMatchesInfo) {
   EXPECT_NE(res[0].find("\"listed\":false"), std::string::npos);
   EXPECT_NE(res[2].find("\"format\":\"kivi2\""), std::string::npos);
   for (const auto& o : res) {
-    for (const char* k : {"ctx", "prefill_tps", "decode_tps", "kv_bytes", "compression_vs_f32", "compression_vs_f16",
-                          "token_match", "overhead_pct", "attn_share"}) {
+    for (const char* k : {"ctx", "prefill_tps", "decode_tps", "kv_bytes", "compression_vs_f32",
+                          "compression_vs_f16", "token_match", "overhead_pct", "attn_share"}) {
       EXPECT_GE(number(o, k), k == std::string("overhead_pct") ? -100.0 : 0.0) << k << " in " << o;
     }
     EXPECT_NE(o.find("\"first_divergence\":"), std::string::npos);
@@ -153,7 +155,8 @@ TEST(BenchCli, JsonHasEveryFieldAndMatchesInfo) {
   // KV bytes equal what `kivi info` computes for the same number of tokens.
   const int ctx = static_cast<int>(number(res[0], "ctx"));
   const int tokens = ctx + 20;
-  const auto info = run(kivi_cmd("info " + m + " --kv-cache f32,f16,kivi2 --ctx " + std::to_string(tokens) + " --json"));
+  const auto info = run(kivi_cmd("info " + m + " --kv-cache f32,f16,kivi2 --ctx " +
+                                 std::to_string(tokens) + " --json"));
   ASSERT_EQ(info.exit_code, 0) << info.err;
   std::vector<double> at_ctx;
   for (size_t p = 0; (p = info.out.find("\"bytes_at_ctx\":", p + 1)) != std::string::npos;) {
@@ -161,14 +164,16 @@ TEST(BenchCli, JsonHasEveryFieldAndMatchesInfo) {
   }
   ASSERT_EQ(at_ctx.size(), 3u) << info.out;
   for (int i = 0; i < 3; ++i) EXPECT_EQ(number(res[i], "kv_bytes"), at_ctx[i]) << res[i];
-  EXPECT_NEAR(number(res[2], "compression_vs_f32"), at_ctx[0] / at_ctx[2], 1e-6);  // JSON prints 9 digits
+  EXPECT_NEAR(number(res[2], "compression_vs_f32"), at_ctx[0] / at_ctx[2],
+              1e-6);  // JSON prints 9 digits
   EXPECT_NEAR(number(res[2], "compression_vs_f16"), at_ctx[1] / at_ctx[2], 1e-6);
 }
 
 TEST(BenchCli, RandomFillIsLabelled) {
   KIVI_REQUIRE_MODEL();
   const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
-  const auto j = run(kivi_cmd("bench " + m + " -n 10 --ctx-fill 300 --ctx-fill-random --kv-cache f32,int8 --json"));
+  const auto j = run(kivi_cmd(
+      "bench " + m + " -n 10 --ctx-fill 300 --ctx-fill-random --kv-cache f32,int8 --json"));
   ASSERT_EQ(j.exit_code, 0) << j.err;
   EXPECT_NE(j.out.find("\"ctx_fill_random\":true"), std::string::npos);
   EXPECT_NE(j.out.find("\"token_match_meaningful\":false"), std::string::npos);
@@ -176,7 +181,8 @@ TEST(BenchCli, RandomFillIsLabelled) {
   const auto res = results(j.out);
   ASSERT_EQ(res.size(), 2u);
   EXPECT_GE(number(res[0], "ctx"), 300);
-  const auto t = run(kivi_cmd("bench " + m + " -n 10 --ctx-fill 300 --ctx-fill-random --kv-cache f32,int8"));
+  const auto t =
+      run(kivi_cmd("bench " + m + " -n 10 --ctx-fill 300 --ctx-fill-random --kv-cache f32,int8"));
   ASSERT_EQ(t.exit_code, 0) << t.err;
   EXPECT_NE(t.out.find("random fill (speed only; token match not meaningful)"), std::string::npos);
   const auto md = run(kivi_cmd("bench " + m + " -n 5 --kv-cache kivi4 --markdown"));
@@ -193,8 +199,10 @@ TEST(BenchCli, Errors) {
     EXPECT_NE(r.err.find("kivi: error: "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
   };
-  expect_error(run(kivi_cmd("bench " + m + " --ctx-fill-random")), "--ctx-fill-random needs --ctx-fill");
-  expect_error(run(kivi_cmd("bench " + m + " --ctx-fill 600")), "exceed the model's context of 512");
+  expect_error(run(kivi_cmd("bench " + m + " --ctx-fill-random")),
+               "--ctx-fill-random needs --ctx-fill");
+  expect_error(run(kivi_cmd("bench " + m + " --ctx-fill 600")),
+               "exceed the model's context of 512");
   expect_error(run(kivi_cmd("bench " + m + " -n 100 --ctx 50")), "do not fit in --ctx 50");
   expect_error(run(kivi_cmd("bench " + m + " --kv-cache f16,q3")), "q3");
   expect_error(run(kivi_cmd("bench " + m + " --kv-cache f16,f16")), "twice");
@@ -204,8 +212,10 @@ TEST(BenchCli, Errors) {
   expect_error(run(kivi_cmd("bench " + m + " --configs f32 --kv-cache f16")), "not both");
   expect_error(run(kivi_cmd("bench " + m + " --configs no-cache --ctx-fill 100 --ctx-fill-random")),
                "no-cache needs a text fill");
-  expect_error(run(kivi_cmd("generate " + m + " -p hi --kv-share-map 2:3")), "owner must be an earlier layer");
-  expect_error(run(kivi_cmd("generate " + m + " -p hi --kv-share-map 2-3")), "is not BORROWER:OWNER");
+  expect_error(run(kivi_cmd("generate " + m + " -p hi --kv-share-map 2:3")),
+               "owner must be an earlier layer");
+  expect_error(run(kivi_cmd("generate " + m + " -p hi --kv-share-map 2-3")),
+               "is not BORROWER:OWNER");
 }
 
 // The cache-engineering configurations side by side: no cache, cache, int8, sharing,
@@ -214,8 +224,9 @@ TEST(BenchCli, Errors) {
 TEST(BenchCli, CacheConfigurationsSideBySide) {
   KIVI_REQUIRE_MODEL();
   const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
-  const auto r = run(kivi_cmd("bench " + m + " -n 30 --configs no-cache,f32,int8,f32+share2,int8+share2 --ppl-text '" +
-                              test::shared_dir() + "/data/tinytales.txt' --ppl-ctx 128 --json"));
+  const auto r = run(kivi_cmd(
+      "bench " + m + " -n 30 --configs no-cache,f32,int8,f32+share2,int8+share2 --ppl-text '" +
+      test::shared_dir() + "/data/tinytales.txt' --ppl-ctx 128 --json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string& j = r.out;
   auto field = [&](const std::string& format, const std::string& key) {
@@ -228,11 +239,13 @@ TEST(BenchCli, CacheConfigurationsSideBySide) {
   EXPECT_EQ(field("no-cache", "kv_bytes"), 0.0);
   EXPECT_NE(j.find("\"no_cache\":true,\"ppl\":null"), std::string::npos) << j;
   EXPECT_NEAR(field("f32+share2", "kv_bytes") / field("f32", "kv_bytes"), 3.0 / 5.0, 1e-9);
-  EXPECT_NEAR(field("int8/head+share2", "kv_bytes") / field("int8/head", "kv_bytes"), 3.0 / 5.0, 1e-9);
-  const double p32 = field("f32", "ppl"), p8 = field("int8/head", "ppl"), ps = field("f32+share2", "ppl");
+  EXPECT_NEAR(field("int8/head+share2", "kv_bytes") / field("int8/head", "kv_bytes"), 3.0 / 5.0,
+              1e-9);
+  const double p32 = field("f32", "ppl"), p8 = field("int8/head", "ppl"),
+               ps = field("f32+share2", "ppl");
   EXPECT_GT(p32, 1.0);
   EXPECT_NEAR(p8 / p32, 1.0, 0.01);  // int8 costs little
-  EXPECT_GT(ps, p32);                 // sharing costs quality on a model not trained for it
+  EXPECT_GT(ps, p32);                // sharing costs quality on a model not trained for it
 }
 
 // A format that differs from the reference: its match, first divergence and overhead are
@@ -280,7 +293,8 @@ TEST(Bench, AgreementAndOverheadOfAFormatThatDiffers) {
 TEST(BenchCli, AFormatThatDiffersIsReported) {
   KIVI_REQUIRE_MODEL();
   const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
-  const auto r = run(kivi_cmd("bench " + m + " -n 60 --kv-cache f32,kivi2 -R 0 --threads 1 --json"));
+  const auto r =
+      run(kivi_cmd("bench " + m + " -n 60 --kv-cache f32,kivi2 -R 0 --threads 1 --json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto res = results(r.out);
   ASSERT_EQ(res.size(), 2u) << r.out;

@@ -15,7 +15,9 @@ namespace {
 using test::kivi_cmd;
 using test::run;
 
-std::string model_args() { return "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'"; }
+std::string model_args() {
+  return "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+}
 
 // An error is one line on stderr starting with "kivi: error:", exit code 1 or 2.
 void expect_error(const test::RunResult& r, const std::string& needle) {
@@ -29,7 +31,8 @@ void expect_error(const test::RunResult& r, const std::string& needle) {
 
 TEST(Cli, GenerateGreedyPrintsThePublishedText) {
   KIVI_REQUIRE_MODEL();
-  const auto r = run(kivi_cmd("generate " + model_args() + " -p 'Once upon a time' --temp 0 -n 56"));
+  const auto r =
+      run(kivi_cmd("generate " + model_args() + " -p 'Once upon a time' --temp 0 -n 56"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, std::string(test::kPublishedText) + "\n");
   // One stats line with the counts, speeds and KV bytes.
@@ -41,7 +44,8 @@ TEST(Cli, GenerateGreedyPrintsThePublishedText) {
 TEST(Cli, NoKvCacheAgreesWithTheCache) {
   KIVI_REQUIRE_MODEL();
   const auto a = run(kivi_cmd("generate " + model_args() + " -p 'Lily liked' --temp 0 -n 80"));
-  const auto b = run(kivi_cmd("generate " + model_args() + " -p 'Lily liked' --temp 0 -n 80 --no-kv-cache"));
+  const auto b =
+      run(kivi_cmd("generate " + model_args() + " -p 'Lily liked' --temp 0 -n 80 --no-kv-cache"));
   ASSERT_EQ(a.exit_code, 0);
   ASSERT_EQ(b.exit_code, 0);
   EXPECT_EQ(a.out, b.out);
@@ -49,12 +53,14 @@ TEST(Cli, NoKvCacheAgreesWithTheCache) {
 
 TEST(Cli, JsonOutputIsOneObject) {
   KIVI_REQUIRE_MODEL();
-  const auto r = run(kivi_cmd("generate " + model_args() + " -p 'Once upon a time' --temp 0 -n 10 --json"));
+  const auto r =
+      run(kivi_cmd("generate " + model_args() + " -p 'Once upon a time' --temp 0 -n 10 --json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.front(), '{');
   EXPECT_EQ(r.out.substr(r.out.size() - 2), "}\n");
-  for (const char* key : {"\"text\":", "\"token_ids\":[", "\"prompt_tokens\":5", "\"generated_tokens\":10",
-                          "\"prefill_tps\":", "\"decode_tps\":", "\"kv_cache_bytes\":"}) {
+  for (const char* key :
+       {"\"text\":", "\"token_ids\":[", "\"prompt_tokens\":5", "\"generated_tokens\":10",
+        "\"prefill_tps\":", "\"decode_tps\":", "\"kv_cache_bytes\":"}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key;
   }
   EXPECT_EQ(r.err, "");
@@ -73,8 +79,8 @@ TEST(Cli, ThreadsAboveTheHardwareAreCappedUnlessForced) {
   const auto capped = run(kivi_cmd(bench + std::to_string(hw + 1)));
   ASSERT_EQ(capped.exit_code, 0) << capped.err;
   EXPECT_EQ(threads_in(capped.out), hw);
-  EXPECT_NE(capped.err.find("kivi: warning: --threads " + std::to_string(hw + 1) + " is more than the " +
-                            std::to_string(hw) + " hardware thread"),
+  EXPECT_NE(capped.err.find("kivi: warning: --threads " + std::to_string(hw + 1) +
+                            " is more than the " + std::to_string(hw) + " hardware thread"),
             std::string::npos)
       << capped.err;
   const auto forced = run(kivi_cmd(bench + std::to_string(hw + 1) + " --threads-force"));
@@ -102,7 +108,8 @@ TEST(Cli, SameSeedSameText) {
 TEST(Cli, HelpExplainsEveryOption) {
   const auto top = run(kivi_cmd("--help"));
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* c : {"generate", "perplexity", "bench", "bench-attn", "info", "convert", "synth"}) {
+  for (const char* c :
+       {"generate", "perplexity", "bench", "bench-attn", "info", "convert", "synth"}) {
     EXPECT_NE(top.out.find(c), std::string::npos) << c;
   }
   for (const char* c : {"generate", "info", "convert", "logits"}) {
@@ -119,9 +126,10 @@ TEST(Cli, HelpExplainsEveryOption) {
     }
   }
   const auto g = run(kivi_cmd("generate --help"));
-  for (const char* o : {"--model", "--tokenizer", "--prompt", "--temp", "--top-k", "--top-p", "--seed", "--threads",
-                        "--json", "--no-kv-cache", "--kv-cache", "--group-size", "--residual", "--key-flush",
-                        "--scale-dtype", "--int8-granularity", "--kv-cache-k", "--kv-cache-v"}) {
+  for (const char* o :
+       {"--model", "--tokenizer", "--prompt", "--temp", "--top-k", "--top-p", "--seed", "--threads",
+        "--json", "--no-kv-cache", "--kv-cache", "--group-size", "--residual", "--key-flush",
+        "--scale-dtype", "--int8-granularity", "--kv-cache-k", "--kv-cache-v"}) {
     EXPECT_NE(g.out.find(o), std::string::npos) << o;
   }
 }
@@ -130,8 +138,9 @@ TEST(Cli, InfoDescribesTheModel) {
   KIVI_REQUIRE_MODEL();
   const auto r = run(kivi_cmd("info " + model_args()));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* s : {"llama2.c", "dim              64", "8 query, 4 KV (GQA)", "tokenizer: SentencePiece BPE, 512",
-                        "token_embedding", "KV cache memory at 512 tokens", "kivi2"}) {
+  for (const char* s : {"llama2.c", "dim              64", "8 query, 4 KV (GQA)",
+                        "tokenizer: SentencePiece BPE, 512", "token_embedding",
+                        "KV cache memory at 512 tokens", "kivi2"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   }
 }
@@ -139,11 +148,12 @@ TEST(Cli, InfoDescribesTheModel) {
 TEST(Cli, ConvertedGgufGeneratesTheSameText) {
   KIVI_REQUIRE_MODEL();
   test::TempDir t;
-  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() + "' -o '" +
-                              t.file("s.gguf") + "'"));
+  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() +
+                              "' -o '" + t.file("s.gguf") + "'"));
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const auto a = run(kivi_cmd("generate " + model_args() + " -p 'The cat' --temp 0 -n 100"));
-  const auto b = run(kivi_cmd("generate -m '" + t.file("s.gguf") + "' -p 'The cat' --temp 0 -n 100"));
+  const auto b =
+      run(kivi_cmd("generate -m '" + t.file("s.gguf") + "' -p 'The cat' --temp 0 -n 100"));
   ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_EQ(a.out, b.out);
   const auto i = run(kivi_cmd("info '" + t.file("s.gguf") + "'"));
@@ -154,11 +164,13 @@ TEST(Cli, ConvertedGgufGeneratesTheSameText) {
 // --- bad input -------------------------------------------------------------------
 
 TEST(CliErrors, MissingFileAndDirectory) {
-  expect_error(run(kivi_cmd("generate -m /nonexistent/m.bin -p hi")), "cannot open model file '/nonexistent/m.bin'");
+  expect_error(run(kivi_cmd("generate -m /nonexistent/m.bin -p hi")),
+               "cannot open model file '/nonexistent/m.bin'");
   test::TempDir t;
   expect_error(run(kivi_cmd("generate -m '" + t.path() + "' -p hi")), "is a directory");
-  expect_error(run(kivi_cmd("generate -m '" + test::model_path() + "' -t /nonexistent/tok.bin -p hi")),
-               "cannot open tokenizer file");
+  expect_error(
+      run(kivi_cmd("generate -m '" + test::model_path() + "' -t /nonexistent/tok.bin -p hi")),
+      "cannot open tokenizer file");
 }
 
 TEST(CliErrors, TruncatedAndCorruptModels) {
@@ -169,7 +181,8 @@ TEST(CliErrors, TruncatedAndCorruptModels) {
   test::write_file(t.file("trunc.bin"), std::vector<uint8_t>(img.begin(), img.begin() + 5000));
   expect_error(run(kivi_cmd("generate -m '" + t.file("trunc.bin") + "'" + tok)), "truncated");
   test::write_file(t.file("short.bin"), std::vector<uint8_t>(img.begin(), img.begin() + 20));
-  expect_error(run(kivi_cmd("generate -m '" + t.file("short.bin") + "'" + tok)), "header alone needs 28");
+  expect_error(run(kivi_cmd("generate -m '" + t.file("short.bin") + "'" + tok)),
+               "header alone needs 28");
   auto extra = img;
   extra.resize(img.size() + 100);
   test::write_file(t.file("extra.bin"), extra);
@@ -186,23 +199,27 @@ TEST(CliErrors, TruncatedAndCorruptModels) {
   bad = img;
   std::memcpy(bad.data() + 12, &five, 4);  // n_heads = 5 does not divide 64
   test::write_file(t.file("heads.bin"), bad);
-  expect_error(run(kivi_cmd("generate -m '" + t.file("heads.bin") + "'" + tok)), "n_heads = 5 does not divide dim = 64");
+  expect_error(run(kivi_cmd("generate -m '" + t.file("heads.bin") + "'" + tok)),
+               "n_heads = 5 does not divide dim = 64");
   // A GGUF with wrong magic / version / truncated tensor data.
-  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() + "' -o '" +
-                              t.file("s.gguf") + "'"));
+  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() +
+                              "' -o '" + t.file("s.gguf") + "'"));
   ASSERT_EQ(c.exit_code, 0);
   auto g = test::read_file(t.file("s.gguf"));
   auto gv = g;
   gv[4] = 9;  // version 9
   test::write_file(t.file("v9.gguf"), gv);
-  expect_error(run(kivi_cmd("generate -m '" + t.file("v9.gguf") + "' -p hi")), "unsupported GGUF version 9");
+  expect_error(run(kivi_cmd("generate -m '" + t.file("v9.gguf") + "' -p hi")),
+               "unsupported GGUF version 9");
   auto gm = g;
   gm[0] = 'X';  // not GGUF magic: read as llama2.c, whose header is then nonsense
   test::write_file(t.file("magic.gguf"), gm);
-  expect_error(run(kivi_cmd("generate -m '" + t.file("magic.gguf") + "'" + tok)), "llama2.c header field");
+  expect_error(run(kivi_cmd("generate -m '" + t.file("magic.gguf") + "'" + tok)),
+               "llama2.c header field");
   g.resize(g.size() - 1000);
   test::write_file(t.file("cut.gguf"), g);
-  expect_error(run(kivi_cmd("generate -m '" + t.file("cut.gguf") + "' -p hi")), "runs past the end of the file");
+  expect_error(run(kivi_cmd("generate -m '" + t.file("cut.gguf") + "' -p hi")),
+               "runs past the end of the file");
 }
 
 TEST(CliErrors, TokenizerWithTheWrongVocabularySize) {
@@ -211,7 +228,8 @@ TEST(CliErrors, TokenizerWithTheWrongVocabularySize) {
   auto tok = test::read_file(test::tokenizer_path());
   tok.resize(tok.size() - 30);  // drops the last tokens
   test::write_file(t.file("tok.bin"), tok);
-  expect_error(run(kivi_cmd("generate -m '" + test::model_path() + "' -t '" + t.file("tok.bin") + "' -p hi")),
+  expect_error(run(kivi_cmd("generate -m '" + test::model_path() + "' -t '" + t.file("tok.bin") +
+                            "' -p hi")),
                "fewer tokens than the model's vocabulary size 512");
 }
 
@@ -219,15 +237,19 @@ TEST(CliErrors, PromptLongerThanTheContext) {
   KIVI_REQUIRE_MODEL();
   std::string prompt;
   for (int i = 0; i < 300; ++i) prompt += "hello world ";
-  expect_error(run(kivi_cmd("generate " + model_args() + " -p '" + prompt + "'")), "longer than the context");
-  expect_error(run(kivi_cmd("generate " + model_args() + " --ctx 8 -p 'Once upon a time there was a little girl named Lily'")),
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p '" + prompt + "'")),
                "longer than the context");
-  expect_error(run(kivi_cmd("generate " + model_args() + " --ctx 4096 -p hi")), "larger than the model's context");
+  expect_error(run(kivi_cmd("generate " + model_args() +
+                            " --ctx 8 -p 'Once upon a time there was a little girl named Lily'")),
+               "longer than the context");
+  expect_error(run(kivi_cmd("generate " + model_args() + " --ctx 4096 -p hi")),
+               "larger than the model's context");
 }
 
 TEST(CliErrors, GenerationStopsAtTheContext) {
   KIVI_REQUIRE_MODEL();
-  const auto r = run(kivi_cmd("generate " + model_args() + " --ctx 24 -p 'Once upon a time' --temp 0 -n 1000"));
+  const auto r = run(
+      kivi_cmd("generate " + model_args() + " --ctx 24 -p 'Once upon a time' --temp 0 -n 1000"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("stopped: the context of 24 tokens is full"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("generated 20 tokens"), std::string::npos) << r.err;
@@ -238,16 +260,22 @@ TEST(CliErrors, UnknownOptionsAndBadValues) {
   expect_error(run(kivi_cmd("generate -Z")), "unknown option '-Z'");
   expect_error(run(kivi_cmd("nonsense")), "unknown command 'nonsense'");
   KIVI_REQUIRE_MODEL();
-  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi -n abc")), "--n: 'abc' is not an integer");
-  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --temp -1")), "--temp = -1 is out of range");
-  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --kv-cache q3")), "unknown KV cache format 'q3'");
-  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --kv-cache kivi3")), "not in {2, 4, 8}");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi -n abc")),
+               "--n: 'abc' is not an integer");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --temp -1")),
+               "--temp = -1 is out of range");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --kv-cache q3")),
+               "unknown KV cache format 'q3'");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --kv-cache kivi3")),
+               "not in {2, 4, 8}");
   expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --kv-cache kivi2 -G 32 -R 48")),
                "--residual = 48 must be a multiple of --group-size = 32");
   expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --kv-cache kivi2 -G 1024 -R 0")),
                "--group-size = 1024 is larger than the context");
-  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --key-flush lazy")), "--key-flush");
-  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --simd avx9000")), "unknown or unsupported SIMD target");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --key-flush lazy")),
+               "--key-flush");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --simd avx9000")),
+               "unknown or unsupported SIMD target");
   expect_error(run(kivi_cmd("generate " + model_args() + " -p")), "needs a value");
 }
 

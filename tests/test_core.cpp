@@ -70,14 +70,16 @@ TEST(F16, RoundToNearestEvenMatchesF16C) {
     ASSERT_EQ(f32_to_f16(f), hw_f32_to_f16(f)) << "float bits 0x" << std::hex << bits;
   }
   // Ties, subnormals and the overflow edge.
-  for (float f : {65504.0f, 65519.0f, 65520.0f, 1e-8f, 2.98023224e-8f, 5.96046448e-8f, -0.0f, 6.1035156e-5f,
-                  1.0009765625f + 0.00048828125f}) {
+  for (float f : {65504.0f, 65519.0f, 65520.0f, 1e-8f, 2.98023224e-8f, 5.96046448e-8f, -0.0f,
+                  6.1035156e-5f, 1.0009765625f + 0.00048828125f}) {
     EXPECT_EQ(f32_to_f16(f), hw_f32_to_f16(f)) << f;
   }
 }
 
 // Position of a half in value order (+0 and -0 both map to 0).
-int ordered(uint16_t h) { return (h & 0x8000) ? -static_cast<int>(h & 0x7FFF) : static_cast<int>(h); }
+int ordered(uint16_t h) {
+  return (h & 0x8000) ? -static_cast<int>(h & 0x7FFF) : static_cast<int>(h);
+}
 
 TEST(F16, DirectedRoundingBracketsTheValue) {
   Rng rng(11);

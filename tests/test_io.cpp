@@ -38,7 +38,13 @@ struct TinyGguf {
     g.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
     g.add_u32("llama.vocab_size", vocab);
     g.add_string("tokenizer.ggml.model", tok_model);
-    std::vector<std::string> toks = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "\xE2\x96\x81" "a"};
+    std::vector<std::string> toks = {"<unk>",
+                                     "<s>",
+                                     "</s>",
+                                     "\xE2\x96\x81",
+                                     "a",
+                                     "\xE2\x96\x81"
+                                     "a"};
     toks.resize(tokens_in_vocab, "x");
     g.add_string_array("tokenizer.ggml.tokens", toks);
     g.add_f32_array("tokenizer.ggml.scores", std::vector<float>(toks.size(), 0.0f));
@@ -54,7 +60,8 @@ struct TinyGguf {
       const bool matrix = dims.size() == 2;
       g.add_tensor(name, dims, matrix && f16_matrices ? GgmlType::kF16 : GgmlType::kF32,
                    static_cast<const void*>(w.data()));
-      if (name == duplicate_tensor) g.add_tensor(name, dims, GgmlType::kF32, static_cast<const void*>(w.data()));
+      if (name == duplicate_tensor)
+        g.add_tensor(name, dims, GgmlType::kF32, static_cast<const void*>(w.data()));
     };
     const uint64_t d = dim, kv = kv_heads * (dim / heads);
     add("token_embd.weight", {d, static_cast<uint64_t>(vocab)});
@@ -101,8 +108,10 @@ TEST(Gguf, WriterAndReaderRoundTrip) {
   std::vector<uint16_t> h(6, 0x3C00);  // 1.0 in f16
   g.add_tensor("a", {5, 3}, GgmlType::kF32, static_cast<const void*>(a.data()));
   g.add_tensor("h", {6}, GgmlType::kF16, static_cast<const void*>(h.data()));
-  g.add_tensor("gen", {4}, GgmlType::kF32, GgufWriter::Generator([](uint64_t first, uint64_t n, void* dst) {
-                 for (uint64_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = static_cast<float>(first + i) * 10;
+  g.add_tensor("gen", {4}, GgmlType::kF32,
+               GgufWriter::Generator([](uint64_t first, uint64_t n, void* dst) {
+                 for (uint64_t i = 0; i < n; ++i)
+                   static_cast<float*>(dst)[i] = static_cast<float>(first + i) * 10;
                }));
   const std::string path = t.file("x.gguf");
   g.write(path);
@@ -201,32 +210,37 @@ TEST(Gguf, HostileTensorTable) {
     TinyGguf tg;
     tg.duplicate_tensor = "blk.0.attn_k.weight";
     tg.write(t.file("dup.gguf"));
-    EXPECT_NE(load_error(t.file("dup.gguf")).find("duplicate tensor 'blk.0.attn_k.weight'"), std::string::npos);
+    EXPECT_NE(load_error(t.file("dup.gguf")).find("duplicate tensor 'blk.0.attn_k.weight'"),
+              std::string::npos);
   }
   {
     TinyGguf tg;
     tg.skip_tensor = "blk.0.ffn_up.weight";
     tg.write(t.file("miss.gguf"));
-    EXPECT_NE(load_error(t.file("miss.gguf")).find("missing tensor 'blk.0.ffn_up.weight'"), std::string::npos);
+    EXPECT_NE(load_error(t.file("miss.gguf")).find("missing tensor 'blk.0.ffn_up.weight'"),
+              std::string::npos);
   }
   {
     TinyGguf tg;
     tg.q_dims = {8, 9};
     tg.write(t.file("shape.gguf"));
-    EXPECT_NE(load_error(t.file("shape.gguf")).find("'blk.0.attn_q.weight' has shape [8, 9], expected [8, 8]"),
+    EXPECT_NE(load_error(t.file("shape.gguf"))
+                  .find("'blk.0.attn_q.weight' has shape [8, 9], expected [8, 8]"),
               std::string::npos);
   }
   {
     TinyGguf tg;
     tg.arch = "gpt2";
     tg.write(t.file("arch.gguf"));
-    EXPECT_NE(load_error(t.file("arch.gguf")).find("unsupported architecture 'gpt2'"), std::string::npos);
+    EXPECT_NE(load_error(t.file("arch.gguf")).find("unsupported architecture 'gpt2'"),
+              std::string::npos);
   }
   {
     TinyGguf tg;
     tg.tok_model = "rwkv";
     tg.write(t.file("tok.gguf"));
-    EXPECT_NE(load_error(t.file("tok.gguf")).find("unsupported tokenizer 'rwkv'"), std::string::npos);
+    EXPECT_NE(load_error(t.file("tok.gguf")).find("unsupported tokenizer 'rwkv'"),
+              std::string::npos);
   }
   {
     TinyGguf tg;
@@ -238,7 +252,8 @@ TEST(Gguf, HostileTensorTable) {
     TinyGguf tg;
     tg.tokens_in_vocab = 5;
     tg.write(t.file("vocab.gguf"));
-    EXPECT_NE(load_error(t.file("vocab.gguf")).find("tokenizer has 5 tokens but the model's vocabulary size is"),
+    EXPECT_NE(load_error(t.file("vocab.gguf"))
+                  .find("tokenizer has 5 tokens but the model's vocabulary size is"),
               std::string::npos);
   }
   {
@@ -255,7 +270,8 @@ TEST(Gguf, HostileTensorTable) {
     ASSERT_GT(img.size(), 8u);
     img.erase(img.end() - 8, img.end());  // (resize(size - 8) trips -Wstringop-overflow at -O1)
     test::write_file(t.file("cut.gguf"), img);
-    EXPECT_NE(load_error(t.file("cut.gguf")).find("runs past the end of the file"), std::string::npos);
+    EXPECT_NE(load_error(t.file("cut.gguf")).find("runs past the end of the file"),
+              std::string::npos);
   }
   {
     TinyGguf tg;
@@ -295,7 +311,8 @@ TEST(Gguf, OverlappingTensorsAreRejected) {
   }
   // attn_q moved to start 32 bytes before the next tensor: its 256 bytes run into it.
   const io::GgufTensor* k = f.find_tensor("blk.0.attn_k.weight");
-  EXPECT_NE(parse_error(with_offset("blk.0.attn_q.weight", k->offset - 32)).find("overlaps"), std::string::npos);
+  EXPECT_NE(parse_error(with_offset("blk.0.attn_q.weight", k->offset - 32)).find("overlaps"),
+            std::string::npos);
   // The unmodified file: every tensor's range ends where the next begins (touching is fine).
   EXPECT_EQ(parse_error(good), "");
 }
@@ -364,13 +381,15 @@ TEST(Llama2c, TokenizerVocabularySizeMustMatch) {
     io::read_llama2c_tokenizer(test::tokenizer_path(), 500);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("more tokens than the model's vocabulary size 500"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("more tokens than the model's vocabulary size 500"),
+              std::string::npos);
   }
   try {
     io::read_llama2c_tokenizer(test::tokenizer_path(), 600);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("fewer tokens than the model's vocabulary size 600"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("fewer tokens than the model's vocabulary size 600"),
+              std::string::npos);
   }
 }
 

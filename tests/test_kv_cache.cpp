@@ -22,8 +22,8 @@ using kv::Int8Granularity;
 using kv::KeyFlush;
 using kv::ParamType;
 
-CacheConfig config(Format kf, Format vf, int G, int R, KeyFlush flush, int H = 2, int D = 16, int ctx = 300,
-                   Int8Granularity g = Int8Granularity::kHead) {
+CacheConfig config(Format kf, Format vf, int G, int R, KeyFlush flush, int H = 2, int D = 16,
+                   int ctx = 300, Int8Granularity g = Int8Granularity::kHead) {
   CacheConfig c;
   c.n_layers = 2;
   c.n_kv_heads = H;
@@ -72,8 +72,10 @@ TEST(KvCache, FlushScheduleFollowsTheRules) {
       for (int n = 1; n <= 400; ++n) {
         cache.append(0, x.data(), x.data());
         sim.append();
-        ASSERT_EQ(cache.raw(0, kv::Stream::kKey).n_stored, sim.keys_q) << "G " << G << " R " << R << " n " << n;
-        ASSERT_EQ(cache.raw(0, kv::Stream::kValue).n_stored, sim.vals_q) << "G " << G << " R " << R << " n " << n;
+        ASSERT_EQ(cache.raw(0, kv::Stream::kKey).n_stored, sim.keys_q)
+            << "G " << G << " R " << R << " n " << n;
+        ASSERT_EQ(cache.raw(0, kv::Stream::kValue).n_stored, sim.vals_q)
+            << "G " << G << " R " << R << " n " << n;
         ASSERT_EQ(kv::keys_quantized_after(c, n), sim.keys_q);
         ASSERT_EQ(kv::values_quantized_after(c, n), sim.vals_q);
         ASSERT_EQ(sim.keys_q % G, 0);  // never a partial key group
@@ -112,20 +114,28 @@ TEST(KvCache, StoredTokensMatchTheCodec) {
           attn::dequantize_key(view.k, t, h, got.data());
           if (t < view.k.n_stored) {
             const int g0 = t / G * G;
-            for (int i = 0; i < G; ++i) std::copy(K[g0 + i].begin() + h * D, K[g0 + i].begin() + (h + 1) * D, grp.begin() + i * D);
+            for (int i = 0; i < G; ++i)
+              std::copy(K[g0 + i].begin() + h * D, K[g0 + i].begin() + (h + 1) * D,
+                        grp.begin() + i * D);
             kv::quantize_keys(grp.data(), 1, G, D, G, bits, pt, codes.data(), sc.data(), zr.data());
-            kv::dequantize_keys(codes.data(), sc.data(), zr.data(), 1, G, D, G, bits, pt, want.data());
-            ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin() + (t - g0) * D)) << "key t " << t;
+            kv::dequantize_keys(codes.data(), sc.data(), zr.data(), 1, G, D, G, bits, pt,
+                                want.data());
+            ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin() + (t - g0) * D))
+                << "key t " << t;
           } else {
-            ASSERT_TRUE(std::equal(got.begin(), got.end(), K[t].begin() + h * D)) << "residual key t " << t;
+            ASSERT_TRUE(std::equal(got.begin(), got.end(), K[t].begin() + h * D))
+                << "residual key t " << t;
           }
           attn::dequantize_value(view.v, t, h, got.data());
           if (t < view.v.n_stored) {
-            kv::quantize_values(V[t].data() + h * D, 1, 1, D, G, bits, pt, codes.data(), sc.data(), zr.data());
-            kv::dequantize_values(codes.data(), sc.data(), zr.data(), 1, 1, D, G, bits, pt, want.data());
+            kv::quantize_values(V[t].data() + h * D, 1, 1, D, G, bits, pt, codes.data(), sc.data(),
+                                zr.data());
+            kv::dequantize_values(codes.data(), sc.data(), zr.data(), 1, 1, D, G, bits, pt,
+                                  want.data());
             ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << "value t " << t;
           } else {
-            ASSERT_TRUE(std::equal(got.begin(), got.end(), V[t].begin() + h * D)) << "residual value t " << t;
+            ASSERT_TRUE(std::equal(got.begin(), got.end(), V[t].begin() + h * D))
+                << "residual value t " << t;
           }
         }
       }
@@ -135,8 +145,10 @@ TEST(KvCache, StoredTokensMatchTheCodec) {
 
 TEST(KvCache, RowFormatsStoreWhatTheCodecWrites) {
   const int H = 3, D = 16, N = 70;
-  for (auto [f, g] : {std::pair{Format::kF32, Int8Granularity::kHead}, {Format::kF16, Int8Granularity::kHead},
-                      {Format::kInt8, Int8Granularity::kToken}, {Format::kInt8, Int8Granularity::kHead},
+  for (auto [f, g] : {std::pair{Format::kF32, Int8Granularity::kHead},
+                      {Format::kF16, Int8Granularity::kHead},
+                      {Format::kInt8, Int8Granularity::kToken},
+                      {Format::kInt8, Int8Granularity::kHead},
                       {Format::kInt8, Int8Granularity::kGroup}}) {
     CacheConfig c = config(f, f, 8, 0, KeyFlush::kBatch, H, D, 100, g);
     kv::KvCache cache(c);
@@ -162,14 +174,16 @@ TEST(KvCache, RowFormatsStoreWhatTheCodecWrites) {
       }
       for (int h = 0; h < H; ++h) {
         attn::dequantize_key(view.k, t, h, got.data());
-        ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin() + h * D)) << kv::format_name(f) << " t " << t;
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin() + h * D))
+            << kv::format_name(f) << " t " << t;
       }
     }
   }
 }
 
 TEST(KvCache, Int8TensorScaleIsFixedByCalibrationAndClampsLater) {
-  CacheConfig c = config(Format::kInt8, Format::kInt8, 8, 0, KeyFlush::kBatch, 1, 8, 16, Int8Granularity::kTensor);
+  CacheConfig c = config(Format::kInt8, Format::kInt8, 8, 0, KeyFlush::kBatch, 1, 8, 16,
+                         Int8Granularity::kTensor);
   c.param_type = ParamType::kF32;
   kv::KvCache cache(c);
   std::vector<float> small(8, 1.27f), big(8, 0.0f);
@@ -190,9 +204,11 @@ TEST(KvCache, Int8TensorScaleIsFixedByCalibrationAndClampsLater) {
 TEST(KvCache, MemoryAccountingMatchesTheFormula) {
   std::vector<CacheConfig> cfgs;
   for (Format f : {Format::kF32, Format::kF16, Format::kKivi2, Format::kKivi4, Format::kKivi8}) {
-    for (KeyFlush fl : {KeyFlush::kBatch, KeyFlush::kGroup}) cfgs.push_back(config(f, f, 32, 64, fl, 2, 32, 500));
+    for (KeyFlush fl : {KeyFlush::kBatch, KeyFlush::kGroup})
+      cfgs.push_back(config(f, f, 32, 64, fl, 2, 32, 500));
   }
-  for (auto g : {Int8Granularity::kTensor, Int8Granularity::kToken, Int8Granularity::kHead, Int8Granularity::kGroup}) {
+  for (auto g : {Int8Granularity::kTensor, Int8Granularity::kToken, Int8Granularity::kHead,
+                 Int8Granularity::kGroup}) {
     cfgs.push_back(config(Format::kInt8, Format::kInt8, 8, 0, KeyFlush::kBatch, 2, 32, 500, g));
   }
   cfgs.push_back(config(Format::kKivi4, Format::kKivi2, 32, 0, KeyFlush::kBatch, 2, 32, 500));
@@ -204,7 +220,8 @@ TEST(KvCache, MemoryAccountingMatchesTheFormula) {
     std::vector<float> x(2 * 32, 0.5f);
     for (int n = 1; n <= 500; ++n) {
       for (int l = 0; l < c.n_layers; ++l) cache.append(l, x.data(), x.data());
-      ASSERT_EQ(cache.bytes_used(), kv::expected_bytes_used(c, n)) << kv::describe(c.k) << " n " << n;
+      ASSERT_EQ(cache.bytes_used(), kv::expected_bytes_used(c, n))
+          << kv::describe(c.k) << " n " << n;
     }
     // Past the residual, used bytes grow by exactly the formula's bytes per token
     // (per whole key group for per-channel keys).
@@ -226,8 +243,9 @@ TEST(KvCache, BytesPerTokenForLlamaShapes) {
   // Llama-2-7B: 32 layers x 32 KV heads x 128.
   EXPECT_EQ(bpt(32, Format::kF32), 1048576.0);  // 32*32*128*2*4
   EXPECT_EQ(bpt(32, Format::kF16), 524288.0);
-  EXPECT_EQ(bpt(32, Format::kInt8), 32.0 * 32 * 2 * (128 + 2));      // codes + one f16 scale per head
-  EXPECT_EQ(bpt(32, Format::kKivi4), 32.0 * 32 * 2 * (64 + 16));     // K: 64 + 2*2*128/32; V: 64 + 2*2*4
+  EXPECT_EQ(bpt(32, Format::kInt8), 32.0 * 32 * 2 * (128 + 2));  // codes + one f16 scale per head
+  EXPECT_EQ(bpt(32, Format::kKivi4),
+            32.0 * 32 * 2 * (64 + 16));  // K: 64 + 2*2*128/32; V: 64 + 2*2*4
   EXPECT_EQ(bpt(32, Format::kKivi2), 32.0 * 32 * 2 * (32 + 16));
   // Llama-3-8B: 8 KV heads.
   EXPECT_EQ(bpt(8, Format::kF16), 131072.0);
@@ -244,11 +262,14 @@ TEST(KvCache, BadParametersNameTheParameter) {
     }
     return "";
   };
-  EXPECT_NE(err(config(Format::kKivi2, Format::kKivi2, 32, 48, KeyFlush::kBatch)).find("--residual = 48 must be a multiple of --group-size = 32"),
+  EXPECT_NE(err(config(Format::kKivi2, Format::kKivi2, 32, 48, KeyFlush::kBatch))
+                .find("--residual = 48 must be a multiple of --group-size = 32"),
             std::string::npos);
-  EXPECT_NE(err(config(Format::kKivi2, Format::kKivi2, 512, 0, KeyFlush::kBatch, 2, 16, 300)).find("--group-size = 512 is larger than the context (300 tokens)"),
+  EXPECT_NE(err(config(Format::kKivi2, Format::kKivi2, 512, 0, KeyFlush::kBatch, 2, 16, 300))
+                .find("--group-size = 512 is larger than the context (300 tokens)"),
             std::string::npos);
-  EXPECT_EQ(err(config(Format::kF16, Format::kF16, 32, 48, KeyFlush::kBatch)), "");  // R is unused without KIVI
+  EXPECT_EQ(err(config(Format::kF16, Format::kF16, 32, 48, KeyFlush::kBatch)),
+            "");  // R is unused without KIVI
   try {
     kv::parse_format("q3");
     FAIL();
@@ -362,17 +383,21 @@ TEST(KvCache, CrossLayerSharing) {
   EXPECT_EQ(v3.k.codes, v2.k.codes);
   EXPECT_EQ(v3.v.ring, v2.v.ring);
   EXPECT_EQ(v3.n_tokens, 100);
-  EXPECT_NE(error_of([&] { cache.append(3, k.data(), v.data()); }).find("layer 3 reads layer 2's cache"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { cache.append(3, k.data(), v.data()); }).find("layer 3 reads layer 2's cache"),
+      std::string::npos);
   // Maps: explicit pairs on top of the groups, and the errors.
   c.share_every = 1;
   c.share_map = {{3, 1}, {4, 1}};
   EXPECT_EQ(kv::layer_owners(c), (std::vector<int>{0, 1, 2, 1, 1}));
   c.share_map = {{1, 3}};
-  EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("the owner must be an earlier layer"), std::string::npos);
+  EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("the owner must be an earlier layer"),
+            std::string::npos);
   c.share_map = {{7, 1}};
   EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("layers are 0 to 4"), std::string::npos);
   c.share_map = {{2, 1}, {1, 0}};
-  EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("which itself reads layer 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { kv::layer_owners(c); }).find("which itself reads layer 0"),
+            std::string::npos);
 }
 
 }  // namespace
@@ -426,8 +451,11 @@ TEST(KvCache, DropRenumbersWithoutCopying) {
       const auto after = rows(0);
       const size_t per_token = 4 * 16;
       ASSERT_EQ(after.size(), before.size() - 64 * per_token) << what;
-      EXPECT_TRUE(std::equal(after.begin(), after.begin() + 32 * per_token, before.begin())) << what;
-      EXPECT_TRUE(std::equal(after.begin() + 32 * per_token, after.end(), before.begin() + 96 * per_token)) << what;
+      EXPECT_TRUE(std::equal(after.begin(), after.begin() + 32 * per_token, before.begin()))
+          << what;
+      EXPECT_TRUE(
+          std::equal(after.begin() + 32 * per_token, after.end(), before.begin() + 96 * per_token))
+          << what;
       // More tokens after the drop, including ring wrap-arounds; then residual rows are
       // the appended floats, exactly.
       ks.erase(ks.begin() + 32, ks.begin() + 96);
@@ -439,11 +467,13 @@ TEST(KvCache, DropRenumbersWithoutCopying) {
         for (int h = 0; h < 2; ++h) {
           if (t >= view.k.n_stored) {
             attn::dequantize_key(view.k, t, h, x.data());
-            EXPECT_TRUE(std::equal(x.begin(), x.end(), ks[t].begin() + 16 * h)) << what << " key " << t;
+            EXPECT_TRUE(std::equal(x.begin(), x.end(), ks[t].begin() + 16 * h))
+                << what << " key " << t;
           }
           if (t >= view.v.n_stored) {
             attn::dequantize_value(view.v, t, h, x.data());
-            EXPECT_TRUE(std::equal(x.begin(), x.end(), vs[t].begin() + 16 * h)) << what << " value " << t;
+            EXPECT_TRUE(std::equal(x.begin(), x.end(), vs[t].begin() + 16 * h))
+                << what << " value " << t;
           }
         }
       }
@@ -454,7 +484,8 @@ TEST(KvCache, DropRenumbersWithoutCopying) {
         }
       }
       EXPECT_EQ(cache.n_tokens(0), 236) << what;
-      EXPECT_NE(error_of([&] { cache.drop(0, 16, 32); }).find("whole blocks of 32 tokens"), std::string::npos);
+      EXPECT_NE(error_of([&] { cache.drop(0, 16, 32); }).find("whole blocks of 32 tokens"),
+                std::string::npos);
     }
   }
 }

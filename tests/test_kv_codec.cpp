@@ -23,7 +23,8 @@ struct Quantized {
   float zero_at(size_t i, ParamType pt) const { return kv::load_param(zero.data(), i, pt); }
 };
 
-Quantized keys_roundtrip(const std::vector<float>& x, int S, int T, int D, int G, int bits, ParamType pt) {
+Quantized keys_roundtrip(const std::vector<float>& x, int S, int T, int D, int G, int bits,
+                         ParamType pt) {
   Quantized q;
   q.codes.resize(static_cast<size_t>(S) * T * D * bits / 8);
   const size_t np = static_cast<size_t>(S) * (T / G) * D;
@@ -31,19 +32,23 @@ Quantized keys_roundtrip(const std::vector<float>& x, int S, int T, int D, int G
   q.zero.resize(np * 4);
   kv::quantize_keys(x.data(), S, T, D, G, bits, pt, q.codes.data(), q.scale.data(), q.zero.data());
   q.out.resize(x.size());
-  kv::dequantize_keys(q.codes.data(), q.scale.data(), q.zero.data(), S, T, D, G, bits, pt, q.out.data());
+  kv::dequantize_keys(q.codes.data(), q.scale.data(), q.zero.data(), S, T, D, G, bits, pt,
+                      q.out.data());
   return q;
 }
 
-Quantized values_roundtrip(const std::vector<float>& x, int S, int T, int D, int G, int bits, ParamType pt) {
+Quantized values_roundtrip(const std::vector<float>& x, int S, int T, int D, int G, int bits,
+                           ParamType pt) {
   Quantized q;
   q.codes.resize(static_cast<size_t>(S) * T * D * bits / 8);
   const size_t np = static_cast<size_t>(S) * T * (D / G);
   q.scale.resize(np * 4);
   q.zero.resize(np * 4);
-  kv::quantize_values(x.data(), S, T, D, G, bits, pt, q.codes.data(), q.scale.data(), q.zero.data());
+  kv::quantize_values(x.data(), S, T, D, G, bits, pt, q.codes.data(), q.scale.data(),
+                      q.zero.data());
   q.out.resize(x.size());
-  kv::dequantize_values(q.codes.data(), q.scale.data(), q.zero.data(), S, T, D, G, bits, pt, q.out.data());
+  kv::dequantize_values(q.codes.data(), q.scale.data(), q.zero.data(), S, T, D, G, bits, pt,
+                        q.out.data());
   return q;
 }
 
@@ -78,7 +83,7 @@ TEST(KiviCodec, KnownValuesKeys) {
       EXPECT_EQ(q.scale_at(d, pt), 1.0f);
       EXPECT_EQ(q.zero_at(d, pt), 1.0f);
     }
-    EXPECT_EQ(q.codes[0], 228);  // token 0: codes 0, 1, 2, 3
+    EXPECT_EQ(q.codes[0], 228);         // token 0: codes 0, 1, 2, 3
     EXPECT_EQ(q.codes[1], 0b00111001);  // token 1: codes 1, 2, 3, 0
     EXPECT_EQ(q.out, k);
   }
@@ -168,12 +173,16 @@ TEST(KiviCodec, SlicesAreIndependent) {
   const auto all = keys_roundtrip(x, B * H, T, D, G, 2, ParamType::kF16);
   const auto allv = values_roundtrip(x, B * H, T, D, 8, 4, ParamType::kF16);
   for (int s = 0; s < B * H; ++s) {
-    std::vector<float> one(x.begin() + static_cast<size_t>(s) * T * D, x.begin() + static_cast<size_t>(s + 1) * T * D);
+    std::vector<float> one(x.begin() + static_cast<size_t>(s) * T * D,
+                           x.begin() + static_cast<size_t>(s + 1) * T * D);
     const auto q1 = keys_roundtrip(one, 1, T, D, G, 2, ParamType::kF16);
-    ASSERT_TRUE(std::equal(q1.out.begin(), q1.out.end(), all.out.begin() + static_cast<size_t>(s) * T * D));
-    ASSERT_TRUE(std::equal(q1.codes.begin(), q1.codes.end(), all.codes.begin() + static_cast<size_t>(s) * T * D / 4));
+    ASSERT_TRUE(
+        std::equal(q1.out.begin(), q1.out.end(), all.out.begin() + static_cast<size_t>(s) * T * D));
+    ASSERT_TRUE(std::equal(q1.codes.begin(), q1.codes.end(),
+                           all.codes.begin() + static_cast<size_t>(s) * T * D / 4));
     const auto v1 = values_roundtrip(one, 1, T, D, 8, 4, ParamType::kF16);
-    ASSERT_TRUE(std::equal(v1.out.begin(), v1.out.end(), allv.out.begin() + static_cast<size_t>(s) * T * D));
+    ASSERT_TRUE(std::equal(v1.out.begin(), v1.out.end(),
+                           allv.out.begin() + static_cast<size_t>(s) * T * D));
   }
 }
 
@@ -204,9 +213,15 @@ TEST(KiviCodec, ConstantInputIsExactAndFinite) {
 TEST(KiviCodec, BadParametersAreErrors) {
   std::vector<float> x(64, 1.0f);
   std::vector<uint8_t> c(64), s(256), z(256);
-  EXPECT_THROW(kv::quantize_keys(x.data(), 1, 8, 8, 8, 3, ParamType::kF16, c.data(), s.data(), z.data()), Error);
-  EXPECT_THROW(kv::quantize_keys(x.data(), 1, 6, 8, 4, 2, ParamType::kF16, c.data(), s.data(), z.data()), Error);
-  EXPECT_THROW(kv::quantize_values(x.data(), 1, 8, 8, 3, 2, ParamType::kF16, c.data(), s.data(), z.data()), Error);
+  EXPECT_THROW(
+      kv::quantize_keys(x.data(), 1, 8, 8, 8, 3, ParamType::kF16, c.data(), s.data(), z.data()),
+      Error);
+  EXPECT_THROW(
+      kv::quantize_keys(x.data(), 1, 6, 8, 4, 2, ParamType::kF16, c.data(), s.data(), z.data()),
+      Error);
+  EXPECT_THROW(
+      kv::quantize_values(x.data(), 1, 8, 8, 3, 2, ParamType::kF16, c.data(), s.data(), z.data()),
+      Error);
   try {
     kv::check_bits(3);
     FAIL();
@@ -219,15 +234,16 @@ TEST(KiviCodec, BadParametersAreErrors) {
 TEST(Int8Codec, GranularitiesRoundTrip) {
   const int T = 5, H = 3, D = 16, G = 8;
   const auto x = randn(static_cast<size_t>(T) * H * D, 8, 2.0f);
-  for (auto g : {kv::Int8Granularity::kTensor, kv::Int8Granularity::kToken, kv::Int8Granularity::kHead,
-                 kv::Int8Granularity::kGroup}) {
+  for (auto g : {kv::Int8Granularity::kTensor, kv::Int8Granularity::kToken,
+                 kv::Int8Granularity::kHead, kv::Int8Granularity::kGroup}) {
     for (ParamType pt : {ParamType::kF32, ParamType::kF16}) {
       std::vector<int8_t> codes(x.size());
       std::vector<uint8_t> scales(static_cast<size_t>(T) * H * (D / G) * 4 + 4);
       float amax = 0;
       for (float v : x) amax = std::max(amax, std::fabs(v));
       const float ts = kv::int8_scale(amax, pt);
-      const int64_t clamped = kv::quantize_int8(x.data(), T, H, D, g, G, pt, codes.data(), scales.data(), ts);
+      const int64_t clamped =
+          kv::quantize_int8(x.data(), T, H, D, g, G, pt, codes.data(), scales.data(), ts);
       EXPECT_EQ(clamped, 0);
       std::vector<float> out(x.size());
       kv::dequantize_int8(codes.data(), scales.data(), T, H, D, g, G, pt, out.data(), ts);
@@ -238,7 +254,8 @@ TEST(Int8Codec, GranularitiesRoundTrip) {
             float s = ts;
             if (g == kv::Int8Granularity::kToken) s = kv::load_param(scales.data(), t, pt);
             if (g == kv::Int8Granularity::kHead) s = kv::load_param(scales.data(), t * H + h, pt);
-            if (g == kv::Int8Granularity::kGroup) s = kv::load_param(scales.data(), (t * H + h) * (D / G) + d / G, pt);
+            if (g == kv::Int8Granularity::kGroup)
+              s = kv::load_param(scales.data(), (t * H + h) * (D / G) + d / G, pt);
             ASSERT_LE(std::fabs(out[i] - x[i]), 0.5f * s * (1 + 1e-6f)) << kv::granularity_name(g);
             ASSERT_LE(std::abs(codes[i]), 127);
           }
@@ -248,19 +265,21 @@ TEST(Int8Codec, GranularitiesRoundTrip) {
   const std::vector<float> k = {127, -64, 3, 0};
   std::vector<int8_t> c(4);
   std::vector<uint8_t> s(4);
-  kv::quantize_int8(k.data(), 1, 1, 4, kv::Int8Granularity::kHead, 4, ParamType::kF32, c.data(), s.data());
+  kv::quantize_int8(k.data(), 1, 1, 4, kv::Int8Granularity::kHead, 4, ParamType::kF32, c.data(),
+                    s.data());
   EXPECT_EQ(kv::load_param(s.data(), 0, ParamType::kF32), 1.0f);
   EXPECT_EQ(c, (std::vector<int8_t>{127, -64, 3, 0}));
   // Tensor scale fixed at 1: values past 127 clamp and are counted.
   const std::vector<float> big = {200, -300, 5, 0};
-  const int64_t n = kv::quantize_int8(big.data(), 1, 1, 4, kv::Int8Granularity::kTensor, 4, ParamType::kF32,
-                                      c.data(), s.data(), 1.0f);
+  const int64_t n = kv::quantize_int8(big.data(), 1, 1, 4, kv::Int8Granularity::kTensor, 4,
+                                      ParamType::kF32, c.data(), s.data(), 1.0f);
   EXPECT_EQ(n, 2);
   EXPECT_EQ(c, (std::vector<int8_t>{127, -127, 5, 0}));
   // Constant zero input: scale 0, codes 0, exact.
   const std::vector<float> z(8, 0.0f);
   std::vector<int8_t> cz(8, 9);
-  kv::quantize_int8(z.data(), 1, 1, 8, kv::Int8Granularity::kHead, 8, ParamType::kF16, cz.data(), s.data());
+  kv::quantize_int8(z.data(), 1, 1, 8, kv::Int8Granularity::kHead, 8, ParamType::kF16, cz.data(),
+                    s.data());
   EXPECT_EQ(cz, std::vector<int8_t>(8, 0));
 }
 
@@ -273,10 +292,12 @@ TEST(KiviInsight, PerChannelKeysBeatPerTokenKeys) {
     Rng r(21 + bits);
     std::vector<float> k(static_cast<size_t>(T) * D), q(D);
     for (int t = 0; t < T; ++t)
-      for (int d = 0; d < D; ++d) k[t * D + d] = r.normal() * (d % 16 == 3 ? 20.0f : 1.0f);  // 4 outlier channels
+      for (int d = 0; d < D; ++d)
+        k[t * D + d] = r.normal() * (d % 16 == 3 ? 20.0f : 1.0f);  // 4 outlier channels
     for (auto& v : q) v = r.normal();
     const auto per_channel = keys_roundtrip(k, 1, T, D, G, bits, ParamType::kF32).out;
-    const auto per_token = values_roundtrip(k, 1, T, D, G, bits, ParamType::kF32).out;  // groups along channels
+    const auto per_token =
+        values_roundtrip(k, 1, T, D, G, bits, ParamType::kF32).out;  // groups along channels
     double e_ch = 0, e_tok = 0;
     for (int t = 0; t < T; ++t) {
       double s = 0, sc = 0, st = 0;
@@ -288,7 +309,8 @@ TEST(KiviInsight, PerChannelKeysBeatPerTokenKeys) {
       e_ch += (s - sc) * (s - sc);
       e_tok += (s - st) * (s - st);
     }
-    EXPECT_LT(e_ch, e_tok) << bits << "-bit: per-channel score error " << e_ch << " vs per-token " << e_tok;
+    EXPECT_LT(e_ch, e_tok) << bits << "-bit: per-channel score error " << e_ch << " vs per-token "
+                           << e_tok;
   }
 }
 
@@ -298,12 +320,14 @@ TEST(KiviInsight, PerTokenValuesBeatPerChannelValues) {
     Rng r(41 + bits);
     std::vector<float> v(static_cast<size_t>(T) * D), p(T);
     for (int t = 0; t < T; ++t)
-      for (int d = 0; d < D; ++d) v[t * D + d] = r.normal() * (t % 16 == 5 ? 20.0f : 1.0f);  // outlier tokens
+      for (int d = 0; d < D; ++d)
+        v[t * D + d] = r.normal() * (t % 16 == 5 ? 20.0f : 1.0f);  // outlier tokens
     double psum = 0;
     for (auto& x : p) psum += (x = std::exp(r.normal()));
     for (auto& x : p) x = static_cast<float>(x / psum);
     const auto per_token = values_roundtrip(v, 1, T, D, G, bits, ParamType::kF32).out;
-    const auto per_channel = keys_roundtrip(v, 1, T, D, G, bits, ParamType::kF32).out;  // groups along tokens
+    const auto per_channel =
+        keys_roundtrip(v, 1, T, D, G, bits, ParamType::kF32).out;  // groups along tokens
     double e_tok = 0, e_ch = 0;
     for (int d = 0; d < D; ++d) {
       double o = 0, ot = 0, oc = 0;
@@ -315,7 +339,8 @@ TEST(KiviInsight, PerTokenValuesBeatPerChannelValues) {
       e_tok += (o - ot) * (o - ot);
       e_ch += (o - oc) * (o - oc);
     }
-    EXPECT_LT(e_tok, e_ch) << bits << "-bit: per-token output error " << e_tok << " vs per-channel " << e_ch;
+    EXPECT_LT(e_tok, e_ch) << bits << "-bit: per-token output error " << e_tok << " vs per-channel "
+                           << e_ch;
   }
 }
 
@@ -338,8 +363,10 @@ TEST(KiviCodec, StoredF16ParametersCoverEveryGroup) {
           const float* row = &x[static_cast<size_t>(t) * D];
           const double mn = *std::min_element(row, row + D), mx = *std::max_element(row, row + D);
           const double z = qv.zero_at(t, ParamType::kF16), s = qv.scale_at(t, ParamType::kF16);
-          EXPECT_LE(z, mn) << bits << "-bit values, offset " << offset << " spread " << spread << " token " << t;
-          EXPECT_GE(z + L * s, mx) << bits << "-bit values, offset " << offset << " spread " << spread;
+          EXPECT_LE(z, mn) << bits << "-bit values, offset " << offset << " spread " << spread
+                           << " token " << t;
+          EXPECT_GE(z + L * s, mx)
+              << bits << "-bit values, offset " << offset << " spread " << spread;
           EXPECT_GE(s, 0.0);
           ++groups;
         }
@@ -353,8 +380,10 @@ TEST(KiviCodec, StoredF16ParametersCoverEveryGroup) {
             }
             const double z = qk.zero_at(static_cast<size_t>(g) * D + d, ParamType::kF16);
             const double s = qk.scale_at(static_cast<size_t>(g) * D + d, ParamType::kF16);
-            EXPECT_LE(z, mn) << bits << "-bit keys, offset " << offset << " spread " << spread << " channel " << d;
-            EXPECT_GE(z + L * s, mx) << bits << "-bit keys, offset " << offset << " spread " << spread;
+            EXPECT_LE(z, mn) << bits << "-bit keys, offset " << offset << " spread " << spread
+                             << " channel " << d;
+            EXPECT_GE(z + L * s, mx)
+                << bits << "-bit keys, offset " << offset << " spread " << spread;
             ++groups;
           }
         }
@@ -388,7 +417,8 @@ TEST(KiviCodec, F16ZeroPointRoundsDown) {
   std::memcpy(&scale, qk.scale.data(), 2);
   EXPECT_EQ(zero, 0x3C00);
   EXPECT_EQ(scale, 0x3556);
-  for (int t = 0; t < 4; ++t) EXPECT_FLOAT_EQ(qk.out[t * 4], 1.0f + (t == 0 ? 0 : t == 3 ? 3 : 1) * 0.33349609375f);
+  for (int t = 0; t < 4; ++t)
+    EXPECT_FLOAT_EQ(qk.out[t * 4], 1.0f + (t == 0 ? 0 : t == 3 ? 3 : 1) * 0.33349609375f);
 }
 
 }  // namespace

@@ -25,14 +25,16 @@
 static std::atomic<bool> g_count_allocs{false};
 static std::atomic<long> g_allocs{0};
 void* operator new(std::size_t n) {
-  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (g_count_allocs.load(std::memory_order_relaxed))
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
 void* operator new[](std::size_t n) { return operator new(n); }
 // The nothrow forms (std::stable_sort's buffer) must pair with the free below too.
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (g_count_allocs.load(std::memory_order_relaxed))
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
   return std::malloc(n ? n : 1);
 }
 void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
@@ -61,7 +63,8 @@ const model::Model& stories() {
 }
 
 SessionOptions options(const std::string& k, const std::string& v, int G = 32, int R = 32,
-                       kv::KeyFlush flush = kv::KeyFlush::kBatch, kv::ParamType pt = kv::ParamType::kF16,
+                       kv::KeyFlush flush = kv::KeyFlush::kBatch,
+                       kv::ParamType pt = kv::ParamType::kF16,
                        kv::Int8Granularity gran = kv::Int8Granularity::kHead, int threads = 2) {
   SessionOptions o;
   o.threads = threads;
@@ -115,12 +118,14 @@ TEST(Model, CachedLogitsMatchNoCacheLogits) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
   Session s(m, options("f32", "f32"));
-  const auto tokens = m.tokenizer().encode("Lily and Ben went to the park to play with a red ball.", true);
+  const auto tokens =
+      m.tokenizer().encode("Lily and Ben went to the park to play with a red ball.", true);
   std::vector<float> all(tokens.size() * m.config().vocab_size);
   s.prefill(tokens, all.data());
   ThreadPool pool(1);
   for (size_t n = 1; n <= tokens.size(); ++n) {
-    const auto ref = model::forward_no_cache(m, std::vector<int>(tokens.begin(), tokens.begin() + n), &pool);
+    const auto ref =
+        model::forward_no_cache(m, std::vector<int>(tokens.begin(), tokens.begin() + n), &pool);
     for (int v = 0; v < m.config().vocab_size; ++v) {
       ASSERT_NEAR(all[(n - 1) * m.config().vocab_size + v], ref[v], 1e-4) << "position " << n - 1;
     }
@@ -134,7 +139,8 @@ TEST(Model, CachedLogitsMatchNoCacheLogits) {
 TEST(Model, KeysBeforeRopeMatchKeysAfterRope) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
-  const auto tokens = m.tokenizer().encode("Lily and Ben went to the park to play with a red ball.", true);
+  const auto tokens =
+      m.tokenizer().encode("Lily and Ben went to the park to play with a red ball.", true);
   const int V = m.config().vocab_size;
   auto logits = [&](const char* f, kv::KeyRope where) {
     SessionOptions o = options(f, f);
@@ -146,18 +152,22 @@ TEST(Model, KeysBeforeRopeMatchKeysAfterRope) {
   };
   auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
     double worst = 0.0;
-    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
     return worst;
   };
-  const auto f32_post = logits("f32", kv::KeyRope::kPost), f32_pre = logits("f32", kv::KeyRope::kPre);
-  const auto f16_post = logits("f16", kv::KeyRope::kPost), f16_pre = logits("f16", kv::KeyRope::kPre);
+  const auto f32_post = logits("f32", kv::KeyRope::kPost),
+             f32_pre = logits("f32", kv::KeyRope::kPre);
+  const auto f16_post = logits("f16", kv::KeyRope::kPost),
+             f16_pre = logits("f16", kv::KeyRope::kPre);
   const double f32_diff = max_diff(f32_post, f32_pre), f16_diff = max_diff(f16_post, f16_pre);
   const double f16_effect = max_diff(f32_post, f16_post);
   EXPECT_LT(f32_diff, 1e-4);
   EXPECT_GT(f32_diff, 0.0) << "the pre-RoPE path did not run";
   EXPECT_LT(f16_diff, 2 * f16_effect);
-  std::printf("largest logit difference pre/post RoPE: f32 %.3g, f16 %.3g (f16 against f32: %.3g)\n", f32_diff,
-              f16_diff, f16_effect);
+  std::printf(
+      "largest logit difference pre/post RoPE: f32 %.3g, f16 %.3g (f16 against f32: %.3g)\n",
+      f32_diff, f16_diff, f16_effect);
   SessionOptions pre = options("f32", "f32");
   pre.cache.key_rope = kv::KeyRope::kPre;
   Session s(m, pre);
@@ -175,7 +185,8 @@ TEST(Model, CrossLayerSharing) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
   ASSERT_EQ(m.config().n_layers, 5);
-  const auto tokens = m.tokenizer().encode("Lily and Ben went to the park to play with a red ball. They ran.", true);
+  const auto tokens = m.tokenizer().encode(
+      "Lily and Ben went to the park to play with a red ball. They ran.", true);
   const int N = static_cast<int>(tokens.size()), V = m.config().vocab_size;
   SessionOptions o = options("f32", "f32");
   o.cache.share_every = 2;
@@ -188,15 +199,18 @@ TEST(Model, CrossLayerSharing) {
   ThreadPool pool(1);
   const auto owners = kv::layer_owners(s.cache().config());
   for (int n = 1; n <= N; n += 5) {
-    const auto ref = model::forward_no_cache(m, std::vector<int>(tokens.begin(), tokens.begin() + n), &pool, owners);
-    for (int v = 0; v < V; ++v) ASSERT_NEAR(all[static_cast<size_t>(n - 1) * V + v], ref[v], 1e-4) << "position " << n - 1;
+    const auto ref = model::forward_no_cache(
+        m, std::vector<int>(tokens.begin(), tokens.begin() + n), &pool, owners);
+    for (int v = 0; v < V; ++v)
+      ASSERT_NEAR(all[static_cast<size_t>(n - 1) * V + v], ref[v], 1e-4) << "position " << n - 1;
   }
   for (const char* f : {"f32", "int8", "kivi2", "kivi4"}) {
     SessionOptions so = options(f, f, 8, 16);
     so.cache.share_map = {{2, 0}, {4, 3}};
     Session stream(m, so), batch(m, so);
     std::vector<float> ls(static_cast<size_t>(N) * V), lb(ls.size());
-    for (int i = 0; i < N; ++i) std::memcpy(&ls[static_cast<size_t>(i) * V], stream.decode(tokens[i]), V * 4);
+    for (int i = 0; i < N; ++i)
+      std::memcpy(&ls[static_cast<size_t>(i) * V], stream.decode(tokens[i]), V * 4);
     batch.prefill(tokens, lb.data());
     EXPECT_EQ(std::memcmp(ls.data(), lb.data(), ls.size() * 4), 0) << f;
   }
@@ -211,7 +225,8 @@ TEST(Model, WindowPolicyGeneratesPastTheContext) {
   const auto& m = stories();
   for (const char* f : {"f32", "f16", "int8", "kivi2", "kivi4"}) {
     for (auto where : {kv::KeyRope::kPost, kv::KeyRope::kPre}) {
-      SessionOptions o = options(f, f, 32, 64, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead, 1);
+      SessionOptions o = options(f, f, 32, 64, kv::KeyFlush::kBatch, kv::ParamType::kF16,
+                                 kv::Int8Granularity::kHead, 1);
       o.ctx = 384;
       o.overflow = runtime::ContextOverflow::kWindow;
       o.forward.window = 256;
@@ -219,7 +234,8 @@ TEST(Model, WindowPolicyGeneratesPastTheContext) {
       Session s(m, o);
       const float* logits = s.prefill(m.tokenizer().encode("Once upon a time", true));
       const int steps = std::string(f) == "kivi2" && where == kv::KeyRope::kPre ? 5000 : 1500;
-      uint64_t most = 0;  // the most bytes used over the first 1,000 steps (the cache fills at ~380)
+      uint64_t most =
+          0;  // the most bytes used over the first 1,000 steps (the cache fills at ~380)
       for (int i = 0; i < steps; ++i) {
         logits = s.decode(runtime::argmax(logits, s.vocab()));
         if (i < 1000) most = std::max(most, s.cache().bytes_used());
@@ -244,8 +260,10 @@ TEST(Model, WindowPolicyGeneratesPastTheContext) {
 TEST(Model, ShiftKeepsPositionsConsistent) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
-  std::string text = "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly his "
-                     "kite in the big green park near his house. One windy day, Tim ran fast and the kite went up.";
+  std::string text =
+      "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly his "
+      "kite in the big green park near his house. One windy day, Tim ran fast and the kite went "
+      "up.";
   text += " " + text + " " + text;
   const auto tokens = m.tokenizer().encode(text, true);
   ASSERT_GT(tokens.size(), 210u);
@@ -305,7 +323,8 @@ TEST(Model, ShiftKeepsPositionsConsistent) {
       p.rope = rope.data();
       attn::decode(s->cache().view(l), q.data(), oa.data(), p, &pool, ws);
       attn::decode(fresh.cache().view(l), q.data(), ob.data(), p, &pool, wf);
-      for (size_t i = 0; i < oa.size(); ++i) ASSERT_NEAR(oa[i], ob[i], 1e-5 * (1.0 + std::fabs(ob[i]))) << f << " layer " << l;
+      for (size_t i = 0; i < oa.size(); ++i)
+        ASSERT_NEAR(oa[i], ob[i], 1e-5 * (1.0 + std::fabs(ob[i]))) << f << " layer " << l;
     }
     // For the formats that round a new token as the fresh cache does, the next token too.
     if (ff == f) {
@@ -313,7 +332,9 @@ TEST(Model, ShiftKeepsPositionsConsistent) {
       const std::vector<float> shifted_logits(ls, ls + V);
       const double d = max_diff(shifted_logits.data(), fresh.decode(tokens[200]));
       EXPECT_LT(d, 1e-4) << f;
-      std::printf("shift, %s keys before RoPE: next-token logits against the fresh cache differ by %.3g\n", f, d);
+      std::printf(
+          "shift, %s keys before RoPE: next-token logits against the fresh cache differ by %.3g\n",
+          f, d);
     }
   }
   // f32 keys after RoPE, re-rotated by the shift, against f32 keys before RoPE.
@@ -339,7 +360,8 @@ TEST(Model, ShiftKeepsPositionsConsistent) {
 TEST(Model, GgufConversionGeneratesTheSameTokens) {
   KIVI_REQUIRE_MODEL();
   test::TempDir t;
-  const auto r = model::convert_llama2c_to_gguf(test::model_path(), test::tokenizer_path(), t.file("s.gguf"), false);
+  const auto r = model::convert_llama2c_to_gguf(test::model_path(), test::tokenizer_path(),
+                                                t.file("s.gguf"), false);
   EXPECT_EQ(r.n_tensors, 47);
   const auto g = model::Model::load(t.file("s.gguf"));
   EXPECT_EQ(g->format(), "gguf");
@@ -349,7 +371,8 @@ TEST(Model, GgufConversionGeneratesTheSameTokens) {
   Session a(stories(), options("f32", "f32")), b(*g, options("f32", "f32"));
   EXPECT_EQ(greedy(a, prompt, 200), greedy(b, prompt, 200));
   // F16 weights: a different model numerically; it still loads and runs.
-  model::convert_llama2c_to_gguf(test::model_path(), test::tokenizer_path(), t.file("h.gguf"), true);
+  model::convert_llama2c_to_gguf(test::model_path(), test::tokenizer_path(), t.file("h.gguf"),
+                                 true);
   const auto h = model::Model::load(t.file("h.gguf"));
   Session c(*h, options("f32", "f32"));
   const auto out = greedy(c, prompt, 20);
@@ -365,7 +388,8 @@ void expect_same_cache(const kv::KvCache& a, const kv::KvCache& b, const std::st
       ASSERT_EQ(ra.n_stored, rb.n_stored) << what;
       ASSERT_EQ(ra.tensor_scale, rb.tensor_scale) << what;
       auto same = [](const auto* x, const auto* y) {
-        return x->bytes() == y->bytes() && (x->bytes() == 0 || std::memcmp(x->data(), y->data(), x->bytes()) == 0);
+        return x->bytes() == y->bytes() &&
+               (x->bytes() == 0 || std::memcmp(x->data(), y->data(), x->bytes()) == 0);
       };
       ASSERT_TRUE(same(ra.codes, rb.codes)) << what << " layer " << l;
       ASSERT_TRUE(same(ra.scales, rb.scales)) << what << " layer " << l;
@@ -378,9 +402,11 @@ void expect_same_cache(const kv::KvCache& a, const kv::KvCache& b, const std::st
 TEST(Model, PrefillThenDecodeEqualsStreamingForEveryFormat) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
-  std::string text = "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly "
-                     "his kite in the big green park near his house. One windy day, Tim ran fast and the kite went "
-                     "up high in the sky. It flew over the trees and the pond. Tim laughed and held the string.";
+  std::string text =
+      "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly "
+      "his kite in the big green park near his house. One windy day, Tim ran fast and the kite "
+      "went "
+      "up high in the sky. It flew over the trees and the pond. Tim laughed and held the string.";
   text += " " + text;
   const auto tokens = m.tokenizer().encode(text, true);
   const int N = static_cast<int>(tokens.size());
@@ -401,23 +427,30 @@ TEST(Model, PrefillThenDecodeEqualsStreamingForEveryFormat) {
     }
     cfgs.push_back({"kivi4", "kivi2", 32, 32, f, kv::ParamType::kF16, kv::Int8Granularity::kHead});
   }
-  for (auto g : {kv::Int8Granularity::kToken, kv::Int8Granularity::kHead, kv::Int8Granularity::kGroup}) {
+  for (auto g :
+       {kv::Int8Granularity::kToken, kv::Int8Granularity::kHead, kv::Int8Granularity::kGroup}) {
     cfgs.push_back({"int8", "int8", 8, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, g});
   }
-  cfgs.push_back({"f32", "f32", 32, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead});
-  cfgs.push_back({"f16", "f16", 32, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead});
-  cfgs.push_back({"kivi8", "f16", 32, 32, kv::KeyFlush::kGroup, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+  cfgs.push_back(
+      {"f32", "f32", 32, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+  cfgs.push_back(
+      {"f16", "f16", 32, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kHead});
+  cfgs.push_back({"kivi8", "f16", 32, 32, kv::KeyFlush::kGroup, kv::ParamType::kF16,
+                  kv::Int8Granularity::kHead});
   for (const auto& c : cfgs) {
-    const std::string what = c.k + "/" + c.v + " G=" + std::to_string(c.G) + " R=" + std::to_string(c.R) + " " +
-                             kv::key_flush_name(c.flush) + " " + kv::granularity_name(c.gran);
+    const std::string what = c.k + "/" + c.v + " G=" + std::to_string(c.G) +
+                             " R=" + std::to_string(c.R) + " " + kv::key_flush_name(c.flush) + " " +
+                             kv::granularity_name(c.gran);
     Session stream(m, options(c.k, c.v, c.G, c.R, c.flush, c.pt, c.gran));
     std::vector<float> ls(static_cast<size_t>(N) * V);
-    for (int i = 0; i < N; ++i) std::memcpy(&ls[static_cast<size_t>(i) * V], stream.decode(tokens[i]), V * 4);
+    for (int i = 0; i < N; ++i)
+      std::memcpy(&ls[static_cast<size_t>(i) * V], stream.decode(tokens[i]), V * 4);
     for (int P : {1, 2, 7, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, N}) {
       Session s(m, options(c.k, c.v, c.G, c.R, c.flush, c.pt, c.gran));
       std::vector<float> lp(static_cast<size_t>(N) * V);
       s.prefill(std::vector<int>(tokens.begin(), tokens.begin() + P), lp.data());
-      for (int i = P; i < N; ++i) std::memcpy(&lp[static_cast<size_t>(i) * V], s.decode(tokens[i]), V * 4);
+      for (int i = P; i < N; ++i)
+        std::memcpy(&lp[static_cast<size_t>(i) * V], s.decode(tokens[i]), V * 4);
       expect_same_cache(s.cache(), stream.cache(), what + " P=" + std::to_string(P));
       ASSERT_EQ(std::memcmp(lp.data(), ls.data(), ls.size() * 4), 0) << what << " P=" << P;
     }
@@ -429,8 +462,10 @@ TEST(Model, PrefillThenDecodeEqualsStreamingForEveryFormat) {
 TEST(Model, Int8TensorEquivalenceGivenTheSameFirstBatch) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
-  const auto tokens = m.tokenizer().encode("Tim had a red kite. He liked to fly his kite in the big green park.", true);
-  auto o = options("int8", "int8", 8, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16, kv::Int8Granularity::kTensor);
+  const auto tokens = m.tokenizer().encode(
+      "Tim had a red kite. He liked to fly his kite in the big green park.", true);
+  auto o = options("int8", "int8", 8, 0, kv::KeyFlush::kBatch, kv::ParamType::kF16,
+                   kv::Int8Granularity::kTensor);
   Session a(m, o), b(m, o);
   const int P = 6;
   a.prefill(std::vector<int>(tokens.begin(), tokens.begin() + P));
@@ -461,7 +496,8 @@ TEST(Sampler, SeededSamplingIsReproducible) {
   const auto& m = stories();
   auto run = [&](uint64_t seed, float temp, int top_k, float top_p) {
     Session s(m, options("f32", "f32"));
-    runtime::Sampler sampler(runtime::SamplerOptions{temp, top_k, top_p, seed}, m.config().vocab_size);
+    runtime::Sampler sampler(runtime::SamplerOptions{temp, top_k, top_p, seed},
+                             m.config().vocab_size);
     std::vector<int> out;
     const float* logits = s.prefill(m.tokenizer().encode("Once upon a time", true));
     for (int i = 0; i < 60; ++i) {

@@ -25,8 +25,9 @@ struct Weights {
   std::vector<float> f32;
   std::vector<f16_t> f16;
   Matrix m(DType t, int64_t rows, int64_t cols) const {
-    return Matrix{t == DType::kF32 ? static_cast<const void*>(f32.data()) : static_cast<const void*>(f16.data()), t,
-                  rows, cols};
+    return Matrix{t == DType::kF32 ? static_cast<const void*>(f32.data())
+                                   : static_cast<const void*>(f16.data()),
+                  t, rows, cols};
   }
 };
 
@@ -45,7 +46,8 @@ Weights random_weights(size_t n, uint64_t seed) {
 TEST(Ops, MatvecMatchesReferenceOnEveryTarget) {
   for (const auto& target : cpu::available_targets()) {
     TargetGuard g(target.bits);
-    for (auto [rows, cols] : {std::pair{1, 1}, {3, 7}, {64, 64}, {172, 64}, {64, 172}, {37, 301}, {512, 64}}) {
+    for (auto [rows, cols] :
+         {std::pair{1, 1}, {3, 7}, {64, 64}, {172, 64}, {64, 172}, {37, 301}, {512, 64}}) {
       const auto w = random_weights(static_cast<size_t>(rows) * cols, rows * 131 + cols);
       Rng r(cols);
       std::vector<float> x(cols);
@@ -58,11 +60,13 @@ TEST(Ops, MatvecMatchesReferenceOnEveryTarget) {
         for (int i = 0; i < rows; ++i) {
           double mag = 0;
           for (int c = 0; c < cols; ++c) {
-            const double wv = t == DType::kF32 ? w.f32[i * cols + c] : f16_to_f32(w.f16[i * cols + c]);
+            const double wv =
+                t == DType::kF32 ? w.f32[i * cols + c] : f16_to_f32(w.f16[i * cols + c]);
             mag += std::fabs(wv * x[c]);
           }
           ASSERT_NEAR(y[i], yr[i], 1e-5 * mag + 1e-30)
-              << target.name << " " << ops::dtype_name(t) << " " << rows << "x" << cols << " row " << i;
+              << target.name << " " << ops::dtype_name(t) << " " << rows << "x" << cols << " row "
+              << i;
         }
       }
     }
@@ -74,7 +78,8 @@ TEST(Ops, MatmulIsBitIdenticalToMatvecAndThreadCount) {
   ThreadPool p1(1), p3(3);
   for (const auto& target : cpu::available_targets()) {
     TargetGuard g(target.bits);
-    for (auto [rows, cols, n] : {std::tuple{172, 64, 7}, {64, 172, 5}, {517, 96, 13}, {1024, 512, 4}}) {
+    for (auto [rows, cols, n] :
+         {std::tuple{172, 64, 7}, {64, 172, 5}, {517, 96, 13}, {1024, 512, 4}}) {
       const auto w = random_weights(static_cast<size_t>(rows) * cols, 99);
       Rng r(1);
       std::vector<float> x(static_cast<size_t>(n) * cols);
@@ -136,7 +141,8 @@ TEST(Ops, NormsAndActivations) {
   EXPECT_NEAR(g[2], -2.0 / (1.0 + std::exp(2.0)), 1e-6);
   for (const auto& target : cpu::available_targets()) {
     TargetGuard tg(target.bits);
-    EXPECT_NEAR(ops::dot(x.data(), w.data(), 100), ops::ref::dot(x.data(), w.data(), 100), 1e-4) << target.name;
+    EXPECT_NEAR(ops::dot(x.data(), w.data(), 100), ops::ref::dot(x.data(), w.data(), 100), 1e-4)
+        << target.name;
   }
 }
 

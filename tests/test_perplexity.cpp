@@ -14,7 +14,8 @@ using test::kivi_cmd;
 using test::run;
 
 std::string base_args() {
-  return "perplexity -m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "' -f '" + test::text_path() + "' ";
+  return "perplexity -m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "' -f '" +
+         test::text_path() + "' ";
 }
 
 // A number field from a one-line JSON object. (Plain string search: std::regex trips
@@ -38,7 +39,8 @@ test::RunResult ppl(const std::string& opts) {
 TEST(Perplexity, JsonHasTheDocumentedFields) {
   KIVI_REQUIRE_MODEL();
   const auto r = ppl("--kv-cache f32");
-  for (const char* k : {"\"ppl\":", "\"mean_nll\":", "\"nll_stderr\":", "\"tokens\":", "\"mode\":\"streaming\""}) {
+  for (const char* k :
+       {"\"ppl\":", "\"mean_nll\":", "\"nll_stderr\":", "\"tokens\":", "\"mode\":\"streaming\""}) {
     EXPECT_NE(r.out.find(k), std::string::npos) << k;
   }
   EXPECT_EQ(field(r.out, "tokens"), 2331);  // also checked against the independent reference
@@ -46,8 +48,8 @@ TEST(Perplexity, JsonHasTheDocumentedFields) {
 
 TEST(Perplexity, StreamingEqualsBatchedForEveryFormat) {
   KIVI_REQUIRE_MODEL();
-  for (const char* f : {"f32", "f16", "int8", "kivi4 -G 32 -R 32", "kivi2 -G 32 -R 0 --key-flush group",
-                        "kivi2 --kv-cache-k kivi4 -R 128"}) {
+  for (const char* f : {"f32", "f16", "int8", "kivi4 -G 32 -R 32",
+                        "kivi2 -G 32 -R 0 --key-flush group", "kivi2 --kv-cache-k kivi4 -R 128"}) {
     const double s = field(ppl(std::string("--kv-cache ") + f + " --mode streaming").out, "ppl");
     const double b = field(ppl(std::string("--kv-cache ") + f + " --mode batched").out, "ppl");
     EXPECT_NEAR(s, b, 1e-4 * s) << f;
@@ -94,23 +96,31 @@ TEST(PerplexityErrors, BadInput) {
   KIVI_REQUIRE_MODEL();
   test::TempDir t;
   test::write_text(t.file("short.txt"), "a");
-  expect_error(run(kivi_cmd("perplexity -m '" + test::model_path() + "' -f '" + t.file("short.txt") + "'")),
-               "perplexity needs at least 2");
+  expect_error(
+      run(kivi_cmd("perplexity -m '" + test::model_path() + "' -f '" + t.file("short.txt") + "'")),
+      "perplexity needs at least 2");
   expect_error(run(kivi_cmd(base_args() + "--ctx 100000")), "larger than the model's context");
-  expect_error(run(kivi_cmd(base_args() + "--save-logits /nonexistent/dir/x.lp")), "cannot write '/nonexistent/dir/x.lp'");
-  expect_error(run(kivi_cmd("perplexity -m '" + test::model_path() + "'")), "give the text with -f");
+  expect_error(run(kivi_cmd(base_args() + "--save-logits /nonexistent/dir/x.lp")),
+               "cannot write '/nonexistent/dir/x.lp'");
+  expect_error(run(kivi_cmd("perplexity -m '" + test::model_path() + "'")),
+               "give the text with -f");
   // A log-probability file of another text, and of another vocabulary.
-  test::write_text(t.file("other.txt"), "Tom had a small boat. He sailed it on the lake every day.");
+  test::write_text(t.file("other.txt"),
+                   "Tom had a small boat. He sailed it on the lake every day.");
   const std::string lp = t.file("other.lp");
-  ASSERT_EQ(run(kivi_cmd("perplexity -m '" + test::model_path() + "' -f '" + t.file("other.txt") + "' --save-logits '" +
-                         lp + "'")).exit_code, 0);
+  ASSERT_EQ(run(kivi_cmd("perplexity -m '" + test::model_path() + "' -f '" + t.file("other.txt") +
+                         "' --save-logits '" + lp + "'"))
+                .exit_code,
+            0);
   expect_error(run(kivi_cmd(base_args() + "--kld-base '" + lp + "'")), "written for another text");
   auto bytes = test::read_file(lp);
   bytes[9] = 0x01;  // the u32 vocabulary size at offset 8: 512 (00 02 00 00) becomes 256
   test::write_file(t.file("vocab.lp"), bytes);
-  expect_error(run(kivi_cmd(base_args() + "--kld-base '" + t.file("vocab.lp") + "'")), "another model");
+  expect_error(run(kivi_cmd(base_args() + "--kld-base '" + t.file("vocab.lp") + "'")),
+               "another model");
   test::write_text(t.file("junk.lp"), "not a log-probability file");
-  expect_error(run(kivi_cmd(base_args() + "--kld-base '" + t.file("junk.lp") + "'")), "not a kivi log-probability file");
+  expect_error(run(kivi_cmd(base_args() + "--kld-base '" + t.file("junk.lp") + "'")),
+               "not a kivi log-probability file");
 }
 
 }  // namespace

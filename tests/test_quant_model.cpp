@@ -159,7 +159,8 @@ TEST(QuantModel, SynthQ4KMStoresTheMix) {
   uint64_t bytes = 0;
   for (const auto& tn : f.tensors()) bytes += tn.n_bytes;
   EXPECT_EQ(model::synth_needs(synth_spec("q4_k_m")).weight_bytes, bytes);
-  EXPECT_LT(model::synth_needs(synth_spec("q4_k_m")).weight_bytes * 3, model::synth_needs(synth_spec("f16")).weight_bytes);
+  EXPECT_LT(model::synth_needs(synth_spec("q4_k_m")).weight_bytes * 3,
+            model::synth_needs(synth_spec("f16")).weight_bytes);
   for (const auto& tn : f.tensors()) {
     Type want = Type::kQ4_K;
     if (tn.dims.size() == 1) want = Type::kF32;

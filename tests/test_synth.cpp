@@ -39,7 +39,8 @@ void expect_error(F&& f, std::initializer_list<const char*> needles) {
     f();
     ADD_FAILURE() << "no error; expected one mentioning " << *needles.begin();
   } catch (const Error& e) {
-    for (const char* n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    for (const char* n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
   }
 }
 
@@ -186,7 +187,8 @@ TEST(Synth, SameSeedSameBytesOtherSeedOtherBytes) {
   const auto& y = md->weights().layers[0].w_down;
   ASSERT_EQ(y.dtype, ops::DType::kF32);
   for (int64_t i = 0; i < 5000; ++i) {
-    ASSERT_EQ(f16_to_f32(static_cast<const uint16_t*>(x.data)[i]), round_f16(static_cast<const float*>(y.data)[i]));
+    ASSERT_EQ(f16_to_f32(static_cast<const uint16_t*>(x.data)[i]),
+              round_f16(static_cast<const float*>(y.data)[i]));
   }
 }
 
@@ -229,15 +231,24 @@ TEST(Synth, ShapeErrorsNameTheOption) {
     return c;
   };
   EXPECT_NO_THROW(model::validate_synth_config(shape(2, 256, 8, 2, 512, 512, 1024)));
-  expect_error([&] { model::validate_synth_config(shape(2, 250, 8, 2, 512, 512, 1024)); }, {"--heads 8", "--dim 250"});
-  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 3, 512, 512, 1024)); }, {"--kv-heads 3", "--heads 8"});
-  expect_error([&] { model::validate_synth_config(shape(2, 24, 8, 2, 512, 512, 1024)); }, {"head dimension", "odd"});
-  expect_error([&] { model::validate_synth_config(shape(0, 256, 8, 2, 512, 512, 1024)); }, {"--layers = 0", "1 to 1024"});
-  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 16, 512, 512, 1024)); }, {"--kv-heads = 16", "1 to 8"});
-  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 2, 512, 100, 1024)); }, {"--vocab = 100", "259"});
-  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 2, 0, 512, 1024)); }, {"--ffn = 0"});
-  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 2, 512, 512, 0)); }, {"--ctx = 0"});
-  expect_error([&] { model::validate_synth_config(shape(2, 4096, 2, 2, 512, 512, 1024)); }, {"head dimension", "2048"});
+  expect_error([&] { model::validate_synth_config(shape(2, 250, 8, 2, 512, 512, 1024)); },
+               {"--heads 8", "--dim 250"});
+  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 3, 512, 512, 1024)); },
+               {"--kv-heads 3", "--heads 8"});
+  expect_error([&] { model::validate_synth_config(shape(2, 24, 8, 2, 512, 512, 1024)); },
+               {"head dimension", "odd"});
+  expect_error([&] { model::validate_synth_config(shape(0, 256, 8, 2, 512, 512, 1024)); },
+               {"--layers = 0", "1 to 1024"});
+  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 16, 512, 512, 1024)); },
+               {"--kv-heads = 16", "1 to 8"});
+  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 2, 512, 100, 1024)); },
+               {"--vocab = 100", "259"});
+  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 2, 0, 512, 1024)); },
+               {"--ffn = 0"});
+  expect_error([&] { model::validate_synth_config(shape(2, 256, 8, 2, 512, 512, 0)); },
+               {"--ctx = 0"});
+  expect_error([&] { model::validate_synth_config(shape(2, 4096, 2, 2, 512, 512, 1024)); },
+               {"head dimension", "2048"});
 }
 
 TEST(Synth, MemoryAndDiskChecksComeFirst) {
@@ -253,7 +264,8 @@ TEST(Synth, MemoryAndDiskChecksComeFirst) {
   EXPECT_GT(n.file_bytes, n.weight_bytes);
   expect_error([&] { model::check_synth_fits(n, 1ull << 30, 0, "x.gguf"); },
                {"needs 2.", "GiB of memory to run, only 1.00 GiB available"});
-  expect_error([&] { model::check_synth_fits(n, 0, 1ull << 30, "x.gguf"); }, {"'x.gguf'", "1.00 GiB of disk space"});
+  expect_error([&] { model::check_synth_fits(n, 0, 1ull << 30, "x.gguf"); },
+               {"'x.gguf'", "1.00 GiB of disk space"});
   EXPECT_NO_THROW(model::check_synth_fits(n, 64ull << 30, 64ull << 30, "x.gguf"));
   EXPECT_NO_THROW(model::check_synth_fits(n, 0, 0, "x.gguf"));  // unknown: not checked
 }
@@ -264,7 +276,8 @@ TEST(SynthCli, WritesGeneratesAndSaysTheWeightsAreRandom) {
   const auto w = run(kivi_cmd("synth --preset tiny --ctx 131072 -o '" + out + "' --json"));
   ASSERT_EQ(w.exit_code, 0) << w.err;
   EXPECT_EQ(w.err, "");
-  for (const char* k : {"\"bytes\":", "\"tensors\":38", "\"seconds\":", "\"name\":\"synthetic tiny"}) {
+  for (const char* k :
+       {"\"bytes\":", "\"tensors\":38", "\"seconds\":", "\"name\":\"synthetic tiny"}) {
     EXPECT_NE(w.out.find(k), std::string::npos) << k << " in " << w.out;
   }
   // The nominal context (131072) is kept in the file; sessions default to 4096 tokens.
@@ -277,8 +290,10 @@ TEST(SynthCli, WritesGeneratesAndSaysTheWeightsAreRandom) {
   EXPECT_NE(i.out.find("random weights"), std::string::npos);
   EXPECT_NE(i.out.find("kivi.synthetic"), std::string::npos);
   // Explicit shape.
-  const auto e = run(kivi_cmd("synth --layers 2 --dim 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 300 --ctx 512 "
-                              "--outtype f32 --seed 3 -o '" + t.file("e.gguf") + "'"));
+  const auto e = run(
+      kivi_cmd("synth --layers 2 --dim 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 300 --ctx 512 "
+               "--outtype f32 --seed 3 -o '" +
+               t.file("e.gguf") + "'"));
   ASSERT_EQ(e.exit_code, 0) << e.err;
   const auto m = model::Model::load(t.file("e.gguf"));
   EXPECT_EQ(m->config().hidden_dim, 256);
@@ -290,14 +305,18 @@ TEST(SynthCli, ErrorsAreOneLine) {
   const std::string out = " -o '" + t.file("x.gguf") + "'";
   expect_cli_error(run(kivi_cmd("synth --preset tiny")), "-o OUT.gguf");
   expect_cli_error(run(kivi_cmd("synth --preset nope" + out)), "unknown preset 'nope'");
-  expect_cli_error(run(kivi_cmd("synth --layers 2 --dim 128" + out)), "missing --heads, --kv-heads, --ffn, --vocab, --ctx");
-  expect_cli_error(run(kivi_cmd("synth --preset tiny --heads 7" + out)), "--heads 7 does not divide --dim 256");
+  expect_cli_error(run(kivi_cmd("synth --layers 2 --dim 128" + out)),
+                   "missing --heads, --kv-heads, --ffn, --vocab, --ctx");
+  expect_cli_error(run(kivi_cmd("synth --preset tiny --heads 7" + out)),
+                   "--heads 7 does not divide --dim 256");
   expect_cli_error(run(kivi_cmd("synth --preset tiny --outtype q4" + out)), "--outtype");
-  expect_cli_error(run(kivi_cmd("synth --preset tiny -o /nonexistent-dir/x.gguf")), "cannot write '/nonexistent-dir/x.gguf'");
+  expect_cli_error(run(kivi_cmd("synth --preset tiny -o /nonexistent-dir/x.gguf")),
+                   "cannot write '/nonexistent-dir/x.gguf'");
   expect_cli_error(run(kivi_cmd("synth --preset tiny -o '" + t.path() + "'")), "is a directory");
   // A model far larger than any machine's memory is refused before anything is written.
-  expect_cli_error(run(kivi_cmd("synth --preset llama-3-8b --layers 1000 --dim 16384 --heads 128" + out)),
-                   "of memory to run, only");
+  expect_cli_error(
+      run(kivi_cmd("synth --preset llama-3-8b --layers 1000 --dim 16384 --heads 128" + out)),
+      "of memory to run, only");
   EXPECT_FALSE(test::file_exists(t.file("x.gguf")));
 }
 

@@ -35,7 +35,11 @@ std::vector<int> naive_encode(const Tokenizer& t, const std::string& text) {
   std::vector<bool> mergeable;
   for (size_t i = 0; i < norm.size();) {
     const unsigned char c = static_cast<unsigned char>(norm[i]);
-    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    size_t len = c < 0x80             ? 1
+                 : (c & 0xE0) == 0xC0 ? 2
+                 : (c & 0xF0) == 0xE0 ? 3
+                 : (c & 0xF8) == 0xF0 ? 4
+                                      : 1;
     if (i + len > norm.size()) len = 1;
     const std::string ch = norm.substr(i, len);
     if (t.find(ch) >= 0) {
@@ -71,7 +75,8 @@ std::vector<int> naive_encode(const Tokenizer& t, const std::string& text) {
     if (mergeable[i]) {
       ids.push_back(t.find(pieces[i]));
     } else {
-      ids.push_back(byte_piece_id(t, static_cast<unsigned char>(std::stoi(pieces[i].substr(3, 2), nullptr, 16))));
+      ids.push_back(byte_piece_id(
+          t, static_cast<unsigned char>(std::stoi(pieces[i].substr(3, 2), nullptr, 16))));
     }
   }
   return ids;
@@ -90,8 +95,9 @@ TEST(Tokenizer, LoadsLlama2cVocabulary) {
 TEST(Tokenizer, RoundTripsText) {
   KIVI_REQUIRE_MODEL();
   const auto& t = tk512();
-  for (const std::string s : {"Once upon a time", "Hello, World!", "  two  spaces ", "line\nbreak\ttab",
-                              "caf\xC3\xA9 \xF0\x9F\x90\xB1 \xE4\xB8\xAD\xE6\x96\x87", "a", "12345 + 678 = ?"}) {
+  for (const std::string s :
+       {"Once upon a time", "Hello, World!", "  two  spaces ", "line\nbreak\ttab",
+        "caf\xC3\xA9 \xF0\x9F\x90\xB1 \xE4\xB8\xAD\xE6\x96\x87", "a", "12345 + 678 = ?"}) {
     const auto ids = t.encode(s, true);
     ASSERT_EQ(ids.front(), 1);
     EXPECT_EQ(t.decode_all(std::vector<int>(ids.begin() + 1, ids.end()), ids.front()), s) << s;
@@ -134,7 +140,8 @@ TEST(Tokenizer, HeapMergeMatchesTheNaiveLoop) {
   }
   // Real text, the perplexity corpus's first lines.
   const std::string story =
-      "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly his kite in "
+      "Once upon a time, there was a little boy named Tim. Tim had a red kite. He liked to fly his "
+      "kite in "
       "the big green park near his house.";
   EXPECT_EQ(t.encode(story, true), naive_encode(t, story));
 }

@@ -31,9 +31,9 @@ inline bool file_exists(const std::string& p) {
 
 // Fails the test if the shared model is missing (run scripts/get-model.sh or set
 // KIVI_SHARED_DIR).
-#define KIVI_REQUIRE_MODEL()                                                                   \
-  ASSERT_TRUE(::kivi::test::file_exists(::kivi::test::model_path()))                          \
-      << "missing " << ::kivi::test::model_path()                                             \
+#define KIVI_REQUIRE_MODEL()                                         \
+  ASSERT_TRUE(::kivi::test::file_exists(::kivi::test::model_path())) \
+      << "missing " << ::kivi::test::model_path()                    \
       << " (run scripts/get-model.sh, or set KIVI_SHARED_DIR to a folder with models/)"
 
 // A fresh temporary directory, removed with its files when the object dies.
@@ -58,7 +58,8 @@ class TempDir {
 
 inline std::vector<uint8_t> read_file(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
+                              std::istreambuf_iterator<char>());
 }
 inline void write_file(const std::string& p, const std::vector<uint8_t>& d) {
   std::ofstream f(p, std::ios::binary);

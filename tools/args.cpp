@@ -11,11 +11,14 @@
 namespace kivi::tools {
 
 Args::Args(std::string command, std::string synopsis, std::string description)
-    : command_(std::move(command)), synopsis_(std::move(synopsis)), description_(std::move(description)) {
+    : command_(std::move(command)),
+      synopsis_(std::move(synopsis)),
+      description_(std::move(description)) {
   add_flag("help", 'h', "Show this help and exit.");
 }
 
-void Args::add(const std::string& l, char s, const std::string& mv, const std::string& h, const std::string& def) {
+void Args::add(const std::string& l, char s, const std::string& mv, const std::string& h,
+               const std::string& def) {
   opts_.push_back({l, s, mv, h, def, false, current_section_});
 }
 void Args::add_flag(const std::string& l, char s, const std::string& h) {
@@ -29,11 +32,13 @@ void Args::positionals(const std::string& names, int mn, int mx) {
 void Args::section(const std::string& title) { current_section_ = title; }
 
 const Args::Opt* Args::find_long(const std::string& n) const {
-  for (const auto& o : opts_) if (o.long_name == n) return &o;
+  for (const auto& o : opts_)
+    if (o.long_name == n) return &o;
   return nullptr;
 }
 const Args::Opt* Args::find_short(char c) const {
-  for (const auto& o : opts_) if (c && o.short_name == c) return &o;
+  for (const auto& o : opts_)
+    if (c && o.short_name == c) return &o;
   return nullptr;
 }
 const Args::Opt& Args::spec(const std::string& name) const {
@@ -62,8 +67,10 @@ bool Args::parse(int argc, char** argv, int first) {
         has_value = true;
       }
       o = find_long(name);
-      if (!o) fail("unknown option '--%s' for 'kivi %s'%s", name.c_str(), command_.c_str(), see.c_str());
-    } else if (a.size() >= 2 && a[0] == '-' && !(std::isdigit(static_cast<unsigned char>(a[1])) || a[1] == '.')) {
+      if (!o)
+        fail("unknown option '--%s' for 'kivi %s'%s", name.c_str(), command_.c_str(), see.c_str());
+    } else if (a.size() >= 2 && a[0] == '-' &&
+               !(std::isdigit(static_cast<unsigned char>(a[1])) || a[1] == '.')) {
       o = find_short(a[1]);
       if (!o) fail("unknown option '%s' for 'kivi %s'%s", a.c_str(), command_.c_str(), see.c_str());
       if (a.size() > 2) {
@@ -80,7 +87,9 @@ bool Args::parse(int argc, char** argv, int first) {
       continue;
     }
     if (!has_value) {
-      if (i + 1 >= argc) fail("option --%s needs a value (%s)%s", o->long_name.c_str(), o->metavar.c_str(), see.c_str());
+      if (i + 1 >= argc)
+        fail("option --%s needs a value (%s)%s", o->long_name.c_str(), o->metavar.c_str(),
+             see.c_str());
       value = argv[++i];
     }
     values_[o->long_name] = value;
@@ -88,10 +97,12 @@ bool Args::parse(int argc, char** argv, int first) {
   if (flag("help")) return false;
   const int np = static_cast<int>(pos_.size());
   if (np < pos_min_) {
-    fail("'kivi %s' needs %s%s", command_.c_str(), pos_names_.empty() ? "arguments" : pos_names_.c_str(), see.c_str());
+    fail("'kivi %s' needs %s%s", command_.c_str(),
+         pos_names_.empty() ? "arguments" : pos_names_.c_str(), see.c_str());
   }
   if (np > pos_max_) {
-    fail("unexpected argument '%s' for 'kivi %s'%s", pos_[pos_max_].c_str(), command_.c_str(), see.c_str());
+    fail("unexpected argument '%s' for 'kivi %s'%s", pos_[pos_max_].c_str(), command_.c_str(),
+         see.c_str());
   }
   return true;
 }
@@ -155,10 +166,11 @@ int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno == ERANGE) fail("--%s: '%s' is not an integer", name.c_str(), s.c_str());
+  if (s.empty() || *end != '\0' || errno == ERANGE)
+    fail("--%s: '%s' is not an integer", name.c_str(), s.c_str());
   if (v < lo || v > hi) {
-    fail("--%s = %lld is out of range (valid: %lld to %lld)", name.c_str(), v, static_cast<long long>(lo),
-         static_cast<long long>(hi));
+    fail("--%s = %lld is out of range (valid: %lld to %lld)", name.c_str(), v,
+         static_cast<long long>(lo), static_cast<long long>(hi));
   }
   return v;
 }
@@ -167,8 +179,10 @@ double Args::number(const std::string& name, double lo, double hi) const {
   const std::string s = str(name);
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || !std::isfinite(v)) fail("--%s: '%s' is not a number", name.c_str(), s.c_str());
-  if (v < lo || v > hi) fail("--%s = %g is out of range (valid: %g to %g)", name.c_str(), v, lo, hi);
+  if (s.empty() || *end != '\0' || !std::isfinite(v))
+    fail("--%s: '%s' is not a number", name.c_str(), s.c_str());
+  if (v < lo || v > hi)
+    fail("--%s = %g is out of range (valid: %g to %g)", name.c_str(), v, lo, hi);
   return v;
 }
 
@@ -199,11 +213,12 @@ std::vector<int64_t> Args::int_list(const std::string& name, int64_t lo, int64_t
       t.pop_back();
     }
     const long long v = std::strtoll(t.c_str(), &end, 10);
-    if (t.empty() || *end != '\0' || errno == ERANGE) fail("--%s: '%s' is not an integer", name.c_str(), s.c_str());
+    if (t.empty() || *end != '\0' || errno == ERANGE)
+      fail("--%s: '%s' is not an integer", name.c_str(), s.c_str());
     const int64_t x = v * mult;
     if (x < lo || x > hi) {
-      fail("--%s = %lld is out of range (valid: %lld to %lld)", name.c_str(), static_cast<long long>(x),
-           static_cast<long long>(lo), static_cast<long long>(hi));
+      fail("--%s = %lld is out of range (valid: %lld to %lld)", name.c_str(),
+           static_cast<long long>(x), static_cast<long long>(lo), static_cast<long long>(hi));
     }
     out.push_back(x);
   }

@@ -22,7 +22,8 @@ const char* kRandomLabel = "random fill (speed only; token match not meaningful)
 
 // "kivi2", "int8/head", "K kivi4 / V kivi2", "f32+share2", "kivi2+pre".
 std::string short_name(const kv::CacheConfig& c) {
-  std::string s = c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
+  std::string s =
+      c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
   if (c.share_every > 1) s += "+share" + std::to_string(c.share_every);
   if (!c.share_map.empty()) s += "+map";
   if (c.key_rope == kv::KeyRope::kPre) s += "+pre";
@@ -44,42 +45,50 @@ std::string shared_params(const kv::CacheConfig& c) {
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  Args a("bench", "[-m MODEL] [-t TOKENIZER] [-p PROMPT] [-n N] [--ctx-fill N [--ctx-fill-random]] "
-                  "[--kv-cache LIST] [KV options] [--threads N] [--json | --markdown]",
-         "Runs KV cache formats side by side on one model, with the same prompt and the same number\n"
-         "of greedy tokens, and reports per format: prefill and decode tokens/s, the share of a decode\n"
-         "step spent in attention, KV cache bytes, compression against f32 and f16, greedy token\n"
-         "agreement with the f32 cache (position by position, with the first divergence) and the\n"
-         "decode time relative to f32. The f32 cache always runs as the reference. Formats default\n"
-         "to f32,f16,int8,kivi4,kivi2; the KV options (G, R, ...) apply to every one. Sessions hold\n"
-         "exactly fill + prompt + N tokens unless --ctx is given.\n"
-         "\n"
-         "Timing: every format's session is prepared first; then the decode steps run round-robin,\n"
-         "one step of each format in turn, each step timed on its own, and speeds are medians over\n"
-         "the steps, so a slow moment of the machine falls on all formats alike. Generation does not\n"
-         "stop at end-of-text: every format runs N steps.\n"
-         "\n"
-         "--ctx-fill N puts N positions in the cache before the prompt, to measure decoding at a long\n"
-         "context: a paragraph of text repeated and prefilled (slow for big models), or with\n"
-         "--ctx-fill-random seeded random keys and values written straight into the cache through\n"
-         "each format's quantizer (no forward pass; for speed only: the token match then means\n"
-         "nothing and is labelled so).");
+  Args a(
+      "bench",
+      "[-m MODEL] [-t TOKENIZER] [-p PROMPT] [-n N] [--ctx-fill N [--ctx-fill-random]] "
+      "[--kv-cache LIST] [KV options] [--threads N] [--json | --markdown]",
+      "Runs KV cache formats side by side on one model, with the same prompt and the same number\n"
+      "of greedy tokens, and reports per format: prefill and decode tokens/s, the share of a "
+      "decode\n"
+      "step spent in attention, KV cache bytes, compression against f32 and f16, greedy token\n"
+      "agreement with the f32 cache (position by position, with the first divergence) and the\n"
+      "decode time relative to f32. The f32 cache always runs as the reference. Formats default\n"
+      "to f32,f16,int8,kivi4,kivi2; the KV options (G, R, ...) apply to every one. Sessions hold\n"
+      "exactly fill + prompt + N tokens unless --ctx is given.\n"
+      "\n"
+      "Timing: every format's session is prepared first; then the decode steps run round-robin,\n"
+      "one step of each format in turn, each step timed on its own, and speeds are medians over\n"
+      "the steps, so a slow moment of the machine falls on all formats alike. Generation does not\n"
+      "stop at end-of-text: every format runs N steps.\n"
+      "\n"
+      "--ctx-fill N puts N positions in the cache before the prompt, to measure decoding at a "
+      "long\n"
+      "context: a paragraph of text repeated and prefilled (slow for big models), or with\n"
+      "--ctx-fill-random seeded random keys and values written straight into the cache through\n"
+      "each format's quantizer (no forward pass; for speed only: the token match then means\n"
+      "nothing and is labelled so).");
   a.section("Benchmark");
   a.add("prompt", 'p', "TEXT", "The prompt (after the fill).", "Once upon a time");
   a.add("n", 'n', "N", "Greedy tokens per format (= timed decode steps).", "200");
   a.add("ctx-fill", 0, "N", "Positions put in the cache before the prompt.", "0");
-  a.add_flag("ctx-fill-random", 0, "Fill with seeded random keys and values instead of text (speed only).");
+  a.add_flag("ctx-fill-random", 0,
+             "Fill with seeded random keys and values instead of text (speed only).");
   a.add("seed", 's', "S", "Seed of the random fill.", "1234");
   a.add("configs", 0, "LIST",
         "Configurations to compare (instead of --kv-cache): formats with optional policies, "
         "FORMAT[+shareN][+pre], and no-cache (every step recomputes every position), e.g. "
         "no-cache,f32,int8,f32+share2,int8+share2.");
-  a.add("ppl-text", 0, "FILE", "Also report each configuration's perplexity on this text (streaming, as deployed).");
+  a.add("ppl-text", 0, "FILE",
+        "Also report each configuration's perplexity on this text (streaming, as deployed).");
   a.add("ppl-ctx", 0, "N", "Context of the perplexity runs (default: the model's).");
-  a.add_flag("json", 0,
-             "Print {\"model\", \"ctx_fill\", \"ctx_fill_random\", \"n\", \"threads\", \"results\": [{format, ctx, "
-             "prefill_tps, decode_tps, kv_bytes, compression_vs_f32, compression_vs_f16, token_match, "
-             "first_divergence, overhead_pct, attn_share, ...}]}.");
+  a.add_flag(
+      "json", 0,
+      "Print {\"model\", \"ctx_fill\", \"ctx_fill_random\", \"n\", \"threads\", \"results\": "
+      "[{format, ctx, "
+      "prefill_tps, decode_tps, kv_bytes, compression_vs_f32, compression_vs_f16, token_match, "
+      "first_divergence, overhead_pct, attn_share, ...}]}.");
   a.add_flag("markdown", 0, "Print the table as GitHub Markdown.");
   add_model_options(a);
   add_kv_options(a, true);
@@ -89,7 +98,8 @@ int cmd_bench(int argc, char** argv) {
   const int n_gen = static_cast<int>(a.integer("n", 1, 1 << 20));
   const int n_fill = static_cast<int>(a.integer("ctx-fill", 0, model::kMaxContext));
   const bool random_fill = a.flag("ctx-fill-random");
-  if (random_fill && n_fill == 0) fail("--ctx-fill-random needs --ctx-fill N (N > 0 positions to fill)");
+  if (random_fill && n_fill == 0)
+    fail("--ctx-fill-random needs --ctx-fill N (N > 0 positions to fill)");
 
   // Formats: the list (default f32, f16, int8, kivi4, kivi2), with --kv-cache-k/-v applied
   // to each; the f32 reference goes first and is run once.
@@ -154,14 +164,18 @@ int cmd_bench(int argc, char** argv) {
   if (bc.prompt.empty()) fail("-p: the prompt has no tokens");
   const int need = n_fill + static_cast<int>(bc.prompt.size()) + n_gen;
   // Without --ctx, the sessions hold exactly what the run needs (at least one group of G).
-  bc.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : std::max(need, ref.group_size);
+  bc.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext))
+                          : std::max(need, ref.group_size);
   if (need > bc.ctx) {
-    fail("--ctx-fill %d + prompt %zu tokens + -n %d = %d tokens do not fit in --ctx %d", n_fill, bc.prompt.size(),
-         n_gen, need, bc.ctx);
+    fail("--ctx-fill %d + prompt %zu tokens + -n %d = %d tokens do not fit in --ctx %d", n_fill,
+         bc.prompt.size(), n_gen, need, bc.ctx);
   }
   if (bc.ctx > mc.ctx && !mc.synthetic) {
-    fail("--ctx-fill %d + prompt %zu tokens + -n %d = %d tokens exceed the model's context of %d; lower --ctx-fill "
-         "or -n", n_fill, bc.prompt.size(), n_gen, bc.ctx, mc.ctx);
+    fail(
+        "--ctx-fill %d + prompt %zu tokens + -n %d = %d tokens exceed the model's context of %d; "
+        "lower --ctx-fill "
+        "or -n",
+        n_fill, bc.prompt.size(), n_gen, bc.ctx, mc.ctx);
   }
   // All sessions live at once: check they fit beside the weights before allocating.
   {
@@ -177,15 +191,20 @@ int cmd_bench(int argc, char** argv) {
     }
     const uint64_t avail = sys::available_memory_bytes(), weights = m->weight_bytes();
     if (avail > 0 && total + weights > avail) {
-      fail("%zu sessions of %d tokens need %s beside the weights (%s) but only %s of memory is available; lower "
-           "--ctx-fill or -n, or list fewer formats", caches.size(), bc.ctx,
-           sys::human_bytes(static_cast<double>(total)).c_str(), sys::human_bytes(static_cast<double>(weights)).c_str(),
-           sys::human_bytes(static_cast<double>(avail)).c_str());
+      fail(
+          "%zu sessions of %d tokens need %s beside the weights (%s) but only %s of memory is "
+          "available; lower "
+          "--ctx-fill or -n, or list fewer formats",
+          caches.size(), bc.ctx, sys::human_bytes(static_cast<double>(total)).c_str(),
+          sys::human_bytes(static_cast<double>(weights)).c_str(),
+          sys::human_bytes(static_cast<double>(avail)).c_str());
     }
   }
   if (mc.synthetic && !json) {
-    std::fprintf(stderr, "note: %s has random weights (written by 'kivi synth'): speeds are real, tokens are not\n",
-                 m->path().c_str());
+    std::fprintf(
+        stderr,
+        "note: %s has random weights (written by 'kivi synth'): speeds are real, tokens are not\n",
+        m->path().c_str());
   }
 
   Progress bar("bench", 1, "tok", !json);
@@ -200,8 +219,10 @@ int cmd_bench(int argc, char** argv) {
   std::vector<double> ppl(r.formats.size(), 0.0);
   if (a.given("ppl-text")) {
     const auto text_tokens = tk.encode(read_text_file(a.str("ppl-text")), false);
-    const int pctx = a.given("ppl-ctx") ? static_cast<int>(a.integer("ppl-ctx", 2, 1 << 24)) : mc.ctx;
-    Progress pbar("perplexity", static_cast<int64_t>(r.formats.size()), "config", !json && Progress::stderr_is_terminal());
+    const int pctx =
+        a.given("ppl-ctx") ? static_cast<int>(a.integer("ppl-ctx", 2, 1 << 24)) : mc.ctx;
+    Progress pbar("perplexity", static_cast<int64_t>(r.formats.size()), "config",
+                  !json && Progress::stderr_is_terminal());
     for (size_t i = 0; i < r.formats.size(); ++i) {
       if (r.formats[i].no_cache) continue;
       runtime::SessionOptions o;
@@ -220,7 +241,10 @@ int cmd_bench(int argc, char** argv) {
   if (json) {
     JsonWriter j;
     j.begin_object();
-    j.kv("model", m->path()).kv("ctx_fill", n_fill).kv("ctx_fill_random", random_fill).kv("n", n_gen);
+    j.kv("model", m->path())
+        .kv("ctx_fill", n_fill)
+        .kv("ctx_fill_random", random_fill)
+        .kv("n", n_gen);
     j.kv("threads", r.threads).kv("prompt_tokens", r.prompt_tokens).kv("fill", fill_desc);
     j.kv("token_match_meaningful", !random_fill).kv("synthetic", mc.synthetic);
     j.kv("simd", cpu::current_target_name()).kv("kv_params", shared_params(ref));
@@ -233,14 +257,17 @@ int cmd_bench(int argc, char** argv) {
       j.kv("reference", i == 0).kv("listed", i > 0 || ref_listed);
       j.kv("ctx", r.ctx).kv("prefill_tps", f.prefill_tps).kv("decode_tps", f.decode_tps);
       j.kv("decode_ms", f.decode_seconds * 1e3).kv("kv_bytes", f.kv_bytes);
-      j.kv("compression_vs_f32", f.compression_vs_f32).kv("compression_vs_f16", f.compression_vs_f16);
+      j.kv("compression_vs_f32", f.compression_vs_f32)
+          .kv("compression_vs_f16", f.compression_vs_f16);
       j.kv("token_match", f.token_match);
       if (f.first_divergence >= 0) {
         j.kv("first_divergence", f.first_divergence);
       } else {
         j.key("first_divergence").null();
       }
-      j.kv("overhead_pct", f.overhead_pct).kv("attn_share", f.attn_share).kv("no_cache", f.no_cache);
+      j.kv("overhead_pct", f.overhead_pct)
+          .kv("attn_share", f.attn_share)
+          .kv("no_cache", f.no_cache);
       if (ppl[i] > 0) {
         j.kv("ppl", ppl[i]);
       } else {
@@ -254,13 +281,19 @@ int cmd_bench(int argc, char** argv) {
   }
 
   std::string fill_line = "no fill";
-  if (n_fill > 0) fill_line = random_fill ? strfmt("%d positions, %s", n_fill, kRandomLabel) : strfmt("%d tokens of text", n_fill);
+  if (n_fill > 0)
+    fill_line = random_fill ? strfmt("%d positions, %s", n_fill, kRandomLabel)
+                            : strfmt("%d tokens of text", n_fill);
   std::printf("model     %s%s\n", m->path().c_str(), mc.synthetic ? " (random weights)" : "");
   std::printf("fill      %s\n", fill_line.c_str());
-  std::printf("decode    at ctx %d (fill %d + prompt %d), %d greedy tokens per format, %d thread%s, SIMD %s\n", r.ctx,
-              r.fill, r.prompt_tokens, n_gen, r.threads, r.threads == 1 ? "" : "s", cpu::current_target_name().c_str());
-  std::printf("KV        %s; compression counts the bytes used at ctx %d%s\n", shared_params(ref).c_str(),
-              r.ctx + n_gen, random_fill ? "" : "; match: greedy tokens equal to f32's");
+  std::printf(
+      "decode    at ctx %d (fill %d + prompt %d), %d greedy tokens per format, %d thread%s, SIMD "
+      "%s\n",
+      r.ctx, r.fill, r.prompt_tokens, n_gen, r.threads, r.threads == 1 ? "" : "s",
+      cpu::current_target_name().c_str());
+  std::printf("KV        %s; compression counts the bytes used at ctx %d%s\n",
+              shared_params(ref).c_str(), r.ctx + n_gen,
+              random_fill ? "" : "; match: greedy tokens equal to f32's");
   if (markdown) std::printf("\n");
   const bool with_ppl = a.given("ppl-text");
   auto cells = [&](const runtime::BenchFormatResult& f, bool first, size_t index) {
@@ -279,8 +312,9 @@ int cmd_bench(int argc, char** argv) {
     if (with_ppl) c.push_back(ppl[index] > 0 ? strfmt("%.4f", ppl[index]) : "n/a");
     return c;
   };
-  std::vector<std::string> head = {"format", "ctx", "prefill tok/s", "decode tok/s", "attn share", "KV bytes",
-                                   "vs f32", "vs f16", "token match", "1st diverge", "overhead"};
+  std::vector<std::string> head = {"format",      "ctx",         "prefill tok/s", "decode tok/s",
+                                   "attn share",  "KV bytes",    "vs f32",        "vs f16",
+                                   "token match", "1st diverge", "overhead"};
   if (with_ppl) head.push_back("ppl");
   std::vector<std::vector<std::string>> rows;
   for (size_t i = 0; i < r.formats.size(); ++i) rows.push_back(cells(r.formats[i], i == 0, i));
@@ -292,7 +326,8 @@ int cmd_bench(int argc, char** argv) {
   auto line = [&](const std::vector<std::string>& c) {
     std::string s = markdown ? "|" : "";
     for (size_t k = 0; k < c.size(); ++k) {
-      const std::string cell = k == 0 ? c[k] + std::string(w[k] - c[k].size(), ' ') : std::string(w[k] - c[k].size(), ' ') + c[k];
+      const std::string cell = k == 0 ? c[k] + std::string(w[k] - c[k].size(), ' ')
+                                      : std::string(w[k] - c[k].size(), ' ') + c[k];
       s += markdown ? " " + cell + " |" : (k ? "  " : "") + cell;
     }
     std::printf("%s\n", s.c_str());
@@ -300,7 +335,8 @@ int cmd_bench(int argc, char** argv) {
   line(head);
   if (markdown) {
     std::string s = "|";
-    for (size_t k = 0; k < head.size(); ++k) s += (k == 0 ? " :" : " ") + std::string(w[k] - 1, '-') + (k == 0 ? " |" : ": |");
+    for (size_t k = 0; k < head.size(); ++k)
+      s += (k == 0 ? " :" : " ") + std::string(w[k] - 1, '-') + (k == 0 ? " |" : ": |");
     std::printf("%s\n", s.c_str());
   }
   for (const auto& row : rows) line(row);

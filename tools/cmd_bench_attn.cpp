@@ -35,16 +35,20 @@ struct Row {
 }  // namespace
 
 int cmd_bench_attn(int argc, char** argv) {
-  Args a("bench-attn", "[--ctx LIST] [--heads H] [--kv-heads K] [--head-dim D] [--batch B] [--reps N] "
-                       "[--kv-cache LIST] [KV options] [--threads N] [--simd TARGET] [--no-probe] [--json]",
-         "Benchmarks decode attention (one query token per sequence over a full cache) for each cache\n"
-         "format and context length, on random data with fixed seeds. A memory-read bandwidth probe\n"
-         "runs in the same process at the same thread count. For each case it reports the median\n"
-         "time per call, the bytes of cache the call reads, the effective GB/s, the bandwidth floor\n"
-         "(bytes / probe GB/s) and the time relative to f16. Formats and probe passes are timed\n"
-         "alternately, repetition by repetition, so ratios compare the same moments.");
+  Args a(
+      "bench-attn",
+      "[--ctx LIST] [--heads H] [--kv-heads K] [--head-dim D] [--batch B] [--reps N] "
+      "[--kv-cache LIST] [KV options] [--threads N] [--simd TARGET] [--no-probe] [--json]",
+      "Benchmarks decode attention (one query token per sequence over a full cache) for each "
+      "cache\n"
+      "format and context length, on random data with fixed seeds. A memory-read bandwidth probe\n"
+      "runs in the same process at the same thread count. For each case it reports the median\n"
+      "time per call, the bytes of cache the call reads, the effective GB/s, the bandwidth floor\n"
+      "(bytes / probe GB/s) and the time relative to f16. Formats and probe passes are timed\n"
+      "alternately, repetition by repetition, so ratios compare the same moments.");
   a.section("Benchmark");
-  a.add("ctx", 0, "LIST", "Context lengths (tokens in the cache); k suffix = 1024.", "1024,4096,16384,65536");
+  a.add("ctx", 0, "LIST", "Context lengths (tokens in the cache); k suffix = 1024.",
+        "1024,4096,16384,65536");
   a.add("heads", 0, "H", "Query heads.", "32");
   a.add("kv-heads", 0, "K", "Key/value heads (GQA when < H).", "8");
   a.add("head-dim", 0, "D", "Head dimension.", "128");
@@ -52,9 +56,11 @@ int cmd_bench_attn(int argc, char** argv) {
   a.add("reps", 0, "N", "Timed repetitions per case (median reported).", "20");
   add_threads_options(a);
   a.add("simd", 0, "TARGET", "Force a SIMD target (avx3, avx2, sse4, scalar).");
-  a.add_flag("no-probe", 0, "Skip the bandwidth probe: the floor columns then read n/a (null in JSON).");
+  a.add_flag("no-probe", 0,
+             "Skip the bandwidth probe: the floor columns then read n/a (null in JSON).");
   a.add_flag("json", 0,
-             "Print {\"probe_gbps\", \"results\": [{format, ctx, threads, batch, median_us, bytes_read, gbps, "
+             "Print {\"probe_gbps\", \"results\": [{format, ctx, threads, batch, median_us, "
+             "bytes_read, gbps, "
              "vs_f16, floor_us}]}; with --no-probe the probe and floor fields are null.");
   add_kv_options(a, true);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
@@ -67,7 +73,8 @@ int cmd_bench_attn(int argc, char** argv) {
   const int reps = static_cast<int>(a.integer("reps", 1, 100000));
   if (H % Hkv != 0) fail("--kv-heads %d must divide --heads %d", Hkv, H);
   const int threads = threads_option(a);
-  const std::vector<std::string> formats = kv_format_list(a, {"f32", "f16", "int8", "kivi4", "kivi2"});
+  const std::vector<std::string> formats =
+      kv_format_list(a, {"f32", "f16", "int8", "kivi4", "kivi2"});
   // Estimate memory before allocating: the largest cache per format x batch.
   {
     const int cmax = static_cast<int>(*std::max_element(ctxs.begin(), ctxs.end()));
@@ -84,8 +91,10 @@ int cmd_bench_attn(int argc, char** argv) {
     const double avail = static_cast<double>(sys::available_memory_bytes());
     if (!a.flag("no-probe")) need += 512.0 * (1 << 20);
     if (avail > 0 && need > 0.8 * avail) {
-      fail("the largest case needs %s of cache but only %s of memory is available; lower --ctx or --batch",
-           sys::human_bytes(need).c_str(), sys::human_bytes(avail).c_str());
+      fail(
+          "the largest case needs %s of cache but only %s of memory is available; lower --ctx or "
+          "--batch",
+          sys::human_bytes(need).c_str(), sys::human_bytes(avail).c_str());
     }
   }
   ThreadPool pool(threads);
@@ -126,7 +135,8 @@ int cmd_bench_attn(int argc, char** argv) {
         c.caches.push_back(std::make_unique<kv::KvCache>(c.cfg));
         for (int64_t t = 0; t < ctx; ++t) {
           for (size_t i = 0; i < k.size(); ++i) {
-            k[i] = data.normal() * ((i % D) % 16 == 3 ? 6.0f : 1.0f);  // a few outlier channels, as in real keys
+            k[i] = data.normal() *
+                   ((i % D) % 16 == 3 ? 6.0f : 1.0f);  // a few outlier channels, as in real keys
             v[i] = data.normal();
           }
           if (t == 0) c.caches.back()->calibrate(0, k.data(), v.data(), 1);
@@ -134,7 +144,8 @@ int cmd_bench_attn(int argc, char** argv) {
         }
         c.views.push_back(c.caches.back()->view(0));
       }
-      c.ws = std::make_unique<attn::Workspace>(threads, H, Hkv, D, c.cfg.block(), static_cast<int>(ctx));
+      c.ws = std::make_unique<attn::Workspace>(threads, H, Hkv, D, c.cfg.block(),
+                                               static_cast<int>(ctx));
       cases.push_back(std::move(c));
     }
     std::vector<float> q(static_cast<size_t>(H) * D), out(q.size());
@@ -181,7 +192,8 @@ int cmd_bench_attn(int argc, char** argv) {
       row.gbps = row.bytes_read / (row.median_us * 1e-6) / 1e9;
       row.probe_gbps = gbps;
       row.floor_us = gbps > 0 ? row.bytes_read / (gbps * 1e9) * 1e6 : 0.0;
-      if (c.cfg.k.format == kv::Format::kF16 && c.cfg.v.format == kv::Format::kF16) f16_us = row.median_us;
+      if (c.cfg.k.format == kv::Format::kF16 && c.cfg.v.format == kv::Format::kF16)
+        f16_us = row.median_us;
       row.vs_f16 = 0;
       rows.push_back(row);
     }
@@ -201,7 +213,9 @@ int cmd_bench_attn(int argc, char** argv) {
     JsonWriter j;
     j.begin_object();
     if (probe) {
-      j.kv("probe_gbps", bw.gbps_median).kv("probe_threads", bw.threads).kv("probe_bytes", static_cast<uint64_t>(bw.bytes));
+      j.kv("probe_gbps", bw.gbps_median)
+          .kv("probe_threads", bw.threads)
+          .kv("probe_bytes", static_cast<uint64_t>(bw.bytes));
     } else {  // not measured: null, not 0
       j.key("probe_gbps").null().key("probe_threads").null().key("probe_bytes").null();
     }
@@ -209,8 +223,15 @@ int cmd_bench_attn(int argc, char** argv) {
     j.kv("heads", H).kv("kv_heads", Hkv).kv("head_dim", D);
     j.key("results").begin_array();
     for (const auto& r : rows) {
-      j.begin_object().kv("format", r.format).kv("ctx", r.ctx).kv("threads", r.threads).kv("batch", r.batch);
-      j.kv("median_us", r.median_us).kv("min_us", r.min_us).kv("bytes_read", r.bytes_read).kv("gbps", r.gbps);
+      j.begin_object()
+          .kv("format", r.format)
+          .kv("ctx", r.ctx)
+          .kv("threads", r.threads)
+          .kv("batch", r.batch);
+      j.kv("median_us", r.median_us)
+          .kv("min_us", r.min_us)
+          .kv("bytes_read", r.bytes_read)
+          .kv("gbps", r.gbps);
       if (probe) {
         j.kv("floor_us", r.floor_us).kv("probe_gbps", r.probe_gbps);
       } else {
@@ -227,22 +248,28 @@ int cmd_bench_attn(int argc, char** argv) {
     std::printf("%s\n", j.str().c_str());
     return 0;
   }
-  std::printf("decode attention: %d query heads, %d KV heads, head_dim %d, batch %d, %d threads, SIMD %s, %s\n", H, Hkv,
-              D, B, threads, cpu::current_target_name().c_str(), attn::precision_name(prec));
+  std::printf(
+      "decode attention: %d query heads, %d KV heads, head_dim %d, batch %d, %d threads, SIMD %s, "
+      "%s\n",
+      H, Hkv, D, B, threads, cpu::current_target_name().c_str(), attn::precision_name(prec));
   if (bw.gbps_median > 0) {
-    std::printf("memory read bandwidth probe: %.2f GB/s (median of %d reads of %s interleaved with the calls, %d threads;\n"
-                "the floor of each row uses the probe passes of its own context length)\n", bw.gbps_median, bw.reps,
-                sys::human_bytes(static_cast<double>(bw.bytes)).c_str(), bw.threads);
+    std::printf(
+        "memory read bandwidth probe: %.2f GB/s (median of %d reads of %s interleaved with the "
+        "calls, %d threads;\n"
+        "the floor of each row uses the probe passes of its own context length)\n",
+        bw.gbps_median, bw.reps, sys::human_bytes(static_cast<double>(bw.bytes)).c_str(),
+        bw.threads);
   }
-  std::printf("%-46s %8s %12s %12s %8s %12s %9s %9s\n", "format", "ctx", "median us", "bytes read", "GB/s", "floor us",
-              "% floor", "t/t(f16)");
+  std::printf("%-46s %8s %12s %12s %8s %12s %9s %9s\n", "format", "ctx", "median us", "bytes read",
+              "GB/s", "floor us", "% floor", "t/t(f16)");
   for (const auto& r : rows) {
     // Without the probe there is no floor: "n/a", not a floor of 0.
     const std::string floor = probe ? strfmt("%.1f", r.floor_us) : "n/a";
-    const std::string pct = probe && r.floor_us > 0 ? strfmt("%.0f%%", 100.0 * r.floor_us / r.median_us) : "n/a";
-    std::printf("%-46s %8d %12.1f %12llu %8.2f %12s %9s %9s\n", r.format.c_str(), r.ctx, r.median_us,
-                static_cast<unsigned long long>(r.bytes_read), r.gbps, floor.c_str(), pct.c_str(),
-                r.vs_f16 > 0 ? strfmt("%.3f", r.vs_f16).c_str() : "-");
+    const std::string pct =
+        probe && r.floor_us > 0 ? strfmt("%.0f%%", 100.0 * r.floor_us / r.median_us) : "n/a";
+    std::printf("%-46s %8d %12.1f %12llu %8.2f %12s %9s %9s\n", r.format.c_str(), r.ctx,
+                r.median_us, static_cast<unsigned long long>(r.bytes_read), r.gbps, floor.c_str(),
+                pct.c_str(), r.vs_f16 > 0 ? strfmt("%.3f", r.vs_f16).c_str() : "-");
   }
   if (!probe) std::printf("(no bandwidth probe: --no-probe)\n");
   return 0;

@@ -102,7 +102,8 @@ int cmd_chat(int argc, char** argv) {
     const std::vector<int> prompt = chat.user_turn(line, system, turn == 0);
     const int pos_before = sess.pos();
     // The turn's tokens and at least one reply token must fit.
-    if (sess.options().overflow == runtime::ContextOverflow::kStop && pos_before + static_cast<int>(prompt.size()) >= ctx) {
+    if (sess.options().overflow == runtime::ContextOverflow::kStop &&
+        pos_before + static_cast<int>(prompt.size()) >= ctx) {
       context_full = true;
       break;
     }

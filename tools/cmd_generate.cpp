@@ -12,20 +12,24 @@
 namespace kivi::tools {
 
 int cmd_generate(int argc, char** argv) {
-  Args a("generate", "[-m MODEL] [-t TOKENIZER] [-p PROMPT] [-n N] [options]",
-         "Generates text from PROMPT (default empty: from BOS alone) and streams it to stdout (the\n"
-         "prompt first). A stats line follows on stderr: prompt and generated tokens, prefill and\n"
-         "decode tokens/s, KV bytes.\n"
-         "Generation stops at an end-of-text token, after N tokens, or when the context is full.");
+  Args a(
+      "generate", "[-m MODEL] [-t TOKENIZER] [-p PROMPT] [-n N] [options]",
+      "Generates text from PROMPT (default empty: from BOS alone) and streams it to stdout (the\n"
+      "prompt first). A stats line follows on stderr: prompt and generated tokens, prefill and\n"
+      "decode tokens/s, KV bytes.\n"
+      "Generation stops at an end-of-text token, after N tokens, or when the context is full.");
   a.section("Generation");
   a.add("prompt", 'p', "TEXT", "The prompt.", "");
   a.add("n", 'n', "N", "Tokens to generate.", "256");
   a.add("temp", 0, "T", "Sampling temperature; 0 = greedy (argmax).", "0.8");
   a.add("top-k", 0, "K", "Sample from the K most likely tokens (0 = off).", "40");
-  a.add("top-p", 0, "P", "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95");
+  a.add("top-p", 0, "P",
+        "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95");
   a.add("seed", 's', "S", "Random seed; the same seed gives the same text.", "42");
-  a.add_flag("ignore-eos", 0, "Go on past end-of-text tokens (sampling another token instead), for long runs.");
-  a.add_flag("no-kv-cache", 0, "Recompute every position at every step (the reference path; slow).");
+  a.add_flag("ignore-eos", 0,
+             "Go on past end-of-text tokens (sampling another token instead), for long runs.");
+  a.add_flag("no-kv-cache", 0,
+             "Recompute every position at every step (the reference path; slow).");
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");
   add_model_options(a);
   add_kv_options(a);
@@ -39,13 +43,16 @@ int cmd_generate(int argc, char** argv) {
   so.top_p = static_cast<float>(a.number("top-p", -1e30, 1e30));
   so.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
   runtime::check_sampler_options(so);
-  if (a.flag("no-kv-cache")) refuse_kv_options(a, "--no-kv-cache (it recomputes keys and values, it has no cache)");
+  if (a.flag("no-kv-cache"))
+    refuse_kv_options(a, "--no-kv-cache (it recomputes keys and values, it has no cache)");
 
   auto m = load_model(a);
   const auto& cfg = m->config();
   if (cfg.synthetic) {
-    std::fprintf(stderr, "note: %s has random weights (written by 'kivi synth' for speed measurement); "
-                 "its text is meaningless\n", m->path().c_str());
+    std::fprintf(stderr,
+                 "note: %s has random weights (written by 'kivi synth' for speed measurement); "
+                 "its text is meaningless\n",
+                 m->path().c_str());
   }
   const auto& tk = m->tokenizer();
   runtime::SessionOptions opt = session_options(a, *m);
@@ -54,10 +61,13 @@ int cmd_generate(int argc, char** argv) {
   const std::string prompt = a.str("prompt");
   std::vector<int> tokens = tk.encode(prompt, tk.add_bos());
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
-  const bool bounded = opt.overflow != runtime::ContextOverflow::kStop;  // generation goes on past the context
+  const bool bounded =
+      opt.overflow != runtime::ContextOverflow::kStop;  // generation goes on past the context
   if (!bounded && static_cast<int>(tokens.size()) >= ctx) {
-    fail("the prompt is %zu tokens, longer than the context can hold with room to generate "
-         "(--ctx %d)", tokens.size(), ctx);
+    fail(
+        "the prompt is %zu tokens, longer than the context can hold with room to generate "
+        "(--ctx %d)",
+        tokens.size(), ctx);
   }
   std::unique_ptr<runtime::Session> sess;
   if (!no_cache) sess = std::make_unique<runtime::Session>(*m, opt);
@@ -107,7 +117,8 @@ int cmd_generate(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (i + 1 == n_gen) break;
-    if (!bounded && static_cast<int>(tokens.size()) > ctx) {  // the new token has no room in the cache
+    if (!bounded &&
+        static_cast<int>(tokens.size()) > ctx) {  // the new token has no room in the cache
       stop = "context";
       break;
     }
@@ -150,19 +161,22 @@ int cmd_generate(int argc, char** argv) {
     j.kv("context_overflow", runtime::context_overflow_name(opt.overflow));
     j.kv("dropped_tokens", sess ? sess->dropped() : int64_t{0});
     j.kv("overflows", sess ? sess->overflows() : 0);
-    j.kv("overflow_ms_mean", sess && sess->overflows() > 0 ? 1e3 * sess->overflow_seconds() / sess->overflows() : 0.0);
+    j.kv("overflow_ms_mean",
+         sess && sess->overflows() > 0 ? 1e3 * sess->overflow_seconds() / sess->overflows() : 0.0);
     j.end_object();
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("\n");
     std::fflush(stdout);
-    if (stop == "context") std::fprintf(stderr, "[stopped: the context of %d tokens is full]\n", ctx);
+    if (stop == "context")
+      std::fprintf(stderr, "[stopped: the context of %d tokens is full]\n", ctx);
     std::fprintf(stderr,
                  "[prompt %d tokens, generated %d tokens | prefill %.1f tok/s, decode %.1f tok/s | "
                  "KV cache %s: %llu bytes used, %llu reserved]\n",
                  n_prompt, n_out, prefill_tps, decode_tps,
                  no_cache ? "none (--no-kv-cache)" : describe_cache(sess->options().cache).c_str(),
-                 static_cast<unsigned long long>(kv_used), static_cast<unsigned long long>(kv_reserved));
+                 static_cast<unsigned long long>(kv_used),
+                 static_cast<unsigned long long>(kv_reserved));
   }
   return 0;
 }

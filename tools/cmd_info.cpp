@@ -70,7 +70,8 @@ std::vector<TypeBytes> bytes_per_type(const model::Model& m) {
     auto mat = [&](const ops::Matrix& x) { add(ops::dtype_name(x.dtype), x.bytes()); };
     mat(w.token_embd);
     for (const auto& L : w.layers) {
-      for (const ops::Matrix* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_down, &L.w_up}) mat(*x);
+      for (const ops::Matrix* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_down, &L.w_up})
+        mat(*x);
       add("F32", L.attn_norm.size() * 4);
       add("F32", L.ffn_norm.size() * 4);
     }
@@ -83,12 +84,14 @@ std::vector<TypeBytes> bytes_per_type(const model::Model& m) {
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
-  Args a("info", "[MODEL] [--preset NAME] [--kv-cache LIST] [--ctx N] [--tensors] [--json]",
-         "Describes a model: file format, architecture, tensors (each one's type and bytes, and the\n"
-         "bytes per type) and tokenizer, and the KV cache memory it needs at N tokens for each\n"
-         "format (bytes per token and total, residual window included). With --preset, describes a\n"
-         "named shape without a model file.");
-  a.add("preset", 0, "NAME", "A named shape instead of a model: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
+  Args a(
+      "info", "[MODEL] [--preset NAME] [--kv-cache LIST] [--ctx N] [--tensors] [--json]",
+      "Describes a model: file format, architecture, tensors (each one's type and bytes, and the\n"
+      "bytes per type) and tokenizer, and the KV cache memory it needs at N tokens for each\n"
+      "format (bytes per token and total, residual window included). With --preset, describes a\n"
+      "named shape without a model file.");
+  a.add("preset", 0, "NAME",
+        "A named shape instead of a model: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
   a.add_flag("tensors", 0, "List every tensor.");
   a.add_flag("json", 0, "Print one JSON object (with bytes_per_type: [{type, tensors, bytes}]).");
   add_model_options(a);
@@ -104,14 +107,18 @@ int cmd_info(int argc, char** argv) {
     c = p.config;
     source = "preset " + p.name;
   } else {
-    if (!a.positional().empty() && a.given("model")) fail("give the model either as MODEL or with -m, not both");
-    const std::string path = model::default_model_path(a.positional().empty() ? a.str("model") : a.positional()[0]);
-    if (path.empty()) fail("no model given and none found (pass MODEL or -m FILE, or --preset NAME)");
+    if (!a.positional().empty() && a.given("model"))
+      fail("give the model either as MODEL or with -m, not both");
+    const std::string path =
+        model::default_model_path(a.positional().empty() ? a.str("model") : a.positional()[0]);
+    if (path.empty())
+      fail("no model given and none found (pass MODEL or -m FILE, or --preset NAME)");
     m = model::Model::load(path, a.str("tokenizer"));
     c = m->config();
     source = m->path();
   }
-  const int ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : c.ctx;
+  const int ctx =
+      a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : c.ctx;
   const auto rows = memory_rows(a, c, ctx);
   if (rows.size() == 1 && !rows[0].invalid.empty()) fail("%s", rows[0].invalid.c_str());
   kv::CacheConfig f16 = rows.front().cfg;
@@ -131,23 +138,34 @@ int cmd_info(int argc, char** argv) {
     j.kv("dim", c.dim).kv("hidden_dim", c.hidden_dim).kv("n_layers", c.n_layers);
     j.kv("n_heads", c.n_heads).kv("n_kv_heads", c.n_kv_heads).kv("head_dim", c.head_dim());
     j.kv("vocab_size", c.vocab_size).kv("context_length", c.ctx).kv("rope_theta", c.rope_theta);
-    j.kv("norm_eps", c.norm_eps).kv("shared_classifier", c.shared_classifier).kv("synthetic", c.synthetic);
+    j.kv("norm_eps", c.norm_eps)
+        .kv("shared_classifier", c.shared_classifier)
+        .kv("synthetic", c.synthetic);
     j.kv("rope_style", c.rope_style == attn::RopeStyle::kNeox ? "neox" : "adjacent");
-    j.kv("rope_scaling", !c.rope_freq_factors.empty() ? "divisors" : c.rope_freq_scale != 1.0f ? "linear" : "none");
+    j.kv("rope_scaling", !c.rope_freq_factors.empty() ? "divisors"
+                         : c.rope_freq_scale != 1.0f  ? "linear"
+                                                      : "none");
     j.kv("attn_bias", c.attn_bias).kv("qk_norm", c.qk_norm);
     j.kv("params", c.n_params());
     if (m) j.kv("weight_bytes", static_cast<uint64_t>(m->weight_bytes()));
     if (m) {
       j.key("bytes_per_type").begin_array();
       for (const auto& t : bytes_per_type(*m)) {
-        j.begin_object().kv("type", t.type).kv("tensors", t.tensors).kv("bytes", t.bytes).end_object();
+        j.begin_object()
+            .kv("type", t.type)
+            .kv("tensors", t.tensors)
+            .kv("bytes", t.bytes)
+            .end_object();
       }
       j.end_array();
     }
     if (m) {
       const auto& tk = m->tokenizer();
       j.key("tokenizer").begin_object();
-      j.kv("model", std::string(tk.model_name())).kv("vocab_size", tk.vocab_size()).kv("bos_id", tk.bos_id()).kv("eos_id", tk.eos_id());
+      j.kv("model", std::string(tk.model_name()))
+          .kv("vocab_size", tk.vocab_size())
+          .kv("bos_id", tk.bos_id())
+          .kv("eos_id", tk.eos_id());
       j.kv("byte_pieces", tk.n_byte_pieces());
       j.end_object();
     }
@@ -174,7 +192,10 @@ int cmd_info(int argc, char** argv) {
     if (m && a.flag("tensors") && m->gguf()) {
       j.key("tensors").begin_array();
       for (const auto& t : m->gguf()->tensors()) {
-        j.begin_object().kv("name", t.name).kv("type", io::ggml_type_name(t.type)).kv("bytes", t.n_bytes);
+        j.begin_object()
+            .kv("name", t.name)
+            .kv("type", io::ggml_type_name(t.type))
+            .kv("bytes", t.n_bytes);
         j.key("dims").begin_array();
         for (auto d : t.dims) j.value(static_cast<uint64_t>(d));
         j.end_array().end_object();
@@ -188,23 +209,35 @@ int cmd_info(int argc, char** argv) {
 
   std::printf("%s\n", source.c_str());
   if (m) std::printf("  format           %s\n", m->format().c_str());
-  std::printf("  architecture     %s%s\n", c.arch.c_str(), c.synthetic ? " (random weights: speed measurement only)" : "");
+  std::printf("  architecture     %s%s\n", c.arch.c_str(),
+              c.synthetic ? " (random weights: speed measurement only)" : "");
   if (!c.name.empty()) std::printf("  name             %s\n", c.name.c_str());
-  std::printf("  dim              %d\n  hidden_dim       %d\n  layers           %d\n", c.dim, c.hidden_dim, c.n_layers);
+  std::printf("  dim              %d\n  hidden_dim       %d\n  layers           %d\n", c.dim,
+              c.hidden_dim, c.n_layers);
   std::printf("  heads            %d query, %d KV (%s), head_dim %d\n", c.n_heads, c.n_kv_heads,
-              c.n_kv_heads == c.n_heads ? "MHA" : c.n_kv_heads == 1 ? "MQA" : "GQA", c.head_dim());
-  std::printf("  vocab            %d\n  context          %d\n  rope theta       %g\n  rms eps          %g\n",
-              c.vocab_size, c.ctx, c.rope_theta, c.norm_eps);
-  std::printf("  rope             %s pairs%s\n", c.rope_style == attn::RopeStyle::kNeox ? "NeoX (i, i + D/2)" : "adjacent (2i, 2i+1)",
+              c.n_kv_heads == c.n_heads ? "MHA"
+              : c.n_kv_heads == 1       ? "MQA"
+                                        : "GQA",
+              c.head_dim());
+  std::printf(
+      "  vocab            %d\n  context          %d\n  rope theta       %g\n  rms eps          "
+      "%g\n",
+      c.vocab_size, c.ctx, c.rope_theta, c.norm_eps);
+  std::printf("  rope             %s pairs%s\n",
+              c.rope_style == attn::RopeStyle::kNeox ? "NeoX (i, i + D/2)" : "adjacent (2i, 2i+1)",
               !c.rope_freq_factors.empty() ? ", per-frequency divisors (rope_freqs.weight)"
-              : c.rope_freq_scale != 1.0f ? ", linear scaling" : "");
+              : c.rope_freq_scale != 1.0f  ? ", linear scaling"
+                                           : "");
   if (c.attn_bias || c.qk_norm) {
-    std::printf("  attention        %s%s%s\n", c.attn_bias ? "Q/K/V biases" : "", c.attn_bias && c.qk_norm ? ", " : "",
-                c.qk_norm ? "per-head Q/K RMSNorm" : "");
+    std::printf("  attention        %s%s%s\n", c.attn_bias ? "Q/K/V biases" : "",
+                c.attn_bias && c.qk_norm ? ", " : "", c.qk_norm ? "per-head Q/K RMSNorm" : "");
   }
-  std::printf("  classifier       %s\n", c.shared_classifier ? "tied to the embedding" : "separate");
+  std::printf("  classifier       %s\n",
+              c.shared_classifier ? "tied to the embedding" : "separate");
   std::printf("  parameters       %.3f M\n", c.n_params() / 1e6);
-  if (m) std::printf("  weights          %s\n", sys::human_bytes(static_cast<double>(m->weight_bytes())).c_str());
+  if (m)
+    std::printf("  weights          %s\n",
+                sys::human_bytes(static_cast<double>(m->weight_bytes())).c_str());
   if (m) {
     const auto types = bytes_per_type(*m);
     uint64_t total = 0;
@@ -212,7 +245,8 @@ int cmd_info(int argc, char** argv) {
     std::printf("bytes per type:\n");
     for (const auto& t : types) {
       std::printf("  %-6s %5d tensors %14llu bytes (%s, %5.1f%%)\n", t.type.c_str(), t.tensors,
-                  static_cast<unsigned long long>(t.bytes), sys::human_bytes(static_cast<double>(t.bytes)).c_str(),
+                  static_cast<unsigned long long>(t.bytes),
+                  sys::human_bytes(static_cast<double>(t.bytes)).c_str(),
                   total ? 100.0 * static_cast<double>(t.bytes) / static_cast<double>(total) : 0.0);
     }
   }
@@ -221,8 +255,8 @@ int cmd_info(int argc, char** argv) {
     std::printf("tokenizer: %s\n", tk.describe().c_str());
     if (m->gguf()) {
       const auto& g = *m->gguf();
-      std::printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u\n", g.version(), g.keys().size(),
-                  g.tensors().size(), g.alignment());
+      std::printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u\n", g.version(),
+                  g.keys().size(), g.tensors().size(), g.alignment());
       for (const auto& k : g.keys()) std::printf("  %-40s %s\n", k.c_str(), g.describe(k).c_str());
     }
     if (a.flag("tensors") || 9 * c.n_layers + 3 <= 64) {
@@ -231,14 +265,15 @@ int cmd_info(int argc, char** argv) {
         for (const auto& t : m->gguf()->tensors()) {
           std::string dims;
           for (auto d : t.dims) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
-          std::printf("  %-32s %-6s [%s] %llu bytes\n", t.name.c_str(), io::ggml_type_name(t.type).c_str(), dims.c_str(),
+          std::printf("  %-32s %-6s [%s] %llu bytes\n", t.name.c_str(),
+                      io::ggml_type_name(t.type).c_str(), dims.c_str(),
                       static_cast<unsigned long long>(t.n_bytes));
         }
       } else {
         const auto& w = m->weights();
         auto line = [](const char* n, const ops::Matrix& x) {
-          std::printf("  %-32s %-4s [%lld x %lld]\n", n, ops::dtype_name(x.dtype), static_cast<long long>(x.rows),
-                      static_cast<long long>(x.cols));
+          std::printf("  %-32s %-4s [%lld x %lld]\n", n, ops::dtype_name(x.dtype),
+                      static_cast<long long>(x.rows), static_cast<long long>(x.cols));
         };
         line("token_embedding", w.token_embd);
         for (size_t l = 0; l < w.layers.size(); ++l) {
@@ -256,9 +291,10 @@ int cmd_info(int argc, char** argv) {
       }
     }
   }
-  std::printf("KV cache memory at %d tokens (%d layers x %d KV heads x head_dim %d):\n", ctx, c.n_layers,
-              c.n_kv_heads, c.head_dim());
-  std::printf("  %-44s %12s %8s %8s %14s %8s %8s\n", "format", "bytes/token", "bits K", "bits V", "total", "vs f32", "vs f16");
+  std::printf("KV cache memory at %d tokens (%d layers x %d KV heads x head_dim %d):\n", ctx,
+              c.n_layers, c.n_kv_heads, c.head_dim());
+  std::printf("  %-44s %12s %8s %8s %14s %8s %8s\n", "format", "bytes/token", "bits K", "bits V",
+              "total", "vs f32", "vs f16");
   for (const auto& r : rows) {
     if (!r.invalid.empty()) {
       std::printf("  %-44s n/a: %s\n", r.name.c_str(), r.invalid.c_str());
@@ -266,9 +302,10 @@ int cmd_info(int argc, char** argv) {
     }
     const double bpt = kv::layer_bytes_per_token(r.cfg) * c.n_layers;
     std::printf("  %-44s %12.1f %8.3f %8.3f %14s %7.2fx %7.2fx\n", r.name.c_str(), bpt,
-                kv::bits_per_element(r.cfg, kv::Stream::kKey), kv::bits_per_element(r.cfg, kv::Stream::kValue),
-                sys::human_bytes(static_cast<double>(kv::expected_bytes_used(r.cfg, ctx))).c_str(), f32_bpt / bpt,
-                f16_bpt / bpt);
+                kv::bits_per_element(r.cfg, kv::Stream::kKey),
+                kv::bits_per_element(r.cfg, kv::Stream::kValue),
+                sys::human_bytes(static_cast<double>(kv::expected_bytes_used(r.cfg, ctx))).c_str(),
+                f32_bpt / bpt, f16_bpt / bpt);
   }
   return 0;
 }

@@ -32,7 +32,8 @@ int cmd_logits(int argc, char** argv) {
   if (mode != "prefill" && mode != "stream" && mode != "no-cache") {
     fail("--mode: unknown value '%s' (valid: prefill, stream, no-cache)", mode.c_str());
   }
-  if (mode == "no-cache") refuse_kv_options(a, "--mode no-cache (it recomputes keys and values, it has no cache)");
+  if (mode == "no-cache")
+    refuse_kv_options(a, "--mode no-cache (it recomputes keys and values, it has no cache)");
   // The output is written through a temporary file renamed into place at the end.
   std::unique_ptr<io::AtomicFile> out;
   if (a.given("output")) {
@@ -50,7 +51,8 @@ int cmd_logits(int argc, char** argv) {
   if (mode == "no-cache") {
     ThreadPool pool(opt.threads);
     for (int i = 1; i <= n; ++i) {
-      auto l = model::forward_no_cache(*m, std::vector<int>(tokens.begin(), tokens.begin() + i), &pool);
+      auto l =
+          model::forward_no_cache(*m, std::vector<int>(tokens.begin(), tokens.begin() + i), &pool);
       std::memcpy(&logits[static_cast<size_t>(i - 1) * V], l.data(), V * sizeof(float));
     }
   } else {

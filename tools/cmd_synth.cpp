@@ -18,53 +18,75 @@
 namespace kivi::tools {
 
 int cmd_synth(int argc, char** argv) {
-  Args a("synth", "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o OUT.gguf "
-                  "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--outtype TYPE] [--seed S] [--json]",
-         "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
-         "speed and memory measurements and architecture tests (the text it generates is meaningless,\n"
-         "and the tools say so). Matrices are N(0, 0.02^2) in F16 (or --outtype), norm weights 1 in F32\n"
-         "(qwen3's per-head Q/K norms 1 + N(0, 0.2^2)), qwen2's Q/K/V biases N(0, 0.5^2); the file carries a\n"
-         "small SentencePiece tokenizer (control tokens, the 256 byte pieces, generated pieces up to\n"
-         "the vocabulary size) and kivi.synthetic = true. The same arguments give the same bytes.\n"
-         "\n"
-         "With --preset the shape options override the preset's values; without it all seven\n"
-         "(--layers --dim --heads --kv-heads --ffn --vocab --ctx) are required. Before writing, the\n"
-         "file size is checked against the free disk space and the memory the model needs to run\n"
-         "(weights, an f32 cache of min(ctx, 4096) tokens, activations) against the available memory.");
+  Args a(
+      "synth",
+      "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
+      "OUT.gguf "
+      "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--outtype TYPE] [--seed S] [--json]",
+      "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
+      "speed and memory measurements and architecture tests (the text it generates is "
+      "meaningless,\n"
+      "and the tools say so). Matrices are N(0, 0.02^2) in F16 (or --outtype), norm weights 1 in "
+      "F32\n"
+      "(qwen3's per-head Q/K norms 1 + N(0, 0.2^2)), qwen2's Q/K/V biases N(0, 0.5^2); the file "
+      "carries a\n"
+      "small SentencePiece tokenizer (control tokens, the 256 byte pieces, generated pieces up to\n"
+      "the vocabulary size) and kivi.synthetic = true. The same arguments give the same bytes.\n"
+      "\n"
+      "With --preset the shape options override the preset's values; without it all seven\n"
+      "(--layers --dim --heads --kv-heads --ffn --vocab --ctx) are required. Before writing, the\n"
+      "file size is checked against the free disk space and the memory the model needs to run\n"
+      "(weights, an f32 cache of min(ctx, 4096) tokens, activations) against the available "
+      "memory.");
   a.section("Shape");
-  a.add("preset", 0, "NAME", "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, tiny.");
+  a.add("preset", 0, "NAME",
+        "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, tiny.");
   a.add("arch", 0, "ARCH",
-        "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE) or qwen3 (per-head Q/K RMSNorm, "
+        "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE) or qwen3 "
+        "(per-head Q/K RMSNorm, "
         "NeoX RoPE). Default: the preset's, else llama.");
-  a.add("head-dim", 0, "HD", "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");
+  a.add("head-dim", 0, "HD",
+        "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");
   a.add("layers", 0, "L", "Transformer blocks (1 to 1024).");
   a.add("dim", 0, "D", "Embedding width (2 to 65536, a multiple of --heads).");
   a.add("heads", 0, "H", "Query heads (dim / heads must be even).");
   a.add("kv-heads", 0, "K", "Key/value heads (divides --heads; GQA when < H).");
   a.add("ffn", 0, "F", "SwiGLU inner width (1 to 1048576).");
   a.add("vocab", 0, "V", "Vocabulary size (259 to 4194304).");
-  a.add("ctx", 0, "C", "Context length written to the file (1 to " + std::to_string(model::kMaxContext) + ").");
+  a.add("ctx", 0, "C",
+        "Context length written to the file (1 to " + std::to_string(model::kMaxContext) + ").");
   a.add("rope-theta", 0, "T", "RoPE base. Default: the preset's, else 10000.");
   a.add("rope-scaling", 0, "KIND",
-        "none, or llama3 (Llama 3.1 RoPE scaling, written as the rope_freqs.weight divisors llama.cpp reads; "
-        "low/high frequency factors 1 and 4, original context 8192). Default: the preset's, else none.");
-  a.add("rope-scaling-factor", 0, "F", "Factor of llama3 scaling (1 to 1024). Default: the preset's, else 8.");
-  a.add("classifier", 0, "KIND", "tied (output = token embedding) or separate. Default: the preset's, else tied.");
+        "none, or llama3 (Llama 3.1 RoPE scaling, written as the rope_freqs.weight divisors "
+        "llama.cpp reads; "
+        "low/high frequency factors 1 and 4, original context 8192). Default: the preset's, else "
+        "none.");
+  a.add("rope-scaling-factor", 0, "F",
+        "Factor of llama3 scaling (1 to 1024). Default: the preset's, else 8.");
+  a.add("classifier", 0, "KIND",
+        "tied (output = token embedding) or separate. Default: the preset's, else tied.");
   a.section("Tokenizer");
   a.add("tokenizer-json", 0, "FILE",
-        "Carry this Hugging Face tokenizer.json (byte-level BPE) instead of the generated vocabulary, written as "
-        "llama.cpp's converter writes it; the vocabulary size becomes its size unless --vocab is given (larger: padded).");
+        "Carry this Hugging Face tokenizer.json (byte-level BPE) instead of the generated "
+        "vocabulary, written as "
+        "llama.cpp's converter writes it; the vocabulary size becomes its size unless --vocab is "
+        "given (larger: padded).");
   a.add("tokenizer-config", 0, "FILE",
-        "tokenizer_config.json for BOS/EOS, add_bos_token and the chat template (default: the one beside --tokenizer-json).");
+        "tokenizer_config.json for BOS/EOS, add_bos_token and the chat template (default: the one "
+        "beside --tokenizer-json).");
   a.section("Output");
   a.add("output", 'o', "FILE", "Output GGUF path (required).");
   a.add("outtype", 0, "TYPE",
-        "Matrix storage: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, or q4_k_m "
-        "(llama.cpp's Q4_K_M mix; see 'kivi quantize --help'). Quantized types quantize the F32 values. Norms "
+        "Matrix storage: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, "
+        "q6_k, or q4_k_m "
+        "(llama.cpp's Q4_K_M mix; see 'kivi quantize --help'). Quantized types quantize the F32 "
+        "values. Norms "
         "are always f32.",
         "f16");
   a.add("seed", 's', "S", "Random seed.", "0");
-  a.add_flag("json", 0, "Print one JSON object: output, name, bytes, tensors, params, outtype, seed, shape, seconds, mb_per_s.");
+  a.add_flag("json", 0,
+             "Print one JSON object: output, name, bytes, tensors, params, outtype, seed, shape, "
+             "seconds, mb_per_s.");
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
   if (!a.given("output")) fail("synth: give the output path with -o OUT.gguf");
@@ -80,7 +102,8 @@ int cmd_synth(int argc, char** argv) {
   spec.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
   model::ModelConfig& c = spec.config;
   const char* shape_opts[] = {"layers", "dim", "heads", "kv-heads", "ffn", "vocab", "ctx"};
-  int* fields[] = {&c.n_layers, &c.dim, &c.n_heads, &c.n_kv_heads, &c.hidden_dim, &c.vocab_size, &c.ctx};
+  int* fields[] = {&c.n_layers,   &c.dim,        &c.n_heads, &c.n_kv_heads,
+                   &c.hidden_dim, &c.vocab_size, &c.ctx};
   if (a.given("preset")) {
     const auto& p = model::find_preset(a.str("preset"));
     c = p.config;
@@ -91,7 +114,8 @@ int cmd_synth(int argc, char** argv) {
       if (std::string(o) == "vocab" && a.given("tokenizer-json")) continue;  // the tokenizer's size
       if (!a.given(o)) missing += std::string(missing.empty() ? "" : ", ") + "--" + o;
     }
-    if (!missing.empty()) fail("synth: give --preset NAME, or the whole shape (missing %s)", missing.c_str());
+    if (!missing.empty())
+      fail("synth: give --preset NAME, or the whole shape (missing %s)", missing.c_str());
     c.rope_theta = 10000.0f;
     c.shared_classifier = true;
   }
@@ -105,7 +129,8 @@ int cmd_synth(int argc, char** argv) {
   if (a.given("arch")) {
     const std::string arch = a.str("arch");
     if (!model::is_supported_architecture(arch)) {
-      fail("--arch: unknown value '%s' (valid: %s)", arch.c_str(), model::supported_architectures());
+      fail("--arch: unknown value '%s' (valid: %s)", arch.c_str(),
+           model::supported_architectures());
     }
     if (arch != c.arch) overridden = true;
     model::apply_arch_defaults(c, arch);
@@ -114,10 +139,12 @@ int cmd_synth(int argc, char** argv) {
     c.key_length = static_cast<int>(a.integer("head-dim", 2, 1024));
     overridden = true;
   }
-  model::RopeScaling scaling = a.given("preset") ? model::find_preset(a.str("preset")).rope_scaling : model::RopeScaling{};
+  model::RopeScaling scaling =
+      a.given("preset") ? model::find_preset(a.str("preset")).rope_scaling : model::RopeScaling{};
   if (a.given("rope-scaling")) {
     const std::string k = a.str("rope-scaling");
-    if (k != "none" && k != "llama3") fail("--rope-scaling: unknown value '%s' (valid: none, llama3)", k.c_str());
+    if (k != "none" && k != "llama3")
+      fail("--rope-scaling: unknown value '%s' (valid: none, llama3)", k.c_str());
     scaling.factor = k == "none" ? 0.0f : scaling.factor > 0.0f ? scaling.factor : 8.0f;
   }
   if (a.given("rope-scaling-factor")) {
@@ -126,25 +153,29 @@ int cmd_synth(int argc, char** argv) {
   }
   if (a.given("classifier")) {
     const std::string k = a.str("classifier");
-    if (k != "tied" && k != "separate") fail("--classifier: unknown value '%s' (valid: tied, separate)", k.c_str());
+    if (k != "tied" && k != "separate")
+      fail("--classifier: unknown value '%s' (valid: tied, separate)", k.c_str());
     c.shared_classifier = k == "tied";
   }
   std::string tokenizer_desc;
-  if (a.given("tokenizer-config") && !a.given("tokenizer-json")) fail("--tokenizer-config needs --tokenizer-json");
+  if (a.given("tokenizer-config") && !a.given("tokenizer-json"))
+    fail("--tokenizer-config needs --tokenizer-json");
   if (a.given("tokenizer-json")) {
-    tokenizer_desc = model::use_hf_tokenizer(spec, a.str("tokenizer-json"), a.str("tokenizer-config"), a.given("vocab"));
+    tokenizer_desc = model::use_hf_tokenizer(spec, a.str("tokenizer-json"),
+                                             a.str("tokenizer-config"), a.given("vocab"));
   }
   model::validate_synth_config(c);
   c.rope_freq_factors.clear();
   if (scaling.factor > 0.0f) {
-    c.rope_freq_factors = model::llama3_rope_factors(c.head_dim(), c.rope_theta, scaling.factor, scaling.low_freq_factor,
-                                                     scaling.high_freq_factor, scaling.original_ctx);
+    c.rope_freq_factors = model::llama3_rope_factors(
+        c.head_dim(), c.rope_theta, scaling.factor, scaling.low_freq_factor,
+        scaling.high_freq_factor, scaling.original_ctx);
   }
   c.synthetic = true;
   if (spec.label.empty() || overridden) {
     spec.label = strfmt("%s%s, %d layers, dim %d, %d heads, %d KV heads, ffn %d, vocab %d",
-                        spec.label.empty() ? "" : (spec.label + "-like: ").c_str(), c.arch.c_str(), c.n_layers, c.dim,
-                        c.n_heads, c.n_kv_heads, c.hidden_dim, c.vocab_size);
+                        spec.label.empty() ? "" : (spec.label + "-like: ").c_str(), c.arch.c_str(),
+                        c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.hidden_dim, c.vocab_size);
   }
 
   // Resources first: nothing is allocated or written if the model cannot be run here or
@@ -157,31 +188,42 @@ int cmd_synth(int argc, char** argv) {
 
   Progress bar("synth", static_cast<int64_t>(needs.file_bytes), "B", !json);
   const double t0 = now_seconds();
-  const model::SynthResult r = model::write_synthetic_gguf(spec, file, [&](uint64_t done, uint64_t total) {
-    bar.set_total(static_cast<int64_t>(total));
-    bar.update(static_cast<int64_t>(done));
-  });
+  const model::SynthResult r =
+      model::write_synthetic_gguf(spec, file, [&](uint64_t done, uint64_t total) {
+        bar.set_total(static_cast<int64_t>(total));
+        bar.update(static_cast<int64_t>(done));
+      });
   file.commit();  // on an error before this, the temporary file is removed and `out` left as it was
   const double secs = now_seconds() - t0;
   bar.finish();
   if (json) {
     JsonWriter j;
     j.begin_object();
-    j.kv("output", out).kv("name", model::synthetic_name(spec.label)).kv("bytes", r.bytes).kv("tensors", r.n_tensors);
+    j.kv("output", out)
+        .kv("name", model::synthetic_name(spec.label))
+        .kv("bytes", r.bytes)
+        .kv("tensors", r.n_tensors);
     j.kv("params", c.n_params()).kv("outtype", outtype).kv("seed", spec.seed).kv("arch", c.arch);
     j.kv("head_dim", c.head_dim()).kv("rope_scaling", scaling.factor > 0.0f ? "llama3" : "none");
-    j.kv("n_layers", c.n_layers).kv("dim", c.dim).kv("n_heads", c.n_heads).kv("n_kv_heads", c.n_kv_heads);
+    j.kv("n_layers", c.n_layers)
+        .kv("dim", c.dim)
+        .kv("n_heads", c.n_heads)
+        .kv("n_kv_heads", c.n_kv_heads);
     j.kv("hidden_dim", c.hidden_dim).kv("vocab_size", c.vocab_size).kv("context_length", c.ctx);
     j.kv("memory_needed", needs.memory_bytes());
-    j.kv("tokenizer", tokenizer_desc.empty() ? std::string("generated SentencePiece") : tokenizer_desc);
+    j.kv("tokenizer",
+         tokenizer_desc.empty() ? std::string("generated SentencePiece") : tokenizer_desc);
     j.kv("seconds", secs).kv("mb_per_s", secs > 0 ? r.bytes / secs / 1e6 : 0.0);
     j.end_object();
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::fprintf(stderr, "wrote %s: %s (%s, %.3f B parameters, %d tensors, %s, seed %llu) in %.1f s (%.0f MB/s)\n",
-                 out.c_str(), model::synthetic_name(spec.label).c_str(),
-                 sys::human_bytes(static_cast<double>(r.bytes)).c_str(), c.n_params() / 1e9, r.n_tensors,
-                 outtype.c_str(), static_cast<unsigned long long>(spec.seed), secs, secs > 0 ? r.bytes / secs / 1e6 : 0.0);
+    std::fprintf(
+        stderr,
+        "wrote %s: %s (%s, %.3f B parameters, %d tensors, %s, seed %llu) in %.1f s (%.0f MB/s)\n",
+        out.c_str(), model::synthetic_name(spec.label).c_str(),
+        sys::human_bytes(static_cast<double>(r.bytes)).c_str(), c.n_params() / 1e9, r.n_tensors,
+        outtype.c_str(), static_cast<unsigned long long>(spec.seed), secs,
+        secs > 0 ? r.bytes / secs / 1e6 : 0.0);
   }
   return 0;
 }

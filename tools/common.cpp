@@ -24,21 +24,30 @@ void add_model_options(Args& a) {
         "Model file: a llama2.c checkpoint (.bin) or GGUF. Default: $KIVI_MODEL, then "
         "models/stories260K.bin, then ../shared/models/stories260K.bin.");
   a.add("tokenizer", 't', "FILE",
-        "llama2.c tokenizer file. Default for .bin models: tok<vocab>.bin or tokenizer.bin beside the "
+        "llama2.c tokenizer file. Default for .bin models: tok<vocab>.bin or tokenizer.bin beside "
+        "the "
         "model; GGUF models use their embedded tokenizer.");
-  a.add("ctx", 'c', "N", "Context length in tokens; the KV cache is allocated for N. Default: the model's.");
+  a.add("ctx", 'c', "N",
+        "Context length in tokens; the KV cache is allocated for N. Default: the model's.");
   add_threads_options(a);
-  a.add_flag("alibi", 0, "Use ALiBi attention biases instead of RoPE (changes the model; for testing the kernels).");
-  a.add("simd", 0, "TARGET", "Force a SIMD target (e.g. avx3, avx2, sse4, scalar). Default: the best this CPU supports.");
+  a.add_flag(
+      "alibi", 0,
+      "Use ALiBi attention biases instead of RoPE (changes the model; for testing the kernels).");
+  a.add(
+      "simd", 0, "TARGET",
+      "Force a SIMD target (e.g. avx3, avx2, sse4, scalar). Default: the best this CPU supports.");
   a.add_flag("check-weights", 0,
-             "Scan every weight for NaN and Inf at load and name the first tensor holding one (reads the whole "
-             "file once). Without it, non-finite values are still an error, at the first layer they reach.");
+             "Scan every weight for NaN and Inf at load and name the first tensor holding one "
+             "(reads the whole "
+             "file once). Without it, non-finite values are still an error, at the first layer "
+             "they reach.");
 }
 
 void add_kv_options(Args& a, bool allow_list) {
   a.section("KV cache");
   a.add("kv-cache", 0, allow_list ? "LIST" : "FORMAT",
-        std::string(allow_list ? "Comma-separated cache formats. " : "Cache format for keys and values. ") +
+        std::string(allow_list ? "Comma-separated cache formats. "
+                               : "Cache format for keys and values. ") +
             "Formats: f32, f16, int8, kivi2, kivi4, kivi8.",
         allow_list ? "" : "f32");
   a.add("kv-cache-k", 0, "FORMAT", "Key format (overrides --kv-cache for keys), e.g. kivi4.");
@@ -48,9 +57,11 @@ void add_kv_options(Args& a, bool allow_list) {
         "overflow is clamped and counted), token, head or group.",
         "head");
   a.add("group-size", 'G', "G",
-        "Quantization group: KIVI key groups of G tokens; KIVI value and int8 groups of min(G, head_dim) channels.",
+        "Quantization group: KIVI key groups of G tokens; KIVI value and int8 groups of min(G, "
+        "head_dim) channels.",
         "32");
-  a.add("residual", 'R', "R", "KIVI residual window: the last R tokens stay in full precision; a multiple of G.", "128");
+  a.add("residual", 'R', "R",
+        "KIVI residual window: the last R tokens stay in full precision; a multiple of G.", "128");
   a.add("key-flush", 0, "POLICY",
         "KIVI key flush: batch (quantize all R when the residual reaches R) or group (quantize the "
         "oldest G when it exceeds R).",
@@ -60,34 +71,41 @@ void add_kv_options(Args& a, bool allow_list) {
         "channel outliers stay in their channels, and rotated by position inside attention).",
         "post");
   a.add("kv-share", 0, "N",
-        "Cross-layer KV sharing: each group of N adjacent layers reads the first layer's keys and values "
+        "Cross-layer KV sharing: each group of N adjacent layers reads the first layer's keys and "
+        "values "
         "(the others skip their K and V projections and store no cache). 1 = no sharing.",
         "1");
   a.add("kv-share-map", 0, "LIST",
-        "Cross-layer KV sharing by pairs BORROWER:OWNER (comma-separated, owner earlier than borrower), "
+        "Cross-layer KV sharing by pairs BORROWER:OWNER (comma-separated, owner earlier than "
+        "borrower), "
         "e.g. 3:1,5:2; applied after --kv-share.");
-  a.add("scale-dtype", 0, "TYPE", "Storage of scales and zero points: f16 (half the bytes) or f32.", "f16");
+  a.add("scale-dtype", 0, "TYPE", "Storage of scales and zero points: f16 (half the bytes) or f32.",
+        "f16");
   a.add("attn-precision", 0, "MODE",
         "Attention over quantized caches: exact (float math on the stored codes, within 1e-5 of "
         "dequantize-then-attend) or fast (integer dot products with the query and the softmax "
         "weights rounded to int16; ~1e-3 relative error, faster on x86).",
         "exact");
   a.add("window", 0, "N",
-        "Sliding-window attention over the last N tokens (0 = full). With --context-overflow window: the "
+        "Sliding-window attention over the last N tokens (0 = full). With --context-overflow "
+        "window: the "
         "window kept in the cache (default: the context minus the sink blocks and one block).",
         "0");
   a.add("context-overflow", 0, "POLICY",
-        "When the cache is full: stop (an error), shift (drop the oldest half after the sinks and go on), "
+        "When the cache is full: stop (an error), shift (drop the oldest half after the sinks and "
+        "go on), "
         "or window (keep the sinks and the most recent --window tokens; memory stays flat).",
         "stop");
-  a.add("sinks", 0, "N", "Tokens at the start kept by the shift and window policies (attention sinks).", "4");
+  a.add("sinks", 0, "N",
+        "Tokens at the start kept by the shift and window policies (attention sinks).", "4");
 }
 
 std::unique_ptr<model::Model> load_model(const Args& a) {
   const std::string path = model::default_model_path(a.str("model"));
   if (path.empty()) {
-    fail("no model given and none found: pass -m FILE, set $KIVI_MODEL, or run scripts/get-model.sh "
-         "(looked for models/stories260K.bin and ../shared/models/stories260K.bin)");
+    fail(
+        "no model given and none found: pass -m FILE, set $KIVI_MODEL, or run scripts/get-model.sh "
+        "(looked for models/stories260K.bin and ../shared/models/stories260K.bin)");
   }
   auto m = model::Model::load(path, a.str("tokenizer"));
   if (a.flag("alibi")) m->mutable_config().alibi = true;
@@ -107,9 +125,13 @@ std::vector<std::string> kv_format_list(const Args& a, const std::vector<std::st
   size_t start = 0;
   while (true) {
     const size_t comma = s.find(',', start);
-    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::string item =
+        s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (item.empty()) {
-      fail("--kv-cache: empty format in the list '%s' (formats: f32, f16, int8, kivi2, kivi4, kivi8)", s.c_str());
+      fail(
+          "--kv-cache: empty format in the list '%s' (formats: f32, f16, int8, kivi2, kivi4, "
+          "kivi8)",
+          s.c_str());
     }
     out.push_back(item);
     if (comma == std::string::npos) break;
@@ -119,8 +141,8 @@ std::vector<std::string> kv_format_list(const Args& a, const std::vector<std::st
 }
 
 void refuse_kv_options(const Args& a, const char* why) {
-  for (const char* o : {"kv-cache", "kv-cache-k", "kv-cache-v", "int8-granularity", "group-size", "residual",
-                        "key-flush", "scale-dtype", "attn-precision", "window"}) {
+  for (const char* o : {"kv-cache", "kv-cache-k", "kv-cache-v", "int8-granularity", "group-size",
+                        "residual", "key-flush", "scale-dtype", "attn-precision", "window"}) {
     if (a.given(o)) fail("--%s has no effect with %s; leave it out", o, why);
   }
 }
@@ -148,10 +170,11 @@ int threads_option(const Args& a) {
   const int requested = static_cast<int>(a.integer("threads", 0, 1024));
   const ThreadCount tc = resolve_thread_count(requested, a.flag("threads-force"));
   if (tc.capped) {
-    std::fprintf(stderr,
-                 "kivi: warning: --threads %d is more than the %d hardware thread%s this process may use; "
-                 "using %d (--threads-force keeps %d)\n",
-                 requested, tc.threads, tc.threads == 1 ? "" : "s", tc.threads, requested);
+    std::fprintf(
+        stderr,
+        "kivi: warning: --threads %d is more than the %d hardware thread%s this process may use; "
+        "using %d (--threads-force keeps %d)\n",
+        requested, tc.threads, tc.threads == 1 ? "" : "s", tc.threads, requested);
   }
   return tc.threads;
 }
@@ -196,11 +219,13 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format_and_polici
   std::vector<std::string> policies;
   for (size_t plus = spec.find('+'); plus != std::string::npos; plus = spec.find('+')) {
     const size_t next = spec.find('+', plus + 1);
-    policies.push_back(spec.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1));
+    policies.push_back(
+        spec.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1));
     spec.erase(plus, next == std::string::npos ? std::string::npos : next - plus);
   }
   const std::string base = spec;
-  kv::StreamFormat f{kv::parse_format(base, "--kv-cache"), kv::parse_granularity(a.str("int8-granularity"))};
+  kv::StreamFormat f{kv::parse_format(base, "--kv-cache"),
+                     kv::parse_granularity(a.str("int8-granularity"))};
   c.k = f;
   c.v = f;
   if (a.given("kv-cache-k")) c.k.format = kv::parse_format(a.str("kv-cache-k"), "--kv-cache-k");
@@ -216,7 +241,8 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format_and_polici
     char* end = nullptr;
     if (p.rfind("share", 0) == 0 && p.size() > 5) {
       const long n = std::strtol(p.c_str() + 5, &end, 10);
-      if (*end != '\0' || n < 1 || n > (1 << 16)) fail("'+%s': expected +shareN with N >= 1", p.c_str());
+      if (*end != '\0' || n < 1 || n > (1 << 16))
+        fail("'+%s': expected +shareN with N >= 1", p.c_str());
       c.share_every = static_cast<int>(n);
     } else if (p == "pre") {
       c.key_rope = kv::KeyRope::kPre;
@@ -227,7 +253,8 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format_and_polici
   return c;
 }
 
-runtime::SessionOptions session_options(const Args& a, const model::Model& m, const std::string& format) {
+runtime::SessionOptions session_options(const Args& a, const model::Model& m,
+                                        const std::string& format) {
   runtime::SessionOptions o;
   o.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : 0;
   if (o.ctx > m.config().ctx && !m.config().synthetic) {
@@ -250,7 +277,10 @@ int default_context(const model::Model& m, const runtime::SessionOptions& o) {
   const uint64_t weights = m.weight_bytes();
   const uint64_t budget = avail == 0 ? UINT64_MAX : avail > weights ? avail - weights : 0;
   auto fits = [&](int n) { return runtime::session_bytes(c, o.cache, n, o.max_batch) <= budget; };
-  auto need = [&](int n) { return sys::human_bytes(static_cast<double>(runtime::session_bytes(c, o.cache, n, o.max_batch))); };
+  auto need = [&](int n) {
+    return sys::human_bytes(
+        static_cast<double>(runtime::session_bytes(c, o.cache, n, o.max_batch)));
+  };
   const std::string have = sys::human_bytes(static_cast<double>(budget));
   if (c.synthetic) {
     // A synthetic model's context length is nominal (the real model's); a cache for all
@@ -258,11 +288,15 @@ int default_context(const model::Model& m, const runtime::SessionOptions& o) {
     int n = std::min(c.ctx, kSyntheticDefaultCtx);
     while (n > 256 && !fits(n)) n /= 2;
     if (!fits(n)) {
-      fail("a session of %d tokens needs %s (KV cache %s) but only %s of memory is available beside the weights",
-           n, need(n).c_str(), describe_cache(o.cache).c_str(), have.c_str());
+      fail(
+          "a session of %d tokens needs %s (KV cache %s) but only %s of memory is available beside "
+          "the weights",
+          n, need(n).c_str(), describe_cache(o.cache).c_str(), have.c_str());
     }
     if (n < c.ctx) {
-      std::fprintf(stderr, "note: context of %d tokens (the synthetic model's nominal context is %d; --ctx N sets it)\n",
+      std::fprintf(stderr,
+                   "note: context of %d tokens (the synthetic model's nominal context is %d; --ctx "
+                   "N sets it)\n",
                    n, c.ctx);
     }
     return n;
@@ -270,16 +304,20 @@ int default_context(const model::Model& m, const runtime::SessionOptions& o) {
   if (fits(c.ctx)) return c.ctx;
   int fit = 0;  // the largest power of two that fits
   for (int n = 256; n < c.ctx && fits(n); n *= 2) fit = n;
-  fail("a session over the model's full context of %d tokens needs %s (KV cache %s) but only %s of memory is "
-       "available beside the weights; pass --ctx N%s", c.ctx, need(c.ctx).c_str(), describe_cache(o.cache).c_str(),
-       have.c_str(), fit > 0 ? strfmt(" (%d fits)", fit).c_str() : "");
+  fail(
+      "a session over the model's full context of %d tokens needs %s (KV cache %s) but only %s of "
+      "memory is "
+      "available beside the weights; pass --ctx N%s",
+      c.ctx, need(c.ctx).c_str(), describe_cache(o.cache).c_str(), have.c_str(),
+      fit > 0 ? strfmt(" (%d fits)", fit).c_str() : "");
 }
 
 std::string describe_cache(const kv::CacheConfig& c) {
-  std::string s = c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
+  std::string s =
+      c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
   if (c.has_residual()) {
-    s += strfmt(" (G=%d, R=%d, %s flush, %s scales)", c.group_size, c.residual, kv::key_flush_name(c.key_flush),
-                kv::param_type_name(c.param_type));
+    s += strfmt(" (G=%d, R=%d, %s flush, %s scales)", c.group_size, c.residual,
+                kv::key_flush_name(c.key_flush), kv::param_type_name(c.param_type));
   } else if (c.k.format == kv::Format::kInt8 || c.v.format == kv::Format::kInt8) {
     s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
   }

@@ -57,7 +57,8 @@ int threads_option(const Args& a);
 inline constexpr int kSyntheticDefaultCtx = 4096;
 int default_context(const model::Model& m, const runtime::SessionOptions& o);
 
-// A one-line description of the cache configuration: "kivi2 (G=32, R=128, batch flush, f16 scales)".
+// A one-line description of the cache configuration: "kivi2 (G=32, R=128, batch flush, f16
+// scales)".
 std::string describe_cache(const kv::CacheConfig& c);
 
 // Command entry points: return the exit code.

@@ -20,9 +20,11 @@ const char* kUsage =
     "  perplexity   Perplexity and KL divergence of a text, computed as deployed (streaming).\n"
     "  bench        Speed, memory and agreement of KV formats side by side on one model.\n"
     "  bench-attn   Decode-attention kernel benchmark per format, with a memory-bandwidth probe.\n"
-    "  info         Describe a model (architecture, tensors, tokenizer) or a cache's memory needs.\n"
+    "  info         Describe a model (architecture, tensors, tokenizer) or a cache's memory "
+    "needs.\n"
     "  convert      Convert a llama2.c checkpoint and tokenizer to GGUF.\n"
-    "  synth        Write a GGUF with seeded random weights at a real model's shape (speed tests).\n"
+    "  synth        Write a GGUF with seeded random weights at a real model's shape (speed "
+    "tests).\n"
     "  logits       Print or save the logits of every position of a prompt (for checks).\n"
     "  quantize     Rewrite a GGUF with its weight matrices in another type (q8_0, q4_k_m, ...).\n"
     "  bench-matvec Matrix-vector speed per weight type, against the memory-bandwidth probe.\n"
@@ -58,7 +60,8 @@ int main(int argc, char** argv) {
     if (cmd == "chat") return cmd_chat(argc, argv);
     if (cmd == "quantize") return cmd_quantize(argc, argv);
     if (cmd == "bench-matvec") return cmd_bench_matvec(argc, argv);
-    std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n", cmd.c_str());
+    std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n",
+                 cmd.c_str());
     return 2;
   } catch (const kivi::Error& e) {
     std::fprintf(stderr, "kivi: error: %s\n", e.what());

@@ -62,7 +62,9 @@ void merge(State& a, const State& b, int D) {
 }
 
 namespace {
-int round_to_blocks(int tokens, int block) { return std::max(1, (tokens + block - 1) / block) * block; }
+int round_to_blocks(int tokens, int block) {
+  return std::max(1, (tokens + block - 1) / block) * block;
+}
 }  // namespace
 
 // Chunks of 2048 tokens amortize a task's fixed costs (query preparation, prefetch
@@ -115,8 +117,8 @@ bool Workspace::scratch_guards_intact() const {
   return true;
 }
 
-void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p,
-            ThreadPool* pool, Workspace& ws) {
+void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
+            Workspace& ws) {
   const int n = kv.n_tokens, D = kv.k.head_dim, Hkv = kv.k.n_heads;
   const int rep = p.n_heads / Hkv;
   if (n == 0) {

@@ -41,7 +41,7 @@ struct Params {
   float scale = 1.0f;                   // softmax scale, usually 1/sqrt(head_dim)
   const float* alibi_slopes = nullptr;  // [n_heads] ALiBi slopes, or null
   int window = 0;                       // attend to the last `window` tokens only; 0 = all
-  int sinks = 0;                        // with a window: also the first `sinks` tokens (StreamingLLM)
+  int sinks = 0;  // with a window: also the first `sinks` tokens (StreamingLLM)
   Precision precision = Precision::kExact;
   // Keys stored before RoPE: key t is rotated by position t as attention reads it, with
   // rope[t][i] = (cos, sin) of pair i ([positions][D/2][2], the model's table). Null
@@ -74,7 +74,9 @@ class Workspace {
   Workspace() = default;
   Workspace(int n_threads, int n_heads, int n_kv_heads, int head_dim, int block, int ctx);
   float* partial(int task) { return partial_.data() + static_cast<size_t>(task) * task_stride_; }
-  float* thread_scratch(int thread) { return scratch_.data() + static_cast<size_t>(thread) * scratch_stride_; }
+  float* thread_scratch(int thread) {
+    return scratch_.data() + static_cast<size_t>(thread) * scratch_stride_;
+  }
   int max_tasks() const { return max_tasks_; }
   size_t task_stride() const { return task_stride_; }
   // Whether every thread's scratch guard still holds its pattern (checked by debug builds).
@@ -97,8 +99,8 @@ int chunk_tokens_for(int block, int n_kv_heads, int range);
 
 // out[n_heads, D] = softmax(q K^T * scale + alibi) V over the tokens in `kv`.
 // q: [n_heads, D]. The query sits at position kv.n_tokens - 1.
-void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p,
-            ThreadPool* pool, Workspace& ws);
+void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
+            Workspace& ws);
 
 // Reference: dequantizes every token with kv/codec.h, then attends in double.
 void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p);

@@ -21,10 +21,14 @@ static size_t param_index(const kv::StreamView& s, int t, int h, int d, bool key
     return s.param_base(t, h) + slot * (D / s.group) + d / s.group;
   }
   switch (s.fmt.granularity) {
-    case Int8Granularity::kToken: return s.token_param_index(t);
-    case Int8Granularity::kHead: return s.param_base(t, h) + slot;
-    case Int8Granularity::kGroup: return s.param_base(t, h) + slot * (D / s.group) + d / s.group;
-    default: return 0;
+    case Int8Granularity::kToken:
+      return s.token_param_index(t);
+    case Int8Granularity::kHead:
+      return s.param_base(t, h) + slot;
+    case Int8Granularity::kGroup:
+      return s.param_base(t, h) + slot * (D / s.group) + d / s.group;
+    default:
+      return 0;
   }
 }
 
@@ -83,8 +87,12 @@ static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bo
   }
 }
 
-void dequantize_key(const kv::StreamView& s, int t, int h, float* out) { dequantize_row(s, t, h, out, true); }
-void dequantize_value(const kv::StreamView& s, int t, int h, float* out) { dequantize_row(s, t, h, out, false); }
+void dequantize_key(const kv::StreamView& s, int t, int h, float* out) {
+  dequantize_row(s, t, h, out, true);
+}
+void dequantize_value(const kv::StreamView& s, int t, int h, float* out) {
+  dequantize_row(s, t, h, out, false);
+}
 
 void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p) {
   const int n = kv.n_tokens, D = kv.k.head_dim, Hkv = kv.k.n_heads;
@@ -115,7 +123,8 @@ void decode_reference(const kv::LayerView& kv, const float* q, float* out, const
       } else {
         for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kr[d];
       }
-      s[t] = dot * p.scale + (p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0);
+      s[t] = dot * p.scale +
+             (p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0);
       mx = std::max(mx, s[t]);
     }
     double den = 0.0;
@@ -127,7 +136,8 @@ void decode_reference(const kv::LayerView& kv, const float* q, float* out, const
       dequantize_value(kv.v, t, h, vr.data());
       for (int d = 0; d < D; ++d) o[d] += w * vr[d];
     }
-    for (int d = 0; d < D; ++d) out[static_cast<size_t>(hq) * D + d] = static_cast<float>(o[d] / den);
+    for (int d = 0; d < D; ++d)
+      out[static_cast<size_t>(hq) * D + d] = static_cast<float>(o[d] / den);
   }
 }
 

@@ -76,8 +76,9 @@ HWY_INLINE float QuantizeQuery16(const float* x, int D, int16_t* q) {
   const __m256 inv = _mm256_set1_ps(32767.0f / m);
   for (int d = 0; d < D; d += 8) {
     const __m256i q32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + d), inv));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + d),
-                     _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1)));
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(q + d),
+        _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1)));
   }
   return m / 32767.0f;
 }
@@ -89,7 +90,8 @@ HWY_INLINE float QuantizeQuery16(const float* x, int D, int16_t* q) {
 // finish(acc, t) reduces and stores. Returns the first row not covered (n rounded down
 // to a multiple of 4).
 template <int NH, bool kVnni, class PF, class Load, class QLoad, class Finish>
-HWY_INLINE int FourRowDots512(int n, int D, PF& pf, const Load& load, const QLoad& qload, const Finish& finish) {
+HWY_INLINE int FourRowDots512(int n, int D, PF& pf, const Load& load, const QLoad& qload,
+                              const Finish& finish) {
   int t = 0;
   for (; t + 4 <= n; t += 4) {
     pf.step(4);
@@ -107,7 +109,8 @@ HWY_INLINE int FourRowDots512(int n, int D, PF& pf, const Load& load, const QLoa
 #pragma GCC unroll 4
       for (int rr = 0; rr < 4; ++rr) {
 #pragma GCC unroll 4
-        for (int hh = 0; hh < NH; ++hh) acc[4 * rr + hh] = DotI16<kVnni>(acc[4 * rr + hh], x[rr], qv[hh]);
+        for (int hh = 0; hh < NH; ++hh)
+          acc[4 * rr + hh] = DotI16<kVnni>(acc[4 * rr + hh], x[rr], qv[hh]);
       }
     }
     finish(acc, t);
@@ -119,23 +122,28 @@ HWY_INLINE int FourRowDots512(int n, int D, PF& pf, const Load& load, const QLoa
 // int8 keys (one scale per row, rs[i]); the query q16 and its scale per head are
 // prepared once per task.
 template <int NH, bool kVnni>
-HWY_INLINE void FastInt8Keys256(const int16_t* q16, const float* qsc, int D, const int8_t* rows, size_t stride, int n,
-                              const float* rs, float* S, int ld, Prefetcher& pf_ranges) {
+HWY_INLINE void FastInt8Keys256(const int16_t* q16, const float* qsc, int D, const int8_t* rows,
+                                size_t stride, int n, const float* rs, float* S, int ld,
+                                Prefetcher& pf_ranges) {
   PrefetchCursor pf(pf_ranges);
   for (int t = 0; t < n; ++t) {
     pf.step(1);
-    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256()};
     const int8_t* row = rows + static_cast<size_t>(t) * stride;
     for (int c = 0; c < D; c += 16) {
-      const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
+      const __m256i x =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
 #pragma GCC unroll 4
       for (int hh = 0; hh < NH; ++hh) {
-        acc[hh] = DotI16<kVnni>(acc[hh], x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + hh * D + c)));
+        acc[hh] = DotI16<kVnni>(
+            acc[hh], x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q16 + hh * D + c)));
       }
     }
     alignas(16) float out[4];
-    _mm_store_ps(out, _mm_mul_ps(_mm_mul_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(qsc)),
-                                 _mm_set1_ps(rs[t])));
+    _mm_store_ps(out,
+                 _mm_mul_ps(_mm_mul_ps(SumsOf4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(qsc)),
+                            _mm_set1_ps(rs[t])));
     for (int hh = 0; hh < NH; ++hh) S[hh * ld + t] = out[hh];
   }
 }
@@ -144,16 +152,19 @@ HWY_INLINE void FastInt8Keys256(const int16_t* q16, const float* qsc, int D, con
 // FastInt8Keys256 with 512-bit vectors, four rows at a time (D a multiple of 32): each
 // row widens to int16 32 channels per instruction; Sum16 reduces the 16 sums at once.
 template <int NH, bool kVnni, int kD>
-HWY_INLINE void FastInt8Keys512(const int16_t* q16, const float* qsc, int D_, const int8_t* rows, size_t stride,
-                                 int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+HWY_INLINE void FastInt8Keys512(const int16_t* q16, const float* qsc, int D_, const int8_t* rows,
+                                size_t stride, int n, const float* rs, float* S, int ld,
+                                Prefetcher& pf) {
   const int D = kD > 0 ? kD : D_;
   float qs[4] = {0, 0, 0, 0};
   for (int hh = 0; hh < NH; ++hh) qs[hh] = qsc[hh];
   const __m512 qsc16 = PerHead16(qs);
-  auto qload = [&](int hh, int c) { return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + c); };
+  auto qload = [&](int hh, int c) {
+    return _mm512_loadu_si512(q16 + static_cast<size_t>(hh) * D + c);
+  };
   auto load = [&](int row, int c) {
-    return _mm512_cvtepi8_epi16(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + static_cast<size_t>(row) * stride + c)));
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(rows + static_cast<size_t>(row) * stride + c)));
   };
   // Lanes 4 * head + row: times the head's query scale and the row's scale.
   int t;
@@ -166,23 +177,32 @@ HWY_INLINE void FastInt8Keys512(const int16_t* q16, const float* qsc, int D_, co
                              S, ld, t0);
         });
   }
-  if (t < n) FastInt8Keys256<NH, kVnni>(q16, qsc, D, rows + static_cast<size_t>(t) * stride, stride, n - t, rs + t, S + t, ld, pf);
+  if (t < n)
+    FastInt8Keys256<NH, kVnni>(q16, qsc, D, rows + static_cast<size_t>(t) * stride, stride, n - t,
+                               rs + t, S + t, ld, pf);
 }
 #endif
 
 // The rep heads in passes of up to four over the rows.
 template <bool kVnni>
-HWY_INLINE void FastInt8KeysByHeads(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows, size_t stride,
-                              int n, const float* rs, float* S, int ld, Prefetcher& pf) {
+HWY_INLINE void FastInt8KeysByHeads(const int16_t* q16, const float* qsc, int rep, int D,
+                                    const int8_t* rows, size_t stride, int n, const float* rs,
+                                    float* S, int ld, Prefetcher& pf) {
   for (int r = 0; r < rep; r += 4) {
     const int16_t* qr = q16 + static_cast<size_t>(r) * D;
     float* Sr = S + static_cast<size_t>(r) * ld;
 #ifdef KIVI_X86_512
     if (D % 32 == 0) {
       switch (std::min(4, rep - r)) {
-        case 1: FastInt8Keys512<1, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-        case 2: FastInt8Keys512<2, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-        case 3: FastInt8Keys512<3, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+        case 1:
+          FastInt8Keys512<1, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+          break;
+        case 2:
+          FastInt8Keys512<2, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+          break;
+        case 3:
+          FastInt8Keys512<3, kVnni, 0>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+          break;
         default:
           if (D == 128) {
             FastInt8Keys512<4, kVnni, 128>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
@@ -195,18 +215,27 @@ HWY_INLINE void FastInt8KeysByHeads(const int16_t* q16, const float* qsc, int re
     }
 #endif
     switch (std::min(4, rep - r)) {
-      case 1: FastInt8Keys256<1, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-      case 2: FastInt8Keys256<2, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-      case 3: FastInt8Keys256<3, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
-      default: FastInt8Keys256<4, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf); break;
+      case 1:
+        FastInt8Keys256<1, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+        break;
+      case 2:
+        FastInt8Keys256<2, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+        break;
+      case 3:
+        FastInt8Keys256<3, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+        break;
+      default:
+        FastInt8Keys256<4, kVnni>(qr, qsc + r, D, rows, stride, n, rs, Sr, ld, pf);
+        break;
     }
   }
 }
 
 #ifdef KIVI_VNNI
-KIVI_VNNI_ATTR HWY_NOINLINE void FastInt8KeysVnni(const int16_t* q16, const float* qsc, int rep, int D,
-                                                   const int8_t* rows, size_t stride, int n, const float* rs, float* S,
-                                                   int ld, Prefetcher& pf) {
+KIVI_VNNI_ATTR HWY_NOINLINE void FastInt8KeysVnni(const int16_t* q16, const float* qsc, int rep,
+                                                  int D, const int8_t* rows, size_t stride, int n,
+                                                  const float* rs, float* S, int ld,
+                                                  Prefetcher& pf) {
   FastInt8KeysByHeads<true>(q16, qsc, rep, D, rows, stride, n, rs, S, ld, pf);
 }
 #endif
@@ -220,8 +249,8 @@ void PrepareInt8KeyQuery(const float* qn, int rep, int D, int16_t* q16, float* q
   }
 }
 
-void FastInt8Keys(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows, size_t stride, int n,
-                  const float* rs, float* S, int ld, Prefetcher& pf) {
+void FastInt8Keys(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows,
+                  size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf) {
   assert(FastInt8KeysOk(D, rep));
 #ifdef KIVI_VNNI
   if (HasVnni()) return FastInt8KeysVnni(q16, qsc, rep, D, rows, stride, n, rs, S, ld, pf);

@@ -58,12 +58,12 @@ namespace kivi::attn::HWY_NAMESPACE {
 // S[r * ld + i] = q_r . row_i for T = float, f16_t and int8_t rows (int8: the codes;
 // the caller applies the row scales).
 template <class T>
-void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int len, float* S, int ld,
-             Prefetcher& pf);
+void DotRows(const float* q, int rep, int D, const T* rows, size_t stride, int len, float* S,
+             int ld, Prefetcher& pf);
 // O_r += sum_i P[r * ld + i] row_i for T = float, f16_t and int8_t rows.
 template <class T>
-void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t stride, int len, float* O,
-               size_t ostride, Prefetcher& pf);
+void AccumRows(const float* P, int ld, int rep, int D, const T* rows, size_t stride, int len,
+               float* O, size_t ostride, Prefetcher& pf);
 // Staging of f32 and f16 rows as floats: out[len][D].
 template <class T>
 void StageRows(const T* rows, size_t stride, int len, int D, float* out);
@@ -77,8 +77,8 @@ void DequantInt8(const int8_t* rows, size_t stride, int len, int D, const float*
 // scores of n rows with row scales rs[n].
 bool FastInt8KeysOk(int D, int rep);
 void PrepareInt8KeyQuery(const float* qn, int rep, int D, int16_t* q16, float* qsc);
-void FastInt8Keys(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows, size_t stride, int n,
-                  const float* rs, float* S, int ld, Prefetcher& pf);
+void FastInt8Keys(const int16_t* q16, const float* qsc, int rep, int D, const int8_t* rows,
+                  size_t stride, int n, const float* rs, float* S, int ld, Prefetcher& pf);
 #endif
 
 // --- KIVI (kernels_kivi.cpp) -------------------------------------------------------
@@ -89,8 +89,8 @@ void DequantKiviKeys(const uint8_t* group, int G, int i0, int len, int D, int bi
                      const float* zp, float* out);
 // Staging of value tokens [t, t + len) of one block: `quad` holds token t, t4 = t % 4,
 // per-token parameters s, z [len][gstride] per group of Gc channels: out[len][D].
-void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, int Gc, const float* s,
-                       const float* z, size_t gstride, float* out);
+void DequantKiviValues(const uint8_t* quad, int t4, int len, int D, int bits, int Gc,
+                       const float* s, const float* z, size_t gstride, float* out);
 
 #ifdef KIVI_X86
 // Key groups: whether the group kernels take the shape (step: tokens per pass, two
@@ -104,12 +104,12 @@ void KiviKeyGroups(const KeyGroupArgs& k, bool fast, Prefetcher& pf);
 //          n (D/Gc) 8 floats;
 //   fast:  any range; wq, wsc, wtmp: scratch (task.cpp).
 bool ExactKiviValuesOk(int D, int bits, int Gc, int t4, int n);
-void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int n,
-                    const float* vs, const float* vz, float* O, size_t ostride, float* lut);
+void AccumKiviExact(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0,
+                    int n, const float* vs, const float* vz, float* O, size_t ostride, float* lut);
 bool FastKiviValuesOk(int D, int bits, int Gc);
-void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0, int t4, int n,
-                    const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq, float* wsc,
-                    float* wtmp);
+void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, const uint8_t* quad0,
+                    int t4, int n, const float* vs, const float* vz, float* O, size_t ostride,
+                    uint64_t* wq, float* wsc, float* wtmp);
 #endif
 
 }  // namespace kivi::attn::HWY_NAMESPACE

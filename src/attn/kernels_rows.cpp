@@ -14,15 +14,18 @@
 HWY_BEFORE_NAMESPACE();
 namespace kivi::attn::HWY_NAMESPACE {
 
-template void DotRows<float>(const float*, int, int, const float*, size_t, int, float*, int, Prefetcher&);
-template void DotRows<f16_t>(const float*, int, int, const f16_t*, size_t, int, float*, int, Prefetcher&);
-template void DotRows<int8_t>(const float*, int, int, const int8_t*, size_t, int, float*, int, Prefetcher&);
-template void AccumRows<float>(const float*, int, int, int, const float*, size_t, int, float*, size_t,
-                               Prefetcher&);
-template void AccumRows<f16_t>(const float*, int, int, int, const f16_t*, size_t, int, float*, size_t,
-                               Prefetcher&);
-template void AccumRows<int8_t>(const float*, int, int, int, const int8_t*, size_t, int, float*, size_t,
-                                Prefetcher&);
+template void DotRows<float>(const float*, int, int, const float*, size_t, int, float*, int,
+                             Prefetcher&);
+template void DotRows<f16_t>(const float*, int, int, const f16_t*, size_t, int, float*, int,
+                             Prefetcher&);
+template void DotRows<int8_t>(const float*, int, int, const int8_t*, size_t, int, float*, int,
+                              Prefetcher&);
+template void AccumRows<float>(const float*, int, int, int, const float*, size_t, int, float*,
+                               size_t, Prefetcher&);
+template void AccumRows<f16_t>(const float*, int, int, int, const f16_t*, size_t, int, float*,
+                               size_t, Prefetcher&);
+template void AccumRows<int8_t>(const float*, int, int, int, const int8_t*, size_t, int, float*,
+                                size_t, Prefetcher&);
 template void StageRows<float>(const float*, size_t, int, int, float*);
 template void StageRows<f16_t>(const f16_t*, size_t, int, int, float*);
 

@@ -131,7 +131,9 @@ struct KeyVec {
   using I = hn::Vec<DU>;
   static constexpr int N = static_cast<int>(kLanes);
 
-  static HWY_INLINE I Load(const uint8_t* p) { return hn::LoadU(DU(), reinterpret_cast<const uint32_t*>(p)); }
+  static HWY_INLINE I Load(const uint8_t* p) {
+    return hn::LoadU(DU(), reinterpret_cast<const uint32_t*>(p));
+  }
   template <int S>
   static HWY_INLINE I Srl(I v) {
     if constexpr (S == 0) {
@@ -149,7 +151,9 @@ struct KeyVec {
   static HWY_INLINE F Bcast(const float* p) { return hn::Set(DF(), *p); }
   static HWY_INLINE F Fma(F a, F b, F c) { return hn::MulAdd(a, b, c); }
   static HWY_INLINE F Add(F a, F b) { return hn::Add(a, b); }
-  static HWY_INLINE F Cvt(I v) { return hn::ConvertTo(DF(), hn::BitCast(DI(), v)); }  // as signed int32
+  static HWY_INLINE F Cvt(I v) {
+    return hn::ConvertTo(DF(), hn::BitCast(DI(), v));
+  }  // as signed int32
   static HWY_INLINE void Store(float* p, F v) { hn::StoreU(v, DF(), p); }
 
   // Codes of BITS bits at bit S of each lane, as floats: 2-bit by vpermilps (the low two
@@ -183,9 +187,10 @@ struct KeyVec {
       return F{_mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f)};
     } else {
 #ifdef KIVI_X86_512
-      if constexpr (BITS == 2) return F{_mm512_broadcast_f32x4(_mm_setr_ps(0.0f, 1.0f, 2.0f, 3.0f))};
-      return F{_mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f,
-                              14.0f, 15.0f)};
+      if constexpr (BITS == 2)
+        return F{_mm512_broadcast_f32x4(_mm_setr_ps(0.0f, 1.0f, 2.0f, 3.0f))};
+      return F{_mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 10.0f,
+                              11.0f, 12.0f, 13.0f, 14.0f, 15.0f)};
 #endif
     }
   }
@@ -199,7 +204,9 @@ struct KeyVec {
 #ifdef KIVI_VNNI
       if constexpr (kVnni) {  // the int16 pair broadcast from memory ({1to16})
         __m512i r = acc.raw;
-        asm("%{evex%} vpdpwssd {%2%{1to16%}, %1, %0|%0, %1, %2%{1to16%}}" : "+v"(r) : "v"(a.raw), "m"(*b));
+        asm("%{evex%} vpdpwssd {%2%{1to16%}, %1, %0|%0, %1, %2%{1to16%}}"
+            : "+v"(r)
+            : "v"(a.raw), "m"(*b));
         return I{r};
       }
 #endif
@@ -217,9 +224,9 @@ struct KeyVec {
 // The columns are spread over NS sets of accumulators so that eight sums are in flight
 // whatever NH.
 template <class V, int NH, int BITS, int kW, bool kFast, bool kVnni>
-HWY_INLINE void KiviGroupScores(const uint8_t* HWY_RESTRICT cg, int G, int W_, const void* HWY_RESTRICT qs,
-                                const float* qsc, const float* bias, float* HWY_RESTRICT S, int ld,
-                                PrefetchCursor* pf) {
+HWY_INLINE void KiviGroupScores(const uint8_t* HWY_RESTRICT cg, int G, int W_,
+                                const void* HWY_RESTRICT qs, const float* qsc, const float* bias,
+                                float* HWY_RESTRICT S, int ld, PrefetchCursor* pf) {
   using F = typename V::F;
   using I = typename V::I;
   using Acc = std::conditional_t<kFast, I, F>;
@@ -251,7 +258,8 @@ HWY_INLINE void KiviGroupScores(const uint8_t* HWY_RESTRICT cg, int G, int W_, c
         constexpr int kk = decltype(k)::value;
         if constexpr (kFast) {
           constexpr int s = 8 * (kk / (8 / BITS)) + BITS * (kk % (8 / BITS));
-          const I c0 = V::And(V::template Srl<s>(x0), mask), c1 = V::And(V::template Srl<s>(x1), mask);
+          const I c0 = V::And(V::template Srl<s>(x0), mask),
+                  c1 = V::And(V::template Srl<s>(x1), mask);
           // The pair of channels 4c + WordChannel, + 1: int32 index 2c + WordChannel / 2.
           const int32_t* q = static_cast<const int32_t*>(qs) + 2 * c + WordChannel<BITS>(s, W) / 2;
 #pragma GCC unroll 4
@@ -305,7 +313,8 @@ HWY_INLINE void KiviGroupScores(const uint8_t* HWY_RESTRICT cg, int G, int W_, c
 // The query of NH heads for the exact group kernel: qs[h][ch] = q_h[ch] s[ch] and
 // bias[h] = q_h . z (D a multiple of 8).
 template <int NH>
-HWY_INLINE void PrepareExactKeyQuery(const float* q, int D, const float* sp, const float* zp, float* qs, float* bias) {
+HWY_INLINE void PrepareExactKeyQuery(const float* q, int D, const float* sp, const float* zp,
+                                     float* qs, float* bias) {
 #pragma GCC unroll 4
   for (int h = 0; h < NH; ++h) {
     const float* qh = q + static_cast<size_t>(h) * D;
@@ -332,13 +341,15 @@ HWY_INLINE void PrepareExactKeyQuery(const float* q, int D, const float* sp, con
 // taking `step` tokens (two vectors) at a time: whole 32-bit words per row and a multiple
 // of 8 channels (the query preparation).
 bool KiviKeyGroupsOk(int D, int bits, int G, int step) {
-  return (bits == 2 || bits == 4 || bits == 8) && (D * bits / 8) % 4 == 0 && D % 8 == 0 && G % step == 0;
+  return (bits == 2 || bits == 4 || bits == 8) && (D * bits / 8) % 4 == 0 && D % 8 == 0 &&
+         G % step == 0;
 }
 // The fast (int16) group kernel: 2- and 4-bit codes, no int32 overflow
 // (D (2^bits - 1) 32767 < 2^31), and on AVX3 512-bit vectors (wide). Other group shapes
 // take the exact kernel.
 bool FastKiviKeyGroupsOk(int D, int bits, bool wide) {
-  return (bits == 2 || bits == 4) && D * ((1 << bits) - 1) <= 65535 && (wide || HWY_TARGET != HWY_AVX3);
+  return (bits == 2 || bits == 4) && D * ((1 << bits) - 1) <= 65535 &&
+         (wide || HWY_TARGET != HWY_AVX3);
 }
 
 // The fast group kernel's query on 256-bit vectors (D a multiple of 8): q_h s rounded to
@@ -346,19 +357,22 @@ bool FastKiviKeyGroupsOk(int D, int bits, bool wide) {
 // qsc, and bias[h] = q_h . z. Every head's maximum and bias come first (four bias sums
 // and two maxima in flight), then the rounding, so no head waits on its own reduction.
 template <int NH>
-HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, const float* zp, int16_t* q16, float* qsc,
-                                    float* bias) {
+HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, const float* zp,
+                                    int16_t* q16, float* qsc, float* bias) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   float inv_h[4];
   for (int hh = 0; hh < NH; ++hh) {
     const float* x = qp + static_cast<size_t>(hh) * D;
     __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
-    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(),
+           b3 = _mm256_setzero_ps();
     for (int d = 0; d + 32 <= D; d += 32) {
       const __m256 x0 = _mm256_loadu_ps(x + d), x1 = _mm256_loadu_ps(x + d + 8);
       const __m256 x2 = _mm256_loadu_ps(x + d + 16), x3 = _mm256_loadu_ps(x + d + 24);
-      const __m256 v0 = _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)), v1 = _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8));
-      const __m256 v2 = _mm256_mul_ps(x2, _mm256_loadu_ps(sp + d + 16)), v3 = _mm256_mul_ps(x3, _mm256_loadu_ps(sp + d + 24));
+      const __m256 v0 = _mm256_mul_ps(x0, _mm256_loadu_ps(sp + d)),
+                   v1 = _mm256_mul_ps(x1, _mm256_loadu_ps(sp + d + 8));
+      const __m256 v2 = _mm256_mul_ps(x2, _mm256_loadu_ps(sp + d + 16)),
+                   v3 = _mm256_mul_ps(x3, _mm256_loadu_ps(sp + d + 24));
       m0 = _mm256_max_ps(m0, _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v2)));
       m1 = _mm256_max_ps(m1, _mm256_max_ps(_mm256_andnot_ps(sign, v1), _mm256_andnot_ps(sign, v3)));
       b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(zp + d), b0);
@@ -382,16 +396,18 @@ HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, con
     const __m256 inv = _mm256_set1_ps(inv_h[hh]);
     int d = 0;
     for (; d + 16 <= D; d += 16) {
-      const __m256i lo =
-          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv));
-      const __m256i hi =
-          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), _mm256_loadu_ps(sp + d + 8)), inv));
-      // packs works per 128-bit half: (lo 0-3, hi 0-3 | lo 4-7, hi 4-7); qwords 0, 2, 1, 3 restore the order.
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d), _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
+      const __m256i lo = _mm256_cvtps_epi32(
+          _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv));
+      const __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(
+          _mm256_mul_ps(_mm256_loadu_ps(x + d + 8), _mm256_loadu_ps(sp + d + 8)), inv));
+      // packs works per 128-bit half: (lo 0-3, hi 0-3 | lo 4-7, hi 4-7); qwords 0, 2, 1, 3 restore
+      // the order.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + d),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
     }
     if (d < D) {
-      const __m256i v =
-          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv));
+      const __m256i v = _mm256_cvtps_epi32(
+          _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(sp + d)), inv));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + d),
                        _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
     }
@@ -404,8 +420,8 @@ HWY_INLINE void QuantizeKeyQuery256(const float* qp, int D, const float* sp, con
 // bias[h] = x_h . zero. The heads share the loads of mul and zero, and their maxima and
 // sums are independent chains.
 template <int NH>
-HWY_INLINE void QuantizeKeyQuery512(const float* x, const float* mul, const float* zero, int D, int16_t* q,
-                                    float* qsc, float* bias) {
+HWY_INLINE void QuantizeKeyQuery512(const float* x, const float* mul, const float* zero, int D,
+                                    int16_t* q, float* qsc, float* bias) {
   __m512 amax[NH], b[NH];
 #pragma GCC unroll 4
   for (int hh = 0; hh < NH; ++hh) amax[hh] = b[hh] = _mm512_setzero_ps();
@@ -432,8 +448,10 @@ HWY_INLINE void QuantizeKeyQuery512(const float* x, const float* mul, const floa
     for (int hh = 0; hh < NH; ++hh) {
       const float* xh = x + static_cast<size_t>(hh) * D + d;
       const __m512 iv = _mm512_set1_ps(inv[hh]);
-      const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xh), m0), iv));
-      const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xh + 16), m1), iv));
+      const __m512i lo =
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xh), m0), iv));
+      const __m512i hi =
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xh + 16), m1), iv));
       int16_t* qh = q + static_cast<size_t>(hh) * D + d;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh), _mm512_cvtsepi32_epi16(lo));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh + 16), _mm512_cvtsepi32_epi16(hi));
@@ -446,8 +464,9 @@ HWY_INLINE void QuantizeKeyQuery512(const float* x, const float* mul, const floa
 // points (q_h s in float, or rounded to int16 on the fast path, and the bias q_h . z),
 // then the group kernel. kW > 0 fixes the row size W at compile time.
 template <class V, int NH, int BITS, bool kFast, bool kVnni, int kW>
-HWY_INLINE void KiviKeyGroupHeads(const uint8_t* cg, int G, int W, const float* q, const float* sp, const float* zp,
-                            float* qs, float* S, int ld, PrefetchCursor* pf) {
+HWY_INLINE void KiviKeyGroupHeads(const uint8_t* cg, int G, int W, const float* q, const float* sp,
+                                  const float* zp, float* qs, float* S, int ld,
+                                  PrefetchCursor* pf) {
   const int D = W * 8 / BITS;
   float bias[4] = {0, 0, 0, 0};
   if constexpr (kFast) {
@@ -500,21 +519,33 @@ HWY_INLINE void KiviKeyGroupsLoop(const KeyGroupArgs& k, Prefetcher& pf_ranges) 
       PrefetchCursor* pc = r == 0 ? &pf : nullptr;  // the group's bytes are stepped once
       const int nh = std::min(4, k.rep - r);
       switch (nh) {
-        case 1: KiviKeyGroupHeads<V, 1, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
-        case 2: KiviKeyGroupHeads<V, 2, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
-        case 3: KiviKeyGroupHeads<V, 3, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc); break;
+        case 1:
+          KiviKeyGroupHeads<V, 1, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd,
+                                                         pc);
+          break;
+        case 2:
+          KiviKeyGroupHeads<V, 2, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd,
+                                                         pc);
+          break;
+        case 3:
+          KiviKeyGroupHeads<V, 3, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd,
+                                                         pc);
+          break;
         default:
           // The most common head size gets a kernel with the row size fixed at compile time.
           if (D == 128) {
-            KiviKeyGroupHeads<V, 4, BITS, kFast, kVnni, 128 * BITS / 8>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
+            KiviKeyGroupHeads<V, 4, BITS, kFast, kVnni, 128 * BITS / 8>(cg, G, W, q, k.sp, k.zp,
+                                                                        k.qs, dst, ldd, pc);
           } else {
-            KiviKeyGroupHeads<V, 4, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd, pc);
+            KiviKeyGroupHeads<V, 4, BITS, kFast, kVnni, 0>(cg, G, W, q, k.sp, k.zp, k.qs, dst, ldd,
+                                                           pc);
           }
           break;
       }
       if (!whole) {
         for (int h = 0; h < nh; ++h) {
-          std::copy(k.tmp + static_cast<size_t>(h) * G + (g0 - gs), k.tmp + static_cast<size_t>(h) * G + (g1 - gs),
+          std::copy(k.tmp + static_cast<size_t>(h) * G + (g0 - gs),
+                    k.tmp + static_cast<size_t>(h) * G + (g1 - gs),
                     k.S + static_cast<size_t>(r + h) * k.ld + (g0 - k.t0));
         }
       }
@@ -529,11 +560,14 @@ HWY_INLINE void KiviKeyGroupsLoop(const KeyGroupArgs& k, Prefetcher& pf_ranges) 
 template <class V, bool kFast, bool kVnni>
 HWY_INLINE void KiviKeyGroupsForBits(const KeyGroupArgs& k, Prefetcher& pf) {
   switch (kv::format_bits(k.K->fmt.format)) {
-    case 2: return KiviKeyGroupsLoop<V, 2, kFast, kVnni>(k, pf);
-    case 4: return KiviKeyGroupsLoop<V, 4, kFast, kVnni>(k, pf);
+    case 2:
+      return KiviKeyGroupsLoop<V, 2, kFast, kVnni>(k, pf);
+    case 4:
+      return KiviKeyGroupsLoop<V, 4, kFast, kVnni>(k, pf);
     default:
       if constexpr (kFast) {
-        HWY_ABORT("fast KIVI key groups: %d-bit codes (FastKiviKeyGroupsOk)", kv::format_bits(k.K->fmt.format));
+        HWY_ABORT("fast KIVI key groups: %d-bit codes (FastKiviKeyGroupsOk)",
+                  kv::format_bits(k.K->fmt.format));
       } else {
         return KiviKeyGroupsLoop<V, 8, false, false>(k, pf);
       }

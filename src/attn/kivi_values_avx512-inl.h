@@ -23,8 +23,9 @@ namespace kivi::attn::HWY_NAMESPACE {
 // of AccumKiviExact256: bit for bit the same result. The 2-bit table of a token and group
 // (s c + z for c = 0..3) is broadcast to every 128-bit block, where vpermilps looks up.
 template <int NH, int BITS>
-HWY_INLINE void AccumKiviExact512(const float* P, int ld, int D, int Gc, const uint8_t* quad0, int n,
-                                   const float* lut, const float* s, const float* z, float* O, size_t ostride) {
+HWY_INLINE void AccumKiviExact512(const float* P, int ld, int D, int Gc, const uint8_t* quad0,
+                                  int n, const float* lut, const float* s, const float* z, float* O,
+                                  size_t ostride) {
   constexpr int p = 8 / BITS;
   const int W = D / p, NG = D / Gc;
   const __m512i mask = _mm512_set1_epi32((1 << BITS) - 1);
@@ -52,8 +53,8 @@ HWY_INLINE void AccumKiviExact512(const float* P, int ld, int D, int Gc, const u
             v[k] = _mm512_permutevar_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(lt + g[k] * 8)), xs);
           } else {
             const size_t pi = static_cast<size_t>(t + b) * NG + g[k];
-            v[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(xs, mask)), _mm512_set1_ps(s[pi]),
-                                   _mm512_set1_ps(z[pi]));
+            v[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(xs, mask)),
+                                   _mm512_set1_ps(s[pi]), _mm512_set1_ps(z[pi]));
           }
         }
 #pragma GCC unroll 4
@@ -79,13 +80,15 @@ HWY_INLINE void AccumKiviExact512(const float* P, int ld, int D, int Gc, const u
 // the result: wq[h * hs + NG q + g] with hs = n NG / 4 (the 16 lanes of vector i, rounded
 // to int16, are uint64s 4i .. 4i + 3). wtmp: scratch of n NG / 16 * NH * 16 floats.
 template <int NH, int NG>
-HWY_NOINLINE void PrepareValueWeightsWide(const float* P, int ld, int Gc, int n, const float* vs, const float* vz,
-                                          float* O, size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
+HWY_NOINLINE void PrepareValueWeightsWide(const float* P, int ld, int Gc, int n, const float* vs,
+                                          const float* vz, float* O, size_t ostride, uint64_t* wq,
+                                          float* wsc, float* wtmp) {
   static_assert(NG == 4 || NG == 2, "four or two channel groups");
   constexpr int kTok = 16 / NG;  // tokens per vector
   // Lane l takes vs[tr[l]] (token-major input [token][group]).
-  const __m512i tr = NG == 4 ? _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
-                             : _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m512i tr = NG == 4
+                         ? _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
+                         : _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
   const int nv = n / kTok;
   const size_t hs = static_cast<size_t>(n) * NG / 4;
   __m512 vmax[4], zacc[4];
@@ -130,7 +133,8 @@ HWY_NOINLINE void PrepareValueWeightsWide(const float* P, int ld, int Gc, int n,
       wsc[hh * NG + g] = mg[4 * g] / 32767.0f;
       // Zero points: sum_t p_t z_{t,g} lands on every channel of group g.
       const __m512 zsv = _mm512_set1_ps(zg[4 * g]);
-      for (int c = g * Gc; c < (g + 1) * Gc; c += 16) _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), zsv));
+      for (int c = g * Gc; c < (g + 1) * Gc; c += 16)
+        _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), zsv));
     }
     const __mmask16 pos = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
     const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(32767.0f), m);
@@ -148,8 +152,9 @@ HWY_NOINLINE void PrepareValueWeightsWide(const float* P, int ld, int Gc, int n,
 // Out of line, with a pointer loop, so that its accumulators, pointers and counter stay
 // in registers (inlined into the value kernel, GCC kept the loop counter on the stack).
 template <int NH, int BITS, bool kVnni, int K>
-HWY_NOINLINE void ValueColumn512K(const uint8_t* src, size_t qbytes, int nq, const uint64_t* w, size_t hs, size_t qs,
-                                  const float* wsc, int NG, float* o, size_t ostride) {
+HWY_NOINLINE void ValueColumn512K(const uint8_t* src, size_t qbytes, int nq, const uint64_t* w,
+                                  size_t hs, size_t qs, const float* wsc, int NG, float* o,
+                                  size_t ostride) {
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
   __m512i lo[4], hi[4];
 #pragma GCC unroll 4
@@ -157,7 +162,8 @@ HWY_NOINLINE void ValueColumn512K(const uint8_t* src, size_t qbytes, int nq, con
   const uint8_t* const end = src + static_cast<size_t>(nq) * qbytes;
   for (; src != end; src += qbytes, w += qs) {
     const __m512i x = _mm512_loadu_si512(src);
-    const __m512i pl = BITS == 8 ? x : _mm512_and_si512(K == 0 ? x : _mm512_srli_epi16(x, BITS * K), mask);
+    const __m512i pl =
+        BITS == 8 ? x : _mm512_and_si512(K == 0 ? x : _mm512_srli_epi16(x, BITS * K), mask);
     const __m512i cl = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(pl));
     const __m512i ch = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(pl, 1));
 #pragma GCC unroll 4
@@ -176,17 +182,23 @@ HWY_NOINLINE void ValueColumn512K(const uint8_t* src, size_t qbytes, int nq, con
     const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[hh], even, hi[hh]),
                                          _mm512_permutex2var_epi32(lo[hh], odd, hi[hh]));
     float* oh = o + static_cast<size_t>(hh) * ostride;
-    _mm512_storeu_ps(oh, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(wsc[hh * NG]), _mm512_loadu_ps(oh)));
+    _mm512_storeu_ps(oh, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(wsc[hh * NG]),
+                                         _mm512_loadu_ps(oh)));
   }
 }
 template <int NH, int BITS, bool kVnni>
-HWY_INLINE void ValueColumn512(int k, const uint8_t* src, size_t qbytes, int nq, const uint64_t* w, size_t hs,
-                               size_t qs, const float* wsc, int NG, float* o, size_t ostride) {
+HWY_INLINE void ValueColumn512(int k, const uint8_t* src, size_t qbytes, int nq, const uint64_t* w,
+                               size_t hs, size_t qs, const float* wsc, int NG, float* o,
+                               size_t ostride) {
   switch (k) {
-    case 0: return ValueColumn512K<NH, BITS, kVnni, 0>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
-    case 1: return ValueColumn512K<NH, BITS, kVnni, 1>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
-    case 2: return ValueColumn512K<NH, BITS, kVnni, 2>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
-    default: return ValueColumn512K<NH, BITS, kVnni, 3>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+    case 0:
+      return ValueColumn512K<NH, BITS, kVnni, 0>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+    case 1:
+      return ValueColumn512K<NH, BITS, kVnni, 1>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+    case 2:
+      return ValueColumn512K<NH, BITS, kVnni, 2>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
+    default:
+      return ValueColumn512K<NH, BITS, kVnni, 3>(src, qbytes, nq, w, hs, qs, wsc, NG, o, ostride);
   }
 }
 
@@ -194,9 +206,9 @@ HWY_INLINE void ValueColumn512(int k, const uint8_t* src, size_t qbytes, int nq,
 // tokens) per load; each vpdpwssd covers 8 channels x 4 tokens. Needs W % 16 == 0 and
 // Gc % 16 == 0 (the 16 channels of a load share one group).
 template <int NH, int BITS, bool kVnni, int kD>
-HWY_INLINE void FastKiviValues512(const float* P, int ld, int D_, int Gc, const uint8_t* quad0, int t4, int n,
-                                   const float* vs, const float* vz, float* O, size_t ostride, uint64_t* wq,
-                                   float* wsc, float* wtmp) {
+HWY_INLINE void FastKiviValues512(const float* P, int ld, int D_, int Gc, const uint8_t* quad0,
+                                  int t4, int n, const float* vs, const float* vz, float* O,
+                                  size_t ostride, uint64_t* wq, float* wsc, float* wtmp) {
   constexpr int p = 8 / BITS;
   const int D = kD > 0 ? kD : D_;
   const int W = D / p, NG = D / Gc;
@@ -218,8 +230,9 @@ HWY_INLINE void FastKiviValues512(const float* P, int ld, int D_, int Gc, const 
 #pragma GCC unroll 8
     for (int k = 0; k < p; ++k) {
       const int g = (k * W + 16 * l) / Gc;
-      ValueColumn512<NH, BITS, kVnni>(k, quad0 + 64 * l, static_cast<size_t>(4 * W), nq, wq + g * gs, hs, qs,
-                                     wsc + g, NG, O + static_cast<size_t>(k) * W + 16 * l, ostride);
+      ValueColumn512<NH, BITS, kVnni>(k, quad0 + 64 * l, static_cast<size_t>(4 * W), nq,
+                                      wq + g * gs, hs, qs, wsc + g, NG,
+                                      O + static_cast<size_t>(k) * W + 16 * l, ostride);
     }
   }
 }

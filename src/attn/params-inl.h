@@ -22,10 +22,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Quantization parameters [index, index + count) of a stream (scales, or zero points)
 // as floats.
-inline void LoadParams(const kv::StreamView& st, size_t index, int count, float* out, bool zeros = false) {
+inline void LoadParams(const kv::StreamView& st, size_t index, int count, float* out,
+                       bool zeros = false) {
   const uint8_t* base = zeros ? st.zeros : st.scales;
   if (st.param_type == kv::ParamType::kF32) {
-    std::memcpy(out, reinterpret_cast<const float*>(base) + index, static_cast<size_t>(count) * sizeof(float));
+    std::memcpy(out, reinterpret_cast<const float*>(base) + index,
+                static_cast<size_t>(count) * sizeof(float));
     return;
   }
   const f16_t* p = reinterpret_cast<const f16_t*>(base) + index;
@@ -35,7 +37,8 @@ inline void LoadParams(const kv::StreamView& st, size_t index, int count, float*
     const hn::Rebind<hwy::float16_t, decltype(df)> dh;
     const int N = static_cast<int>(hn::Lanes(df));
     for (; i + N <= count; i += N) {
-      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p + i))), df, out + i);
+      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p + i))),
+                 df, out + i);
     }
   };
   convert(hn::ScalableTag<float>());
@@ -46,12 +49,19 @@ inline void LoadParams(const kv::StreamView& st, size_t index, int count, float*
 // The scales of int8 rows [t0, t0 + n) of head h (within one block): one per row in
 // row_scale[n] (tensor, token and head granularities), or one per group of Gc
 // channels in group_scale[n][D/Gc] (group granularity).
-inline void LoadInt8Scales(const kv::StreamView& st, int t0, int h, int n, float* row_scale, float* group_scale) {
+inline void LoadInt8Scales(const kv::StreamView& st, int t0, int h, int n, float* row_scale,
+                           float* group_scale) {
   const size_t slot = static_cast<size_t>(t0 % st.block);
   switch (st.fmt.granularity) {
-    case kv::Int8Granularity::kTensor: std::fill(row_scale, row_scale + n, st.tensor_scale); break;
-    case kv::Int8Granularity::kToken: LoadParams(st, st.token_param_index(t0), n, row_scale); break;
-    case kv::Int8Granularity::kHead: LoadParams(st, st.param_base(t0, h) + slot, n, row_scale); break;
+    case kv::Int8Granularity::kTensor:
+      std::fill(row_scale, row_scale + n, st.tensor_scale);
+      break;
+    case kv::Int8Granularity::kToken:
+      LoadParams(st, st.token_param_index(t0), n, row_scale);
+      break;
+    case kv::Int8Granularity::kHead:
+      LoadParams(st, st.param_base(t0, h) + slot, n, row_scale);
+      break;
     case kv::Int8Granularity::kGroup: {
       const int per_row = st.head_dim / st.group;
       LoadParams(st, st.param_base(t0, h) + slot * per_row, n * per_row, group_scale);

@@ -31,7 +31,8 @@ template <class DF>
 HWY_INLINE hn::Vec<DF> ExpNonPositive(DF df, hn::Vec<DF> x) {
   const hn::RebindToSigned<DF> di;
   const auto n = hn::Round(hn::Mul(x, hn::Set(df, 1.44269504088896341f)));
-  auto f = hn::NegMulAdd(n, hn::Set(df, 0.693145751953125f), x);  // ln 2 = 0.693145751953125 + 1.42860677e-6
+  auto f = hn::NegMulAdd(n, hn::Set(df, 0.693145751953125f),
+                         x);  // ln 2 = 0.693145751953125 + 1.42860677e-6
   f = hn::NegMulAdd(n, hn::Set(df, 1.428606765330187e-6f), f);
   auto p = hn::MulAdd(f, hn::Set(df, 1.0f / 720), hn::Set(df, 1.0f / 120));
   p = hn::MulAdd(p, f, hn::Set(df, 1.0f / 24));
@@ -73,7 +74,8 @@ inline void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out,
     {
       auto mv4 = hn::Set(df, mx);
       int i = 0;
-      for (; i + static_cast<int>(N) <= len; i += static_cast<int>(N)) mv4 = hn::Max(mv4, hn::LoadU(df, s + i));
+      for (; i + static_cast<int>(N) <= len; i += static_cast<int>(N))
+        mv4 = hn::Max(mv4, hn::LoadU(df, s + i));
       mx = hn::GetLane(hn::MaxOfLanes(df, mv4));
       for (; i < len; ++i) mx = std::max(mx, s[i]);
     }
@@ -99,14 +101,14 @@ inline void SoftmaxUpdate(float* S, int ld, int rep, int len, int D, float* out,
     if (corr != 1.0f) {
       const auto cv = hn::Set(df, corr);
       int d = 0;
-      for (; d + static_cast<int>(N) <= D; d += static_cast<int>(N)) hn::StoreU(hn::Mul(hn::LoadU(df, o + d), cv), df, o + d);
+      for (; d + static_cast<int>(N) <= D; d += static_cast<int>(N))
+        hn::StoreU(hn::Mul(hn::LoadU(df, o + d), cv), df, o + d);
       for (; d < D; ++d) o[d] *= corr;
     }
     o[D] = mx;
     o[D + 1] = o[D + 1] * corr + total;
   }
 }
-
 
 }  // namespace kivi::attn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -43,24 +43,31 @@ struct Task {
   const kv::StreamView& K;
   const kv::StreamView& V;
   int D, rep, h, B, ld;
-  float* qn;    // [rep][D] scaled query
-  float* S;     // [rep][ld] scores of [a.t0, a.t1), then weights
-  float* kbuf;  // [kTile][D] staged keys
-  float* vbuf;  // [kTile][D] staged values
-  float* sp;    // [D] key group scales
-  float* zp;    // [D] key group zero points
-  float* vs;    // [kTile][D/Gc] per-token parameters (value scales, int8 group scales)
-  float* vz;    // [kTile][D/Gc] value zero points
-  float* rs;    // [kTile] int8 row scales
-  bool fast_int8_k = false;   // fast int8 keys (int16 query in kbuf, scales in q16_scale)
-  bool fast_kivi_v = false;   // fast KIVI values (weights in vbuf, temporaries in kbuf)
+  float* qn;                 // [rep][D] scaled query
+  float* S;                  // [rep][ld] scores of [a.t0, a.t1), then weights
+  float* kbuf;               // [kTile][D] staged keys
+  float* vbuf;               // [kTile][D] staged values
+  float* sp;                 // [D] key group scales
+  float* zp;                 // [D] key group zero points
+  float* vs;                 // [kTile][D/Gc] per-token parameters (value scales, int8 group scales)
+  float* vz;                 // [kTile][D/Gc] value zero points
+  float* rs;                 // [kTile] int8 row scales
+  bool fast_int8_k = false;  // fast int8 keys (int16 query in kbuf, scales in q16_scale)
+  bool fast_kivi_v = false;  // fast KIVI values (weights in vbuf, temporaries in kbuf)
   bool group_kivi_k = false;  // KIVI keys by the group kernels (query and partial group in kbuf)
   bool wide_k = false;        // ... with 512-bit vectors
   bool pre_rope = false;      // keys stored before RoPE: staged in kbuf and rotated
   float q16_scale[kMaxFastInt8Heads + 4];
 
   explicit Task(const TaskArgs& args)
-      : a(args), K(args.kv->k), V(args.kv->v), D(K.head_dim), rep(args.rep), h(args.h), B(K.block), ld(args.ld) {
+      : a(args),
+        K(args.kv->k),
+        V(args.kv->v),
+        D(K.head_dim),
+        rep(args.rep),
+        h(args.h),
+        B(K.block),
+        ld(args.ld) {
     const ScratchLayout L(rep, D, ld);
     qn = a.scratch + L.qn;
     S = a.scratch + L.S;
@@ -76,12 +83,13 @@ struct Task {
 #ifdef KIVI_X86
     const bool fast = a.precision == Precision::kFast;
     const int kbits = kv::format_bits(K.fmt.format), vbits = kv::format_bits(V.fmt.format);
-    fast_int8_k = fast && K.fmt.format == kv::Format::kInt8 && K.fmt.granularity != kv::Int8Granularity::kGroup &&
-                  FastInt8KeysOk(D, rep);
+    fast_int8_k = fast && K.fmt.format == kv::Format::kInt8 &&
+                  K.fmt.granularity != kv::Int8Granularity::kGroup && FastInt8KeysOk(D, rep);
     fast_kivi_v = fast && kv::is_kivi(V.fmt.format) && FastKiviValuesOk(D, vbits, V.group);
     wide_k = HWY_TARGET == HWY_AVX3 && K.group % 32 == 0 &&
              (fast || g_switches.wide_scores.load(std::memory_order_relaxed));
-    group_kivi_k = kv::is_kivi(K.fmt.format) && KiviKeyGroupsOk(D, kbits, K.group, wide_k ? 32 : 16) &&
+    group_kivi_k = kv::is_kivi(K.fmt.format) &&
+                   KiviKeyGroupsOk(D, kbits, K.group, wide_k ? 32 : 16) &&
                    4 * (D + K.group) <= kTile * D;
     if (pre_rope) fast_int8_k = group_kivi_k = false;  // keys need their rotation first
 #endif
@@ -116,7 +124,8 @@ void ListRanges(const Task& k, const kv::StreamView& st, Prefetcher& pf) {
       const int e = std::min({t_end, st.n_stored, (t / k.B + 1) * k.B});
       if (st.per_channel) {  // KIVI keys: whole groups (stored groups are always whole)
         const int G = st.group, gs = t / G * G, ge = (e + G - 1) / G * G;
-        pf.add(st.group_codes(t, k.h), static_cast<size_t>(ge - gs) * st.code_row_bytes, st.code_row_bytes);
+        pf.add(st.group_codes(t, k.h), static_cast<size_t>(ge - gs) * st.code_row_bytes,
+               st.code_row_bytes);
       } else if (st.quad) {  // KIVI values: whole quads
         const size_t bytes = static_cast<size_t>((e - t / 4 * 4 + 3) / 4) * 4 * st.code_row_bytes;
         pf.add(st.quad_row(t, k.h), bytes, st.code_row_bytes);
@@ -178,7 +187,9 @@ void RotateRows(float* x, int n, int D, const float* rope, RopeStyle style) {
       for (int d = 0; d < D; d += N) {
         const auto t = hn::LoadU(df, r + d), v = hn::LoadU(df, xi + d);
         const auto s = hn::DupOdd(t);
-        hn::StoreU(hn::MulAdd(hn::Shuffle2301(v), hn::OddEven(s, hn::Neg(s)), hn::Mul(v, hn::DupEven(t))), df, xi + d);
+        hn::StoreU(
+            hn::MulAdd(hn::Shuffle2301(v), hn::OddEven(s, hn::Neg(s)), hn::Mul(v, hn::DupEven(t))),
+            df, xi + d);
       }
       continue;
     }
@@ -224,8 +235,8 @@ void ScoreStoredTilePreRope(Task& k, int t0, int n, Prefetcher& pf) {
     case kv::Format::kInt8: {
       const bool grp = K.fmt.granularity == kv::Int8Granularity::kGroup;
       LoadInt8Scales(K, t0, h, n, k.rs, k.vs);
-      DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, k.rs, grp ? k.vs : nullptr,
-                  K.group, grp ? D / K.group : 0, k.kbuf);
+      DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, k.rs,
+                  grp ? k.vs : nullptr, K.group, grp ? D / K.group : 0, k.kbuf);
       break;
     }
     default: {
@@ -245,18 +256,20 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   float* St = k.scores(t0);
   switch (K.fmt.format) {
     case kv::Format::kF32:
-      DotRows(k.qn, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, St, k.ld, pf);
+      DotRows(k.qn, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, St,
+              k.ld, pf);
       return;
     case kv::Format::kF16:
-      DotRows(k.qn, rep, D, reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, St, k.ld, pf);
+      DotRows(k.qn, rep, D, reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, St,
+              k.ld, pf);
       return;
     case kv::Format::kInt8: {
       const int8_t* codes = reinterpret_cast<const int8_t*>(K.row(t0, h));
       LoadInt8Scales(K, t0, h, n, k.rs, k.vs);
 #ifdef KIVI_X86
       if (k.fast_int8_k) {
-        FastInt8Keys(reinterpret_cast<const int16_t*>(k.kbuf), k.q16_scale, rep, D, codes, K.token_stride, n, k.rs, St,
-                     k.ld, pf);
+        FastInt8Keys(reinterpret_cast<const int16_t*>(k.kbuf), k.q16_scale, rep, D, codes,
+                     K.token_stride, n, k.rs, St, k.ld, pf);
         return;
       }
 #endif
@@ -302,10 +315,13 @@ void ScoreKeys(Task& k, Prefetcher& pf) {
   const TaskArgs& a = k.a;
   const kv::StreamView& K = k.K;
 #ifdef KIVI_X86
-  if (k.fast_int8_k) PrepareInt8KeyQuery(k.qn, k.rep, k.D, reinterpret_cast<int16_t*>(k.kbuf), k.q16_scale);
+  if (k.fast_int8_k)
+    PrepareInt8KeyQuery(k.qn, k.rep, k.D, reinterpret_cast<int16_t*>(k.kbuf), k.q16_scale);
   if (k.group_kivi_k && K.n_stored > a.t0) {
-    const KeyGroupArgs ka{&K,   a.h,  a.t0, std::min(a.t1, K.n_stored), k.qn, k.rep, k.S, k.ld, k.sp, k.zp, k.kbuf,
-                          k.kbuf + static_cast<size_t>(4) * k.D, k.wide_k};
+    const KeyGroupArgs ka{&K,      a.h,   a.t0,   std::min(a.t1, K.n_stored),
+                          k.qn,    k.rep, k.S,    k.ld,
+                          k.sp,    k.zp,  k.kbuf, k.kbuf + static_cast<size_t>(4) * k.D,
+                          k.wide_k};
     KiviKeyGroups(ka, a.precision == Precision::kFast, pf);
   }
 #endif
@@ -334,12 +350,12 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   const float* P = k.scores(t0);
   switch (V.fmt.format) {
     case kv::Format::kF32:
-      AccumRows(P, k.ld, rep, D, reinterpret_cast<const float*>(V.row(t0, h)), V.token_stride / 4, n, a.out,
-                a.out_stride, pf);
+      AccumRows(P, k.ld, rep, D, reinterpret_cast<const float*>(V.row(t0, h)), V.token_stride / 4,
+                n, a.out, a.out_stride, pf);
       return;
     case kv::Format::kF16:
-      AccumRows(P, k.ld, rep, D, reinterpret_cast<const f16_t*>(V.row(t0, h)), V.token_stride / 2, n, a.out,
-                a.out_stride, pf);
+      AccumRows(P, k.ld, rep, D, reinterpret_cast<const f16_t*>(V.row(t0, h)), V.token_stride / 2,
+                n, a.out, a.out_stride, pf);
       return;
     case kv::Format::kInt8: {
       const int8_t* codes = reinterpret_cast<const int8_t*>(V.row(t0, h));
@@ -356,7 +372,8 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
         AccumRows(pw, kTile, rep, D, codes, V.token_stride, n, a.out, a.out_stride, pf);
         return;
       }
-      DequantInt8(codes, V.token_stride, n, D, k.rs, grp ? k.vs : nullptr, V.group, grp ? D / V.group : 0, k.vbuf);
+      DequantInt8(codes, V.token_stride, n, D, k.rs, grp ? k.vs : nullptr, V.group,
+                  grp ? D / V.group : 0, k.vbuf);
       AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
       return;
     }
@@ -371,18 +388,21 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
         uint64_t* wq = reinterpret_cast<uint64_t*>(k.vbuf);
         float* wsc = k.vbuf + static_cast<size_t>(kTile) * D / 2;
         pf.step(static_cast<size_t>(n));
-        FastKiviValues(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, k.vs, k.vz, a.out, a.out_stride, wq,
-                       wsc, k.kbuf);
+        FastKiviValues(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, k.vs, k.vz, a.out,
+                       a.out_stride, wq, wsc, k.kbuf);
         return;
       }
       if (ExactKiviValuesOk(D, vbits, Gc, t0 % 4, n) &&
-          static_cast<size_t>(n) * NG * 8 <= static_cast<size_t>(kTile) * D) {  // (the 2-bit table fits in kbuf)
+          static_cast<size_t>(n) * NG * 8 <=
+              static_cast<size_t>(kTile) * D) {  // (the 2-bit table fits in kbuf)
         pf.step(static_cast<size_t>(n));
-        AccumKiviExact(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), n, k.vs, k.vz, a.out, a.out_stride, k.kbuf);
+        AccumKiviExact(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), n, k.vs, k.vz, a.out,
+                       a.out_stride, k.kbuf);
         return;
       }
 #endif
-      DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, k.vs, k.vz, static_cast<size_t>(NG), k.vbuf);
+      DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, k.vs, k.vz,
+                        static_cast<size_t>(NG), k.vbuf);
       AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
       return;
     }
@@ -394,8 +414,8 @@ void AccumResidual(const Task& k, int r0, int r1, Prefetcher& pf) {
   const kv::StreamView& V = k.V;
   while (r0 < r1) {
     const int e = V.ring_run_end(r0, r1);
-    AccumRows(k.scores(r0), k.ld, k.rep, k.D, V.residual_row(r0, k.h), static_cast<size_t>(k.D), e - r0, k.a.out,
-              k.a.out_stride, pf);
+    AccumRows(k.scores(r0), k.ld, k.rep, k.D, V.residual_row(r0, k.h), static_cast<size_t>(k.D),
+              e - r0, k.a.out, k.a.out_stride, pf);
     r0 = e;
   }
 }
@@ -429,7 +449,8 @@ void AttendTask(const TaskArgs& a) {
   const int total = a.t1 - a.t0;
   if (a.slopes) {
     for (int r = 0; r < k.rep; ++r)
-      for (int i = 0; i < total; ++i) k.S[r * k.ld + i] += a.slopes[r] * static_cast<float>(a.t0 + i - a.q_pos);
+      for (int i = 0; i < total; ++i)
+        k.S[r * k.ld + i] += a.slopes[r] * static_cast<float>(a.t0 + i - a.q_pos);
   }
   SoftmaxUpdate(k.S, k.ld, k.rep, total, k.D, a.out, a.out_stride);
 
@@ -448,7 +469,9 @@ HWY_EXPORT(ExpNonPositiveArray);
 
 void attend_range(const TaskArgs& a) { HWY_DYNAMIC_DISPATCH(AttendTask)(a); }
 
-void exp_nonpositive(const float* x, float* y, int n) { HWY_DYNAMIC_DISPATCH(ExpNonPositiveArray)(x, y, n); }
+void exp_nonpositive(const float* x, float* y, int n) {
+  HWY_DYNAMIC_DISPATCH(ExpNonPositiveArray)(x, y, n);
+}
 
 void set_wide_exact_kernels(bool scores, bool kivi_values) {
   g_switches.wide_scores.store(scores, std::memory_order_relaxed);

@@ -78,9 +78,13 @@ HWY_INLINE __m128 SumsOf4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
 // product). The {evex} prefix keeps the AVX512-VNNI encoding (the VEX one, AVX-VNNI,
 // faults on CPUs without it, e.g. AMD Zen 4); the kVnni functions run only where
 // HasVnni() holds.
-HWY_INLINE __m256i MaddAdd(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+HWY_INLINE __m256i MaddAdd(__m256i acc, __m256i a, __m256i b) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
 #ifdef KIVI_X86_512
-HWY_INLINE __m512i MaddAdd(__m512i acc, __m512i a, __m512i b) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)); }
+HWY_INLINE __m512i MaddAdd(__m512i acc, __m512i a, __m512i b) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+}
 #endif
 template <bool kVnni, class V>
 HWY_INLINE V DotI16(V acc, V a, V b) {
@@ -142,7 +146,8 @@ HWY_INLINE __m512i Sum16(const __m512i* v) {
 
 // Lanes 4 h + r = v[h]: a per-head factor laid out like Sum16's result for acc[4 r + h].
 HWY_INLINE __m512 PerHead16(const float* v) {
-  return _mm512_setr_ps(v[0], v[0], v[0], v[0], v[1], v[1], v[1], v[1], v[2], v[2], v[2], v[2], v[3], v[3], v[3], v[3]);
+  return _mm512_setr_ps(v[0], v[0], v[0], v[0], v[1], v[1], v[1], v[1], v[2], v[2], v[2], v[2],
+                        v[3], v[3], v[3], v[3]);
 }
 
 // S[h * ld + t + r] = lanes 4 h + r of sums, for the NH heads in use: one 128-bit store

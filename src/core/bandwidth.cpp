@@ -50,7 +50,8 @@ struct BandwidthProbe::Impl {
 };
 
 BandwidthProbe::BandwidthProbe(ThreadPool& pool, size_t bytes)
-    : impl_(new Impl{pool, AlignedBuffer<uint32_t>(bytes / sizeof(uint32_t), false), std::vector<uint64_t>(pool.size())}) {
+    : impl_(new Impl{pool, AlignedBuffer<uint32_t>(bytes / sizeof(uint32_t), false),
+                     std::vector<uint64_t>(pool.size())}) {
   const int64_t n = static_cast<int64_t>(impl_->buf.size());
   // Touch every page in parallel before the timed passes, so page faults stay out of
   // them. (The pool hands ranges to whichever thread is free, so the thread that reads a
@@ -70,7 +71,8 @@ double BandwidthProbe::pass() {
   impl_->pool.parallel_for(n, [&](int64_t b, int64_t e, int thread) {
     // Round the split to 64-byte lines so every thread reads aligned vectors.
     const int64_t b16 = b / 16 * 16, e16 = (e == n) ? e : e / 16 * 16;
-    impl_->sink[thread] += HWY_DYNAMIC_DISPATCH(ReadSum)(impl_->buf.data() + b16, static_cast<size_t>(e16 - b16));
+    impl_->sink[thread] +=
+        HWY_DYNAMIC_DISPATCH(ReadSum)(impl_->buf.data() + b16, static_cast<size_t>(e16 - b16));
   });
   const double dt = now_seconds() - t0;
   return static_cast<double>(bytes()) / dt / 1e9;

@@ -11,7 +11,7 @@ class ThreadPool;
 struct BandwidthResult {
   double gbps_median;  // 1e9 bytes per second, median over repetitions
   double gbps_best;
-  size_t bytes;        // bytes read per repetition
+  size_t bytes;  // bytes read per repetition
   int threads;
   int reps;
 };

@@ -28,9 +28,7 @@ static std::string upper(std::string s) {
   return s;
 }
 
-void force_target_bits(int64_t bits) {
-  hwy::SetSupportedTargetsForTest(bits);
-}
+void force_target_bits(int64_t bits) { hwy::SetSupportedTargetsForTest(bits); }
 
 void reset_target() { hwy::SetSupportedTargetsForTest(0); }
 

@@ -41,11 +41,12 @@ f16_t f32_to_f16(float f) {
     return static_cast<f16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477FF000u) return static_cast<f16_t>(sign | 0x7C00u);  // rounds to Inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero
-    if (abs < 0x33000000u) return static_cast<f16_t>(sign);  // < 2^-25: rounds to 0
+  if (abs < 0x38800000u) {                                            // result is subnormal or zero
+    if (abs < 0x33000000u) return static_cast<f16_t>(sign);           // < 2^-25: rounds to 0
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
-    const uint32_t shift = 126 - exp;  // 14 + (112 - exp) + ... : mant >> (shift) gives half mantissa
+    const uint32_t shift =
+        126 - exp;  // 14 + (112 - exp) + ... : mant >> (shift) gives half mantissa
     const uint32_t half_mant = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1);
     const uint32_t halfway = 1u << (shift - 1);
@@ -62,7 +63,7 @@ f16_t f32_to_f16(float f) {
 
 // Next representable half toward +inf.
 static f16_t next_up(f16_t h) {
-  if ((h & 0x7FFFu) == 0) return 0x0001u;            // +-0 -> smallest positive subnormal
+  if ((h & 0x7FFFu) == 0) return 0x0001u;             // +-0 -> smallest positive subnormal
   if (h & 0x8000u) return static_cast<f16_t>(h - 1);  // negative: toward zero
   if (h >= 0x7C00u) return h;                         // +Inf/NaN stays
   return static_cast<f16_t>(h + 1);

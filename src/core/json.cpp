@@ -12,11 +12,21 @@ std::string json_quote(std::string_view s) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
       switch (c) {
-        case '"': o += "\\\""; break;
-        case '\\': o += "\\\\"; break;
-        case '\n': o += "\\n"; break;
-        case '\r': o += "\\r"; break;
-        case '\t': o += "\\t"; break;
+        case '"':
+          o += "\\\"";
+          break;
+        case '\\':
+          o += "\\\\";
+          break;
+        case '\n':
+          o += "\\n";
+          break;
+        case '\r':
+          o += "\\r";
+          break;
+        case '\t':
+          o += "\\t";
+          break;
         default:
           if (c < 0x20) {
             char buf[8];

@@ -83,13 +83,13 @@ void Progress::line(bool final) {
   const double pct = total_ > 0 ? 100.0 * static_cast<double>(done_) / total_ : 0.0;
   if (final) {
     std::fprintf(stderr, "%s: %lld/%lld %s (%.0f%%), %.1f %s/s, took %.0f s\n", label_.c_str(),
-                 static_cast<long long>(done_), static_cast<long long>(total_), unit_.c_str(), pct, rate,
-                 unit_.c_str(), elapsed);
+                 static_cast<long long>(done_), static_cast<long long>(total_), unit_.c_str(), pct,
+                 rate, unit_.c_str(), elapsed);
   } else {
     const double eta = rate > 0 ? (total_ - done_) / rate : 0.0;
     std::fprintf(stderr, "%s: %lld/%lld %s (%.0f%%), %.1f %s/s, ETA %.0f s\n", label_.c_str(),
-                 static_cast<long long>(done_), static_cast<long long>(total_), unit_.c_str(), pct, rate,
-                 unit_.c_str(), eta);
+                 static_cast<long long>(done_), static_cast<long long>(total_), unit_.c_str(), pct,
+                 rate, unit_.c_str(), eta);
   }
   std::fflush(stderr);
   ++lines_;

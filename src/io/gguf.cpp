@@ -12,19 +12,32 @@ namespace kivi::io {
 
 const char* gguf_type_name(GgufType t) {
   switch (t) {
-    case GgufType::kU8: return "u8";
-    case GgufType::kI8: return "i8";
-    case GgufType::kU16: return "u16";
-    case GgufType::kI16: return "i16";
-    case GgufType::kU32: return "u32";
-    case GgufType::kI32: return "i32";
-    case GgufType::kF32: return "f32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kU64: return "u64";
-    case GgufType::kI64: return "i64";
-    case GgufType::kF64: return "f64";
+    case GgufType::kU8:
+      return "u8";
+    case GgufType::kI8:
+      return "i8";
+    case GgufType::kU16:
+      return "u16";
+    case GgufType::kI16:
+      return "i16";
+    case GgufType::kU32:
+      return "u32";
+    case GgufType::kI32:
+      return "i32";
+    case GgufType::kF32:
+      return "f32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kU64:
+      return "u64";
+    case GgufType::kI64:
+      return "i64";
+    case GgufType::kF64:
+      return "f64";
   }
   return "unknown";
 }
@@ -34,11 +47,23 @@ std::string ggml_type_name(uint32_t t) { return quant::type_name(t); }
 // Byte size of one scalar element, 0 for strings/arrays/unknown.
 static size_t scalar_size(GgufType t) {
   switch (t) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kBool: return 1;
-    case GgufType::kU16: case GgufType::kI16: return 2;
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kF32: return 4;
-    case GgufType::kU64: case GgufType::kI64: case GgufType::kF64: return 8;
-    default: return 0;
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -128,33 +153,61 @@ void GgufFile::parse() {
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.read_string("metadata key");
-    if (key.empty()) fail("%s: metadata entry %llu has an empty key", name_.c_str(), (unsigned long long)k);
+    if (key.empty())
+      fail("%s: metadata entry %llu has an empty key", name_.c_str(), (unsigned long long)k);
     const uint32_t t = c.read<uint32_t>("metadata type");
-    if (!known_type(t)) fail("%s: metadata '%s' has unknown type %u", name_.c_str(), key.c_str(), t);
+    if (!known_type(t))
+      fail("%s: metadata '%s' has unknown type %u", name_.c_str(), key.c_str(), t);
     GgufValue v;
     v.type = static_cast<GgufType>(t);
     switch (v.type) {
-      case GgufType::kU8: v.u = c.read<uint8_t>(key.c_str()); v.i = static_cast<int64_t>(v.u); break;
-      case GgufType::kI8: v.i = c.read<int8_t>(key.c_str()); break;
-      case GgufType::kU16: v.u = c.read<uint16_t>(key.c_str()); v.i = static_cast<int64_t>(v.u); break;
-      case GgufType::kI16: v.i = c.read<int16_t>(key.c_str()); break;
-      case GgufType::kU32: v.u = c.read<uint32_t>(key.c_str()); v.i = static_cast<int64_t>(v.u); break;
-      case GgufType::kI32: v.i = c.read<int32_t>(key.c_str()); break;
-      case GgufType::kU64: v.u = c.read<uint64_t>(key.c_str()); break;
-      case GgufType::kI64: v.i = c.read<int64_t>(key.c_str()); break;
-      case GgufType::kF32: v.f = c.read<float>(key.c_str()); break;
-      case GgufType::kF64: v.f = c.read<double>(key.c_str()); break;
+      case GgufType::kU8:
+        v.u = c.read<uint8_t>(key.c_str());
+        v.i = static_cast<int64_t>(v.u);
+        break;
+      case GgufType::kI8:
+        v.i = c.read<int8_t>(key.c_str());
+        break;
+      case GgufType::kU16:
+        v.u = c.read<uint16_t>(key.c_str());
+        v.i = static_cast<int64_t>(v.u);
+        break;
+      case GgufType::kI16:
+        v.i = c.read<int16_t>(key.c_str());
+        break;
+      case GgufType::kU32:
+        v.u = c.read<uint32_t>(key.c_str());
+        v.i = static_cast<int64_t>(v.u);
+        break;
+      case GgufType::kI32:
+        v.i = c.read<int32_t>(key.c_str());
+        break;
+      case GgufType::kU64:
+        v.u = c.read<uint64_t>(key.c_str());
+        break;
+      case GgufType::kI64:
+        v.i = c.read<int64_t>(key.c_str());
+        break;
+      case GgufType::kF32:
+        v.f = c.read<float>(key.c_str());
+        break;
+      case GgufType::kF64:
+        v.f = c.read<double>(key.c_str());
+        break;
       case GgufType::kBool: {
         const uint8_t b = c.read<uint8_t>(key.c_str());
         if (b > 1) fail("%s: metadata '%s' is a bool with value %u", name_.c_str(), key.c_str(), b);
         v.u = b;
         break;
       }
-      case GgufType::kString: v.s = c.read_string(key.c_str()); break;
+      case GgufType::kString:
+        v.s = c.read_string(key.c_str());
+        break;
       case GgufType::kArray: {
         const uint32_t et = c.read<uint32_t>(key.c_str());
         if (!known_type(et) || et == static_cast<uint32_t>(GgufType::kArray)) {
-          fail("%s: metadata array '%s' has unsupported element type %u", name_.c_str(), key.c_str(), et);
+          fail("%s: metadata array '%s' has unsupported element type %u", name_.c_str(),
+               key.c_str(), et);
         }
         v.elem_type = static_cast<GgufType>(et);
         v.count = c.read<uint64_t>(key.c_str());
@@ -168,18 +221,21 @@ void GgufFile::parse() {
           for (uint64_t j = 0; j < v.count; ++j) {
             const uint64_t len = c.read<uint64_t>(key.c_str());
             if (len > c.remaining()) {
-              fail("%s: truncated GGUF file: string %llu of array '%s' has length %llu but only "
-                   "%zu bytes remain", name_.c_str(), (unsigned long long)j, key.c_str(),
-                   (unsigned long long)len, c.remaining());
+              fail(
+                  "%s: truncated GGUF file: string %llu of array '%s' has length %llu but only "
+                  "%zu bytes remain",
+                  name_.c_str(), (unsigned long long)j, key.c_str(), (unsigned long long)len,
+                  c.remaining());
             }
             c.skip(static_cast<size_t>(len), key.c_str());
           }
         } else {
           const size_t es = scalar_size(v.elem_type);
           if (v.count > c.remaining() / es) {
-            fail("%s: truncated GGUF file: array '%s' claims %llu elements of %zu bytes but only "
-                 "%zu bytes remain", name_.c_str(), key.c_str(), (unsigned long long)v.count, es,
-                 c.remaining());
+            fail(
+                "%s: truncated GGUF file: array '%s' claims %llu elements of %zu bytes but only "
+                "%zu bytes remain",
+                name_.c_str(), key.c_str(), (unsigned long long)v.count, es, c.remaining());
           }
           c.skip(static_cast<size_t>(v.count) * es, key.c_str());
         }
@@ -204,7 +260,8 @@ void GgufFile::parse() {
   for (uint64_t k = 0; k < n_tensors; ++k) {
     GgufTensor t;
     t.name = c.read_string("tensor name");
-    if (t.name.empty()) fail("%s: tensor %llu has an empty name", name_.c_str(), (unsigned long long)k);
+    if (t.name.empty())
+      fail("%s: tensor %llu has an empty name", name_.c_str(), (unsigned long long)k);
     const uint32_t nd = c.read<uint32_t>("tensor dimension count");
     if (nd == 0 || nd > 4) {
       fail("%s: tensor '%s' has %u dimensions, expected 1 to 4", name_.c_str(), t.name.c_str(), nd);
@@ -230,7 +287,8 @@ void GgufFile::parse() {
              name_.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.dims[0]), ti->name,
              ti->block);
       }
-      t.n_bytes = t.n_elements / static_cast<uint64_t>(ti->block) * static_cast<uint64_t>(ti->block_bytes);
+      t.n_bytes =
+          t.n_elements / static_cast<uint64_t>(ti->block) * static_cast<uint64_t>(ti->block_bytes);
     } else {
       t.n_bytes = 0;  // unsupported types are listed but cannot be loaded (checked by the model)
     }
@@ -238,20 +296,24 @@ void GgufFile::parse() {
       fail("%s: tensor '%s' offset %llu is not a multiple of the alignment %u", name_.c_str(),
            t.name.c_str(), static_cast<unsigned long long>(t.offset), alignment_);
     }
-    if (tensor_index_.count(t.name)) fail("%s: duplicate tensor '%s'", name_.c_str(), t.name.c_str());
+    if (tensor_index_.count(t.name))
+      fail("%s: duplicate tensor '%s'", name_.c_str(), t.name.c_str());
     tensor_index_[t.name] = tensors_.size();
     tensors_.push_back(std::move(t));
   }
 
   // Data section starts at the next multiple of the alignment.
-  const uint64_t data_start = (static_cast<uint64_t>(c.pos()) + alignment_ - 1) / alignment_ * alignment_;
+  const uint64_t data_start =
+      (static_cast<uint64_t>(c.pos()) + alignment_ - 1) / alignment_ * alignment_;
   for (auto& t : tensors_) {
     if (t.n_bytes == 0) continue;
-    if (data_start > size_ || t.offset > size_ - data_start || t.n_bytes > size_ - data_start - t.offset) {
-      fail("%s: tensor '%s' data (offset %llu, %llu bytes of %s) runs past the end of the file "
-           "(%zu bytes): truncated file, or a size that disagrees with the type and shape",
-           name_.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.offset),
-           static_cast<unsigned long long>(t.n_bytes), ggml_type_name(t.type).c_str(), size_);
+    if (data_start > size_ || t.offset > size_ - data_start ||
+        t.n_bytes > size_ - data_start - t.offset) {
+      fail(
+          "%s: tensor '%s' data (offset %llu, %llu bytes of %s) runs past the end of the file "
+          "(%zu bytes): truncated file, or a size that disagrees with the type and shape",
+          name_.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.offset),
+          static_cast<unsigned long long>(t.n_bytes), ggml_type_name(t.type).c_str(), size_);
     }
     t.data = data_ + data_start + t.offset;
   }
@@ -268,11 +330,12 @@ void GgufFile::parse() {
     const GgufTensor& a = *by_offset[i - 1];
     const GgufTensor& b = *by_offset[i];
     if (b.offset < a.offset + a.n_bytes) {
-      fail("%s: tensor '%s' (%s, %llu bytes at offset %llu) overlaps tensor '%s' at offset %llu: "
-           "tensor data must be disjoint, and each size follows from the type and shape",
-           name_.c_str(), a.name.c_str(), ggml_type_name(a.type).c_str(),
-           static_cast<unsigned long long>(a.n_bytes), static_cast<unsigned long long>(a.offset),
-           b.name.c_str(), static_cast<unsigned long long>(b.offset));
+      fail(
+          "%s: tensor '%s' (%s, %llu bytes at offset %llu) overlaps tensor '%s' at offset %llu: "
+          "tensor data must be disjoint, and each size follows from the type and shape",
+          name_.c_str(), a.name.c_str(), ggml_type_name(a.type).c_str(),
+          static_cast<unsigned long long>(a.n_bytes), static_cast<unsigned long long>(a.offset),
+          b.name.c_str(), static_cast<unsigned long long>(b.offset));
     }
   }
 }
@@ -294,7 +357,9 @@ std::optional<uint64_t> GgufFile::get_uint_opt(const std::string& key) const {
   if (!v) return std::nullopt;
   if (is_unsigned(v->type)) return v->u;
   if (is_signed(v->type)) {
-    if (v->i < 0) fail("%s: metadata '%s' = %lld, expected a non-negative integer", name_.c_str(), key.c_str(), (long long)v->i);
+    if (v->i < 0)
+      fail("%s: metadata '%s' = %lld, expected a non-negative integer", name_.c_str(), key.c_str(),
+           (long long)v->i);
     return static_cast<uint64_t>(v->i);
   }
   fail("%s: metadata '%s' has type %s, expected an integer", name_.c_str(), key.c_str(),
@@ -370,7 +435,8 @@ static const GgufValue& need_array(const GgufFile& f, const std::string& key, Gg
 uint64_t GgufFile::array_size(const std::string& key) const {
   const GgufValue* v = find(key);
   if (!v) fail("%s: missing metadata '%s'", name_.c_str(), key.c_str());
-  if (v->type != GgufType::kArray) fail("%s: metadata '%s' is not an array", name_.c_str(), key.c_str());
+  if (v->type != GgufType::kArray)
+    fail("%s: metadata '%s' is not an array", name_.c_str(), key.c_str());
   return v->count;
 }
 
@@ -427,10 +493,12 @@ std::string GgufFile::describe(const std::string& key) const {
       std::snprintf(buf, sizeof buf, "[%s x %llu]", gguf_type_name(v->elem_type),
                     static_cast<unsigned long long>(v->count));
       return buf;
-    case GgufType::kF32: case GgufType::kF64:
+    case GgufType::kF32:
+    case GgufType::kF64:
       std::snprintf(buf, sizeof buf, "%g", v->f);
       return buf;
-    case GgufType::kBool: return v->u ? "true" : "false";
+    case GgufType::kBool:
+      return v->u ? "true" : "false";
     default:
       if (is_unsigned(v->type)) return std::to_string(v->u);
       return std::to_string(v->i);

@@ -26,8 +26,19 @@
 namespace kivi::io {
 
 enum class GgufType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 const char* gguf_type_name(GgufType t);
 
@@ -43,13 +54,13 @@ inline constexpr uint32_t kGgufDefaultAlignment = 32;
 // into the mapped file and are decoded on request.
 struct GgufValue {
   GgufType type = GgufType::kU8;
-  uint64_t u = 0;     // unsigned integers and bool
-  int64_t i = 0;      // signed integers
-  double f = 0;       // floats
-  std::string s;      // strings
+  uint64_t u = 0;                      // unsigned integers and bool
+  int64_t i = 0;                       // signed integers
+  double f = 0;                        // floats
+  std::string s;                       // strings
   GgufType elem_type = GgufType::kU8;  // arrays
-  uint64_t count = 0;                   // arrays
-  const uint8_t* elems = nullptr;       // arrays of fixed-size elements; string arrays too
+  uint64_t count = 0;                  // arrays
+  const uint8_t* elems = nullptr;      // arrays of fixed-size elements; string arrays too
   size_t elems_bytes = 0;
 };
 

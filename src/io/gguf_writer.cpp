@@ -89,18 +89,42 @@ void GgufWriter::add_copy(const GgufFile& f, const std::string& key) {
   put_string(kv_blob_, key);
   put<uint32_t>(kv_blob_, static_cast<uint32_t>(v->type));
   switch (v->type) {
-    case GgufType::kU8: put<uint8_t>(kv_blob_, static_cast<uint8_t>(v->u)); break;
-    case GgufType::kI8: put<int8_t>(kv_blob_, static_cast<int8_t>(v->i)); break;
-    case GgufType::kU16: put<uint16_t>(kv_blob_, static_cast<uint16_t>(v->u)); break;
-    case GgufType::kI16: put<int16_t>(kv_blob_, static_cast<int16_t>(v->i)); break;
-    case GgufType::kU32: put<uint32_t>(kv_blob_, static_cast<uint32_t>(v->u)); break;
-    case GgufType::kI32: put<int32_t>(kv_blob_, static_cast<int32_t>(v->i)); break;
-    case GgufType::kU64: put<uint64_t>(kv_blob_, v->u); break;
-    case GgufType::kI64: put<int64_t>(kv_blob_, v->i); break;
-    case GgufType::kF32: put<float>(kv_blob_, static_cast<float>(v->f)); break;
-    case GgufType::kF64: put<double>(kv_blob_, v->f); break;
-    case GgufType::kBool: put<uint8_t>(kv_blob_, v->u ? 1 : 0); break;
-    case GgufType::kString: put_string(kv_blob_, v->s); break;
+    case GgufType::kU8:
+      put<uint8_t>(kv_blob_, static_cast<uint8_t>(v->u));
+      break;
+    case GgufType::kI8:
+      put<int8_t>(kv_blob_, static_cast<int8_t>(v->i));
+      break;
+    case GgufType::kU16:
+      put<uint16_t>(kv_blob_, static_cast<uint16_t>(v->u));
+      break;
+    case GgufType::kI16:
+      put<int16_t>(kv_blob_, static_cast<int16_t>(v->i));
+      break;
+    case GgufType::kU32:
+      put<uint32_t>(kv_blob_, static_cast<uint32_t>(v->u));
+      break;
+    case GgufType::kI32:
+      put<int32_t>(kv_blob_, static_cast<int32_t>(v->i));
+      break;
+    case GgufType::kU64:
+      put<uint64_t>(kv_blob_, v->u);
+      break;
+    case GgufType::kI64:
+      put<int64_t>(kv_blob_, v->i);
+      break;
+    case GgufType::kF32:
+      put<float>(kv_blob_, static_cast<float>(v->f));
+      break;
+    case GgufType::kF64:
+      put<double>(kv_blob_, v->f);
+      break;
+    case GgufType::kBool:
+      put<uint8_t>(kv_blob_, v->u ? 1 : 0);
+      break;
+    case GgufType::kString:
+      put_string(kv_blob_, v->s);
+      break;
     case GgufType::kArray:
       put<uint32_t>(kv_blob_, static_cast<uint32_t>(v->elem_type));
       put<uint64_t>(kv_blob_, v->count);
@@ -110,7 +134,8 @@ void GgufWriter::add_copy(const GgufFile& f, const std::string& key) {
   ++n_kv_;
 }
 
-static uint64_t tensor_bytes(const std::string& name, const std::vector<uint64_t>& dims, GgmlType type) {
+static uint64_t tensor_bytes(const std::string& name, const std::vector<uint64_t>& dims,
+                             GgmlType type) {
   const quant::TypeInfo& ti = quant::info(type);
   if (dims.empty() || dims[0] % static_cast<uint64_t>(ti.block) != 0) {
     fail("tensor '%s': rows of %llu values cannot be stored as %s (blocks of %d)", name.c_str(),
@@ -154,7 +179,8 @@ void GgufWriter::write(const std::string& path,
   out.commit();
 }
 
-void GgufWriter::write(AtomicFile& out, const std::function<void(uint64_t, uint64_t)>& on_progress) const {
+void GgufWriter::write(AtomicFile& out,
+                       const std::function<void(uint64_t, uint64_t)>& on_progress) const {
   std::vector<uint8_t> head;
   put<uint32_t>(head, kGgufMagic);
   put<uint32_t>(head, 3);
@@ -186,7 +212,8 @@ void GgufWriter::write(AtomicFile& out, const std::function<void(uint64_t, uint6
       // Chunks of whole blocks (about 16 MiB), so quantized generators see block-aligned
       // element ranges.
       const quant::TypeInfo& ti = quant::info(t.type);
-      const uint64_t block = static_cast<uint64_t>(ti.block), bbytes = static_cast<uint64_t>(ti.block_bytes);
+      const uint64_t block = static_cast<uint64_t>(ti.block),
+                     bbytes = static_cast<uint64_t>(ti.block_bytes);
       const uint64_t n_el = t.n_bytes / bbytes * block;
       const uint64_t per_chunk = std::max<uint64_t>(1, (uint64_t{16} << 20) / bbytes) * block;
       chunk.resize(per_chunk / block * bbytes);

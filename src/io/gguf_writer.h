@@ -48,7 +48,8 @@ class GgufWriter {
   void write(const std::string& path,
              const std::function<void(uint64_t, uint64_t)>& on_progress = {}) const;
   // Writes the whole file into `out` (opened by the caller, who commits it).
-  void write(AtomicFile& out, const std::function<void(uint64_t, uint64_t)>& on_progress = {}) const;
+  void write(AtomicFile& out,
+             const std::function<void(uint64_t, uint64_t)>& on_progress = {}) const;
 
  private:
   struct Tensor {

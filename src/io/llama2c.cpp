@@ -47,8 +47,10 @@ std::unique_ptr<Llama2cCheckpoint> parse_llama2c(const uint8_t* data, size_t siz
   check_range(name, "n_heads", h.n_heads, 1, 4096);
   check_range(name, "n_kv_heads", h.n_kv_heads, 1, h.n_heads);
   if (h.vocab_size == 0 || h.vocab_size < -(1 << 22) || h.vocab_size > (1 << 22)) {
-    fail("%s: llama2.c header field 'vocab_size' = %d, expected 1 to 4194304 (negative for a "
-         "separate classifier)", name.c_str(), h.vocab_size);
+    fail(
+        "%s: llama2.c header field 'vocab_size' = %d, expected 1 to 4194304 (negative for a "
+        "separate classifier)",
+        name.c_str(), h.vocab_size);
   }
   check_range(name, "seq_len", h.seq_len, 1, 1 << 24);  // model::kMaxContext
   if (h.dim % h.n_heads != 0) {
@@ -68,29 +70,42 @@ std::unique_ptr<Llama2cCheckpoint> parse_llama2c(const uint8_t* data, size_t siz
   ck->header = h;
   const uint64_t expected = llama2c_expected_size(h, ck->shared_classifier);
   if (expected != size) {
-    fail("%s: llama2.c checkpoint size mismatch: the header (dim %d, hidden_dim %d, n_layers %d, "
-         "n_heads %d, n_kv_heads %d, vocab %d, seq_len %d, %s classifier) implies %llu bytes but "
-         "the file has %zu%s", name.c_str(), h.dim, h.hidden_dim, h.n_layers, h.n_heads,
-         h.n_kv_heads, h.vocab_size, h.seq_len, ck->shared_classifier ? "shared" : "separate",
-         static_cast<unsigned long long>(expected), size,
-         expected > size ? " (truncated?)" : " (trailing data?)");
+    fail(
+        "%s: llama2.c checkpoint size mismatch: the header (dim %d, hidden_dim %d, n_layers %d, "
+        "n_heads %d, n_kv_heads %d, vocab %d, seq_len %d, %s classifier) implies %llu bytes but "
+        "the file has %zu%s",
+        name.c_str(), h.dim, h.hidden_dim, h.n_layers, h.n_heads, h.n_kv_heads, h.vocab_size,
+        h.seq_len, ck->shared_classifier ? "shared" : "separate",
+        static_cast<unsigned long long>(expected), size,
+        expected > size ? " (truncated?)" : " (trailing data?)");
   }
   // All pointers are into a validated range; floats are 4-byte aligned because the
   // header is 28 bytes and the map is page aligned.
   const float* p = reinterpret_cast<const float*>(data + 28);
   const uint64_t dim = h.dim, hidden = h.hidden_dim, L = h.n_layers, vocab = h.vocab_size;
   const uint64_t hs = dim / h.n_heads, kv_dim = h.n_kv_heads * hs;
-  ck->token_embd = p; p += vocab * dim;
-  ck->rms_att = p; p += L * dim;
-  ck->wq = p; p += L * dim * dim;
-  ck->wk = p; p += L * kv_dim * dim;
-  ck->wv = p; p += L * kv_dim * dim;
-  ck->wo = p; p += L * dim * dim;
-  ck->rms_ffn = p; p += L * dim;
-  ck->w1 = p; p += L * hidden * dim;
-  ck->w2 = p; p += L * dim * hidden;
-  ck->w3 = p; p += L * hidden * dim;
-  ck->rms_final = p; p += dim;
+  ck->token_embd = p;
+  p += vocab * dim;
+  ck->rms_att = p;
+  p += L * dim;
+  ck->wq = p;
+  p += L * dim * dim;
+  ck->wk = p;
+  p += L * kv_dim * dim;
+  ck->wv = p;
+  p += L * kv_dim * dim;
+  ck->wo = p;
+  p += L * dim * dim;
+  ck->rms_ffn = p;
+  p += L * dim;
+  ck->w1 = p;
+  p += L * hidden * dim;
+  ck->w2 = p;
+  p += L * dim * hidden;
+  ck->w3 = p;
+  p += L * hidden * dim;
+  ck->rms_final = p;
+  p += dim;
   p += static_cast<uint64_t>(h.seq_len) * hs;  // freq_cis_real and freq_cis_imag
   ck->wcls = ck->shared_classifier ? ck->token_embd : p;
   return ck;
@@ -111,9 +126,10 @@ Llama2cVocab parse_llama2c_tokenizer(const uint8_t* data, size_t size, int vocab
   auto need = [&](size_t n, const char* what, int tok) {
     if (n > size - pos) {
       if (tok >= 0) {
-        fail("%s: tokenizer file ends inside token %d of %d (%s): it has fewer tokens than the "
-             "model's vocabulary size %d, or is truncated", name.c_str(), tok, vocab_size, what,
-             vocab_size);
+        fail(
+            "%s: tokenizer file ends inside token %d of %d (%s): it has fewer tokens than the "
+            "model's vocabulary size %d, or is truncated",
+            name.c_str(), tok, vocab_size, what, vocab_size);
       }
       fail("%s: truncated tokenizer file (%s)", name.c_str(), what);
     }
@@ -147,9 +163,10 @@ Llama2cVocab parse_llama2c_tokenizer(const uint8_t* data, size_t size, int vocab
     pos += static_cast<size_t>(len);
   }
   if (pos != size) {
-    fail("%s: tokenizer file has %zu bytes left after %d tokens: it holds more tokens than the "
-         "model's vocabulary size %d (wrong tokenizer for this model?)", name.c_str(), size - pos,
-         vocab_size, vocab_size);
+    fail(
+        "%s: tokenizer file has %zu bytes left after %d tokens: it holds more tokens than the "
+        "model's vocabulary size %d (wrong tokenizer for this model?)",
+        name.c_str(), size - pos, vocab_size, vocab_size);
   }
   return v;
 }

@@ -43,7 +43,7 @@ struct Llama2cCheckpoint {
   const float* w2 = nullptr;
   const float* w3 = nullptr;
   const float* rms_final = nullptr;
-  const float* wcls = nullptr;  // == token_embd when shared
+  const float* wcls = nullptr;      // == token_embd when shared
   std::unique_ptr<MappedFile> map;  // null when parsed from memory
 };
 

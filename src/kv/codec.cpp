@@ -83,7 +83,8 @@ static void check_common(int S, int T, int D, int G, int bits) {
   check_bits(bits);
   if (S < 0 || T < 0 || D < 1) fail("codec: bad shape S=%d T=%d D=%d", S, T, D);
   if (G < 1) fail("codec: group size %d, expected >= 1", G);
-  if (D % (8 / bits) != 0) fail("codec: head_dim %d is not a multiple of %d for %d-bit packing", D, 8 / bits, bits);
+  if (D % (8 / bits) != 0)
+    fail("codec: head_dim %d is not a multiple of %d for %d-bit packing", D, 8 / bits, bits);
 }
 
 void quantize_keys(const float* keys, int S, int T, int D, int G, int bits, ParamType pt,
@@ -94,7 +95,8 @@ void quantize_keys(const float* keys, int S, int T, int D, int G, int bits, Para
   const int rb = static_cast<int>(packed_row_bytes(D, bits));
   const int NG = T / G;
   uint8_t row[1024];
-  QParams p[1024];  // one group's parameters per channel (no allocation: the cache calls this per flush)
+  QParams p[1024];  // one group's parameters per channel (no allocation: the cache calls this per
+                    // flush)
   for (int s = 0; s < S; ++s) {
     for (int g = 0; g < NG; ++g) {
       const float* kg = keys + (static_cast<size_t>(s) * T + g * G) * D;
@@ -112,15 +114,16 @@ void quantize_keys(const float* keys, int S, int T, int D, int G, int bits, Para
       }
       for (int t = 0; t < G; ++t) {
         std::memset(row, 0, static_cast<size_t>(rb));
-        for (int d = 0; d < D; ++d) pack_code(row, d, bits, D, kivi_code(kg[t * D + d], p[d], bits));
+        for (int d = 0; d < D; ++d)
+          pack_code(row, d, bits, D, kivi_code(kg[t * D + d], p[d], bits));
         for (int j = 0; j < rb; ++j) cg[key_group_offset(t, j, rb, G)] = row[j];
       }
     }
   }
 }
 
-void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, int S, int T,
-                     int D, int G, int bits, ParamType pt, float* keys) {
+void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, int S, int T, int D,
+                     int G, int bits, ParamType pt, float* keys) {
   check_common(S, T, D, G, bits);
   if (T % G != 0) fail("dequantize_keys: %d tokens is not a multiple of the group size %d", T, G);
   if (D > 1024) fail("dequantize_keys: head_dim %d is above 1024", D);
@@ -134,7 +137,8 @@ void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, 
       const size_t pbase = (static_cast<size_t>(s) * NG + t / G) * D;
       float* out = keys + (static_cast<size_t>(s) * T + t) * D;
       for (int d = 0; d < D; ++d) {
-        out[d] = unpack_code(row, d, bits, D) * load_param(scale, pbase + d, pt) + load_param(zero, pbase + d, pt);
+        out[d] = unpack_code(row, d, bits, D) * load_param(scale, pbase + d, pt) +
+                 load_param(zero, pbase + d, pt);
       }
     }
   }
@@ -161,7 +165,8 @@ void quantize_values(const float* values, int S, int T, int D, int G, int bits, 
         const size_t pi = (static_cast<size_t>(s) * T + t) * NG + g;
         store_param(scale, pi, p.scale, pt);
         store_param(zero, pi, p.zero, pt);
-        for (int d = 0; d < G; ++d) pack_code(row, g * G + d, bits, D, kivi_code(v[g * G + d], p, bits));
+        for (int d = 0; d < G; ++d)
+          pack_code(row, g * G + d, bits, D, kivi_code(v[g * G + d], p, bits));
       }
     }
   }
@@ -179,14 +184,15 @@ void dequantize_values(const uint8_t* codes, const void* scale, const void* zero
       float* out = values + (static_cast<size_t>(s) * T + t) * D;
       for (int d = 0; d < D; ++d) {
         const size_t pi = (static_cast<size_t>(s) * T + t) * NG + d / G;
-        out[d] = unpack_code(row, d, bits, D) * load_param(scale, pi, pt) + load_param(zero, pi, pt);
+        out[d] =
+            unpack_code(row, d, bits, D) * load_param(scale, pi, pt) + load_param(zero, pi, pt);
       }
     }
   }
 }
 
-int64_t quantize_int8(const float* x, int T, int H, int D, Int8Granularity g, int G,
-                      ParamType pt, int8_t* codes, void* scales, float tensor_scale) {
+int64_t quantize_int8(const float* x, int T, int H, int D, Int8Granularity g, int G, ParamType pt,
+                      int8_t* codes, void* scales, float tensor_scale) {
   if (T < 0 || H < 1 || D < 1) fail("quantize_int8: bad shape T=%d H=%d D=%d", T, H, D);
   if (g == Int8Granularity::kGroup && (G < 1 || D % G != 0)) {
     fail("quantize_int8: group size %d does not divide head_dim %d", G, D);
@@ -250,9 +256,14 @@ void dequantize_int8(const int8_t* codes, const void* scales, int T, int H, int 
       for (int d = 0; d < D; ++d) {
         float s = tensor_scale;
         switch (g) {
-          case Int8Granularity::kTensor: break;
-          case Int8Granularity::kToken: s = load_param(scales, t, pt); break;
-          case Int8Granularity::kHead: s = load_param(scales, static_cast<size_t>(t) * H + h, pt); break;
+          case Int8Granularity::kTensor:
+            break;
+          case Int8Granularity::kToken:
+            s = load_param(scales, t, pt);
+            break;
+          case Int8Granularity::kHead:
+            s = load_param(scales, static_cast<size_t>(t) * H + h, pt);
+            break;
           case Int8Granularity::kGroup:
             s = load_param(scales, (static_cast<size_t>(t) * H + h) * (D / G) + d / G, pt);
             break;

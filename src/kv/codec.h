@@ -91,8 +91,8 @@ inline size_t key_group_offset(int i, int j, int W, int G) {
 //   scale [S, T / G, D], zero [S, T / G, D]   (param type pt)
 void quantize_keys(const float* keys, int S, int T, int D, int G, int bits, ParamType pt,
                    uint8_t* codes, void* scale, void* zero);
-void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, int S, int T,
-                     int D, int G, int bits, ParamType pt, float* keys);
+void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, int S, int T, int D,
+                     int G, int bits, ParamType pt, float* keys);
 
 // Values, per token over groups of G consecutive channels (G divides D):
 //   values [S, T, D] f32
@@ -109,8 +109,8 @@ void dequantize_values(const uint8_t* codes, const void* scale, const void* zero
 //   scales tensor: [1] (given, not computed: the caller fixes it at calibration)
 //          token:  [T]          head: [T, H]          group: [T, H, D / G]
 // Returns the number of clamped elements (only possible for kTensor).
-int64_t quantize_int8(const float* x, int T, int H, int D, Int8Granularity g, int G,
-                      ParamType pt, int8_t* codes, void* scales, float tensor_scale = 0.0f);
+int64_t quantize_int8(const float* x, int T, int H, int D, Int8Granularity g, int G, ParamType pt,
+                      int8_t* codes, void* scales, float tensor_scale = 0.0f);
 void dequantize_int8(const int8_t* codes, const void* scales, int T, int H, int D,
                      Int8Granularity g, int G, ParamType pt, float* x, float tensor_scale = 0.0f);
 

@@ -8,22 +8,32 @@ namespace kivi::kv {
 
 const char* format_name(Format f) {
   switch (f) {
-    case Format::kF32: return "f32";
-    case Format::kF16: return "f16";
-    case Format::kInt8: return "int8";
-    case Format::kKivi2: return "kivi2";
-    case Format::kKivi4: return "kivi4";
-    case Format::kKivi8: return "kivi8";
+    case Format::kF32:
+      return "f32";
+    case Format::kF16:
+      return "f16";
+    case Format::kInt8:
+      return "int8";
+    case Format::kKivi2:
+      return "kivi2";
+    case Format::kKivi4:
+      return "kivi4";
+    case Format::kKivi8:
+      return "kivi8";
   }
   return "?";
 }
 
 const char* granularity_name(Int8Granularity g) {
   switch (g) {
-    case Int8Granularity::kTensor: return "tensor";
-    case Int8Granularity::kToken: return "token";
-    case Int8Granularity::kHead: return "head";
-    case Int8Granularity::kGroup: return "group";
+    case Int8Granularity::kTensor:
+      return "tensor";
+    case Int8Granularity::kToken:
+      return "token";
+    case Int8Granularity::kHead:
+      return "head";
+    case Int8Granularity::kGroup:
+      return "group";
   }
   return "?";
 }
@@ -45,7 +55,8 @@ Format parse_format(const std::string& s, const char* option) {
   if (s.rfind("kivi", 0) == 0 && s.size() > 4) {
     const std::string b = s.substr(4);
     int bits = -1;
-    if (b.find_first_not_of("0123456789") == std::string::npos && b.size() <= 3) bits = std::stoi(b);
+    if (b.find_first_not_of("0123456789") == std::string::npos && b.size() <= 3)
+      bits = std::stoi(b);
     if (bits == 2) return Format::kKivi2;
     if (bits == 4) return Format::kKivi4;
     if (bits == 8) return Format::kKivi8;
@@ -83,12 +94,18 @@ KeyRope parse_key_rope(const std::string& s) {
 
 int format_bits(Format f) {
   switch (f) {
-    case Format::kF32: return 32;
-    case Format::kF16: return 16;
-    case Format::kInt8: return 8;
-    case Format::kKivi2: return 2;
-    case Format::kKivi4: return 4;
-    case Format::kKivi8: return 8;
+    case Format::kF32:
+      return 32;
+    case Format::kF16:
+      return 16;
+    case Format::kInt8:
+      return 8;
+    case Format::kKivi2:
+      return 2;
+    case Format::kKivi4:
+      return 4;
+    case Format::kKivi8:
+      return 8;
   }
   return 32;
 }
@@ -112,11 +129,13 @@ int CacheConfig::channel_group() const { return std::min(group_size, head_dim); 
 void CacheConfig::validate() const {
   if (n_layers < 1) fail("KV cache: n_layers = %d, expected >= 1", n_layers);
   if (n_kv_heads < 1) fail("KV cache: n_kv_heads = %d, expected >= 1", n_kv_heads);
-  if (head_dim < 1 || head_dim > 1024) fail("KV cache: head_dim = %d, expected 1 to 1024", head_dim);
+  if (head_dim < 1 || head_dim > 1024)
+    fail("KV cache: head_dim = %d, expected 1 to 1024", head_dim);
   if (ctx < 1) fail("--ctx = %d, expected >= 1", ctx);
   layer_owners(*this);  // throws on a bad sharing map
   const bool kivi = is_kivi(k.format) || is_kivi(v.format);
-  const bool grouped = kivi || (k.format == Format::kInt8 && k.granularity == Int8Granularity::kGroup) ||
+  const bool grouped = kivi ||
+                       (k.format == Format::kInt8 && k.granularity == Int8Granularity::kGroup) ||
                        (v.format == Format::kInt8 && v.granularity == Int8Granularity::kGroup);
   if (group_size < 1 || group_size > 65536) {
     fail("--group-size = %d, expected 1 to 65536", group_size);
@@ -141,18 +160,21 @@ void CacheConfig::validate() const {
              which, format_name(s.format), per_byte, head_dim, per_byte);
       }
     }
-    const bool channel_grouped = (is_kivi(s.format) && which[0] == 'v') ||
-                                 (s.format == Format::kInt8 && s.granularity == Int8Granularity::kGroup);
+    const bool channel_grouped =
+        (is_kivi(s.format) && which[0] == 'v') ||
+        (s.format == Format::kInt8 && s.granularity == Int8Granularity::kGroup);
     if (channel_grouped && head_dim % cg != 0) {
-      fail("--group-size = %d: the %s channel group min(G, head_dim) = %d must divide head_dim = %d",
-           group_size, which, cg, head_dim);
+      fail(
+          "--group-size = %d: the %s channel group min(G, head_dim) = %d must divide head_dim = %d",
+          group_size, which, cg, head_dim);
     }
   };
   check_stream(k, "key");
   check_stream(v, "value");
-  if (block_tokens < 0 || (block_tokens > 0 && (block_tokens % group_size != 0 || block_tokens % 4 != 0))) {
-    fail("KV block size = %d must be a positive multiple of 4 and of --group-size = %d", block_tokens,
-         group_size);
+  if (block_tokens < 0 ||
+      (block_tokens > 0 && (block_tokens % group_size != 0 || block_tokens % 4 != 0))) {
+    fail("KV block size = %d must be a positive multiple of 4 and of --group-size = %d",
+         block_tokens, group_size);
   }
 }
 
@@ -162,10 +184,14 @@ static double param_bytes_per_token_head(const CacheConfig& c, Stream s) {
   const double ps = static_cast<double>(param_size(c.param_type));
   if (f.format == Format::kInt8) {
     switch (f.granularity) {
-      case Int8Granularity::kTensor: return 0.0;
-      case Int8Granularity::kToken: return ps / c.n_kv_heads;
-      case Int8Granularity::kHead: return ps;
-      case Int8Granularity::kGroup: return ps * (c.head_dim / c.channel_group());
+      case Int8Granularity::kTensor:
+        return 0.0;
+      case Int8Granularity::kToken:
+        return ps / c.n_kv_heads;
+      case Int8Granularity::kHead:
+        return ps;
+      case Int8Granularity::kGroup:
+        return ps * (c.head_dim / c.channel_group());
     }
   }
   if (is_kivi(f.format)) {
@@ -224,10 +250,18 @@ static uint64_t stream_stored_bytes(const CacheConfig& c, Stream s, int nq) {
   uint64_t params = 0;
   if (f.format == Format::kInt8) {
     switch (f.granularity) {
-      case Int8Granularity::kTensor: params = 0; break;
-      case Int8Granularity::kToken: params = static_cast<uint64_t>(nq) * ps; break;
-      case Int8Granularity::kHead: params = H * nq * ps; break;
-      case Int8Granularity::kGroup: params = H * nq * (D / c.channel_group()) * ps; break;
+      case Int8Granularity::kTensor:
+        params = 0;
+        break;
+      case Int8Granularity::kToken:
+        params = static_cast<uint64_t>(nq) * ps;
+        break;
+      case Int8Granularity::kHead:
+        params = H * nq * ps;
+        break;
+      case Int8Granularity::kGroup:
+        params = H * nq * (D / c.channel_group()) * ps;
+        break;
     }
   } else if (is_kivi(f.format)) {
     if (s == Stream::kKey) {
@@ -247,8 +281,10 @@ uint64_t expected_bytes_used(const CacheConfig& c, int n) {
                        static_cast<uint64_t>(n - nkq) * row + static_cast<uint64_t>(n - nvq) * row;
   // int8 per-tensor scales: one per stream per layer once calibrated.
   if (n > 0) {
-    if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
-    if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
+    if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
+      per_layer += sizeof(float);
+    if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
+      per_layer += sizeof(float);
   }
   return per_layer * stored_layers(c);
 }
@@ -262,8 +298,10 @@ uint64_t expected_bytes_reserved(const CacheConfig& c) {
                        static_cast<uint64_t>(key_ring_capacity(c)) * row +
                        static_cast<uint64_t>(value_ring_capacity(c)) * row +
                        n_blocks * sizeof(int32_t);  // block table
-  if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
-  if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor) per_layer += sizeof(float);
+  if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
+    per_layer += sizeof(float);
+  if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
+    per_layer += sizeof(float);
   return per_layer * stored_layers(c);
 }
 
@@ -276,13 +314,16 @@ std::vector<int> layer_owners(const CacheConfig& c) {
     if (b < 0 || b >= L || o < 0 || o >= L) {
       fail("--kv-share-map %d:%d: layers are 0 to %d", b, o, L - 1);
     }
-    if (o >= b) fail("--kv-share-map %d:%d: the owner must be an earlier layer than the borrower", b, o);
+    if (o >= b)
+      fail("--kv-share-map %d:%d: the owner must be an earlier layer than the borrower", b, o);
     owner[b] = o;
   }
   for (int l = 0; l < L; ++l) {
     if (owner[owner[l]] != owner[l]) {
-      fail("--kv-share-map: layer %d reads layer %d, which itself reads layer %d (owners store their own cache)", l,
-           owner[l], owner[owner[l]]);
+      fail(
+          "--kv-share-map: layer %d reads layer %d, which itself reads layer %d (owners store "
+          "their own cache)",
+          l, owner[l], owner[owner[l]]);
     }
   }
   return owner;
@@ -298,7 +339,8 @@ int stored_layers(const CacheConfig& c) {
 std::string describe_sharing(const CacheConfig& c) {
   std::string s;
   if (c.share_every > 1) s = "every " + std::to_string(c.share_every) + " layers";
-  for (const auto& [b, o] : c.share_map) s += (s.empty() ? "layers " : " ") + std::to_string(b) + ":" + std::to_string(o);
+  for (const auto& [b, o] : c.share_map)
+    s += (s.empty() ? "layers " : " ") + std::to_string(b) + ":" + std::to_string(o);
   return s;
 }
 

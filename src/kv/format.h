@@ -70,15 +70,15 @@ struct CacheConfig {
   int ctx = 0;  // tokens the cache holds
   // Formats.
   StreamFormat k, v;
-  int group_size = 32;   // G: KIVI key groups (tokens), value and int8 groups (channels)
-  int residual = 128;    // R: recent tokens kept in full precision (KIVI formats)
+  int group_size = 32;  // G: KIVI key groups (tokens), value and int8 groups (channels)
+  int residual = 128;   // R: recent tokens kept in full precision (KIVI formats)
   KeyFlush key_flush = KeyFlush::kBatch;
   ParamType param_type = ParamType::kF16;
   int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G
   KeyRope key_rope = KeyRope::kPost;
   // Cross-layer sharing: a borrowing layer reads an earlier layer's keys and values
   // instead of storing its own (its K and V projections are skipped).
-  int share_every = 1;                         // groups of N adjacent layers read the first one's cache
+  int share_every = 1;  // groups of N adjacent layers read the first one's cache
   std::vector<std::pair<int, int>> share_map;  // (borrower, owner) pairs, applied after share_every
 
   // Throws kivi::Error naming the parameter and its valid range.

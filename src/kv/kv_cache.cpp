@@ -12,9 +12,7 @@
 namespace kivi::kv {
 
 static bool is_row_format(Format f) { return !is_kivi(f); }
-static size_t row_elem_bytes(Format f) {
-  return f == Format::kF32 ? 4 : f == Format::kF16 ? 2 : 1;
-}
+static size_t row_elem_bytes(Format f) { return f == Format::kF32 ? 4 : f == Format::kF16 ? 2 : 1; }
 
 KvCache::KvCache(const CacheConfig& config, bool block_summaries)
     : cfg_(config), summaries_(block_summaries) {
@@ -32,7 +30,8 @@ KvCache::KvCache(const CacheConfig& config, bool block_summaries)
     for (int b = 0; b < n_blocks_; ++b) L.block_table[b] = b;  // identity until blocks are shared
     init_stream(L.k, cfg_.k, Stream::kKey, n_blocks_);
     init_stream(L.v, cfg_.v, Stream::kValue, n_blocks_);
-    if (summaries_) L.summaries.reset(static_cast<size_t>(n_blocks_) * cfg_.n_kv_heads * 2 * cfg_.head_dim);
+    if (summaries_)
+      L.summaries.reset(static_cast<size_t>(n_blocks_) * cfg_.n_kv_heads * 2 * cfg_.head_dim);
   }
   clear();
 }
@@ -49,10 +48,17 @@ void KvCache::init_stream(StreamStore& s, const StreamFormat& f, Stream which, i
     s.token_stride = D * eb;
     if (f.format == Format::kInt8) {
       switch (f.granularity) {
-        case Int8Granularity::kTensor: break;
-        case Int8Granularity::kToken: s.shared_params = B; break;
-        case Int8Granularity::kHead: s.head_block_params = B; break;
-        case Int8Granularity::kGroup: s.head_block_params = B * (D / cgroup_); break;
+        case Int8Granularity::kTensor:
+          break;
+        case Int8Granularity::kToken:
+          s.shared_params = B;
+          break;
+        case Int8Granularity::kHead:
+          s.head_block_params = B;
+          break;
+        case Int8Granularity::kGroup:
+          s.head_block_params = B * (D / cgroup_);
+          break;
       }
     }
     s.ring_cap = 0;
@@ -85,19 +91,24 @@ void KvCache::clear() {
     if (summaries_) {
       const size_t D = cfg_.head_dim;
       for (size_t i = 0; i < L.summaries.size(); i += 2 * D) {
-        std::fill(L.summaries.data() + i, L.summaries.data() + i + D, std::numeric_limits<float>::infinity());
-        std::fill(L.summaries.data() + i + D, L.summaries.data() + i + 2 * D, -std::numeric_limits<float>::infinity());
+        std::fill(L.summaries.data() + i, L.summaries.data() + i + D,
+                  std::numeric_limits<float>::infinity());
+        std::fill(L.summaries.data() + i + D, L.summaries.data() + i + 2 * D,
+                  -std::numeric_limits<float>::infinity());
       }
     }
   }
 }
 
 void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
-  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
+  if (borrows(layer))
+    fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const size_t count = static_cast<size_t>(n) * cfg_.n_kv_heads * cfg_.head_dim;
   auto cal = [&](StreamStore& s, const float* x) {
-    if (s.fmt.format != Format::kInt8 || s.fmt.granularity != Int8Granularity::kTensor || s.calibrated) return;
+    if (s.fmt.format != Format::kInt8 || s.fmt.granularity != Int8Granularity::kTensor ||
+        s.calibrated)
+      return;
     float m = 0.0f;
     for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(x[i]));
     s.tensor_scale = int8_scale(m, cfg_.param_type);
@@ -113,14 +124,17 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
   const int slot = pos % block_;
   // Codes of head h for this token.
   auto dst = [&](int h) {
-    return s.codes.data() + (static_cast<size_t>(h) * n_blocks_ + pb) * s.head_block_bytes + slot * s.token_stride;
+    return s.codes.data() + (static_cast<size_t>(h) * n_blocks_ + pb) * s.head_block_bytes +
+           slot * s.token_stride;
   };
   switch (s.fmt.format) {
     case Format::kF32:
-      for (int h = 0; h < H; ++h) std::memcpy(dst(h), x + static_cast<size_t>(h) * D, D * sizeof(float));
+      for (int h = 0; h < H; ++h)
+        std::memcpy(dst(h), x + static_cast<size_t>(h) * D, D * sizeof(float));
       break;
     case Format::kF16:
-      for (int h = 0; h < H; ++h) ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(dst(h)), D);
+      for (int h = 0; h < H; ++h)
+        ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(dst(h)), D);
       break;
     case Format::kInt8: {
       const ParamType pt = cfg_.param_type;
@@ -148,14 +162,17 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
         switch (s.fmt.granularity) {
           case Int8Granularity::kTensor:
           case Int8Granularity::kToken:
-            s.clamped += quantize_int8(xh, 1, 1, D, Int8Granularity::kTensor, cgroup_, pt, codes, nullptr, fixed);
+            s.clamped += quantize_int8(xh, 1, 1, D, Int8Granularity::kTensor, cgroup_, pt, codes,
+                                       nullptr, fixed);
             break;
           case Int8Granularity::kHead:
-            quantize_int8(xh, 1, 1, D, Int8Granularity::kHead, cgroup_, pt, codes, s.scales.data() + (base + slot) * ps);
+            quantize_int8(xh, 1, 1, D, Int8Granularity::kHead, cgroup_, pt, codes,
+                          s.scales.data() + (base + slot) * ps);
             break;
           case Int8Granularity::kGroup:
-            quantize_int8(xh, 1, 1, D, Int8Granularity::kGroup, cgroup_, pt, codes,
-                          s.scales.data() + (base + static_cast<size_t>(slot) * (D / cgroup_)) * ps);
+            quantize_int8(
+                xh, 1, 1, D, Int8Granularity::kGroup, cgroup_, pt, codes,
+                s.scales.data() + (base + static_cast<size_t>(slot) * (D / cgroup_)) * ps);
             break;
         }
       }
@@ -176,7 +193,8 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
     const size_t pb = static_cast<size_t>(L.block_table[g0 / block_]);
     const int slot = g0 % block_;
     for (int h = 0; h < H; ++h) {
-      const float* src = s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, g0)) * D;
+      const float* src =
+          s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, g0)) * D;
       const size_t hb = static_cast<size_t>(h) * n_blocks_ + pb;
       uint8_t* codes = s.codes.data() + hb * s.head_block_bytes + slot * s.token_stride;
       const size_t pi = hb * s.head_block_params + static_cast<size_t>(slot / G) * D;
@@ -201,11 +219,12 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   const int D = cfg_.head_dim;
   const int bits = format_bits(s.fmt.format);
   const size_t ps = param_size(cfg_.param_type);
-  const size_t hb = static_cast<size_t>(h) * n_blocks_ + static_cast<size_t>(L.block_table[pos / block_]);
+  const size_t hb =
+      static_cast<size_t>(h) * n_blocks_ + static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
   const size_t pi = hb * s.head_block_params + static_cast<size_t>(slot) * (D / cgroup_);
-  quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(), s.scales.data() + pi * ps,
-                  s.zeros.data() + pi * ps);
+  quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(),
+                  s.scales.data() + pi * ps, s.zeros.data() + pi * ps);
   // Interleave into the token's quad: byte j goes to 4 j + slot % 4.
   uint8_t* quad = s.codes.data() + hb * s.head_block_bytes + slot / 4 * 4 * s.code_row_bytes;
   for (size_t j = 0; j < s.code_row_bytes; ++j) quad[4 * j + slot % 4] = row_tmp_[j];
@@ -215,16 +234,19 @@ void KvCache::flush_value(Layer& L, int pos) {
   StreamStore& s = L.v;
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
   for (int h = 0; h < H; ++h) {
-    store_value(L, pos, h, s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, pos)) * D);
+    store_value(L, pos, h,
+                s.ring.data() + (static_cast<size_t>(h) * s.ring_cap + ring_slot(s, pos)) * D);
   }
   s.n_stored = pos + 1;
 }
 
 void KvCache::append(int layer, const float* k, const float* v) {
-  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
+  if (borrows(layer))
+    fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const int pos = L.n;
-  if (pos >= cfg_.ctx) fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
+  if (pos >= cfg_.ctx)
+    fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim, G = cfg_.group_size, R = cfg_.residual;
 
   // Keys.
@@ -316,7 +338,8 @@ LayerView KvCache::view(int layer) const {
 
 int KvCache::droppable(int layer) const {
   const Layer& L = layers_.at(owner_.at(layer));
-  const int stored = std::min(is_kivi(L.k.fmt.format) ? L.k.n_stored : L.n, is_kivi(L.v.fmt.format) ? L.v.n_stored : L.n);
+  const int stored = std::min(is_kivi(L.k.fmt.format) ? L.k.n_stored : L.n,
+                              is_kivi(L.v.fmt.format) ? L.v.n_stored : L.n);
   return stored / block_ * block_;
 }
 
@@ -325,15 +348,18 @@ void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row,
   Layer& L = layers_.at(layer);
   StreamStore& s = L.k;
   if (s.fmt.format != Format::kF32 && s.fmt.format != Format::kF16) {
-    fail("KV cache: %s keys cannot be rotated in place (they would be rounded twice); store keys before RoPE",
-         format_name(s.fmt.format));
+    fail(
+        "KV cache: %s keys cannot be rotated in place (they would be rounded twice); store keys "
+        "before RoPE",
+        format_name(s.fmt.format));
   }
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
   std::vector<float> x(D);
   for (int t = first; t < last; ++t) {
     const size_t pb = static_cast<size_t>(L.block_table[t / block_]);
     for (int h = 0; h < H; ++h) {
-      uint8_t* row = s.codes.data() + (static_cast<size_t>(h) * n_blocks_ + pb) * s.head_block_bytes +
+      uint8_t* row = s.codes.data() +
+                     (static_cast<size_t>(h) * n_blocks_ + pb) * s.head_block_bytes +
                      static_cast<size_t>(t % block_) * s.token_stride;
       if (s.fmt.format == Format::kF32) {
         std::memcpy(x.data(), row, D * sizeof(float));
@@ -356,12 +382,16 @@ void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row,
 }
 
 void KvCache::drop(int layer, int first, int count) {
-  if (borrows(layer)) fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
+  if (borrows(layer))
+    fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   if (count == 0) return;
-  if (first < 0 || count < 0 || first % block_ != 0 || count % block_ != 0 || first + count > droppable(layer)) {
-    fail("KV cache: cannot drop tokens [%d, %d) of layer %d: whole blocks of %d tokens among the %d stored ones", first,
-         first + count, layer, block_, droppable(layer));
+  if (first < 0 || count < 0 || first % block_ != 0 || count % block_ != 0 ||
+      first + count > droppable(layer)) {
+    fail(
+        "KV cache: cannot drop tokens [%d, %d) of layer %d: whole blocks of %d tokens among the %d "
+        "stored ones",
+        first, first + count, layer, block_, droppable(layer));
   }
   // The dropped blocks move to the end of the table, where the next tokens will go.
   const int b0 = first / block_, nb = count / block_;
@@ -385,8 +415,10 @@ void KvCache::drop(int layer, int first, int count) {
 
 LayerView KvCache::view_prefix(int layer, int n) const {
   LayerView v = view(layer);
-  if (n > v.n_tokens || n < 0) fail("KV cache: a view of %d tokens of layer %d, which holds %d", n, layer, v.n_tokens);
-  if (cfg_.has_residual() && n < v.n_tokens) fail("KV cache: earlier views of KIVI caches are not kept");
+  if (n > v.n_tokens || n < 0)
+    fail("KV cache: a view of %d tokens of layer %d, which holds %d", n, layer, v.n_tokens);
+  if (cfg_.has_residual() && n < v.n_tokens)
+    fail("KV cache: earlier views of KIVI caches are not kept");
   v.n_tokens = v.k.n_stored = v.v.n_stored = n;
   return v;
 }
@@ -430,7 +462,8 @@ uint64_t KvCache::bytes_reserved(int layer) const {
   uint64_t t = L.block_table.size() * sizeof(int32_t) + L.summaries.bytes();
   for (const StreamStore* s : {&L.k, &L.v}) {
     t += s->codes.bytes() + s->scales.bytes() + s->zeros.bytes() + s->ring.bytes();
-    if (s->fmt.format == Format::kInt8 && s->fmt.granularity == Int8Granularity::kTensor) t += sizeof(float);
+    if (s->fmt.format == Format::kInt8 && s->fmt.granularity == Int8Granularity::kTensor)
+      t += sizeof(float);
   }
   return t;
 }

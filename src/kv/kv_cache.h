@@ -46,7 +46,8 @@ struct StreamView {
   StreamFormat fmt;
   ParamType param_type = ParamType::kF16;
   int n_heads = 0, head_dim = 0, block = 0, group = 0;  // group: G (keys) or Gc (values/int8)
-  bool per_channel = false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
+  bool per_channel =
+      false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
   // Stored segment: tokens [0, n_stored).
   int n_stored = 0;
   const uint8_t* codes = nullptr;   // [H][n_blocks][head_block_bytes]
@@ -55,11 +56,11 @@ struct StreamView {
   const int32_t* block_table = nullptr;  // logical block -> physical block
   int n_blocks = 0;                      // physical blocks per head
   size_t head_block_bytes = 0;           // codes of one head in one block
-  size_t head_block_params = 0;          // parameters (each of scale, zero) of one head in one block
-  size_t code_row_bytes = 0;             // bytes of one token's codes for one head
-  size_t token_stride = 0;               // bytes between tokens' rows within a block
-  bool quad = false;                     // rows interleaved by quads of tokens (KIVI values)
-  float tensor_scale = 0.0f;             // int8 tensor granularity
+  size_t head_block_params = 0;  // parameters (each of scale, zero) of one head in one block
+  size_t code_row_bytes = 0;     // bytes of one token's codes for one head
+  size_t token_stride = 0;       // bytes between tokens' rows within a block
+  bool quad = false;             // rows interleaved by quads of tokens (KIVI values)
+  float tensor_scale = 0.0f;     // int8 tensor granularity
   // Residual segment: tokens [n_stored, n_tokens) in full precision.
   const float* ring = nullptr;  // [H][ring_capacity][D]
   int ring_capacity = 0;
@@ -75,13 +76,16 @@ struct StreamView {
   // KIVI keys (per_channel): the start of t's group; byte j of token t is at
   // group_codes(t, h)[kv::key_group_offset(t % group, j, code_row_bytes, group)].
   const uint8_t* row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) * token_stride;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) * token_stride;
   }
   const uint8_t* group_codes(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / group * group * code_row_bytes;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) / group * group * code_row_bytes;
   }
   const uint8_t* quad_row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes + static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
+    return codes + head_block(t, h) * head_block_bytes +
+           static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
   }
   // Index of the first parameter of head h in the block holding token t; the layout
   // within it: KIVI keys [B/G][D], KIVI values and int8/group [B][D/Gc], int8/head [B].
@@ -96,7 +100,8 @@ struct StreamView {
   }
   // Residual row of token t (>= n_stored), head h.
   const float* residual_row(int t, int h) const {
-    return ring + (static_cast<size_t>(h) * ring_capacity + (t + ring_shift) % ring_capacity) * head_dim;
+    return ring +
+           (static_cast<size_t>(h) * ring_capacity + (t + ring_shift) % ring_capacity) * head_dim;
   }
   // The end of the run of residual tokens from t (< limit) that are contiguous in the
   // ring (the ring wraps after slot ring_capacity - 1).
@@ -133,7 +138,8 @@ class KvCache {
   // other formats or once calibrated.
   void calibrate(int layer, const float* k, const float* v, int n);
 
-  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope). Throws if the cache is full.
+  // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope).
+  // Throws if the cache is full.
   void append(int layer, const float* k, const float* v);
 
   // Forgets every token (storage is kept).
@@ -186,7 +192,8 @@ class KvCache {
     AlignedBuffer<uint8_t> codes, scales, zeros;
     AlignedBuffer<float> ring;
     int ring_cap = 0;
-    int ring_shift = 0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
+    int ring_shift =
+        0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
     int n_stored = 0;  // tokens in blocks
     float tensor_scale = 0.0f;
     bool calibrated = false;

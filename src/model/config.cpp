@@ -8,7 +8,8 @@ namespace kivi::model {
 
 void ModelConfig::validate(const std::string& src) const {
   auto range = [&](const char* field, long long v, long long lo, long long hi) {
-    if (v < lo || v > hi) fail("%s: %s = %lld, expected %lld to %lld", src.c_str(), field, v, lo, hi);
+    if (v < lo || v > hi)
+      fail("%s: %s = %lld, expected %lld to %lld", src.c_str(), field, v, lo, hi);
   };
   range("dim (embedding_length)", dim, 1, 65536);
   range("hidden_dim (feed_forward_length)", hidden_dim, 1, 1 << 20);
@@ -25,33 +26,40 @@ void ModelConfig::validate(const std::string& src) const {
   if (n_heads % n_kv_heads != 0) {
     fail("%s: n_kv_heads = %d does not divide n_heads = %d", src.c_str(), n_kv_heads, n_heads);
   }
-  if (head_dim() % 2 != 0) fail("%s: head dimension %d is odd; RoPE needs it even", src.c_str(), head_dim());
+  if (head_dim() % 2 != 0)
+    fail("%s: head dimension %d is odd; RoPE needs it even", src.c_str(), head_dim());
   if (!(rope_theta > 0.0f)) fail("%s: rope.freq_base = %g, expected > 0", src.c_str(), rope_theta);
-  if (!(norm_eps > 0.0f) || norm_eps > 1.0f) fail("%s: layer_norm_rms_epsilon = %g, expected in (0, 1]", src.c_str(), norm_eps);
+  if (!(norm_eps > 0.0f) || norm_eps > 1.0f)
+    fail("%s: layer_norm_rms_epsilon = %g, expected in (0, 1]", src.c_str(), norm_eps);
   if (!(rope_freq_scale > 0.0f) || rope_freq_scale > 1.0f) {
-    fail("%s: RoPE frequency scale %g (1 / rope.scaling.factor) is out of range (valid: above 0, at most 1)", src.c_str(),
-         rope_freq_scale);
+    fail(
+        "%s: RoPE frequency scale %g (1 / rope.scaling.factor) is out of range (valid: above 0, at "
+        "most 1)",
+        src.c_str(), rope_freq_scale);
   }
   if (!rope_freq_factors.empty()) {
     if (static_cast<int>(rope_freq_factors.size()) != head_dim() / 2) {
-      fail("%s: rope_freqs.weight has %zu elements, expected head_dim / 2 = %d", src.c_str(), rope_freq_factors.size(),
-           head_dim() / 2);
+      fail("%s: rope_freqs.weight has %zu elements, expected head_dim / 2 = %d", src.c_str(),
+           rope_freq_factors.size(), head_dim() / 2);
     }
     for (size_t i = 0; i < rope_freq_factors.size(); ++i) {
       const float f = rope_freq_factors[i];
-      if (!(f > 0.0f) || !std::isfinite(f)) fail("%s: rope_freqs.weight[%zu] = %g, expected a finite value above 0", src.c_str(), i, f);
+      if (!(f > 0.0f) || !std::isfinite(f))
+        fail("%s: rope_freqs.weight[%zu] = %g, expected a finite value above 0", src.c_str(), i, f);
     }
   }
 }
 
 const char* supported_architectures() { return "llama, qwen2, qwen3"; }
 
-bool is_supported_architecture(const std::string& arch) { return arch == "llama" || arch == "qwen2" || arch == "qwen3"; }
+bool is_supported_architecture(const std::string& arch) {
+  return arch == "llama" || arch == "qwen2" || arch == "qwen3";
+}
 
 void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
   if (!is_supported_architecture(arch)) {
-    fail("unsupported architecture '%s' (supported: %s)", arch.empty() ? "(missing general.architecture)" : arch.c_str(),
-         supported_architectures());
+    fail("unsupported architecture '%s' (supported: %s)",
+         arch.empty() ? "(missing general.architecture)" : arch.c_str(), supported_architectures());
   }
   c.arch = arch;
   const bool qwen = arch == "qwen2" || arch == "qwen3";
@@ -60,10 +68,14 @@ void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
   c.qk_norm = arch == "qwen3";
 }
 
-std::vector<float> llama3_rope_factors(int hd, float theta, float factor, float low, float high, float original_ctx) {
+std::vector<float> llama3_rope_factors(int hd, float theta, float factor, float low, float high,
+                                       float original_ctx) {
   if (!(factor >= 1.0f) || !(low > 0.0f) || !(high > low) || !(original_ctx > 0.0f)) {
-    fail("llama3 RoPE scaling: factor %g, low_freq_factor %g, high_freq_factor %g, original context %g (valid: factor "
-         ">= 1, 0 < low < high, context > 0)", factor, low, high, original_ctx);
+    fail(
+        "llama3 RoPE scaling: factor %g, low_freq_factor %g, high_freq_factor %g, original context "
+        "%g (valid: factor "
+        ">= 1, 0 < low < high, context > 0)",
+        factor, low, high, original_ctx);
   }
   const double low_wavelen = original_ctx / low, high_wavelen = original_ctx / high;
   std::vector<float> out(hd / 2);

@@ -22,25 +22,27 @@ inline constexpr int kMaxContext = 1 << 24;
 struct ModelConfig {
   std::string arch = "llama";
   std::string name;
-  int dim = 0;          // embedding width
-  int hidden_dim = 0;   // SwiGLU inner width
+  int dim = 0;         // embedding width
+  int hidden_dim = 0;  // SwiGLU inner width
   int n_layers = 0;
-  int n_heads = 0;      // query heads
-  int n_kv_heads = 0;   // key/value heads (GQA when < n_heads, MQA when 1)
+  int n_heads = 0;     // query heads
+  int n_kv_heads = 0;  // key/value heads (GQA when < n_heads, MQA when 1)
   int vocab_size = 0;
-  int ctx = 0;          // trained context length
+  int ctx = 0;  // trained context length
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   bool shared_classifier = true;  // output projection tied to the token embedding
   bool alibi = false;             // ALiBi biases instead of RoPE (a run-time option)
   bool synthetic = false;         // random weights, for speed measurement only
   // Architecture features (set from `arch` by apply_arch_defaults, then from the file).
-  int key_length = 0;             // head dimension when it is not dim / n_heads (0: dim / n_heads)
+  int key_length = 0;  // head dimension when it is not dim / n_heads (0: dim / n_heads)
   attn::RopeStyle rope_style = attn::RopeStyle::kAdjacent;
-  float rope_freq_scale = 1.0f;   // linear RoPE scaling: every angle times this (1 / rope.scaling.factor)
-  std::vector<float> rope_freq_factors;  // [head_dim / 2] divisor of each pair's frequency, or empty
-  bool attn_bias = false;         // Q, K and V projections carry biases (qwen2)
-  bool qk_norm = false;           // RMSNorm over each query and key head before RoPE (qwen3)
+  float rope_freq_scale =
+      1.0f;  // linear RoPE scaling: every angle times this (1 / rope.scaling.factor)
+  std::vector<float>
+      rope_freq_factors;   // [head_dim / 2] divisor of each pair's frequency, or empty
+  bool attn_bias = false;  // Q, K and V projections carry biases (qwen2)
+  bool qk_norm = false;    // RMSNorm over each query and key head before RoPE (qwen3)
 
   int head_dim() const { return key_length > 0 ? key_length : dim / n_heads; }
   int q_dim() const { return n_heads * head_dim(); }
@@ -64,7 +66,8 @@ void apply_arch_defaults(ModelConfig& c, const std::string& arch);
 // becomes f / factor above original_ctx / low_freq_factor, and between them blends
 // the two with weight s = (original_ctx / wavelength - low) / (high - low) on f.
 // Returns the divisors f / f' ([head_dim / 2]), what llama.cpp stores as rope_freqs.weight.
-std::vector<float> llama3_rope_factors(int head_dim, float theta, float factor, float low_freq_factor,
-                                       float high_freq_factor, float original_ctx);
+std::vector<float> llama3_rope_factors(int head_dim, float theta, float factor,
+                                       float low_freq_factor, float high_freq_factor,
+                                       float original_ctx);
 
 }  // namespace kivi::model

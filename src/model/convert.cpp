@@ -13,11 +13,13 @@
 
 namespace kivi::model {
 
-void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16) {
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name,
+                        bool f16) {
   add_llama_metadata(w, c, name, f16 ? 1 : 0);
 }
 
-void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, int file_type) {
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name,
+                        int file_type) {
   // llama.cpp's key names (llama-arch.cpp LLM_KV_*), under the architecture's prefix.
   const std::string A = c.arch + ".";
   w.add_string("general.architecture", c.arch);
@@ -61,7 +63,8 @@ void add_tokenizer_metadata(io::GgufWriter& w, const tok::Tokenizer& tk) {
 }
 
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
-  const uint64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size, qd = c.q_dim();
+  const uint64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size,
+                 qd = c.q_dim();
   std::vector<TensorSpec> t;
   t.reserve(14 * c.n_layers + 4);
   t.push_back({"token_embd.weight", TensorRole::kTokenEmbd, -1, vocab, dim});
@@ -75,8 +78,10 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
     t.push_back({p + "attn_v.weight", TensorRole::kAttnV, l, kv, dim});
     if (c.attn_bias) t.push_back({p + "attn_v.bias", TensorRole::kAttnVBias, l, kv, 0});
     if (c.qk_norm) {
-      t.push_back({p + "attn_q_norm.weight", TensorRole::kAttnQNorm, l, static_cast<uint64_t>(c.head_dim()), 0});
-      t.push_back({p + "attn_k_norm.weight", TensorRole::kAttnKNorm, l, static_cast<uint64_t>(c.head_dim()), 0});
+      t.push_back({p + "attn_q_norm.weight", TensorRole::kAttnQNorm, l,
+                   static_cast<uint64_t>(c.head_dim()), 0});
+      t.push_back({p + "attn_k_norm.weight", TensorRole::kAttnKNorm, l,
+                   static_cast<uint64_t>(c.head_dim()), 0});
     }
     t.push_back({p + "attn_output.weight", TensorRole::kAttnOutput, l, dim, qd});
     t.push_back({p + "ffn_norm.weight", TensorRole::kFfnNorm, l, dim, 0});
@@ -112,24 +117,37 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
   auto source = [&](const TensorSpec& s) -> const float* {
     const uint64_t l = s.layer < 0 ? 0 : static_cast<uint64_t>(s.layer);
     switch (s.role) {
-      case TensorRole::kTokenEmbd: return ck->token_embd;
-      case TensorRole::kAttnNorm: return ck->rms_att + l * dim;
-      case TensorRole::kAttnQ: return ck->wq + l * dim * dim;
-      case TensorRole::kAttnK: return ck->wk + l * kv * dim;
-      case TensorRole::kAttnV: return ck->wv + l * kv * dim;
-      case TensorRole::kAttnOutput: return ck->wo + l * dim * dim;
-      case TensorRole::kFfnNorm: return ck->rms_ffn + l * dim;
-      case TensorRole::kFfnGate: return ck->w1 + l * hid * dim;
-      case TensorRole::kFfnDown: return ck->w2 + l * dim * hid;
-      case TensorRole::kFfnUp: return ck->w3 + l * hid * dim;
-      case TensorRole::kOutputNorm: return ck->rms_final;
-      case TensorRole::kOutput: return ck->wcls;
+      case TensorRole::kTokenEmbd:
+        return ck->token_embd;
+      case TensorRole::kAttnNorm:
+        return ck->rms_att + l * dim;
+      case TensorRole::kAttnQ:
+        return ck->wq + l * dim * dim;
+      case TensorRole::kAttnK:
+        return ck->wk + l * kv * dim;
+      case TensorRole::kAttnV:
+        return ck->wv + l * kv * dim;
+      case TensorRole::kAttnOutput:
+        return ck->wo + l * dim * dim;
+      case TensorRole::kFfnNorm:
+        return ck->rms_ffn + l * dim;
+      case TensorRole::kFfnGate:
+        return ck->w1 + l * hid * dim;
+      case TensorRole::kFfnDown:
+        return ck->w2 + l * dim * hid;
+      case TensorRole::kFfnUp:
+        return ck->w3 + l * hid * dim;
+      case TensorRole::kOutputNorm:
+        return ck->rms_final;
+      case TensorRole::kOutput:
+        return ck->wcls;
       case TensorRole::kAttnQBias:
       case TensorRole::kAttnKBias:
       case TensorRole::kAttnVBias:
       case TensorRole::kAttnQNorm:
       case TensorRole::kAttnKNorm:
-      case TensorRole::kRopeFreqs: break;  // not in llama2.c checkpoints
+      case TensorRole::kRopeFreqs:
+        break;  // not in llama2.c checkpoints
     }
     return nullptr;
   };
@@ -137,7 +155,8 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
   for (const auto& s : specs) {
     const float* p = source(s);
     if (s.is_vector() || !f16) {
-      const std::vector<uint64_t> dims = s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
+      const std::vector<uint64_t> dims =
+          s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
       w.add_tensor(s.name, dims, io::GgmlType::kF32, static_cast<const void*>(p));
     } else {
       w.add_tensor(s.name, {s.cols, s.rows}, io::GgmlType::kF16,

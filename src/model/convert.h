@@ -29,31 +29,46 @@ struct ConvertResult {
 // `f16` stores matrices as F16 (norms stay F32). Refuses an `out` that is `in` or the
 // tokenizer, and writes through a temporary file (io/atomic_file.h). Throws kivi::Error.
 ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& tokenizer,
-                                      const std::string& out, bool f16, const std::string& name = "",
+                                      const std::string& out, bool f16,
+                                      const std::string& name = "",
                                       const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 // general.* and <arch>.* keys for shape `c` (general.file_type 1 when `f16`, else 0),
 // with llama.cpp's key names; RoPE divisors go in the rope_freqs.weight tensor instead.
 void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16);
 // The same with general.file_type = `file_type` (llama.cpp's numbering, quant/mix.h).
-void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, int file_type);
+void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name,
+                        int file_type);
 // tokenizer.ggml.* keys of a SentencePiece ("llama") tokenizer.
 void add_tokenizer_metadata(io::GgufWriter& w, const tok::Tokenizer& tk);
 
 // One tensor of a llama GGUF file.
 enum class TensorRole : uint8_t {
-  kTokenEmbd, kAttnNorm, kAttnQ, kAttnK, kAttnV, kAttnOutput, kFfnNorm, kFfnGate, kFfnDown, kFfnUp,
-  kOutputNorm, kOutput,
-  kAttnQBias, kAttnKBias, kAttnVBias,  // qwen2 (and llama files that have them)
-  kAttnQNorm, kAttnKNorm,              // qwen3
-  kRopeFreqs,                          // RoPE frequency divisors (Llama 3.1 scaling)
+  kTokenEmbd,
+  kAttnNorm,
+  kAttnQ,
+  kAttnK,
+  kAttnV,
+  kAttnOutput,
+  kFfnNorm,
+  kFfnGate,
+  kFfnDown,
+  kFfnUp,
+  kOutputNorm,
+  kOutput,
+  kAttnQBias,
+  kAttnKBias,
+  kAttnVBias,  // qwen2 (and llama files that have them)
+  kAttnQNorm,
+  kAttnKNorm,  // qwen3
+  kRopeFreqs,  // RoPE frequency divisors (Llama 3.1 scaling)
 };
 struct TensorSpec {
   std::string name;  // "blk.3.attn_q.weight"
   TensorRole role;
-  int layer;         // -1 for token_embd, output_norm, output
-  uint64_t rows;     // matrices: [rows, cols] row-major (GGUF dims {cols, rows})
-  uint64_t cols;     // 0 for norm vectors of `rows` elements
+  int layer;      // -1 for token_embd, output_norm, output
+  uint64_t rows;  // matrices: [rows, cols] row-major (GGUF dims {cols, rows})
+  uint64_t cols;  // 0 for norm vectors of `rows` elements
   bool is_vector() const { return cols == 0; }
 };
 // Every tensor of shape `c` in file order: token_embd, then per layer attn_norm, attn_q,

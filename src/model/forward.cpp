@@ -12,7 +12,8 @@
 
 namespace kivi::model {
 
-void fill_rope_row(float* row, int64_t pos, int hd, float theta, float freq_scale, const float* factors) {
+void fill_rope_row(float* row, int64_t pos, int hd, float theta, float freq_scale,
+                   const float* factors) {
   // Angles in double: at long positions a float angle pos * freq loses digits (llama2.c
   // computes it in float; the difference is below 1e-4 in the logits either way).
   for (int i = 0; i < hd; i += 2) {
@@ -24,7 +25,8 @@ void fill_rope_row(float* row, int64_t pos, int hd, float theta, float freq_scal
   }
 }
 
-void fill_rope_table(float* table, int ctx, int hd, float theta, float freq_scale, const float* factors) {
+void fill_rope_table(float* table, int ctx, int hd, float theta, float freq_scale,
+                     const float* factors) {
   for (int pos = 0; pos < ctx; ++pos) {
     fill_rope_row(table + static_cast<size_t>(pos) * hd, pos, hd, theta, freq_scale, factors);
   }
@@ -41,10 +43,12 @@ void fill_rope_table(float* table, int ctx, const ModelConfig& c) {
 }
 
 void apply_rope(float* x, int n_heads, int hd, const float* rope_row, attn::RopeStyle style) {
-  for (int h = 0; h < n_heads; ++h) attn::rotate_rope(x + static_cast<size_t>(h) * hd, hd, rope_row, style);
+  for (int h = 0; h < n_heads; ++h)
+    attn::rotate_rope(x + static_cast<size_t>(h) * hd, hd, rope_row, style);
 }
 
-void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v, int n) {
+void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v,
+                        int n) {
   const int qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim();
   for (int i = 0; i < n; ++i) {
     float* qi = q + static_cast<size_t>(i) * qd;
@@ -57,8 +61,10 @@ void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, f
       }
     }
     if (c.qk_norm) {
-      for (int h = 0; h < c.n_heads; ++h) ops::rmsnorm(qi + h * hd, qi + h * hd, L.q_norm.data(), hd, c.norm_eps);
-      for (int h = 0; k && h < c.n_kv_heads; ++h) ops::rmsnorm(ki + h * hd, ki + h * hd, L.k_norm.data(), hd, c.norm_eps);
+      for (int h = 0; h < c.n_heads; ++h)
+        ops::rmsnorm(qi + h * hd, qi + h * hd, L.q_norm.data(), hd, c.norm_eps);
+      for (int h = 0; k && h < c.n_kv_heads; ++h)
+        ops::rmsnorm(ki + h * hd, ki + h * hd, L.k_norm.data(), hd, c.norm_eps);
     }
   }
 }
@@ -91,7 +97,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (n < 1 || n > st.max_batch) fail("forward: batch of %d tokens (max %d)", n, st.max_batch);
   const int pos0 = cache.n_tokens(0);
   if (pos0 + n > cache.capacity()) {
-    fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n, cache.capacity());
+    fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n,
+         cache.capacity());
   }
   // A layer that reads another layer's cache attends, for token i of the batch, over
   // the owner's cache as it was after token i. Row formats keep that state (a prefix);
@@ -102,13 +109,17 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (sharing && n > 1 && cache.config().has_residual()) {
     const int V = c.vocab_size;
     for (int i = 0; i < n; ++i) {
-      float* out = !logits ? nullptr : all_logits ? logits + static_cast<size_t>(i) * V : i == n - 1 ? logits : nullptr;
+      float* out = !logits      ? nullptr
+                   : all_logits ? logits + static_cast<size_t>(i) * V
+                   : i == n - 1 ? logits
+                                : nullptr;
       forward(m, st, cache, tokens + i, 1, out, false, pool, opt);
     }
     return;
   }
   for (int i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+      fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
     ops::copy_row(w.token_embd, tokens[i], st.x.data() + static_cast<size_t>(i) * dim);
   }
   check_finite_activations(m, st.x.data(), n, dim, -1, pos0, tokens);
@@ -140,8 +151,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     for (int i = 0; i < n; ++i) {
-      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
-                   L.attn_norm.data(), dim, c.norm_eps);
+      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
+                   st.x.data() + static_cast<size_t>(i) * dim, L.attn_norm.data(), dim, c.norm_eps);
     }
     // A borrowing layer computes only its queries: no K and V projections.
     const bool borrows = cache.borrows(l);
@@ -156,25 +167,28 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
         const float* rr = rows[i];
         apply_rope(st.q.data() + static_cast<size_t>(i) * qd, c.n_heads, hd, rr, c.rope_style);
         if (!pre_rope && !borrows) {
-          apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr, c.rope_style);
+          apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr,
+                     c.rope_style);
         }
       }
     }
     if (!borrows && cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
     for (int i = 0; i < n; ++i) {
       if (!borrows) {
-        cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd, st.v.data() + static_cast<size_t>(i) * kvd);
+        cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd,
+                     st.v.data() + static_cast<size_t>(i) * kvd);
       }
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
-      attn::decode(borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l), st.q.data() + static_cast<size_t>(i) * qd,
+      attn::decode(borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l),
+                   st.q.data() + static_cast<size_t>(i) * qd,
                    st.att.data() + static_cast<size_t>(i) * qd, ap, pool, st.ws);
       if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     }
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     for (int i = 0; i < n; ++i) {
-      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
-                   L.ffn_norm.data(), dim, c.norm_eps);
+      ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
+                   st.x.data() + static_cast<size_t>(i) * dim, L.ffn_norm.data(), dim, c.norm_eps);
     }
     ops::matmul(L.w_gate, st.xb.data(), n, st.hb.data(), pool);
     ops::matmul(L.w_up, st.xb.data(), n, st.hb2.data(), pool);
@@ -186,15 +200,16 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (!logits) return;
   const int first = all_logits ? 0 : n - 1;
   for (int i = first; i < n; ++i) {
-    ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim, st.x.data() + static_cast<size_t>(i) * dim,
-                 w.output_norm.data(), dim, c.norm_eps);
+    ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
+                 st.x.data() + static_cast<size_t>(i) * dim, w.output_norm.data(), dim, c.norm_eps);
   }
   ops::matmul(w.output, st.xb.data() + static_cast<size_t>(first) * dim, n - first, logits, pool);
-  check_finite_activations(m, logits, n - first, c.vocab_size, c.n_layers, pos0 + first, tokens + first);
+  check_finite_activations(m, logits, n - first, c.vocab_size, c.n_layers, pos0 + first,
+                           tokens + first);
 }
 
-std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool,
-                                    const std::vector<int>& layer_owner) {
+std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens,
+                                    ThreadPool* pool, const std::vector<int>& layer_owner) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
   const int n = static_cast<int>(tokens.size());
@@ -209,12 +224,14 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   std::vector<float> rope(static_cast<size_t>(n) * hd);
   fill_rope_table(rope.data(), n, c);
   const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
-  for (int i = 0; i < n; ++i) ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
+  for (int i = 0; i < n; ++i)
+    ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
   check_finite_activations(m, x.data(), n, dim, -1, 0, tokens.data());
   std::vector<double> s(n);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
-    for (int i = 0; i < n; ++i) ops::rmsnorm(&xb[i * dim], &x[i * dim], L.attn_norm.data(), dim, c.norm_eps);
+    for (int i = 0; i < n; ++i)
+      ops::rmsnorm(&xb[i * dim], &x[i * dim], L.attn_norm.data(), dim, c.norm_eps);
     const int owner = layer_owner.empty() ? l : layer_owner[l];
     ops::matmul(L.wq, xb.data(), n, q.data(), pool);
     if (owner == l) {
@@ -228,8 +245,11 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     finish_projections(c, L, q.data(), owner == l ? k.data() : nullptr, v.data(), n);
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
-        apply_rope(&q[static_cast<size_t>(i) * qd], c.n_heads, hd, &rope[static_cast<size_t>(i) * hd], c.rope_style);
-        if (owner == l) apply_rope(&k[static_cast<size_t>(i) * kvd], c.n_kv_heads, hd, &rope[static_cast<size_t>(i) * hd], c.rope_style);
+        apply_rope(&q[static_cast<size_t>(i) * qd], c.n_heads, hd,
+                   &rope[static_cast<size_t>(i) * hd], c.rope_style);
+        if (owner == l)
+          apply_rope(&k[static_cast<size_t>(i) * kvd], c.n_kv_heads, hd,
+                     &rope[static_cast<size_t>(i) * hd], c.rope_style);
       }
     }
     // Plain causal attention, in double.
@@ -242,7 +262,8 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
           const float* kt = &k[static_cast<size_t>(t) * kvd + h * hd];
           double dot = 0.0;
           for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * kt[d];
-          s[t] = dot / std::sqrt(static_cast<double>(hd)) + (c.alibi ? static_cast<double>(slopes[hq]) * (t - i) : 0.0);
+          s[t] = dot / std::sqrt(static_cast<double>(hd)) +
+                 (c.alibi ? static_cast<double>(slopes[hq]) * (t - i) : 0.0);
           mx = std::max(mx, s[t]);
         }
         double den = 0.0;
@@ -257,7 +278,8 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     }
     ops::matmul(L.wo, att.data(), n, xb2.data(), pool);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
-    for (int i = 0; i < n; ++i) ops::rmsnorm(&xb[i * dim], &x[i * dim], L.ffn_norm.data(), dim, c.norm_eps);
+    for (int i = 0; i < n; ++i)
+      ops::rmsnorm(&xb[i * dim], &x[i * dim], L.ffn_norm.data(), dim, c.norm_eps);
     ops::matmul(L.w_gate, xb.data(), n, hb.data(), pool);
     ops::matmul(L.w_up, xb.data(), n, hb2.data(), pool);
     ops::silu_mul(hb.data(), hb2.data(), n * hid);
@@ -266,7 +288,8 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     check_finite_activations(m, x.data(), n, dim, l, 0, tokens.data());
   }
   std::vector<float> logits(c.vocab_size);
-  ops::rmsnorm(xb.data(), &x[static_cast<size_t>(n - 1) * dim], w.output_norm.data(), dim, c.norm_eps);
+  ops::rmsnorm(xb.data(), &x[static_cast<size_t>(n - 1) * dim], w.output_norm.data(), dim,
+               c.norm_eps);
   ops::matvec(w.output, xb.data(), logits.data(), pool);
   check_finite_activations(m, logits.data(), 1, c.vocab_size, c.n_layers, n - 1, &tokens[n - 1]);
   return logits;

@@ -26,30 +26,30 @@ namespace kivi::model {
 struct ForwardState {
   ForwardState(const ModelConfig& c, int max_batch, int ctx, int n_threads, int kv_block);
   int max_batch;
-  AlignedBuffer<float> x;       // [max_batch, dim] residual stream
-  AlignedBuffer<float> xb;      // [max_batch, dim] normed input
-  AlignedBuffer<float> xb2;     // [max_batch, dim] projection output
-  AlignedBuffer<float> q;       // [max_batch, q_dim]
-  AlignedBuffer<float> k;       // [max_batch, kv_dim]
-  AlignedBuffer<float> v;       // [max_batch, kv_dim]
-  AlignedBuffer<float> att;     // [max_batch, q_dim]
-  AlignedBuffer<float> hb;      // [max_batch, hidden]
-  AlignedBuffer<float> hb2;     // [max_batch, hidden]
-  AlignedBuffer<float> rope;    // [ctx, head_dim / 2, 2] cos, sin
-  int rope_rows;                // positions in `rope`
-  AlignedBuffer<float> rope_batch;  // [max_batch, head_dim] rows of positions past the table
+  AlignedBuffer<float> x;               // [max_batch, dim] residual stream
+  AlignedBuffer<float> xb;              // [max_batch, dim] normed input
+  AlignedBuffer<float> xb2;             // [max_batch, dim] projection output
+  AlignedBuffer<float> q;               // [max_batch, q_dim]
+  AlignedBuffer<float> k;               // [max_batch, kv_dim]
+  AlignedBuffer<float> v;               // [max_batch, kv_dim]
+  AlignedBuffer<float> att;             // [max_batch, q_dim]
+  AlignedBuffer<float> hb;              // [max_batch, hidden]
+  AlignedBuffer<float> hb2;             // [max_batch, hidden]
+  AlignedBuffer<float> rope;            // [ctx, head_dim / 2, 2] cos, sin
+  int rope_rows;                        // positions in `rope`
+  AlignedBuffer<float> rope_batch;      // [max_batch, head_dim] rows of positions past the table
   std::vector<const float*> rope_ptrs;  // [max_batch] the RoPE row of each token of a batch
   // Keys stored after RoPE in a cache that has dropped tokens (a sliding window): the
   // absolute position of the next token is its cache position plus this.
   int64_t position_offset = 0;
-  std::vector<float> slopes;    // [n_heads] ALiBi slopes (when enabled)
+  std::vector<float> slopes;  // [n_heads] ALiBi slopes (when enabled)
   attn::Workspace ws;
 };
 
 struct ForwardOptions {
   attn::Precision precision = attn::Precision::kExact;
-  int window = 0;  // sliding-window attention (0 = full)
-  int sinks = 0;   // with a window: also attend to the first `sinks` tokens
+  int window = 0;                  // sliding-window attention (0 = full)
+  int sinks = 0;                   // with a window: also attend to the first `sinks` tokens
   double* attn_seconds = nullptr;  // when set, the time spent in attn::decode is added to it
 };
 
@@ -65,8 +65,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
 // returns the logits of the last position.
 // layer_owner (optional, kv::layer_owners): a layer whose owner is another layer uses
 // that layer's keys and values (cross-layer sharing).
-std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens, ThreadPool* pool,
-                                    const std::vector<int>& layer_owner = {});
+std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens,
+                                    ThreadPool* pool, const std::vector<int>& layer_owner = {});
 
 // RoPE on one vector of `n_heads` heads at position pos: pair i (channels (2i, 2i+1),
 // llama2.c's and GGUF llama's layout, or (i, i + D/2) with kNeox) turns by the angle
@@ -84,6 +84,7 @@ void fill_rope_row(float* row, int64_t pos, const ModelConfig& c);
 void fill_rope_table(float* table, int ctx, const ModelConfig& c);
 // Biases, then per-head RMSNorm (qwen2, qwen3) of the projections of n tokens:
 // q [n, q_dim], and k, v [n, kv_dim] unless null.
-void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v, int n);
+void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v,
+                        int n);
 
 }  // namespace kivi::model

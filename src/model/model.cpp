@@ -71,8 +71,9 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
 static const quant::TypeInfo* weight_type(const std::string& path, const io::GgufTensor& t) {
   const quant::TypeInfo* ti = t.type_info();
   if (!ti || !ti->weight || !t.data) {
-    fail("%s: tensor '%s' has type %s, which kivi.cpp cannot read as a weight (supported: %s)", path.c_str(),
-         t.name.c_str(), io::ggml_type_name(t.type).c_str(), quant::supported_weight_types());
+    fail("%s: tensor '%s' has type %s, which kivi.cpp cannot read as a weight (supported: %s)",
+         path.c_str(), t.name.c_str(), io::ggml_type_name(t.type).c_str(),
+         quant::supported_weight_types());
   }
   return ti;
 }
@@ -111,8 +112,10 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
   w.output = f32_matrix(ck.wcls, c.vocab_size, dim);
   const std::string tp = tok_path.empty() ? default_tokenizer_path(path) : tok_path;
   if (tp.empty()) {
-    fail("%s: llama2.c checkpoints carry no tokenizer; give one with -t/--tokenizer (looked for "
-         "tok%d.bin and tokenizer.bin beside the model)", path.c_str(), c.vocab_size);
+    fail(
+        "%s: llama2.c checkpoints carry no tokenizer; give one with -t/--tokenizer (looked for "
+        "tok%d.bin and tokenizer.bin beside the model)",
+        path.c_str(), c.vocab_size);
   }
   m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tp, c.vocab_size));
   return m;
@@ -123,30 +126,35 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
 // low_freq_factor, high_freq_factor and original_context_length, used when the file
 // has no rope_freqs.weight, which llama.cpp's converter writes instead). Anything else
 // (YaRN, LongRoPE) is an error naming it.
-static void read_rope_scaling(const io::GgufFile& f, const std::string& path, const std::string& A, ModelConfig& c) {
+static void read_rope_scaling(const io::GgufFile& f, const std::string& path, const std::string& A,
+                              ModelConfig& c) {
   const std::string type = f.get_string_opt(A + "rope.scaling.type").value_or("none");
-  auto number = [&](const std::string& key, double dflt) { return f.get_float_opt(A + "rope.scaling." + key).value_or(dflt); };
+  auto number = [&](const std::string& key, double dflt) {
+    return f.get_float_opt(A + "rope.scaling." + key).value_or(dflt);
+  };
   if (type == "none") return;
   if (type == "linear") {
     const double factor = number("factor", 1.0);
-    if (!(factor >= 1.0) || factor > 1e6) fail("%s: %srope.scaling.factor = %g, expected 1 to 1e6", path.c_str(), A.c_str(), factor);
+    if (!(factor >= 1.0) || factor > 1e6)
+      fail("%s: %srope.scaling.factor = %g, expected 1 to 1e6", path.c_str(), A.c_str(), factor);
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
     return;
   }
   if (type == "llama3") {
     if (f.find_tensor("rope_freqs.weight")) return;  // the stored divisors win
     try {
-      c.rope_freq_factors = llama3_rope_factors(c.head_dim(), c.rope_theta, static_cast<float>(number("factor", 8.0)),
-                                                static_cast<float>(number("low_freq_factor", 1.0)),
-                                                static_cast<float>(number("high_freq_factor", 4.0)),
-                                                static_cast<float>(number("original_context_length", 8192.0)));
+      c.rope_freq_factors =
+          llama3_rope_factors(c.head_dim(), c.rope_theta, static_cast<float>(number("factor", 8.0)),
+                              static_cast<float>(number("low_freq_factor", 1.0)),
+                              static_cast<float>(number("high_freq_factor", 4.0)),
+                              static_cast<float>(number("original_context_length", 8192.0)));
     } catch (const Error& e) {
       fail("%s: %s", path.c_str(), e.what());
     }
     return;
   }
-  fail("%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3)", path.c_str(), A.c_str(),
-       type.c_str());
+  fail("%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3)",
+       path.c_str(), A.c_str(), type.c_str());
 }
 
 std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::string& tok_path) {
@@ -167,35 +175,47 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   c.name = f.get_string_opt("general.name").value_or(path.substr(path.find_last_of('/') + 1));
   auto get_int = [&](const std::string& key, uint64_t max) -> int {
     const uint64_t v = f.get_uint(key);
-    if (v > max) fail("%s: metadata '%s' = %llu, expected at most %llu", path.c_str(), key.c_str(), (unsigned long long)v, (unsigned long long)max);
+    if (v > max)
+      fail("%s: metadata '%s' = %llu, expected at most %llu", path.c_str(), key.c_str(),
+           (unsigned long long)v, (unsigned long long)max);
     return static_cast<int>(v);
   };
   c.dim = get_int(A + "embedding_length", 1 << 20);
   c.hidden_dim = get_int(A + "feed_forward_length", 1 << 22);
   c.n_layers = get_int(A + "block_count", 1 << 16);
   c.n_heads = get_int(A + "attention.head_count", 1 << 16);
-  c.n_kv_heads = f.has(A + "attention.head_count_kv") ? get_int(A + "attention.head_count_kv", 1 << 16) : c.n_heads;
+  c.n_kv_heads = f.has(A + "attention.head_count_kv")
+                     ? get_int(A + "attention.head_count_kv", 1 << 16)
+                     : c.n_heads;
   c.ctx = get_int(A + "context_length", kMaxContext);
   c.rope_theta = static_cast<float>(f.get_float_opt(A + "rope.freq_base").value_or(10000.0));
-  c.norm_eps = static_cast<float>(f.get_float_opt(A + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.norm_eps =
+      static_cast<float>(f.get_float_opt(A + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.synthetic = f.get_bool_opt("kivi.synthetic").value_or(false);
   if (f.has(A + "attention.key_length")) {
     const int kl = get_int(A + "attention.key_length", 1 << 16);
-    const int vl = f.has(A + "attention.value_length") ? get_int(A + "attention.value_length", 1 << 16) : kl;
+    const int vl =
+        f.has(A + "attention.value_length") ? get_int(A + "attention.value_length", 1 << 16) : kl;
     if (vl != kl) {
-      fail("%s: %sattention.key_length = %d but value_length = %d; different key and value head sizes are not "
-           "supported", path.c_str(), A.c_str(), kl, vl);
+      fail(
+          "%s: %sattention.key_length = %d but value_length = %d; different key and value head "
+          "sizes are not "
+          "supported",
+          path.c_str(), A.c_str(), kl, vl);
     }
     // Kept only when it differs from dim / n_heads.
     if (c.n_heads == 0 || static_cast<int64_t>(kl) * c.n_heads != c.dim) c.key_length = kl;
   }
   const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) fail("%s: missing tensor 'token_embd.weight'", path.c_str());
-  if (emb->dims.size() != 2) fail("%s: tensor 'token_embd.weight' has %zu dimensions, expected 2", path.c_str(), emb->dims.size());
+  if (emb->dims.size() != 2)
+    fail("%s: tensor 'token_embd.weight' has %zu dimensions, expected 2", path.c_str(),
+         emb->dims.size());
   if (f.has(A + "vocab_size")) {
     c.vocab_size = get_int(A + "vocab_size", 1 << 22);
   } else if (f.has("tokenizer.ggml.tokens")) {
-    c.vocab_size = static_cast<int>(std::min<uint64_t>(f.array_size("tokenizer.ggml.tokens"), 1u << 23));
+    c.vocab_size =
+        static_cast<int>(std::min<uint64_t>(f.array_size("tokenizer.ggml.tokens"), 1u << 23));
   } else {
     c.vocab_size = static_cast<int>(std::min<uint64_t>(emb->dims[1], 1u << 23));
   }
@@ -205,7 +225,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   if (arch == "llama" && f.find_tensor("blk.0.attn_q.bias")) c.attn_bias = true;
   if (const io::GgufTensor* rf = f.find_tensor("rope_freqs.weight")) {
     if (rf->dims.size() != 1 || rf->dims[0] > (1u << 16)) {
-      fail("%s: tensor 'rope_freqs.weight' should be a vector of head_dim / 2 elements", path.c_str());
+      fail("%s: tensor 'rope_freqs.weight' should be a vector of head_dim / 2 elements",
+           path.c_str());
     }
     c.rope_freq_factors.resize(static_cast<size_t>(rf->dims[0]));
     quant::dequantize_row(weight_type(path, *rf)->type, rf->data, c.rope_freq_factors.data(),
@@ -214,16 +235,21 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   c.validate(path);
   read_rope_scaling(f, path, A, c);  // needs the validated head dimension
   c.validate(path);
-  if (auto rd = f.get_uint_opt(A + "rope.dimension_count"); rd && *rd != static_cast<uint64_t>(c.head_dim())) {
-    fail("%s: %srope.dimension_count = %llu but the head dimension is %d; partial rotary "
-         "embeddings are not supported", path.c_str(), A.c_str(), (unsigned long long)*rd, c.head_dim());
+  if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
+      rd && *rd != static_cast<uint64_t>(c.head_dim())) {
+    fail(
+        "%s: %srope.dimension_count = %llu but the head dimension is %d; partial rotary "
+        "embeddings are not supported",
+        path.c_str(), A.c_str(), (unsigned long long)*rd, c.head_dim());
   }
 
-  const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size, qd = c.q_dim();
+  const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size,
+                qd = c.q_dim();
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) -> ops::Matrix {
     const io::GgufTensor* t = f.find_tensor(name);
     if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
-    if (t->dims.size() != 2 || t->dims[0] != static_cast<uint64_t>(cols) || t->dims[1] != static_cast<uint64_t>(rows)) {
+    if (t->dims.size() != 2 || t->dims[0] != static_cast<uint64_t>(cols) ||
+        t->dims[1] != static_cast<uint64_t>(rows)) {
       std::string got;
       for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
       fail("%s: tensor '%s' has shape [%s], expected [%lld, %lld]", path.c_str(), name.c_str(),
@@ -232,19 +258,22 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     const quant::TypeInfo* ti = weight_type(path, *t);
     const size_t align = ti->type == quant::Type::kF32 ? 4 : quant::is_float(ti->type) ? 2 : 1;
     if (reinterpret_cast<uintptr_t>(t->data) % align != 0) {
-      fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(), ti->name, align);
+      fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(),
+           ti->name, align);
     }
     // In place: the matrix views the mapped file.
     return ops::Matrix{t->data, ti->type, rows, cols};
   };
   auto vec = [&](const std::string& name, int64_t n) -> std::vector<float> {
     const io::GgufTensor* t = f.find_tensor(name);
-    if (!t) fail("%s: missing tensor '%s' (required by architecture %s)", path.c_str(), name.c_str(), arch.c_str());
+    if (!t)
+      fail("%s: missing tensor '%s' (required by architecture %s)", path.c_str(), name.c_str(),
+           arch.c_str());
     if (t->dims.size() != 1 || t->dims[0] != static_cast<uint64_t>(n)) {
       std::string got;
       for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      fail("%s: tensor '%s' has shape [%s], expected a vector of %lld elements", path.c_str(), name.c_str(), got.c_str(),
-           static_cast<long long>(n));
+      fail("%s: tensor '%s' has shape [%s], expected a vector of %lld elements", path.c_str(),
+           name.c_str(), got.c_str(), static_cast<long long>(n));
     }
     std::vector<float> out(n);
     quant::dequantize_row(weight_type(path, *t)->type, t->data, out.data(), n);
@@ -271,7 +300,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     }
     L.wo = matrix(p + "attn_output.weight", dim, qd);
     if (f.find_tensor(p + "attn_output.bias")) {
-      fail("%s: tensor '%sattn_output.bias': output-projection biases are not supported", path.c_str(), p.c_str());
+      fail("%s: tensor '%sattn_output.bias': output-projection biases are not supported",
+           path.c_str(), p.c_str());
     }
     L.ffn_norm = vec(p + "ffn_norm.weight", dim);
     L.w_gate = matrix(p + "ffn_gate.weight", hid, dim);
@@ -282,7 +312,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   w.output = c.shared_classifier ? w.token_embd : matrix("output.weight", vocab, dim);
 
   if (!tok_path.empty()) {
-    m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tok_path, c.vocab_size));
+    m->tok_ =
+        std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_llama2c(tok_path, c.vocab_size));
   } else {
     m->tok_ = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_gguf(f, c.vocab_size));
   }

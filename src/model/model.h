@@ -14,31 +14,32 @@
 namespace kivi::model {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // [dim]
-  ops::Matrix wq;                // [n_heads * head_dim, dim]
-  ops::Matrix wk;                // [kv_dim, dim]
-  ops::Matrix wv;                // [kv_dim, dim]
+  std::vector<float> attn_norm;   // [dim]
+  ops::Matrix wq;                 // [n_heads * head_dim, dim]
+  ops::Matrix wk;                 // [kv_dim, dim]
+  ops::Matrix wv;                 // [kv_dim, dim]
   std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim] projection biases (attn_bias only)
   std::vector<float> q_norm, k_norm;  // [head_dim] per-head RMSNorm weights (qk_norm only)
-  ops::Matrix wo;                // [dim, n_heads * head_dim]
-  std::vector<float> ffn_norm;   // [dim]
-  ops::Matrix w_gate;            // w1 [hidden, dim]
-  ops::Matrix w_down;            // w2 [dim, hidden]
-  ops::Matrix w_up;              // w3 [hidden, dim]
+  ops::Matrix wo;                     // [dim, n_heads * head_dim]
+  std::vector<float> ffn_norm;        // [dim]
+  ops::Matrix w_gate;                 // w1 [hidden, dim]
+  ops::Matrix w_down;                 // w2 [dim, hidden]
+  ops::Matrix w_up;                   // w3 [hidden, dim]
 };
 
 struct Weights {
-  ops::Matrix token_embd;        // [vocab, dim]
+  ops::Matrix token_embd;  // [vocab, dim]
   std::vector<LayerWeights> layers;
   std::vector<float> output_norm;  // [dim]
-  ops::Matrix output;            // [vocab, dim] (== token_embd when tied)
+  ops::Matrix output;              // [vocab, dim] (== token_embd when tied)
 };
 
 class Model {
  public:
   // Loads a llama2.c checkpoint (tokenizer from `tokenizer_path`) or a GGUF file
   // (tokenizer from its metadata unless `tokenizer_path` is given). Throws kivi::Error.
-  static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+  static std::unique_ptr<Model> load(const std::string& path,
+                                     const std::string& tokenizer_path = "");
 
   const ModelConfig& config() const { return cfg_; }
   ModelConfig& mutable_config() { return cfg_; }

@@ -39,7 +39,8 @@ uint64_t block_seed(uint64_t seed, uint64_t tensor, uint64_t block) {
 // Fills dst with elements [first, first + count) of tensor `tensor` from `table`
 // (65536 values of the element type T), block by block.
 template <class T>
-void fill_random(const T* table, uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, T* dst) {
+void fill_random(const T* table, uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count,
+                 T* dst) {
   T tmp[kBlock];
   uint64_t e = first;
   const uint64_t end = first + count;
@@ -63,7 +64,8 @@ void fill_random(const T* table, uint64_t seed, uint64_t tensor, uint64_t first,
 }
 
 const char* kAlphabet =
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!\"#$%&'()*+,-./"
+    ":;<=>?@[\\]^_`{|}~";
 
 void range_check(const char* option, long long v, long long lo, long long hi) {
   if (v < lo || v > hi) fail("%s = %lld is out of range (valid: %lld to %lld)", option, v, lo, hi);
@@ -82,33 +84,51 @@ void validate_synth_config(const ModelConfig& c) {
   if (c.key_length > 0) {
     range_check("--head-dim", c.key_length, 2, 1024);
   } else if (c.dim % c.n_heads != 0) {
-    fail("--heads %d does not divide --dim %d (the head dimension dim / heads must be a whole number)", c.n_heads,
-         c.dim);
+    fail(
+        "--heads %d does not divide --dim %d (the head dimension dim / heads must be a whole "
+        "number)",
+        c.n_heads, c.dim);
   }
   if (c.n_heads % c.n_kv_heads != 0) {
-    fail("--kv-heads %d does not divide --heads %d (each KV head serves a whole number of query heads)",
-         c.n_kv_heads, c.n_heads);
+    fail(
+        "--kv-heads %d does not divide --heads %d (each KV head serves a whole number of query "
+        "heads)",
+        c.n_kv_heads, c.n_heads);
   }
   const int hd = c.head_dim();
-  if (hd % 2 != 0) fail("the head dimension (--head-dim, else --dim / --heads) = %d is odd; RoPE needs it even", hd);
-  if (hd > 1024) fail("the head dimension (--head-dim, else --dim / --heads) = %d is out of range (valid: 2 to 1024)", hd);
-  if (!is_supported_architecture(c.arch)) fail("--arch '%s' is unknown (valid: %s)", c.arch.c_str(), supported_architectures());
-  if (!(c.rope_theta > 0.0f) || c.rope_theta > 1e9f) fail("--rope-theta = %g is out of range (valid: above 0, at most 1e9)", c.rope_theta);
+  if (hd % 2 != 0)
+    fail("the head dimension (--head-dim, else --dim / --heads) = %d is odd; RoPE needs it even",
+         hd);
+  if (hd > 1024)
+    fail(
+        "the head dimension (--head-dim, else --dim / --heads) = %d is out of range (valid: 2 to "
+        "1024)",
+        hd);
+  if (!is_supported_architecture(c.arch))
+    fail("--arch '%s' is unknown (valid: %s)", c.arch.c_str(), supported_architectures());
+  if (!(c.rope_theta > 0.0f) || c.rope_theta > 1e9f)
+    fail("--rope-theta = %g is out of range (valid: above 0, at most 1e9)", c.rope_theta);
 }
 
 // The type of matrix `t` in a synthetic file of type `ft`.
-static quant::Type matrix_type(const quant::FileType& ft, const TensorSpec& t, const ModelConfig& c) {
-  return quant::tensor_type(ft, quant::TensorDesc{t.name, 2, t.cols}, c.n_layers, c.shared_classifier);
+static quant::Type matrix_type(const quant::FileType& ft, const TensorSpec& t,
+                               const ModelConfig& c) {
+  return quant::tensor_type(ft, quant::TensorDesc{t.name, 2, t.cols}, c.n_layers,
+                            c.shared_classifier);
 }
 
 SynthNeeds synth_needs(const SynthSpec& s) {
   const ModelConfig& c = s.config;
   const quant::FileType& ft = quant::parse_file_type(s.outtype);
   SynthNeeds n;
-  auto aligned = [](uint64_t b) { return (b + io::kGgufDefaultAlignment - 1) / io::kGgufDefaultAlignment * io::kGgufDefaultAlignment; };
+  auto aligned = [](uint64_t b) {
+    return (b + io::kGgufDefaultAlignment - 1) / io::kGgufDefaultAlignment *
+           io::kGgufDefaultAlignment;
+  };
   uint64_t tensor_table = 0;
   for (const auto& t : llama_tensor_specs(c)) {
-    const uint64_t bytes = t.is_vector() ? t.rows * 4 : quant::row_bytes(matrix_type(ft, t, c), t.cols) * t.rows;
+    const uint64_t bytes =
+        t.is_vector() ? t.rows * 4 : quant::row_bytes(matrix_type(ft, t, c), t.cols) * t.rows;
     n.weight_bytes += bytes;
     n.file_bytes += aligned(bytes);
     tensor_table += 8 + t.name.size() + 4 + 16 + 4 + 8;
@@ -116,24 +136,29 @@ SynthNeeds synth_needs(const SynthSpec& s) {
   // Metadata: the tokenizer dominates (a piece is at most 8 + 3 + 4 bytes of string at
   // the vocabulary sizes in use, plus a score and a type); 64 KiB covers the rest.
   const uint64_t max_piece = 8 + 16;
-  n.file_bytes += tensor_table + static_cast<uint64_t>(c.vocab_size) * (max_piece + 4 + 4) + (64u << 10) + s.tokenizer_bytes;
+  n.file_bytes += tensor_table + static_cast<uint64_t>(c.vocab_size) * (max_piece + 4 + 4) +
+                  (64u << 10) + s.tokenizer_bytes;
   n.kv_tokens = std::min(c.ctx, 4096);
   n.kv_bytes = 2ull * c.n_layers * c.kv_dim() * 4ull * n.kv_tokens;
   const uint64_t batch = 64;
   n.activation_bytes = batch * (6ull * c.dim + 2ull * c.kv_dim() + 2ull * c.hidden_dim) * 4 +
-                       static_cast<uint64_t>(n.kv_tokens) * c.head_dim() * 4 + static_cast<uint64_t>(c.vocab_size) * 4;
+                       static_cast<uint64_t>(n.kv_tokens) * c.head_dim() * 4 +
+                       static_cast<uint64_t>(c.vocab_size) * 4;
   return n;
 }
 
-void check_synth_fits(const SynthNeeds& n, uint64_t available_memory, uint64_t free_disk, const std::string& out) {
+void check_synth_fits(const SynthNeeds& n, uint64_t available_memory, uint64_t free_disk,
+                      const std::string& out) {
   if (available_memory > 0 && n.memory_bytes() > available_memory) {
-    fail("the model needs %s of memory to run, only %s available (weights %s, f32 KV cache for %d tokens %s, "
-         "activations %s); choose a smaller shape",
-         sys::human_bytes(static_cast<double>(n.memory_bytes())).c_str(),
-         sys::human_bytes(static_cast<double>(available_memory)).c_str(),
-         sys::human_bytes(static_cast<double>(n.weight_bytes)).c_str(), n.kv_tokens,
-         sys::human_bytes(static_cast<double>(n.kv_bytes)).c_str(),
-         sys::human_bytes(static_cast<double>(n.activation_bytes)).c_str());
+    fail(
+        "the model needs %s of memory to run, only %s available (weights %s, f32 KV cache for %d "
+        "tokens %s, "
+        "activations %s); choose a smaller shape",
+        sys::human_bytes(static_cast<double>(n.memory_bytes())).c_str(),
+        sys::human_bytes(static_cast<double>(available_memory)).c_str(),
+        sys::human_bytes(static_cast<double>(n.weight_bytes)).c_str(), n.kv_tokens,
+        sys::human_bytes(static_cast<double>(n.kv_bytes)).c_str(),
+        sys::human_bytes(static_cast<double>(n.activation_bytes)).c_str());
   }
   if (free_disk > 0 && n.file_bytes > free_disk) {
     fail("'%s' would take %s but only %s of disk space is free there", out.c_str(),
@@ -163,12 +188,14 @@ tok::Tokenizer synthetic_tokenizer(int vocab_size) {
   const int A = static_cast<int>(alpha.size());
   int rank = 0;
   auto add_normal = [&](std::string p) {
-    if (static_cast<int>(pieces.size()) < vocab_size) add(std::move(p), -static_cast<float>(rank++), tok::TokenType::kNormal);
+    if (static_cast<int>(pieces.size()) < vocab_size)
+      add(std::move(p), -static_cast<float>(rank++), tok::TokenType::kNormal);
   };
   // Length n: "U+2581 + (n-1 characters)", then "n characters", each in alphabet order
   // (an odometer over the alphabet, most significant character first).
   for (int n = 1; static_cast<int>(pieces.size()) < vocab_size; ++n) {
-    for (int with_space = 1; with_space >= 0 && static_cast<int>(pieces.size()) < vocab_size; --with_space) {
+    for (int with_space = 1; with_space >= 0 && static_cast<int>(pieces.size()) < vocab_size;
+         --with_space) {
       const int chars = with_space ? n - 1 : n;
       std::vector<int> digit(chars, 0);
       for (;;) {
@@ -185,7 +212,8 @@ tok::Tokenizer synthetic_tokenizer(int vocab_size) {
   return tok::Tokenizer(std::move(pieces), std::move(scores), std::move(types), 1, 2, 0);
 }
 
-void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16, void* dst) {
+void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16,
+                         void* dst) {
   // 65536 normal quantiles scaled to the weight deviation, in each storage type, so a
   // generated element is one lookup.
   struct Tables {
@@ -207,7 +235,9 @@ void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_
   }
 }
 
-std::string synthetic_name(const std::string& label) { return "synthetic " + label + ", random weights"; }
+std::string synthetic_name(const std::string& label) {
+  return "synthetic " + label + ", random weights";
+}
 
 SynthResult write_synthetic_gguf(const SynthSpec& s, const std::string& out,
                                  const std::function<void(uint64_t, uint64_t)>& progress) {
@@ -243,7 +273,8 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
   for (size_t ti = 0; ti < specs.size(); ++ti) {
     const auto& t = specs[ti];
     if (t.is_vector()) {
-      const bool bias = t.role == TensorRole::kAttnQBias || t.role == TensorRole::kAttnKBias || t.role == TensorRole::kAttnVBias;
+      const bool bias = t.role == TensorRole::kAttnQBias || t.role == TensorRole::kAttnKBias ||
+                        t.role == TensorRole::kAttnVBias;
       const bool head_norm = t.role == TensorRole::kAttnQNorm || t.role == TensorRole::kAttnKNorm;
       io::GgufWriter::Generator gen;
       if (t.role == TensorRole::kRopeFreqs) {
@@ -259,7 +290,9 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
           for (uint64_t i = 0; i < count; ++i) o[i] = (bias ? 0.0f : 1.0f) + scale * o[i];
         };
       } else {
-        gen = [](uint64_t, uint64_t count, void* dst) { std::fill_n(static_cast<float*>(dst), count, kOne); };
+        gen = [](uint64_t, uint64_t count, void* dst) {
+          std::fill_n(static_cast<float*>(dst), count, kOne);
+        };
       }
       w.add_tensor(t.name, {t.rows}, io::GgmlType::kF32, std::move(gen));
       continue;
@@ -267,17 +300,20 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
     const quant::Type type = matrix_type(ft, t, c);
     if (type == quant::Type::kF16 || type == quant::Type::kF32) {
       w.add_tensor(t.name, {t.cols, t.rows}, type,
-                   io::GgufWriter::Generator([f16 = type == quant::Type::kF16, seed = s.seed, ti](uint64_t first, uint64_t count, void* dst) {
+                   io::GgufWriter::Generator([f16 = type == quant::Type::kF16, seed = s.seed, ti](
+                                                 uint64_t first, uint64_t count, void* dst) {
                      synth_matrix_values(seed, ti, first, count, f16, dst);
                    }));
       continue;
     }
     if (!pool) pool = std::make_unique<ThreadPool>(hardware_threads());
     w.add_tensor(t.name, {t.cols, t.rows}, type,
-                 io::GgufWriter::Generator([type, seed = s.seed, ti, values, p = pool.get()](uint64_t first, uint64_t count, void* dst) {
+                 io::GgufWriter::Generator([type, seed = s.seed, ti, values, p = pool.get()](
+                                               uint64_t first, uint64_t count, void* dst) {
                    values->resize(static_cast<size_t>(count));
                    synth_matrix_values(seed, ti, first, count, false, values->data());
-                   quant::quantize_parallel(type, values->data(), dst, static_cast<int64_t>(count), p);
+                   quant::quantize_parallel(type, values->data(), dst, static_cast<int64_t>(count),
+                                            p);
                  }));
   }
   w.write(out, progress);

@@ -40,14 +40,15 @@
 namespace kivi::io {
 class GgufWriter;
 class AtomicFile;
-}
+}  // namespace kivi::io
 
 namespace kivi::model {
 
 struct SynthSpec {
   ModelConfig config;  // shape, context length, RoPE theta, tied or separate classifier
   std::string label;   // preset name or shape description, for general.name
-  std::string outtype = "f16";  // matrix storage, a quant/mix.h file type (norm vectors are always F32)
+  std::string outtype =
+      "f16";  // matrix storage, a quant/mix.h file type (norm vectors are always F32)
   uint64_t seed = 0;
   // Writes the tokenizer metadata instead of the generated SentencePiece vocabulary
   // (synth_tokenizer.h), and the bytes it takes.
@@ -90,7 +91,8 @@ tok::Tokenizer synthetic_tokenizer(int vocab_size);
 // Elements [first, first + count) of the matrix with index `tensor` in
 // llama_tensor_specs order, in F16 (or F32): exactly what the file holds, whatever the
 // chunking. (Other output types quantize the F32 values.)
-void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16, void* dst);
+void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16,
+                         void* dst);
 
 // general.name of a synthetic file: "synthetic <label>, random weights".
 std::string synthetic_name(const std::string& label);

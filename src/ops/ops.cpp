@@ -92,7 +92,8 @@ HWY_INLINE void DotTile(const WT* HWY_RESTRICT w, size_t ldw, const float* HWY_R
   HWY_UNROLL(8)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(8)
-    for (int t = 0; t < T; ++t) out[t * ldo + r] = Finish(df, acc[r][t], w + r * ldw, x + t * ldx, i, n);
+    for (int t = 0; t < T; ++t)
+      out[t * ldo + r] = Finish(df, acc[r][t], w + r * ldw, x + t * ldx, i, n);
   }
 }
 

@@ -36,9 +36,13 @@ struct Matrix {
   int64_t rows = 0, cols = 0;
   const float* f32() const { return static_cast<const float*>(data); }
   const f16_t* f16() const { return static_cast<const f16_t*>(data); }
-  size_t row_bytes() const { return static_cast<size_t>(quant::row_bytes(dtype, static_cast<uint64_t>(cols))); }
+  size_t row_bytes() const {
+    return static_cast<size_t>(quant::row_bytes(dtype, static_cast<uint64_t>(cols)));
+  }
   size_t bytes() const { return row_bytes() * static_cast<size_t>(rows); }
-  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + row_bytes() * static_cast<size_t>(r); }
+  const uint8_t* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + row_bytes() * static_cast<size_t>(r);
+  }
 };
 
 // y[rows] = W[rows, cols] . x[cols]

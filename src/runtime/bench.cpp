@@ -14,11 +14,16 @@
 namespace kivi::runtime {
 
 const char* const kFillText =
-    "Once upon a time, there was a little girl named Lily. She lived in a small house near the woods with her "
-    "mom, her dad and a big brown dog called Max. Every morning Lily and Max ran to the old tree by the river "
-    "to look for birds. One day they found a tiny bird that could not fly. Lily was sad, but her mom said they "
-    "could help it. They gave the bird water and seeds and kept it warm in a box. After a few days the bird was "
-    "strong again. It sang a happy song and flew up into the blue sky. Lily smiled and waved goodbye. ";
+    "Once upon a time, there was a little girl named Lily. She lived in a small house near the "
+    "woods with her "
+    "mom, her dad and a big brown dog called Max. Every morning Lily and Max ran to the old tree "
+    "by the river "
+    "to look for birds. One day they found a tiny bird that could not fly. Lily was sad, but her "
+    "mom said they "
+    "could help it. They gave the bird water and seeds and kept it warm in a box. After a few days "
+    "the bird was "
+    "strong again. It sang a happy song and flew up into the blue sky. Lily smiled and waved "
+    "goodbye. ";
 
 std::vector<int> fill_tokens(const tok::Tokenizer& tk, const std::string& text, int n) {
   std::vector<int> out;
@@ -61,8 +66,10 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
                       const std::function<void(int64_t, int64_t)>& progress) {
   const int F = static_cast<int>(cfg.caches.size());
   if (F == 0) fail("bench: no cache formats");
-  if (cfg.names.size() != cfg.caches.size()) fail("bench: %zu names for %d formats", cfg.names.size(), F);
-  if (!cfg.fill.empty() && cfg.fill_random > 0) fail("bench: give a text fill or a random fill, not both");
+  if (cfg.names.size() != cfg.caches.size())
+    fail("bench: %zu names for %d formats", cfg.names.size(), F);
+  if (!cfg.fill.empty() && cfg.fill_random > 0)
+    fail("bench: give a text fill or a random fill, not both");
   if (cfg.prompt.empty()) fail("bench: the prompt has no tokens");
   if (cfg.n_gen < 1) fail("bench: -n %d, expected at least 1", cfg.n_gen);
   const int n_fill = cfg.fill_random > 0 ? cfg.fill_random : static_cast<int>(cfg.fill.size());
@@ -70,13 +77,16 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
   const int need = n_fill + n_prompt + cfg.n_gen;
   const int ctx = cfg.ctx > 0 ? cfg.ctx : need;
   if (need > ctx) {
-    fail("bench: fill %d + prompt %d + %d generated tokens = %d exceed the context of %d tokens", n_fill, n_prompt,
-         cfg.n_gen, need, ctx);
+    fail("bench: fill %d + prompt %d + %d generated tokens = %d exceed the context of %d tokens",
+         n_fill, n_prompt, cfg.n_gen, need, ctx);
   }
-  auto cacheless = [&](int f) { return f < static_cast<int>(cfg.no_cache.size()) && cfg.no_cache[f]; };
+  auto cacheless = [&](int f) {
+    return f < static_cast<int>(cfg.no_cache.size()) && cfg.no_cache[f];
+  };
   if (cacheless(0)) fail("bench: the reference runs with an f32 cache");
   for (int f = 0; f < F; ++f) {
-    if (cacheless(f) && cfg.fill_random > 0) fail("bench: no-cache needs a text fill, not --ctx-fill-random");
+    if (cacheless(f) && cfg.fill_random > 0)
+      fail("bench: no-cache needs a text fill, not --ctx-fill-random");
   }
   ThreadPool pool(cfg.threads > 0 ? cfg.threads : hardware_threads());
   BenchResult res;
@@ -211,7 +221,8 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     r.decode_seconds = median(r.step_seconds);
     r.decode_tps = r.decode_seconds > 0 ? 1.0 / r.decode_seconds : 0.0;
     std::vector<double> share(r.step_seconds.size());
-    for (size_t s = 0; s < share.size(); ++s) share[s] = r.step_seconds[s] > 0 ? r.attn_seconds[s] / r.step_seconds[s] : 0.0;
+    for (size_t s = 0; s < share.size(); ++s)
+      share[s] = r.step_seconds[s] > 0 ? r.attn_seconds[s] / r.step_seconds[s] : 0.0;
     r.attn_share = median(share);
     r.kv_bytes = r.no_cache ? 0 : sessions[f]->cache().bytes_used();
     r.compression_vs_f32 = r.kv_bytes > 0 ? bytes32 / r.kv_bytes : 0.0;
@@ -228,7 +239,8 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     r.token_match = 100.0 * same / cfg.n_gen;
   }
   for (auto& r : res.formats) {
-    r.overhead_pct = ref.decode_seconds > 0 ? 100.0 * (r.decode_seconds / ref.decode_seconds - 1.0) : 0.0;
+    r.overhead_pct =
+        ref.decode_seconds > 0 ? 100.0 * (r.decode_seconds / ref.decode_seconds - 1.0) : 0.0;
   }
   return res;
 }

@@ -36,15 +36,15 @@ struct BenchConfig {
   // [formats] (optional) 1: run without a cache: every step recomputes every position
   // with the no-cache oracle (model::forward_no_cache), as a cacheless decoder does.
   std::vector<char> no_cache;
-  std::vector<int> fill;                // text fill tokens (BOS first), or empty
-  int fill_random = 0;                  // positions of random keys and values instead of a text fill
-  uint64_t seed = 1234;                 // random fill
-  std::vector<int> prompt;              // fed after the fill (BOS first when there is no fill)
-  int n_gen = 200;                      // greedy tokens per format = timed decode steps
-  int ctx = 0;                          // session capacity; 0 = exactly fill + prompt + n_gen
-  int threads = 0;                      // 0 = all cores
+  std::vector<int> fill;    // text fill tokens (BOS first), or empty
+  int fill_random = 0;      // positions of random keys and values instead of a text fill
+  uint64_t seed = 1234;     // random fill
+  std::vector<int> prompt;  // fed after the fill (BOS first when there is no fill)
+  int n_gen = 200;          // greedy tokens per format = timed decode steps
+  int ctx = 0;              // session capacity; 0 = exactly fill + prompt + n_gen
+  int threads = 0;          // 0 = all cores
   model::ForwardOptions forward;
-  int fill_chunk = 256;                 // text fill prefilled this many tokens at a time
+  int fill_chunk = 256;  // text fill prefilled this many tokens at a time
 };
 
 struct BenchFormatResult {
@@ -63,12 +63,12 @@ struct BenchFormatResult {
   int first_divergence = -1;         // first position that differs, -1 if none
   double compression_vs_f32 = 0;     // bytes of an f32 cache at the same length / kv_bytes
   double compression_vs_f16 = 0;
-  double overhead_pct = 0;           // median step relative to the reference's, minus 1, in percent
+  double overhead_pct = 0;  // median step relative to the reference's, minus 1, in percent
 };
 
 struct BenchResult {
-  int ctx = 0;          // tokens in the cache when decoding starts (fill + prompt)
-  int fill = 0;         // fill positions
+  int ctx = 0;   // tokens in the cache when decoding starts (fill + prompt)
+  int fill = 0;  // fill positions
   bool fill_random = false;
   int prompt_tokens = 0;
   int threads = 0;

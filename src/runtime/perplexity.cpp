@@ -16,7 +16,9 @@ EvalMode parse_eval_mode(const std::string& s) {
   if (s == "batched") return EvalMode::kBatched;
   fail("--mode: unknown value '%s' (valid: streaming, batched)", s.c_str());
 }
-const char* eval_mode_name(EvalMode m) { return m == EvalMode::kStreaming ? "streaming" : "batched"; }
+const char* eval_mode_name(EvalMode m) {
+  return m == EvalMode::kStreaming ? "streaming" : "batched";
+}
 
 void log_softmax(const float* x, float* out, int n) {
   float mx = x[0];
@@ -42,7 +44,9 @@ PerplexityResult evaluate_perplexity(Session& s, const std::vector<int>& tokens,
                                      const LogprobSink& sink,
                                      const std::function<void(int64_t, int64_t)>& progress) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n < 2) fail("the text has %lld token%s; perplexity needs at least 2", static_cast<long long>(n), n == 1 ? "" : "s");
+  if (n < 2)
+    fail("the text has %lld token%s; perplexity needs at least 2", static_cast<long long>(n),
+         n == 1 ? "" : "s");
   const int V = s.vocab();
   const int bos = s.model().tokenizer().bos_id();
   // With an overflow policy the whole text streams through one session whose cache
@@ -94,7 +98,8 @@ PerplexityResult evaluate_perplexity(Session& s, const std::vector<int>& tokens,
   r.ppl = std::exp(r.mean_nll);
   // The forward pass refuses non-finite logits; a finite mean NLL can still overflow exp.
   if (!std::isfinite(r.mean_nll) || !std::isfinite(r.ppl)) {
-    fail("the perplexity is not finite (mean negative log-likelihood %g nats per token)", r.mean_nll);
+    fail("the perplexity is not finite (mean negative log-likelihood %g nats per token)",
+         r.mean_nll);
   }
   return r;
 }
@@ -111,17 +116,18 @@ uint64_t model_fingerprint(const model::Model& m) {
       h *= 1099511628211ull;
     }
   };
-  const int32_t shape[] = {c.n_layers, c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.vocab_size, c.ctx,
-                           c.alibi ? 1 : 0};
+  const int32_t shape[] = {c.n_layers,   c.dim,        c.hidden_dim, c.n_heads,
+                           c.n_kv_heads, c.vocab_size, c.ctx,        c.alibi ? 1 : 0};
   mix(shape, sizeof shape);
   const auto& w = m.weights();
-  if (!w.layers.empty()) mix(w.layers[0].attn_norm.data(), w.layers[0].attn_norm.size() * sizeof(float));
+  if (!w.layers.empty())
+    mix(w.layers[0].attn_norm.data(), w.layers[0].attn_norm.size() * sizeof(float));
   mix(w.output_norm.data(), w.output_norm.size() * sizeof(float));
   return h;
 }
 
-LogprobWriter::LogprobWriter(const std::string& path, int vocab, int ctx, int64_t n_tokens, uint64_t hash,
-                             uint64_t model)
+LogprobWriter::LogprobWriter(const std::string& path, int vocab, int ctx, int64_t n_tokens,
+                             uint64_t hash, uint64_t model)
     : file_(std::make_unique<io::AtomicFile>(path)), vocab_(vocab) {
   const uint32_t v = static_cast<uint32_t>(vocab), c = static_cast<uint32_t>(ctx);
   const uint64_t nt = static_cast<uint64_t>(n_tokens);
@@ -143,8 +149,8 @@ void LogprobWriter::close() { file_->commit(); }
 
 LogprobWriter::~LogprobWriter() = default;
 
-LogprobReader::LogprobReader(const std::string& path, int vocab, int ctx, int64_t n_tokens, uint64_t hash,
-                             uint64_t model)
+LogprobReader::LogprobReader(const std::string& path, int vocab, int ctx, int64_t n_tokens,
+                             uint64_t hash, uint64_t model)
     : path_(path), vocab_(vocab) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail("cannot open --kld-base file '%s': %s", path.c_str(), std::strerror(errno));
@@ -154,30 +160,43 @@ LogprobReader::LogprobReader(const std::string& path, int vocab, int ctx, int64_
   uint64_t nt = 0, h = 0, mh = 0;
   const bool got = std::fread(magic, 1, 8, f) == 8;
   if (got && std::memcmp(magic, kMagicV1, 8) == 0) {
-    fail("%s was written by an older kivi that did not record the model; run --save-logits again", path.c_str());
+    fail("%s was written by an older kivi that did not record the model; run --save-logits again",
+         path.c_str());
   }
   if (!got || std::memcmp(magic, kMagic, 8) != 0) {
-    fail("%s: not a kivi log-probability file (written by 'kivi perplexity --save-logits')", path.c_str());
+    fail("%s: not a kivi log-probability file (written by 'kivi perplexity --save-logits')",
+         path.c_str());
   }
-  if (std::fread(&v, 4, 1, f) != 1 || std::fread(&c, 4, 1, f) != 1 || std::fread(&nt, 8, 1, f) != 1 ||
-      std::fread(&h, 8, 1, f) != 1 || std::fread(&mh, 8, 1, f) != 1) {
+  if (std::fread(&v, 4, 1, f) != 1 || std::fread(&c, 4, 1, f) != 1 ||
+      std::fread(&nt, 8, 1, f) != 1 || std::fread(&h, 8, 1, f) != 1 ||
+      std::fread(&mh, 8, 1, f) != 1) {
     fail("%s: truncated header", path.c_str());
   }
   if (v != static_cast<uint32_t>(vocab)) {
-    fail("%s was written for a vocabulary of %u tokens, this model has %d (another model?)", path.c_str(), v, vocab);
+    fail("%s was written for a vocabulary of %u tokens, this model has %d (another model?)",
+         path.c_str(), v, vocab);
   }
   if (mh != model) {
-    fail("%s was written with another model (its shape or norm weights differ); KL divergence compares runs of "
-         "one model", path.c_str());
+    fail(
+        "%s was written with another model (its shape or norm weights differ); KL divergence "
+        "compares runs of "
+        "one model",
+        path.c_str());
   }
   if (c != static_cast<uint32_t>(ctx)) {
-    fail("%s was written with a context of %u tokens, this run has %d (--ctx): the chunks and so every token's "
-         "context differ", path.c_str(), c, ctx);
+    fail(
+        "%s was written with a context of %u tokens, this run has %d (--ctx): the chunks and so "
+        "every token's "
+        "context differ",
+        path.c_str(), c, ctx);
   }
   if (nt != static_cast<uint64_t>(n_tokens) || h != hash) {
-    fail("%s was written for another text or tokenization (%llu scored tokens, hash %016llx; this run: %lld, "
-         "%016llx)", path.c_str(), static_cast<unsigned long long>(nt), static_cast<unsigned long long>(h),
-         static_cast<long long>(n_tokens), static_cast<unsigned long long>(hash));
+    fail(
+        "%s was written for another text or tokenization (%llu scored tokens, hash %016llx; this "
+        "run: %lld, "
+        "%016llx)",
+        path.c_str(), static_cast<unsigned long long>(nt), static_cast<unsigned long long>(h),
+        static_cast<long long>(n_tokens), static_cast<unsigned long long>(hash));
   }
 }
 

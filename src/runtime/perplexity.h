@@ -79,7 +79,8 @@ class LogprobReader {
  public:
   // Throws naming what differs if the file was written for another model or vocabulary,
   // another context length, or another text (token count or hash).
-  LogprobReader(const std::string& path, int vocab, int ctx, int64_t n_tokens, uint64_t token_hash, uint64_t model);
+  LogprobReader(const std::string& path, int vocab, int ctx, int64_t n_tokens, uint64_t token_hash,
+                uint64_t model);
   ~LogprobReader();
   // Reads the next record; returns its token id.
   int read(float* logprobs);
@@ -93,7 +94,7 @@ class LogprobReader {
 // KL divergence statistics of a run against a saved base.
 struct KldStats {
   double mean = 0, median = 0, p99 = 0, max = 0;
-  double top1_agree = 0;      // percent of tokens whose argmax matches the base
+  double top1_agree = 0;        // percent of tokens whose argmax matches the base
   int64_t first_disagree = -1;  // index of the first scored token whose argmax differs
   int64_t tokens = 0;
 };

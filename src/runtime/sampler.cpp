@@ -20,7 +20,8 @@ void check_sampler_options(const SamplerOptions& o) {
     fail("--temp = %g is out of range (valid: 0 to 100)", o.temperature);
   }
   if (o.top_k < 0) fail("--top-k = %d is out of range (valid: 0 or more)", o.top_k);
-  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail("--top-p = %g is out of range (valid: greater than 0, up to 1)", o.top_p);
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
+    fail("--top-p = %g is out of range (valid: greater than 0, up to 1)", o.top_p);
 }
 
 Sampler::Sampler(const SamplerOptions& o, int vocab) : o_(o), rng_(o.seed) {

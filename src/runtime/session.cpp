@@ -26,7 +26,9 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
   if (ctx_ > c.ctx && !c.synthetic) {
     fail("--ctx %d is larger than the model's context length %d", ctx_, c.ctx);
   }
-  const int threads = opt.pool ? opt.pool->size() : opt.threads > 0 ? opt.threads : hardware_threads();
+  const int threads = opt.pool          ? opt.pool->size()
+                      : opt.threads > 0 ? opt.threads
+                                        : hardware_threads();
   kv::CacheConfig cc = opt.cache;
   cc.n_layers = c.n_layers;
   cc.n_kv_heads = c.n_kv_heads;
@@ -56,30 +58,42 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
       cc.validate();
     }
     const int B = cc.block();
-    if (opt_.sinks < 0 || opt_.sinks > 512) fail("--sinks %d: expected 0 to 512 tokens", opt_.sinks);
+    if (opt_.sinks < 0 || opt_.sinks > 512)
+      fail("--sinks %d: expected 0 to 512 tokens", opt_.sinks);
     sink_keep_ = (opt_.sinks + B - 1) / B * B;
     const bool post = cc.key_rope == kv::KeyRope::kPost && !c.alibi;
     const bool rotatable = cc.k.format == kv::Format::kF32 || cc.k.format == kv::Format::kF16;
     if (opt_.overflow == ContextOverflow::kShift && post && !rotatable) {
-      fail("--context-overflow shift moves tokens to new positions: %s keys stored after RoPE would have to be "
-           "re-rotated and rounded again; use --key-rope pre (positions then live only in attention) or the window "
-           "policy", kv::format_name(cc.k.format));
+      fail(
+          "--context-overflow shift moves tokens to new positions: %s keys stored after RoPE would "
+          "have to be "
+          "re-rotated and rounded again; use --key-rope pre (positions then live only in "
+          "attention) or the window "
+          "policy",
+          kv::format_name(cc.k.format));
     }
     if (opt_.overflow == ContextOverflow::kWindow) {
       // The cache holds the sink blocks, the window and one block dropped at a time.
       const int W = opt_.forward.window > 0 ? opt_.forward.window : ctx_ - sink_keep_ - B;
       if (W < 1 || sink_keep_ + W + B > ctx_) {
-        fail("--context-overflow window: %d sink tokens (%d in whole blocks of %d) + a window of %d + one block "
-             "need a context of %d tokens, more than --ctx %d", opt_.sinks, sink_keep_, B, W, sink_keep_ + W + B, ctx_);
+        fail(
+            "--context-overflow window: %d sink tokens (%d in whole blocks of %d) + a window of %d "
+            "+ one block "
+            "need a context of %d tokens, more than --ctx %d",
+            opt_.sinks, sink_keep_, B, W, sink_keep_ + W + B, ctx_);
       }
       opt_.forward.window = W;
       opt_.forward.sinks = opt_.sinks;
     } else if (ctx_ - sink_keep_ < 2 * B) {
-      fail("--context-overflow shift: --ctx %d leaves less than two blocks of %d tokens after the sinks", ctx_, B);
+      fail(
+          "--context-overflow shift: --ctx %d leaves less than two blocks of %d tokens after the "
+          "sinks",
+          ctx_, B);
     }
   }
   cache_ = std::make_unique<kv::KvCache>(cc, opt.block_summaries);
-  st_ = std::make_unique<model::ForwardState>(c, std::max(1, opt_.max_batch), ctx_, threads, cc.block());
+  st_ = std::make_unique<model::ForwardState>(c, std::max(1, opt_.max_batch), ctx_, threads,
+                                              cc.block());
   logits_.reset(static_cast<size_t>(c.vocab_size));
 }
 
@@ -94,12 +108,17 @@ void Session::make_room() {
     count = (n - first) / 2 / B * B;  // the oldest half
   }
   int droppable = cache_->droppable(0);
-  for (int l = 1; l < m_.config().n_layers; ++l) droppable = std::min(droppable, cache_->droppable(l));
+  for (int l = 1; l < m_.config().n_layers; ++l)
+    droppable = std::min(droppable, cache_->droppable(l));
   count = std::min(count, (droppable - first) / B * B);
   if (count < B) {
-    fail("the context of %d tokens is full and no whole block of %d stored tokens can be dropped after the %d sink "
-         "tokens (the newest %d are in the residual window or the attention window): use a larger --ctx or a smaller "
-         "--residual", ctx_, B, first, n - droppable);
+    fail(
+        "the context of %d tokens is full and no whole block of %d stored tokens can be dropped "
+        "after the %d sink "
+        "tokens (the newest %d are in the residual window or the attention window): use a larger "
+        "--ctx or a smaller "
+        "--residual",
+        ctx_, B, first, n - droppable);
   }
   const auto& c = m_.config();
   const bool post = cache_->config().key_rope == kv::KeyRope::kPost && !c.alibi;
@@ -124,21 +143,23 @@ const float* Session::prefill(const std::vector<int>& tokens, float* all_logits)
   const int n = static_cast<int>(tokens.size());
   if (n == 0) fail("prefill: no tokens");
   if (opt_.overflow == ContextOverflow::kStop && pos() + n > ctx_) {
-    fail("prompt of %d tokens does not fit: %d already in the context of %d tokens", n, pos(), ctx_);
+    fail("prompt of %d tokens does not fit: %d already in the context of %d tokens", n, pos(),
+         ctx_);
   }
   const int V = vocab();
   for (int i = 0, b = 0; i < n; i += b) {
     if (pos() == ctx_) make_room();
     b = std::min({st_->max_batch, n - i, ctx_ - pos()});
     if (all_logits) {
-      model::forward(m_, *st_, *cache_, tokens.data() + i, b, all_logits + static_cast<size_t>(i) * V, true,
-                     pool_, opt_.forward);
+      model::forward(m_, *st_, *cache_, tokens.data() + i, b,
+                     all_logits + static_cast<size_t>(i) * V, true, pool_, opt_.forward);
     } else {
-      model::forward(m_, *st_, *cache_, tokens.data() + i, b, i + b == n ? logits_.data() : nullptr, false,
-                     pool_, opt_.forward);
+      model::forward(m_, *st_, *cache_, tokens.data() + i, b, i + b == n ? logits_.data() : nullptr,
+                     false, pool_, opt_.forward);
     }
   }
-  if (all_logits) std::memcpy(logits_.data(), all_logits + static_cast<size_t>(n - 1) * V, V * sizeof(float));
+  if (all_logits)
+    std::memcpy(logits_.data(), all_logits + static_cast<size_t>(n - 1) * V, V * sizeof(float));
   return logits_.data();
 }
 
@@ -159,18 +180,24 @@ void Session::reset() {
   overflow_seconds_ = 0.0;
 }
 
-uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx, int max_batch) {
+uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx,
+                       int max_batch) {
   kv::CacheConfig cc = cache;
   cc.n_layers = c.n_layers;
   cc.n_kv_heads = c.n_kv_heads;
   cc.head_dim = c.head_dim();
   cc.ctx = ctx;
-  const bool tensor_scaled = (cc.k.format == kv::Format::kInt8 && cc.k.granularity == kv::Int8Granularity::kTensor) ||
-                             (cc.v.format == kv::Format::kInt8 && cc.v.granularity == kv::Int8Granularity::kTensor);
-  const uint64_t b = static_cast<uint64_t>(std::max(1, tensor_scaled ? std::max(max_batch, ctx) : max_batch));
-  const uint64_t activations = b * (4ull * c.dim + 2ull * c.q_dim() + 2ull * c.kv_dim() + 2ull * c.hidden_dim) * sizeof(float);
+  const bool tensor_scaled =
+      (cc.k.format == kv::Format::kInt8 && cc.k.granularity == kv::Int8Granularity::kTensor) ||
+      (cc.v.format == kv::Format::kInt8 && cc.v.granularity == kv::Int8Granularity::kTensor);
+  const uint64_t b =
+      static_cast<uint64_t>(std::max(1, tensor_scaled ? std::max(max_batch, ctx) : max_batch));
+  const uint64_t activations =
+      b * (4ull * c.dim + 2ull * c.q_dim() + 2ull * c.kv_dim() + 2ull * c.hidden_dim) *
+      sizeof(float);
   const uint64_t rope = static_cast<uint64_t>(ctx) * c.head_dim() * sizeof(float);
-  return kv::expected_bytes_reserved(cc) + activations + rope + static_cast<uint64_t>(c.vocab_size) * sizeof(float);
+  return kv::expected_bytes_reserved(cc) + activations + rope +
+         static_cast<uint64_t>(c.vocab_size) * sizeof(float);
 }
 
 }  // namespace kivi::runtime

@@ -33,21 +33,23 @@ ContextOverflow parse_context_overflow(const std::string& s);
 const char* context_overflow_name(ContextOverflow o);
 
 struct SessionOptions {
-  int ctx = 0;                 // tokens; 0 = the model's context
-  int threads = 0;             // 0 = all hardware threads
-  int max_batch = 64;          // prefill chunk
-  kv::CacheConfig cache;       // formats, G, R, ...; shape fields are filled from the model
+  int ctx = 0;            // tokens; 0 = the model's context
+  int threads = 0;        // 0 = all hardware threads
+  int max_batch = 64;     // prefill chunk
+  kv::CacheConfig cache;  // formats, G, R, ...; shape fields are filled from the model
   bool block_summaries = false;
   ContextOverflow overflow = ContextOverflow::kStop;
-  int sinks = 4;               // shift and window: tokens at the start that are always kept
+  int sinks = 4;  // shift and window: tokens at the start that are always kept
   model::ForwardOptions forward;
-  ThreadPool* pool = nullptr;  // shared worker threads (sessions run one at a time); null = own pool of `threads`
+  ThreadPool* pool =
+      nullptr;  // shared worker threads (sessions run one at a time); null = own pool of `threads`
 };
 
 // Bytes a session allocates for `ctx` tokens: the KV cache reservation, the activations
 // of a prefill chunk of `max_batch` tokens, the RoPE table and the logits (the attention
 // workspace is small beside them). For memory checks before creating one.
-uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx, int max_batch = 64);
+uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx,
+                       int max_batch = 64);
 
 class Session {
  public:

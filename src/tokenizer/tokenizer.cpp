@@ -54,8 +54,12 @@ static int parse_byte_piece(const std::string& p) {
 
 Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
                      std::vector<TokenType> types, int bos_id, int eos_id, int unk_id)
-    : pieces_(std::move(pieces)), scores_(std::move(scores)), types_(std::move(types)),
-      bos_id_(bos_id), eos_id_(eos_id), unk_id_(unk_id) {
+    : pieces_(std::move(pieces)),
+      scores_(std::move(scores)),
+      types_(std::move(types)),
+      bos_id_(bos_id),
+      eos_id_(eos_id),
+      unk_id_(unk_id) {
   const int n = static_cast<int>(pieces_.size());
   if (n == 0) fail("tokenizer has no tokens");
   if (scores_.size() != pieces_.size() || types_.size() != pieces_.size()) {
@@ -63,7 +67,8 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
          types_.size());
   }
   auto check_id = [n](const char* what, int id) {
-    if (id < -1 || id >= n) fail("tokenizer: %s id %d is outside the vocabulary (0 to %d)", what, id, n - 1);
+    if (id < -1 || id >= n)
+      fail("tokenizer: %s id %d is outside the vocabulary (0 to %d)", what, id, n - 1);
   };
   check_id("BOS", bos_id_);
   check_id("EOS", eos_id_);
@@ -89,15 +94,16 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
 }
 
 Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector<TokenType> types,
-                                    const std::vector<std::string>& merges, const std::string& pre, int bos_id,
-                                    int eos_id, const std::string& source) {
+                                    const std::vector<std::string>& merges, const std::string& pre,
+                                    int bos_id, int eos_id, const std::string& source) {
   const int n = static_cast<int>(pieces.size());
   if (n == 0) fail("%s: tokenizer has no tokens", source.c_str());
   if (types.size() != pieces.size()) {
     fail("%s: %zu tokens but %zu token types", source.c_str(), pieces.size(), types.size());
   }
   auto check_id = [&](const char* what, int id) {
-    if (id < -1 || id >= n) fail("%s: %s id %d is outside the vocabulary (0 to %d)", source.c_str(), what, id, n - 1);
+    if (id < -1 || id >= n)
+      fail("%s: %s id %d is outside the vocabulary (0 to %d)", source.c_str(), what, id, n - 1);
   };
   check_id("BOS", bos_id);
   check_id("EOS", eos_id);
@@ -116,25 +122,29 @@ Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector
   tk.eos_id_ = eos_id;
   tk.unk_id_ = -1;
   tk.add_dummy_prefix_ = false;
-  tk.add_bos_ = tk.bpe_->pre().ignore_merges();  // llama.cpp's default: Llama 3 wants BOS, others not
+  tk.add_bos_ =
+      tk.bpe_->pre().ignore_merges();  // llama.cpp's default: Llama 3 wants BOS, others not
   tk.index_specials();
   return tk;
 }
 
 // End-of-generation markers recognized by their text (llama.cpp's list, the common ones).
-static const char* const kEndMarkers[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                          "<|eom_id|>", "<EOT>", "<|end_of_text|>"};
+static const char* const kEndMarkers[] = {"<|eot_id|>",    "<|im_end|>",     "<|end|>",
+                                          "<end_of_turn>", "<|endoftext|>",  "<|eom_id|>",
+                                          "<EOT>",         "<|end_of_text|>"};
 
 void Tokenizer::index_specials() {
   const int n = vocab_size();
   special_by_byte_.assign(256, {});
   for (int i = 0; i < n; ++i) {
-    if ((types_[i] == TokenType::kControl || types_[i] == TokenType::kUserDefined) && !pieces_[i].empty()) {
+    if ((types_[i] == TokenType::kControl || types_[i] == TokenType::kUserDefined) &&
+        !pieces_[i].empty()) {
       special_by_byte_[static_cast<uint8_t>(pieces_[i][0])].push_back(i);
     }
   }
   for (auto& v : special_by_byte_) {
-    std::stable_sort(v.begin(), v.end(), [&](int a, int b) { return pieces_[a].size() > pieces_[b].size(); });
+    std::stable_sort(v.begin(), v.end(),
+                     [&](int a, int b) { return pieces_[a].size() > pieces_[b].size(); });
   }
   if (eot_id_ < 0) {
     for (const char* m : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>"}) {
@@ -158,28 +168,34 @@ void Tokenizer::index_specials() {
 }
 
 void Tokenizer::set_eot_id(int id) {
-  if (id < -1 || id >= vocab_size()) fail("tokenizer: EOT id %d is outside the vocabulary (0 to %d)", id, vocab_size() - 1);
+  if (id < -1 || id >= vocab_size())
+    fail("tokenizer: EOT id %d is outside the vocabulary (0 to %d)", id, vocab_size() - 1);
   eot_id_ = id;
   index_specials();
 }
 
 void Tokenizer::set_eom_id(int id) {
-  if (id < -1 || id >= vocab_size()) fail("tokenizer: EOM id %d is outside the vocabulary (0 to %d)", id, vocab_size() - 1);
+  if (id < -1 || id >= vocab_size())
+    fail("tokenizer: EOM id %d is outside the vocabulary (0 to %d)", id, vocab_size() - 1);
   eom_id_ = id;
   index_specials();
 }
 
 std::string Tokenizer::describe() const {
   if (bpe_) {
-    return strfmt("byte-level BPE (gpt2), %d tokens, %d merges, pre-tokenizer %s, BOS %d%s, EOS %d, EOT %d%s",
-                  vocab_size(), bpe_->n_merges(), bpe_->pre().name().c_str(), bos_id_, add_bos_ ? " (added)" : "",
-                  eos_id_, eot_id_, chat_template_.empty() ? "" : ", chat template");
+    return strfmt(
+        "byte-level BPE (gpt2), %d tokens, %d merges, pre-tokenizer %s, BOS %d%s, EOS %d, EOT %d%s",
+        vocab_size(), bpe_->n_merges(), bpe_->pre().name().c_str(), bos_id_,
+        add_bos_ ? " (added)" : "", eos_id_, eot_id_,
+        chat_template_.empty() ? "" : ", chat template");
   }
-  return strfmt("SentencePiece BPE, %d pieces, BOS %d, EOS %d, %d byte pieces, dummy prefix %s", vocab_size(), bos_id_,
-                eos_id_, n_byte_pieces(), add_dummy_prefix_ ? "on" : "off");
+  return strfmt("SentencePiece BPE, %d pieces, BOS %d, EOS %d, %d byte pieces, dummy prefix %s",
+                vocab_size(), bos_id_, eos_id_, n_byte_pieces(), add_dummy_prefix_ ? "on" : "off");
 }
 
-bool Tokenizer::is_end_of_generation(int token) const { return std::binary_search(eog_.begin(), eog_.end(), token); }
+bool Tokenizer::is_end_of_generation(int token) const {
+  return std::binary_search(eog_.begin(), eog_.end(), token);
+}
 
 int Tokenizer::find_special(std::string_view text) const {
   if (text.empty() || special_by_byte_.empty()) return -1;
@@ -231,8 +247,10 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f, int vocab_size) {
   const auto model = f.get_string_opt("tokenizer.ggml.model");
   if (!model) fail("%s: no tokenizer in the file (missing 'tokenizer.ggml.model')", path);
   if (*model != "llama" && *model != "gpt2") {
-    fail("%s: unsupported tokenizer '%s' (supported: 'llama', SentencePiece BPE with scores; 'gpt2', byte-level BPE)",
-         path, model->c_str());
+    fail(
+        "%s: unsupported tokenizer '%s' (supported: 'llama', SentencePiece BPE with scores; "
+        "'gpt2', byte-level BPE)",
+        path, model->c_str());
   }
   auto pieces = f.get_string_array("tokenizer.ggml.tokens");
   const int n = static_cast<int>(pieces.size());
@@ -254,17 +272,20 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f, int vocab_size) {
     auto v = f.get_uint_opt(key);
     if (!v) return def;
     if (*v >= static_cast<uint64_t>(n)) {
-      fail("%s: %s = %llu is outside the vocabulary (0 to %d)", path, key, static_cast<unsigned long long>(*v), n - 1);
+      fail("%s: %s = %llu is outside the vocabulary (0 to %d)", path, key,
+           static_cast<unsigned long long>(*v), n - 1);
     }
     return static_cast<int>(*v);
   };
   Tokenizer tk;
   if (*model == "gpt2") {
-    if (!f.has("tokenizer.ggml.merges")) fail("%s: byte-level BPE vocabulary has no merges (missing 'tokenizer.ggml.merges')", path);
+    if (!f.has("tokenizer.ggml.merges"))
+      fail("%s: byte-level BPE vocabulary has no merges (missing 'tokenizer.ggml.merges')", path);
     const auto merges = f.get_string_array("tokenizer.ggml.merges");
     // A file without tokenizer.ggml.pre gets llama.cpp's "default" expressions, as llama.cpp does.
     const std::string pre = f.get_string_opt("tokenizer.ggml.pre").value_or("default");
-    tk = byte_level_bpe(std::move(pieces), std::move(types), merges, pre, id("tokenizer.ggml.bos_token_id", -1),
+    tk = byte_level_bpe(std::move(pieces), std::move(types), merges, pre,
+                        id("tokenizer.ggml.bos_token_id", -1),
                         id("tokenizer.ggml.eos_token_id", -1), f.path());
   } else {
     std::vector<float> scores(n, 0.0f);
@@ -275,13 +296,15 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f, int vocab_size) {
       }
     }
     tk = Tokenizer(std::move(pieces), std::move(scores), std::move(types),
-                   id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1), id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1),
+                   id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1),
+                   id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1),
                    id("tokenizer.ggml.unknown_token_id", 0));
     if (auto p = f.get_bool_opt("tokenizer.ggml.add_space_prefix")) tk.set_add_dummy_prefix(*p);
   }
   if (auto p = f.get_bool_opt("tokenizer.ggml.add_bos_token")) tk.set_add_bos(*p);
   if (auto p = f.get_bool_opt("tokenizer.ggml.add_eos_token")) tk.set_add_eos(*p);
-  const int eot = id("tokenizer.ggml.eot_token_id", -1), eom = id("tokenizer.ggml.eom_token_id", -1);
+  const int eot = id("tokenizer.ggml.eot_token_id", -1),
+            eom = id("tokenizer.ggml.eom_token_id", -1);
   if (eot >= 0) tk.set_eot_id(eot);
   if (eom >= 0) tk.set_eom_id(eom);
   if (auto t = f.get_string_opt("tokenizer.chat_template")) tk.set_chat_template(*t);
@@ -297,7 +320,8 @@ static int utf8_len(unsigned char c) {
   return 1;
 }
 
-std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos, bool parse_special) const {
+std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos,
+                                   bool parse_special) const {
   std::vector<int> out;
   if (add_bos && bos_id_ >= 0) out.push_back(bos_id_);
   const std::vector<int> body = encode_segments({TextSegment{text, parse_special}});
@@ -347,7 +371,8 @@ void Tokenizer::encode_text(std::string_view text, bool first, std::vector<int>&
   if (bpe_) {
     bpe_->encode(text, out);
   } else {
-    encode_spm(text, add_dummy_prefix_ && first, out);  // the dummy prefix goes before the text only
+    encode_spm(text, add_dummy_prefix_ && first,
+               out);  // the dummy prefix goes before the text only
   }
 }
 
@@ -436,7 +461,8 @@ std::string Tokenizer::decode(int prev, int token) const {
     if (b >= 0) return std::string(1, static_cast<char>(b));
   }
   std::string s = from_sentencepiece(pieces_[token]);
-  if ((prev == bos_id_ || prev < 0) && !s.empty() && s[0] == ' ' && add_dummy_prefix_) s.erase(0, 1);
+  if ((prev == bos_id_ || prev < 0) && !s.empty() && s[0] == ' ' && add_dummy_prefix_)
+    s.erase(0, 1);
   return s;
 }
 

@@ -29,7 +29,13 @@ namespace kivi::tok {
 
 // GGUF token types (llama.cpp's llama_token_type).
 enum class TokenType : int32_t {
-  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6,
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
 };
 
 inline constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space
@@ -61,8 +67,8 @@ class Tokenizer {
   // types, "left right" merges in rank order and the pre-tokenizer name. `source` names
   // the origin in errors. BOS/EOS may be -1 (none).
   static Tokenizer byte_level_bpe(std::vector<std::string> pieces, std::vector<TokenType> types,
-                                  const std::vector<std::string>& merges, const std::string& pre, int bos_id,
-                                  int eos_id, const std::string& source);
+                                  const std::vector<std::string>& merges, const std::string& pre,
+                                  int bos_id, int eos_id, const std::string& source);
 
   // Encodes UTF-8 text. add_bos prepends BOS, add_eos appends EOS (callers pass
   // add_bos() for "as the vocabulary asks": SentencePiece and Llama 3 want BOS, Qwen
@@ -88,7 +94,9 @@ class Tokenizer {
   // character: see StreamDecoder).
   std::string token_text(int token, bool special = false) const;
 
-  TokenizerKind kind() const { return bpe_ ? TokenizerKind::kByteLevelBpe : TokenizerKind::kSentencePiece; }
+  TokenizerKind kind() const {
+    return bpe_ ? TokenizerKind::kByteLevelBpe : TokenizerKind::kSentencePiece;
+  }
   // One line for `kivi info`: kind, size, special ids, pre-tokenizer or byte pieces.
   std::string describe() const;
   // "llama" or "gpt2", as in tokenizer.ggml.model.

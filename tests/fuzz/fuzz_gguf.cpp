@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint64_t row_bytes = kivi::quant::row_bytes(ti->type, t.dims[0]);
       float row[4096];
       kivi::quant::dequantize_row(ti->type, t.data, row, static_cast<int64_t>(t.dims[0]));
-      kivi::quant::dequantize_row(ti->type, t.data + (rows - 1) * row_bytes, row, static_cast<int64_t>(t.dims[0]));
+      kivi::quant::dequantize_row(ti->type, t.data + (rows - 1) * row_bytes, row,
+                                  static_cast<int64_t>(t.dims[0]));
       sum += static_cast<uint64_t>(row[0] != row[0]);
     }
     (void)sum;

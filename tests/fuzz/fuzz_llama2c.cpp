@@ -10,7 +10,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     auto ck = kivi::io::parse_llama2c(data, size, "fuzz.bin");
     const auto& h = ck->header;
-    const uint64_t dim = h.dim, L = h.n_layers, hid = h.hidden_dim, kv = h.n_kv_heads * (h.dim / h.n_heads);
+    const uint64_t dim = h.dim, L = h.n_layers, hid = h.hidden_dim,
+                   kv = h.n_kv_heads * (h.dim / h.n_heads);
     float f;
     auto touch = [&](const float* p, uint64_t n) {
       std::memcpy(&f, p, 4);
