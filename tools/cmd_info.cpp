@@ -141,6 +141,11 @@ int cmd_info(int argc, char** argv) {
     j.kv("norm_eps", c.norm_eps)
         .kv("shared_classifier", c.shared_classifier)
         .kv("synthetic", c.synthetic);
+    j.kv("rope_style", c.rope_style == attn::RopeStyle::kNeox ? "neox" : "adjacent");
+    j.kv("rope_scaling", !c.rope_freq_factors.empty() ? "divisors"
+                         : c.rope_freq_scale != 1.0f  ? "linear"
+                                                      : "none");
+    j.kv("attn_bias", c.attn_bias).kv("qk_norm", c.qk_norm);
     j.kv("params", c.n_params());
     if (m) j.kv("weight_bytes", static_cast<uint64_t>(m->weight_bytes()));
     if (m) {
@@ -218,6 +223,15 @@ int cmd_info(int argc, char** argv) {
       "  vocab            %d\n  context          %d\n  rope theta       %g\n  rms eps          "
       "%g\n",
       c.vocab_size, c.ctx, c.rope_theta, c.norm_eps);
+  std::printf("  rope             %s pairs%s\n",
+              c.rope_style == attn::RopeStyle::kNeox ? "NeoX (i, i + D/2)" : "adjacent (2i, 2i+1)",
+              !c.rope_freq_factors.empty() ? ", per-frequency divisors (rope_freqs.weight)"
+              : c.rope_freq_scale != 1.0f  ? ", linear scaling"
+                                           : "");
+  if (c.attn_bias || c.qk_norm) {
+    std::printf("  attention        %s%s%s\n", c.attn_bias ? "Q/K/V biases" : "",
+                c.attn_bias && c.qk_norm ? ", " : "", c.qk_norm ? "per-head Q/K RMSNorm" : "");
+  }
   std::printf("  classifier       %s\n",
               c.shared_classifier ? "tied to the embedding" : "separate");
   std::printf("  parameters       %.3f M\n", c.n_params() / 1e6);

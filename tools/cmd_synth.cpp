@@ -9,6 +9,7 @@
 #include "core/sysinfo.h"
 #include "core/timer.h"
 #include "io/atomic_file.h"
+#include "model/config.h"
 #include "model/presets.h"
 #include "model/synth.h"
 #include "model/synth_tokenizer.h"
@@ -21,10 +22,13 @@ int cmd_synth(int argc, char** argv) {
       "synth",
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
-      "[--outtype TYPE] [--seed S] [--json]",
-      "Writes a llama-architecture GGUF v3 with seeded random weights at a model's shape, for\n"
-      "speed and memory measurements (the text it generates is meaningless, and the tools say\n"
-      "so). Matrices are N(0, 0.02^2) in F16 (or --outtype), norm weights 1 in F32; the file "
+      "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--outtype TYPE] [--seed S] [--json]",
+      "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
+      "speed and memory measurements and architecture tests (the text it generates is "
+      "meaningless,\n"
+      "and the tools say so). Matrices are N(0, 0.02^2) in F16 (or --outtype), norm weights 1 in "
+      "F32\n"
+      "(qwen3's per-head Q/K norms 1 + N(0, 0.2^2)), qwen2's Q/K/V biases N(0, 0.5^2); the file "
       "carries a\n"
       "small SentencePiece tokenizer (control tokens, the 256 byte pieces, generated pieces up to\n"
       "the vocabulary size) and kivi.synthetic = true. The same arguments give the same bytes.\n"
@@ -35,7 +39,14 @@ int cmd_synth(int argc, char** argv) {
       "(weights, an f32 cache of min(ctx, 4096) tokens, activations) against the available "
       "memory.");
   a.section("Shape");
-  a.add("preset", 0, "NAME", "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
+  a.add("preset", 0, "NAME",
+        "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, tiny.");
+  a.add("arch", 0, "ARCH",
+        "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE) or qwen3 "
+        "(per-head Q/K RMSNorm, "
+        "NeoX RoPE). Default: the preset's, else llama.");
+  a.add("head-dim", 0, "HD",
+        "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");
   a.add("layers", 0, "L", "Transformer blocks (1 to 1024).");
   a.add("dim", 0, "D", "Embedding width (2 to 65536, a multiple of --heads).");
   a.add("heads", 0, "H", "Query heads (dim / heads must be even).");
@@ -45,6 +56,13 @@ int cmd_synth(int argc, char** argv) {
   a.add("ctx", 0, "C",
         "Context length written to the file (1 to " + std::to_string(model::kMaxContext) + ").");
   a.add("rope-theta", 0, "T", "RoPE base. Default: the preset's, else 10000.");
+  a.add("rope-scaling", 0, "KIND",
+        "none, or llama3 (Llama 3.1 RoPE scaling, written as the rope_freqs.weight divisors "
+        "llama.cpp reads; "
+        "low/high frequency factors 1 and 4, original context 8192). Default: the preset's, else "
+        "none.");
+  a.add("rope-scaling-factor", 0, "F",
+        "Factor of llama3 scaling (1 to 1024). Default: the preset's, else 8.");
   a.add("classifier", 0, "KIND",
         "tied (output = token embedding) or separate. Default: the preset's, else tied.");
   a.section("Tokenizer");
@@ -108,6 +126,31 @@ int cmd_synth(int argc, char** argv) {
     overridden = true;
   }
   if (a.given("rope-theta")) c.rope_theta = static_cast<float>(a.number("rope-theta", 1e-30, 1e9));
+  if (a.given("arch")) {
+    const std::string arch = a.str("arch");
+    if (!model::is_supported_architecture(arch)) {
+      fail("--arch: unknown value '%s' (valid: %s)", arch.c_str(),
+           model::supported_architectures());
+    }
+    if (arch != c.arch) overridden = true;
+    model::apply_arch_defaults(c, arch);
+  }
+  if (a.given("head-dim")) {
+    c.key_length = static_cast<int>(a.integer("head-dim", 2, 1024));
+    overridden = true;
+  }
+  model::RopeScaling scaling =
+      a.given("preset") ? model::find_preset(a.str("preset")).rope_scaling : model::RopeScaling{};
+  if (a.given("rope-scaling")) {
+    const std::string k = a.str("rope-scaling");
+    if (k != "none" && k != "llama3")
+      fail("--rope-scaling: unknown value '%s' (valid: none, llama3)", k.c_str());
+    scaling.factor = k == "none" ? 0.0f : scaling.factor > 0.0f ? scaling.factor : 8.0f;
+  }
+  if (a.given("rope-scaling-factor")) {
+    if (scaling.factor == 0.0f) fail("--rope-scaling-factor needs --rope-scaling llama3");
+    scaling.factor = static_cast<float>(a.number("rope-scaling-factor", 1.0, 1024.0));
+  }
   if (a.given("classifier")) {
     const std::string k = a.str("classifier");
     if (k != "tied" && k != "separate")
@@ -122,11 +165,17 @@ int cmd_synth(int argc, char** argv) {
                                              a.str("tokenizer-config"), a.given("vocab"));
   }
   model::validate_synth_config(c);
+  c.rope_freq_factors.clear();
+  if (scaling.factor > 0.0f) {
+    c.rope_freq_factors = model::llama3_rope_factors(
+        c.head_dim(), c.rope_theta, scaling.factor, scaling.low_freq_factor,
+        scaling.high_freq_factor, scaling.original_ctx);
+  }
   c.synthetic = true;
   if (spec.label.empty() || overridden) {
-    spec.label = strfmt("%s%d layers, dim %d, %d heads, %d KV heads, ffn %d, vocab %d",
-                        spec.label.empty() ? "" : (spec.label + "-like: ").c_str(), c.n_layers,
-                        c.dim, c.n_heads, c.n_kv_heads, c.hidden_dim, c.vocab_size);
+    spec.label = strfmt("%s%s, %d layers, dim %d, %d heads, %d KV heads, ffn %d, vocab %d",
+                        spec.label.empty() ? "" : (spec.label + "-like: ").c_str(), c.arch.c_str(),
+                        c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.hidden_dim, c.vocab_size);
   }
 
   // Resources first: nothing is allocated or written if the model cannot be run here or
@@ -154,7 +203,8 @@ int cmd_synth(int argc, char** argv) {
         .kv("name", model::synthetic_name(spec.label))
         .kv("bytes", r.bytes)
         .kv("tensors", r.n_tensors);
-    j.kv("params", c.n_params()).kv("outtype", outtype).kv("seed", spec.seed);
+    j.kv("params", c.n_params()).kv("outtype", outtype).kv("seed", spec.seed).kv("arch", c.arch);
+    j.kv("head_dim", c.head_dim()).kv("rope_scaling", scaling.factor > 0.0f ? "llama3" : "none");
     j.kv("n_layers", c.n_layers)
         .kv("dim", c.dim)
         .kv("n_heads", c.n_heads)

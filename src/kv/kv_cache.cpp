@@ -419,7 +419,7 @@ int KvCache::droppable(int layer) const {
   return stored / block_ * block_;
 }
 
-void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row) {
+void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row, bool neox) {
   if (borrows(layer)) return;
   Layer& L = layers_.at(layer);
   StreamStore& s = L.k;
@@ -441,10 +441,11 @@ void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row)
       } else {
         ops::f16_to_f32_n(reinterpret_cast<const f16_t*>(row), x.data(), D);
       }
-      for (int i = 0; i < D / 2; ++i) {  // adjacent pairs, as the model rotates them
-        const float c = rope_row[2 * i], sn = rope_row[2 * i + 1], a = x[2 * i], b = x[2 * i + 1];
-        x[2 * i] = a * c - b * sn;
-        x[2 * i + 1] = a * sn + b * c;
+      for (int i = 0; i < D / 2; ++i) {  // the pairs the model rotates
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
+        const float c = rope_row[2 * i], sn = rope_row[2 * i + 1], a = x[i0], b = x[i1];
+        x[i0] = a * c - b * sn;
+        x[i1] = a * sn + b * c;
       }
       if (s.lay.fmt.format == Format::kF32) {
         std::memcpy(row, x.data(), D * sizeof(float));

@@ -173,7 +173,8 @@ class KvCache {
   // Rotates the stored keys of tokens [first, last) of `layer` by one RoPE row
   // ([D/2][2] cos, sin; adjacent pairs) in place: moves keys stored after RoPE to other
   // positions. f32 and f16 keys only (quantized keys would be rounded twice).
-  void rotate_keys(int layer, int first, int last, const float* rope_row);
+  // `neox`: pairs (i, i + D/2) instead of (2i, 2i + 1).
+  void rotate_keys(int layer, int first, int last, const float* rope_row, bool neox = false);
 
   LayerView view(int layer) const;
   // The view as it was when the layer held its first n tokens: exact for formats that

@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace kivi::model {
@@ -16,8 +18,11 @@ void ModelConfig::validate(const std::string& src) const {
   range("n_kv_heads (attention.head_count_kv)", n_kv_heads, 1, n_heads);
   range("vocab_size", vocab_size, 1, 1 << 22);
   range("context_length", ctx, 1, kMaxContext);
-  if (dim % n_heads != 0)
+  if (key_length != 0) {
+    range("head dimension (attention.key_length)", key_length, 2, 1024);
+  } else if (dim % n_heads != 0) {
     fail("%s: n_heads = %d does not divide dim = %d", src.c_str(), n_heads, dim);
+  }
   if (n_heads % n_kv_heads != 0) {
     fail("%s: n_kv_heads = %d does not divide n_heads = %d", src.c_str(), n_kv_heads, n_heads);
   }
@@ -26,11 +31,77 @@ void ModelConfig::validate(const std::string& src) const {
   if (!(rope_theta > 0.0f)) fail("%s: rope.freq_base = %g, expected > 0", src.c_str(), rope_theta);
   if (!(norm_eps > 0.0f) || norm_eps > 1.0f)
     fail("%s: layer_norm_rms_epsilon = %g, expected in (0, 1]", src.c_str(), norm_eps);
+  if (!(rope_freq_scale > 0.0f) || rope_freq_scale > 1.0f) {
+    fail(
+        "%s: RoPE frequency scale %g (1 / rope.scaling.factor) is out of range (valid: above 0, at "
+        "most 1)",
+        src.c_str(), rope_freq_scale);
+  }
+  if (!rope_freq_factors.empty()) {
+    if (static_cast<int>(rope_freq_factors.size()) != head_dim() / 2) {
+      fail("%s: rope_freqs.weight has %zu elements, expected head_dim / 2 = %d", src.c_str(),
+           rope_freq_factors.size(), head_dim() / 2);
+    }
+    for (size_t i = 0; i < rope_freq_factors.size(); ++i) {
+      const float f = rope_freq_factors[i];
+      if (!(f > 0.0f) || !std::isfinite(f))
+        fail("%s: rope_freqs.weight[%zu] = %g, expected a finite value above 0", src.c_str(), i, f);
+    }
+  }
+}
+
+const char* supported_architectures() { return "llama, qwen2, qwen3"; }
+
+bool is_supported_architecture(const std::string& arch) {
+  return arch == "llama" || arch == "qwen2" || arch == "qwen3";
+}
+
+void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
+  if (!is_supported_architecture(arch)) {
+    fail("unsupported architecture '%s' (supported: %s)",
+         arch.empty() ? "(missing general.architecture)" : arch.c_str(), supported_architectures());
+  }
+  c.arch = arch;
+  const bool qwen = arch == "qwen2" || arch == "qwen3";
+  c.rope_style = qwen ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
+  c.attn_bias = arch == "qwen2";
+  c.qk_norm = arch == "qwen3";
+}
+
+std::vector<float> llama3_rope_factors(int hd, float theta, float factor, float low, float high,
+                                       float original_ctx) {
+  if (!(factor >= 1.0f) || !(low > 0.0f) || !(high > low) || !(original_ctx > 0.0f)) {
+    fail(
+        "llama3 RoPE scaling: factor %g, low_freq_factor %g, high_freq_factor %g, original context "
+        "%g (valid: factor "
+        ">= 1, 0 < low < high, context > 0)",
+        factor, low, high, original_ctx);
+  }
+  const double low_wavelen = original_ctx / low, high_wavelen = original_ctx / high;
+  std::vector<float> out(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) {
+    const double f = std::pow(static_cast<double>(theta), -2.0 * i / hd);
+    const double wavelen = 2.0 * M_PI / f;
+    double scaled;
+    if (wavelen < high_wavelen) {
+      scaled = f;
+    } else if (wavelen > low_wavelen) {
+      scaled = f / factor;
+    } else {
+      const double s = (original_ctx / wavelen - low) / (high - low);
+      scaled = (1.0 - s) * f / factor + s * f;
+    }
+    out[i] = static_cast<float>(f / scaled);
+  }
+  return out;
 }
 
 double ModelConfig::n_params() const {
   const double d = dim, h = hidden_dim, kv = kv_dim(), v = vocab_size;
-  double per_layer = 2 * d + d * d * 2 + 2 * d * kv + 3 * d * h;
+  const double qd = q_dim();
+  double per_layer = 2 * d + d * qd * 2 + 2 * d * kv + 3 * d * h;
+  if (attn_bias) per_layer += qd + 2 * kv;
+  if (qk_norm) per_layer += 2 * head_dim();
   return v * d * (shared_classifier ? 1 : 2) + n_layers * per_layer + d;
 }
 

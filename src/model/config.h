@@ -1,7 +1,17 @@
 // Llama-family model hyperparameters, from a llama2.c header or GGUF metadata.
+//
+// Architectures (GGUF general.architecture) differ only in a few switches here:
+//   llama  RoPE on adjacent pairs (2i, 2i+1), optional per-frequency divisors
+//          (rope_freqs.weight: Llama 3.1/3.2 "llama3" scaling) or linear scaling;
+//   qwen2  biases on the Q, K and V projections, NeoX RoPE (pairs (i, i + D/2));
+//   qwen3  RMSNorm of every query and key head before RoPE, NeoX RoPE, a head
+//          dimension that may differ from dim / n_heads (attention.key_length).
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "attn/attention.h"
 
 namespace kivi::model {
 
@@ -24,13 +34,40 @@ struct ModelConfig {
   bool shared_classifier = true;  // output projection tied to the token embedding
   bool alibi = false;             // ALiBi biases instead of RoPE (a run-time option)
   bool synthetic = false;         // random weights, for speed measurement only
+  // Architecture features (set from `arch` by apply_arch_defaults, then from the file).
+  int key_length = 0;  // head dimension when it is not dim / n_heads (0: dim / n_heads)
+  attn::RopeStyle rope_style = attn::RopeStyle::kAdjacent;
+  float rope_freq_scale =
+      1.0f;  // linear RoPE scaling: every angle times this (1 / rope.scaling.factor)
+  std::vector<float>
+      rope_freq_factors;   // [head_dim / 2] divisor of each pair's frequency, or empty
+  bool attn_bias = false;  // Q, K and V projections carry biases (qwen2)
+  bool qk_norm = false;    // RMSNorm over each query and key head before RoPE (qwen3)
 
-  int head_dim() const { return dim / n_heads; }
+  int head_dim() const { return key_length > 0 ? key_length : dim / n_heads; }
+  int q_dim() const { return n_heads * head_dim(); }
   int kv_dim() const { return n_kv_heads * head_dim(); }
   // Throws kivi::Error naming the field and its valid range; `source` names the file.
   void validate(const std::string& source) const;
   // Weight count (for memory estimates).
   double n_params() const;
 };
+
+// The architectures kivi.cpp loads, for messages: "llama, qwen2, qwen3".
+const char* supported_architectures();
+bool is_supported_architecture(const std::string& arch);
+// Sets arch and the switches it implies (RoPE style, biases, QK norm); throws
+// kivi::Error naming the architecture and the supported list when unknown.
+void apply_arch_defaults(ModelConfig& c, const std::string& arch);
+
+// Llama 3.1 RoPE scaling ("rope_type": "llama3" in Hugging Face configs; Meta's
+// reference apply_scaling): pair i of frequency f = theta^(-2i/D) and wavelength
+// 2 pi / f keeps f when the wavelength is below original_ctx / high_freq_factor,
+// becomes f / factor above original_ctx / low_freq_factor, and between them blends
+// the two with weight s = (original_ctx / wavelength - low) / (high - low) on f.
+// Returns the divisors f / f' ([head_dim / 2]), what llama.cpp stores as rope_freqs.weight.
+std::vector<float> llama3_rope_factors(int head_dim, float theta, float factor,
+                                       float low_freq_factor, float high_freq_factor,
+                                       float original_ctx);
 
 }  // namespace kivi::model

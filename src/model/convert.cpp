@@ -20,20 +20,30 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
 
 void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name,
                         int file_type) {
-  w.add_string("general.architecture", "llama");
+  // llama.cpp's key names (llama-arch.cpp LLM_KV_*), under the architecture's prefix.
+  const std::string A = c.arch + ".";
+  w.add_string("general.architecture", c.arch);
   w.add_string("general.name", name);
   w.add_u32("general.file_type", static_cast<uint32_t>(file_type));
   w.add_u32("general.alignment", io::kGgufDefaultAlignment);
-  w.add_u32("llama.context_length", c.ctx);
-  w.add_u32("llama.embedding_length", c.dim);
-  w.add_u32("llama.block_count", c.n_layers);
-  w.add_u32("llama.feed_forward_length", c.hidden_dim);
-  w.add_u32("llama.rope.dimension_count", c.head_dim());
-  w.add_u32("llama.attention.head_count", c.n_heads);
-  w.add_u32("llama.attention.head_count_kv", c.n_kv_heads);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", c.norm_eps);
-  w.add_f32("llama.rope.freq_base", c.rope_theta);
-  w.add_u32("llama.vocab_size", c.vocab_size);
+  w.add_u32(A + "context_length", c.ctx);
+  w.add_u32(A + "embedding_length", c.dim);
+  w.add_u32(A + "block_count", c.n_layers);
+  w.add_u32(A + "feed_forward_length", c.hidden_dim);
+  w.add_u32(A + "rope.dimension_count", c.head_dim());
+  w.add_u32(A + "attention.head_count", c.n_heads);
+  w.add_u32(A + "attention.head_count_kv", c.n_kv_heads);
+  if (c.key_length > 0) {
+    w.add_u32(A + "attention.key_length", c.key_length);
+    w.add_u32(A + "attention.value_length", c.key_length);
+  }
+  w.add_f32(A + "attention.layer_norm_rms_epsilon", c.norm_eps);
+  w.add_f32(A + "rope.freq_base", c.rope_theta);
+  if (c.rope_freq_scale != 1.0f) {
+    w.add_string(A + "rope.scaling.type", "linear");
+    w.add_f32(A + "rope.scaling.factor", 1.0f / c.rope_freq_scale);
+  }
+  w.add_u32(A + "vocab_size", c.vocab_size);
 }
 
 void add_tokenizer_metadata(io::GgufWriter& w, const tok::Tokenizer& tk) {
@@ -53,17 +63,27 @@ void add_tokenizer_metadata(io::GgufWriter& w, const tok::Tokenizer& tk) {
 }
 
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
-  const uint64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
+  const uint64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size,
+                 qd = c.q_dim();
   std::vector<TensorSpec> t;
-  t.reserve(9 * c.n_layers + 3);
+  t.reserve(14 * c.n_layers + 4);
   t.push_back({"token_embd.weight", TensorRole::kTokenEmbd, -1, vocab, dim});
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     t.push_back({p + "attn_norm.weight", TensorRole::kAttnNorm, l, dim, 0});
-    t.push_back({p + "attn_q.weight", TensorRole::kAttnQ, l, dim, dim});
+    t.push_back({p + "attn_q.weight", TensorRole::kAttnQ, l, qd, dim});
+    if (c.attn_bias) t.push_back({p + "attn_q.bias", TensorRole::kAttnQBias, l, qd, 0});
     t.push_back({p + "attn_k.weight", TensorRole::kAttnK, l, kv, dim});
+    if (c.attn_bias) t.push_back({p + "attn_k.bias", TensorRole::kAttnKBias, l, kv, 0});
     t.push_back({p + "attn_v.weight", TensorRole::kAttnV, l, kv, dim});
-    t.push_back({p + "attn_output.weight", TensorRole::kAttnOutput, l, dim, dim});
+    if (c.attn_bias) t.push_back({p + "attn_v.bias", TensorRole::kAttnVBias, l, kv, 0});
+    if (c.qk_norm) {
+      t.push_back({p + "attn_q_norm.weight", TensorRole::kAttnQNorm, l,
+                   static_cast<uint64_t>(c.head_dim()), 0});
+      t.push_back({p + "attn_k_norm.weight", TensorRole::kAttnKNorm, l,
+                   static_cast<uint64_t>(c.head_dim()), 0});
+    }
+    t.push_back({p + "attn_output.weight", TensorRole::kAttnOutput, l, dim, qd});
     t.push_back({p + "ffn_norm.weight", TensorRole::kFfnNorm, l, dim, 0});
     t.push_back({p + "ffn_gate.weight", TensorRole::kFfnGate, l, hid, dim});
     t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
@@ -71,6 +91,10 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
   }
   t.push_back({"output_norm.weight", TensorRole::kOutputNorm, -1, dim, 0});
   if (!c.shared_classifier) t.push_back({"output.weight", TensorRole::kOutput, -1, vocab, dim});
+  // Last, so that the other tensors keep their index (and synthetic values) with or without it.
+  if (!c.rope_freq_factors.empty()) {
+    t.push_back({"rope_freqs.weight", TensorRole::kRopeFreqs, -1, c.rope_freq_factors.size(), 0});
+  }
   return t;
 }
 
@@ -117,6 +141,13 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
         return ck->rms_final;
       case TensorRole::kOutput:
         return ck->wcls;
+      case TensorRole::kAttnQBias:
+      case TensorRole::kAttnKBias:
+      case TensorRole::kAttnVBias:
+      case TensorRole::kAttnQNorm:
+      case TensorRole::kAttnKNorm:
+      case TensorRole::kRopeFreqs:
+        break;  // not in llama2.c checkpoints
     }
     return nullptr;
   };

@@ -33,7 +33,8 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
                                       const std::string& name = "",
                                       const std::function<void(uint64_t, uint64_t)>& progress = {});
 
-// general.* and llama.* keys for shape `c` (general.file_type 1 when `f16`, else 0).
+// general.* and <arch>.* keys for shape `c` (general.file_type 1 when `f16`, else 0),
+// with llama.cpp's key names; RoPE divisors go in the rope_freqs.weight tensor instead.
 void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name, bool f16);
 // The same with general.file_type = `file_type` (llama.cpp's numbering, quant/mix.h).
 void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::string& name,
@@ -55,6 +56,12 @@ enum class TensorRole : uint8_t {
   kFfnUp,
   kOutputNorm,
   kOutput,
+  kAttnQBias,
+  kAttnKBias,
+  kAttnVBias,  // qwen2 (and llama files that have them)
+  kAttnQNorm,
+  kAttnKNorm,  // qwen3
+  kRopeFreqs,  // RoPE frequency divisors (Llama 3.1 scaling)
 };
 struct TensorSpec {
   std::string name;  // "blk.3.attn_q.weight"
@@ -65,8 +72,9 @@ struct TensorSpec {
   bool is_vector() const { return cols == 0; }
 };
 // Every tensor of shape `c` in file order: token_embd, then per layer attn_norm, attn_q,
-// attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up, then output_norm
-// and (untied classifier only) output.
+// (attn_q.bias), attn_k, (attn_k.bias), attn_v, (attn_v.bias), (attn_q_norm,
+// attn_k_norm), attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up, then output_norm,
+// (untied classifier only) output and (with RoPE divisors) rope_freqs.
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c);
 
 }  // namespace kivi::model

@@ -125,6 +125,24 @@ void check_finite_weights(const Model& m) {
       case TensorRole::kOutput:
         mat = &w.output;
         break;
+      case TensorRole::kAttnQBias:
+        vec = &L->bq;
+        break;
+      case TensorRole::kAttnKBias:
+        vec = &L->bk;
+        break;
+      case TensorRole::kAttnVBias:
+        vec = &L->bv;
+        break;
+      case TensorRole::kAttnQNorm:
+        vec = &L->q_norm;
+        break;
+      case TensorRole::kAttnKNorm:
+        vec = &L->k_norm;
+        break;
+      case TensorRole::kRopeFreqs:
+        vec = &c.rope_freq_factors;  // also checked by ModelConfig::validate
+        break;
     }
     size_t n = 0, bad = 0;
     float v = 0.0f;

@@ -13,30 +13,59 @@
 
 namespace kivi::model {
 
-void fill_rope_row(float* row, int64_t pos, int hd, float theta) {
+void fill_rope_row(float* row, int64_t pos, int hd, float theta, float freq_scale,
+                   const float* factors) {
   // Angles in double: at long positions a float angle pos * freq loses digits (llama2.c
   // computes it in float; the difference is below 1e-4 in the logits either way).
   for (int i = 0; i < hd; i += 2) {
-    const double freq = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(i) / hd);
+    double freq = freq_scale / std::pow(static_cast<double>(theta), static_cast<double>(i) / hd);
+    if (factors) freq /= factors[i / 2];
     const double val = static_cast<double>(pos) * freq;
     row[i] = static_cast<float>(std::cos(val));
     row[i + 1] = static_cast<float>(std::sin(val));
   }
 }
 
-void fill_rope_table(float* table, int ctx, int hd, float theta) {
-  for (int pos = 0; pos < ctx; ++pos)
-    fill_rope_row(table + static_cast<size_t>(pos) * hd, pos, hd, theta);
+void fill_rope_table(float* table, int ctx, int hd, float theta, float freq_scale,
+                     const float* factors) {
+  for (int pos = 0; pos < ctx; ++pos) {
+    fill_rope_row(table + static_cast<size_t>(pos) * hd, pos, hd, theta, freq_scale, factors);
+  }
 }
 
-void apply_rope(float* x, int n_heads, int hd, const float* rope_row) {
-  for (int h = 0; h < n_heads; ++h) {
-    float* v = x + static_cast<size_t>(h) * hd;
-    for (int i = 0; i < hd / 2; ++i) {
-      const float c = rope_row[2 * i], s = rope_row[2 * i + 1];
-      const float a = v[2 * i], b = v[2 * i + 1];
-      v[2 * i] = a * c - b * s;
-      v[2 * i + 1] = a * s + b * c;
+void fill_rope_row(float* row, int64_t pos, const ModelConfig& c) {
+  fill_rope_row(row, pos, c.head_dim(), c.rope_theta, c.rope_freq_scale,
+                c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+}
+
+void fill_rope_table(float* table, int ctx, const ModelConfig& c) {
+  fill_rope_table(table, ctx, c.head_dim(), c.rope_theta, c.rope_freq_scale,
+                  c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+}
+
+void apply_rope(float* x, int n_heads, int hd, const float* rope_row, attn::RopeStyle style) {
+  for (int h = 0; h < n_heads; ++h)
+    attn::rotate_rope(x + static_cast<size_t>(h) * hd, hd, rope_row, style);
+}
+
+void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v,
+                        int n) {
+  const int qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim();
+  for (int i = 0; i < n; ++i) {
+    float* qi = q + static_cast<size_t>(i) * qd;
+    float* ki = k ? k + static_cast<size_t>(i) * kvd : nullptr;
+    if (c.attn_bias) {
+      ops::add_inplace(qi, L.bq.data(), qd);
+      if (k) {
+        ops::add_inplace(ki, L.bk.data(), kvd);
+        ops::add_inplace(v + static_cast<size_t>(i) * kvd, L.bv.data(), kvd);
+      }
+    }
+    if (c.qk_norm) {
+      for (int h = 0; h < c.n_heads; ++h)
+        ops::rmsnorm(qi + h * hd, qi + h * hd, L.q_norm.data(), hd, c.norm_eps);
+      for (int h = 0; k && h < c.n_kv_heads; ++h)
+        ops::rmsnorm(ki + h * hd, ki + h * hd, L.k_norm.data(), hd, c.norm_eps);
     }
   }
 }
@@ -46,10 +75,10 @@ ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads,
       x(static_cast<size_t>(mb) * c.dim),
       xb(static_cast<size_t>(mb) * c.dim),
       xb2(static_cast<size_t>(mb) * c.dim),
-      q(static_cast<size_t>(mb) * c.dim),
+      q(static_cast<size_t>(mb) * c.q_dim()),
       k(static_cast<size_t>(mb) * c.kv_dim()),
       v(static_cast<size_t>(mb) * c.kv_dim()),
-      att(static_cast<size_t>(mb) * c.dim),
+      att(static_cast<size_t>(mb) * c.q_dim()),
       hb(static_cast<size_t>(mb) * c.hidden_dim),
       hb2(static_cast<size_t>(mb) * c.hidden_dim),
       rope(static_cast<size_t>(ctx) * c.head_dim()),
@@ -57,7 +86,7 @@ ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads,
       rope_batch(static_cast<size_t>(mb) * c.head_dim()),
       rope_ptrs(mb),
       ws(n_threads, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx) {
-  fill_rope_table(rope.data(), ctx, c.head_dim(), c.rope_theta);
+  fill_rope_table(rope.data(), ctx, c);
   if (c.alibi) slopes = attn::alibi_slopes(c.n_heads);
 }
 
@@ -65,7 +94,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
              float* logits, bool all_logits, ThreadPool* pool, const ForwardOptions& opt) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
-  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
   if (n < 1 || n > st.max_batch) fail("forward: batch of %d tokens (max %d)", n, st.max_batch);
   const int pos0 = cache.n_tokens(0);
   if (pos0 + n > cache.capacity()) {
@@ -101,6 +130,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   ap.alibi_slopes = c.alibi ? st.slopes.data() : nullptr;
   ap.window = opt.window;
   ap.precision = opt.precision;
+  ap.rope_style = c.rope_style;
   // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
   // attention rotates each by its position.
   const bool pre_rope = !c.alibi && cache.config().key_rope == kv::KeyRope::kPre;
@@ -114,7 +144,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     if (p < st.rope_rows) {
       rows[i] = st.rope.data() + static_cast<size_t>(p) * hd;
     } else {
-      fill_rope_row(st.rope_batch.data() + static_cast<size_t>(i) * hd, p, hd, c.rope_theta);
+      fill_rope_row(st.rope_batch.data() + static_cast<size_t>(i) * hd, p, c);
       rows[i] = st.rope_batch.data() + static_cast<size_t>(i) * hd;
     }
   }
@@ -132,12 +162,15 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       ops::matmul(L.wk, st.xb.data(), n, st.k.data(), pool);
       ops::matmul(L.wv, st.xb.data(), n, st.v.data(), pool);
     }
+    finish_projections(c, L, st.q.data(), borrows ? nullptr : st.k.data(), st.v.data(), n);
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
         const float* rr = rows[i];
-        apply_rope(st.q.data() + static_cast<size_t>(i) * dim, c.n_heads, hd, rr);
-        if (!pre_rope && !borrows)
-          apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr);
+        apply_rope(st.q.data() + static_cast<size_t>(i) * qd, c.n_heads, hd, rr, c.rope_style);
+        if (!pre_rope && !borrows) {
+          apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr,
+                     c.rope_style);
+        }
       }
     }
     if (!borrows && cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
@@ -148,8 +181,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       }
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
       const kv::LayerView view = borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l);
-      const float* qi = st.q.data() + static_cast<size_t>(i) * dim;
-      float* oi = st.att.data() + static_cast<size_t>(i) * dim;
+      const float* qi = st.q.data() + static_cast<size_t>(i) * qd;
+      float* oi = st.att.data() + static_cast<size_t>(i) * qd;
       if (opt.sparse && opt.sparse->sparse_layer(l)) {
         opt.sparse->decode(l, cache.owner(l), view, qi, oi, ap, pool, st.ws);
       } else {
@@ -186,16 +219,16 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
   const int n = static_cast<int>(tokens.size());
-  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
   const int rep = c.n_heads / c.n_kv_heads;
   if (n < 1 || n > c.ctx) fail("no-cache forward: %d tokens (context %d)", n, c.ctx);
-  std::vector<float> x(static_cast<size_t>(n) * dim), xb(x.size()), xb2(x.size()), q(x.size()),
-      att(x.size());
+  std::vector<float> x(static_cast<size_t>(n) * dim), xb(x.size()), xb2(x.size());
+  std::vector<float> q(static_cast<size_t>(n) * qd), att(q.size());
   // Keys and values of every layer (a borrowing layer reads its owner's).
   std::vector<std::vector<float>> ks(c.n_layers), vs(c.n_layers);
   std::vector<float> hb(static_cast<size_t>(n) * hid), hb2(hb.size());
   std::vector<float> rope(static_cast<size_t>(n) * hd);
-  fill_rope_table(rope.data(), n, hd, c.rope_theta);
+  fill_rope_table(rope.data(), n, c);
   const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
   for (int i = 0; i < n; ++i)
     ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
@@ -214,19 +247,22 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
       ops::matmul(L.wv, xb.data(), n, vs[l].data(), pool);
     }
     std::vector<float>& k = ks[owner];
-    const std::vector<float>& v = vs[owner];
+    std::vector<float>& v = vs[owner];
+    finish_projections(c, L, q.data(), owner == l ? k.data() : nullptr, v.data(), n);
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
-        apply_rope(&q[i * dim], c.n_heads, hd, &rope[static_cast<size_t>(i) * hd]);
+        apply_rope(&q[static_cast<size_t>(i) * qd], c.n_heads, hd,
+                   &rope[static_cast<size_t>(i) * hd], c.rope_style);
         if (owner == l)
-          apply_rope(&k[i * kvd], c.n_kv_heads, hd, &rope[static_cast<size_t>(i) * hd]);
+          apply_rope(&k[static_cast<size_t>(i) * kvd], c.n_kv_heads, hd,
+                     &rope[static_cast<size_t>(i) * hd], c.rope_style);
       }
     }
     // Plain causal attention, in double.
     for (int i = 0; i < n; ++i) {
       for (int hq = 0; hq < c.n_heads; ++hq) {
         const int h = hq / rep;
-        const float* qh = &q[static_cast<size_t>(i) * dim + hq * hd];
+        const float* qh = &q[static_cast<size_t>(i) * qd + hq * hd];
         double mx = -INFINITY;
         for (int t = 0; t <= i; ++t) {
           const float* kt = &k[static_cast<size_t>(t) * kvd + h * hd];
@@ -238,7 +274,7 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
         }
         double den = 0.0;
         for (int t = 0; t <= i; ++t) den += (s[t] = std::exp(s[t] - mx));
-        float* out = &att[static_cast<size_t>(i) * dim + hq * hd];
+        float* out = &att[static_cast<size_t>(i) * qd + hq * hd];
         for (int d = 0; d < hd; ++d) {
           double acc = 0.0;
           for (int t = 0; t <= i; ++t) acc += s[t] * v[static_cast<size_t>(t) * kvd + h * hd + d];

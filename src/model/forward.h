@@ -1,5 +1,7 @@
 // The Llama forward pass (Touvron et al. 2023): RMSNorm, RoPE, grouped-query
-// attention over the KV cache, SwiGLU feed-forward, tied or separate classifier.
+// attention over the KV cache, SwiGLU feed-forward, tied or separate classifier;
+// with Qwen2's Q/K/V biases and Qwen3's per-head Q/K RMSNorm where the
+// architecture has them (model/config.h), both applied before RoPE.
 //
 // Prefill of n tokens runs every matrix product batched over the tokens, then
 // appends and attends token by token with the decode kernel, so that the cache
@@ -30,10 +32,10 @@ struct ForwardState {
   AlignedBuffer<float> x;               // [max_batch, dim] residual stream
   AlignedBuffer<float> xb;              // [max_batch, dim] normed input
   AlignedBuffer<float> xb2;             // [max_batch, dim] projection output
-  AlignedBuffer<float> q;               // [max_batch, dim]
+  AlignedBuffer<float> q;               // [max_batch, q_dim]
   AlignedBuffer<float> k;               // [max_batch, kv_dim]
   AlignedBuffer<float> v;               // [max_batch, kv_dim]
-  AlignedBuffer<float> att;             // [max_batch, dim]
+  AlignedBuffer<float> att;             // [max_batch, q_dim]
   AlignedBuffer<float> hb;              // [max_batch, hidden]
   AlignedBuffer<float> hb2;             // [max_batch, hidden]
   AlignedBuffer<float> rope;            // [ctx, head_dim / 2, 2] cos, sin
@@ -71,10 +73,23 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
 std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens,
                                     ThreadPool* pool, const std::vector<int>& layer_owner = {});
 
-// RoPE on one vector of `n_heads` heads at position pos (pairs (2i, 2i+1) rotated
-// by pos * theta^(-2i/head_dim), as llama2.c and GGUF's llama layout).
-void apply_rope(float* x, int n_heads, int head_dim, const float* rope_row);
-void fill_rope_table(float* table, int ctx, int head_dim, float theta);
-void fill_rope_row(float* row, int64_t pos, int head_dim, float theta);
+// RoPE on one vector of `n_heads` heads at position pos: pair i (channels (2i, 2i+1),
+// llama2.c's and GGUF llama's layout, or (i, i + D/2) with kNeox) turns by the angle
+// of rope_row[2i], rope_row[2i+1] = cos, sin.
+void apply_rope(float* x, int n_heads, int head_dim, const float* rope_row,
+                attn::RopeStyle style = attn::RopeStyle::kAdjacent);
+// Angles pos * freq_scale * theta^(-2i/head_dim) / freq_factors[i] (factors optional:
+// rope_freqs.weight, as llama.cpp divides by them), as [head_dim / 2][cos, sin].
+void fill_rope_row(float* row, int64_t pos, int head_dim, float theta, float freq_scale = 1.0f,
+                   const float* freq_factors = nullptr);
+void fill_rope_table(float* table, int ctx, int head_dim, float theta, float freq_scale = 1.0f,
+                     const float* freq_factors = nullptr);
+// The same with the model's RoPE parameters.
+void fill_rope_row(float* row, int64_t pos, const ModelConfig& c);
+void fill_rope_table(float* table, int ctx, const ModelConfig& c);
+// Biases, then per-head RMSNorm (qwen2, qwen3) of the projections of n tokens:
+// q [n, q_dim], and k, v [n, kv_dim] unless null.
+void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v,
+                        int n);
 
 }  // namespace kivi::model

@@ -29,7 +29,7 @@ BatchForward::BatchForward(const ModelConfig& c, int max_rows, int max_seqs, int
 void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int n_seqs,
                           ThreadPool* pool, const attn::Params& ap, bool per_sequence) {
   const ModelConfig& c = m.config();
-  const int dim = c.dim, kvd = c.kv_dim();
+  const int qd = c.q_dim(), kvd = c.kv_dim();
   // One sequence's rows in order: append the token, then attend over the cache as it
   // stands (what model::forward does for a chunk of one sequence).
   // A layer that reads another layer's cache appends nothing and attends, for each row,
@@ -46,7 +46,7 @@ void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int 
       const size_t r = static_cast<size_t>(r0 + i);
       if (!borrows) cache.append(l, st_.k.data() + r * kvd, st_.v.data() + r * kvd);
       attn::decode(borrows ? cache.view_prefix(l, pos0_[s] + i + 1) : cache.view(l),
-                   st_.q.data() + r * dim, st_.att.data() + r * dim, ap, inner, ws);
+                   st_.q.data() + r * qd, st_.att.data() + r * qd, ap, inner, ws);
     }
   };
   if (per_sequence) {
@@ -60,7 +60,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
                        const ForwardOptions& opt) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
-  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
   if (n_seqs < 1 || n_seqs > max_seqs_) fail("batch of %d sequences (1 to %d)", n_seqs, max_seqs_);
   int rows = 0;
   bool one_row_each = true;
@@ -113,6 +113,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
   ap.alibi_slopes = c.alibi ? st_.slopes.data() : nullptr;
   ap.window = opt.window;
   ap.precision = opt.precision;
+  ap.rope_style = c.rope_style;
   // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
   // attention rotates each by its position.
   const bool pre_rope = !c.alibi && c0.config().key_rope == kv::KeyRope::kPre;
@@ -132,14 +133,16 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
       ops::matmul(L.wk, st_.xb.data(), rows, st_.k.data(), pool);
       ops::matmul(L.wv, st_.xb.data(), rows, st_.v.data(), pool);
     }
+    finish_projections(c, L, st_.q.data(), borrows ? nullptr : st_.k.data(), st_.v.data(), rows);
     if (!c.alibi) {
       for (int s = 0; s < n_seqs; ++s) {
         for (int i = 0; i < seqs[s].n; ++i) {
           const int r = first_row_[s] + i;
           const float* rr = st_.rope.data() + static_cast<size_t>(pos0_[s] + i) * hd;
-          apply_rope(st_.q.data() + static_cast<size_t>(r) * dim, c.n_heads, hd, rr);
+          apply_rope(st_.q.data() + static_cast<size_t>(r) * qd, c.n_heads, hd, rr, c.rope_style);
           if (!pre_rope && !borrows)
-            apply_rope(st_.k.data() + static_cast<size_t>(r) * kvd, c.n_kv_heads, hd, rr);
+            apply_rope(st_.k.data() + static_cast<size_t>(r) * kvd, c.n_kv_heads, hd, rr,
+                       c.rope_style);
         }
       }
     }

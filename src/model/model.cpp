@@ -41,6 +41,7 @@ size_t Model::weight_bytes() const {
   for (const auto& L : w_.layers) {
     b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() +
          L.w_down.bytes() + L.w_up.bytes() + (L.attn_norm.size() + L.ffn_norm.size()) * 4;
+    b += (L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() + L.k_norm.size()) * 4;
   }
   return b + w_.output_norm.size() * 4;
 }
@@ -120,6 +121,42 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
   return m;
 }
 
+// RoPE frequency scaling from "<arch>.rope.scaling.*": "none", "linear" (angles divided by
+// rope.scaling.factor) and "llama3" (llama3_rope_factors from rope.scaling.factor,
+// low_freq_factor, high_freq_factor and original_context_length, used when the file
+// has no rope_freqs.weight, which llama.cpp's converter writes instead). Anything else
+// (YaRN, LongRoPE) is an error naming it.
+static void read_rope_scaling(const io::GgufFile& f, const std::string& path, const std::string& A,
+                              ModelConfig& c) {
+  const std::string type = f.get_string_opt(A + "rope.scaling.type").value_or("none");
+  auto number = [&](const std::string& key, double dflt) {
+    return f.get_float_opt(A + "rope.scaling." + key).value_or(dflt);
+  };
+  if (type == "none") return;
+  if (type == "linear") {
+    const double factor = number("factor", 1.0);
+    if (!(factor >= 1.0) || factor > 1e6)
+      fail("%s: %srope.scaling.factor = %g, expected 1 to 1e6", path.c_str(), A.c_str(), factor);
+    c.rope_freq_scale = static_cast<float>(1.0 / factor);
+    return;
+  }
+  if (type == "llama3") {
+    if (f.find_tensor("rope_freqs.weight")) return;  // the stored divisors win
+    try {
+      c.rope_freq_factors =
+          llama3_rope_factors(c.head_dim(), c.rope_theta, static_cast<float>(number("factor", 8.0)),
+                              static_cast<float>(number("low_freq_factor", 1.0)),
+                              static_cast<float>(number("high_freq_factor", 4.0)),
+                              static_cast<float>(number("original_context_length", 8192.0)));
+    } catch (const Error& e) {
+      fail("%s: %s", path.c_str(), e.what());
+    }
+    return;
+  }
+  fail("%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3)",
+       path.c_str(), A.c_str(), type.c_str());
+}
+
 std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::string& tok_path) {
   auto m = std::unique_ptr<Model>(new Model());
   m->path_ = path;
@@ -127,55 +164,87 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   m->gguf_ = std::make_unique<io::GgufFile>(path);
   const io::GgufFile& f = *m->gguf_;
   ModelConfig& c = m->cfg_;
-  c.arch = f.get_string_opt("general.architecture").value_or("");
-  if (c.arch != "llama") {
-    fail("%s: unsupported architecture '%s' (supported: llama)", path.c_str(),
-         c.arch.empty() ? "(missing general.architecture)" : c.arch.c_str());
+  const std::string arch = f.get_string_opt("general.architecture").value_or("");
+  try {
+    apply_arch_defaults(c, arch);
+  } catch (const Error& e) {
+    fail("%s: %s", path.c_str(), e.what());
   }
+  // Hyperparameters live under "<arch>.": llama.embedding_length, qwen2.embedding_length, ...
+  const std::string A = arch + ".";
   c.name = f.get_string_opt("general.name").value_or(path.substr(path.find_last_of('/') + 1));
-  auto get_int = [&](const char* key, uint64_t max) -> int {
+  auto get_int = [&](const std::string& key, uint64_t max) -> int {
     const uint64_t v = f.get_uint(key);
     if (v > max)
-      fail("%s: metadata '%s' = %llu, expected at most %llu", path.c_str(), key,
+      fail("%s: metadata '%s' = %llu, expected at most %llu", path.c_str(), key.c_str(),
            (unsigned long long)v, (unsigned long long)max);
     return static_cast<int>(v);
   };
-  c.dim = get_int("llama.embedding_length", 1 << 20);
-  c.hidden_dim = get_int("llama.feed_forward_length", 1 << 22);
-  c.n_layers = get_int("llama.block_count", 1 << 16);
-  c.n_heads = get_int("llama.attention.head_count", 1 << 16);
-  c.n_kv_heads = f.has("llama.attention.head_count_kv")
-                     ? get_int("llama.attention.head_count_kv", 1 << 16)
+  c.dim = get_int(A + "embedding_length", 1 << 20);
+  c.hidden_dim = get_int(A + "feed_forward_length", 1 << 22);
+  c.n_layers = get_int(A + "block_count", 1 << 16);
+  c.n_heads = get_int(A + "attention.head_count", 1 << 16);
+  c.n_kv_heads = f.has(A + "attention.head_count_kv")
+                     ? get_int(A + "attention.head_count_kv", 1 << 16)
                      : c.n_heads;
-  c.ctx = get_int("llama.context_length", kMaxContext);
-  c.rope_theta = static_cast<float>(f.get_float_opt("llama.rope.freq_base").value_or(10000.0));
+  c.ctx = get_int(A + "context_length", kMaxContext);
+  c.rope_theta = static_cast<float>(f.get_float_opt(A + "rope.freq_base").value_or(10000.0));
   c.norm_eps =
-      static_cast<float>(f.get_float_opt("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+      static_cast<float>(f.get_float_opt(A + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.synthetic = f.get_bool_opt("kivi.synthetic").value_or(false);
+  if (f.has(A + "attention.key_length")) {
+    const int kl = get_int(A + "attention.key_length", 1 << 16);
+    const int vl =
+        f.has(A + "attention.value_length") ? get_int(A + "attention.value_length", 1 << 16) : kl;
+    if (vl != kl) {
+      fail(
+          "%s: %sattention.key_length = %d but value_length = %d; different key and value head "
+          "sizes are not "
+          "supported",
+          path.c_str(), A.c_str(), kl, vl);
+    }
+    // Kept only when it differs from dim / n_heads.
+    if (c.n_heads == 0 || static_cast<int64_t>(kl) * c.n_heads != c.dim) c.key_length = kl;
+  }
   const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) fail("%s: missing tensor 'token_embd.weight'", path.c_str());
   if (emb->dims.size() != 2)
     fail("%s: tensor 'token_embd.weight' has %zu dimensions, expected 2", path.c_str(),
          emb->dims.size());
-  if (f.has("llama.vocab_size")) {
-    c.vocab_size = get_int("llama.vocab_size", 1 << 22);
+  if (f.has(A + "vocab_size")) {
+    c.vocab_size = get_int(A + "vocab_size", 1 << 22);
   } else if (f.has("tokenizer.ggml.tokens")) {
     c.vocab_size =
         static_cast<int>(std::min<uint64_t>(f.array_size("tokenizer.ggml.tokens"), 1u << 23));
   } else {
     c.vocab_size = static_cast<int>(std::min<uint64_t>(emb->dims[1], 1u << 23));
   }
+  // No output.weight: the classifier is the token embedding (tied), in every architecture.
   c.shared_classifier = f.find_tensor("output.weight") == nullptr;
+  // Llama files may carry Q/K/V biases as well (llama.cpp reads them when present).
+  if (arch == "llama" && f.find_tensor("blk.0.attn_q.bias")) c.attn_bias = true;
+  if (const io::GgufTensor* rf = f.find_tensor("rope_freqs.weight")) {
+    if (rf->dims.size() != 1 || rf->dims[0] > (1u << 16)) {
+      fail("%s: tensor 'rope_freqs.weight' should be a vector of head_dim / 2 elements",
+           path.c_str());
+    }
+    c.rope_freq_factors.resize(static_cast<size_t>(rf->dims[0]));
+    quant::dequantize_row(weight_type(path, *rf)->type, rf->data, c.rope_freq_factors.data(),
+                          static_cast<int64_t>(rf->dims[0]));
+  }
   c.validate(path);
-  if (auto rd = f.get_uint_opt("llama.rope.dimension_count");
+  read_rope_scaling(f, path, A, c);  // needs the validated head dimension
+  c.validate(path);
+  if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
       rd && *rd != static_cast<uint64_t>(c.head_dim())) {
     fail(
-        "%s: llama.rope.dimension_count = %llu but the head dimension is %d; partial rotary "
+        "%s: %srope.dimension_count = %llu but the head dimension is %d; partial rotary "
         "embeddings are not supported",
-        path.c_str(), (unsigned long long)*rd, c.head_dim());
+        path.c_str(), A.c_str(), (unsigned long long)*rd, c.head_dim());
   }
 
-  const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
+  const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size,
+                qd = c.q_dim();
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) -> ops::Matrix {
     const io::GgufTensor* t = f.find_tensor(name);
     if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
@@ -195,15 +264,19 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     // In place: the matrix views the mapped file.
     return ops::Matrix{t->data, ti->type, rows, cols};
   };
-  auto vec = [&](const std::string& name) -> std::vector<float> {
+  auto vec = [&](const std::string& name, int64_t n) -> std::vector<float> {
     const io::GgufTensor* t = f.find_tensor(name);
-    if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
-    if (t->dims.size() != 1 || t->dims[0] != static_cast<uint64_t>(dim)) {
-      fail("%s: tensor '%s' should be a vector of %lld elements", path.c_str(), name.c_str(),
-           static_cast<long long>(dim));
+    if (!t)
+      fail("%s: missing tensor '%s' (required by architecture %s)", path.c_str(), name.c_str(),
+           arch.c_str());
+    if (t->dims.size() != 1 || t->dims[0] != static_cast<uint64_t>(n)) {
+      std::string got;
+      for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      fail("%s: tensor '%s' has shape [%s], expected a vector of %lld elements", path.c_str(),
+           name.c_str(), got.c_str(), static_cast<long long>(n));
     }
-    std::vector<float> out(dim);
-    quant::dequantize_row(weight_type(path, *t)->type, t->data, out.data(), dim);
+    std::vector<float> out(n);
+    quant::dequantize_row(weight_type(path, *t)->type, t->data, out.data(), n);
     return out;
   };
   Weights& w = m->w_;
@@ -212,17 +285,30 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[l];
-    L.attn_norm = vec(p + "attn_norm.weight");
-    L.wq = matrix(p + "attn_q.weight", dim, dim);
+    L.attn_norm = vec(p + "attn_norm.weight", dim);
+    L.wq = matrix(p + "attn_q.weight", qd, dim);
     L.wk = matrix(p + "attn_k.weight", kv, dim);
     L.wv = matrix(p + "attn_v.weight", kv, dim);
-    L.wo = matrix(p + "attn_output.weight", dim, dim);
-    L.ffn_norm = vec(p + "ffn_norm.weight");
+    if (c.attn_bias) {
+      L.bq = vec(p + "attn_q.bias", qd);
+      L.bk = vec(p + "attn_k.bias", kv);
+      L.bv = vec(p + "attn_v.bias", kv);
+    }
+    if (c.qk_norm) {
+      L.q_norm = vec(p + "attn_q_norm.weight", c.head_dim());
+      L.k_norm = vec(p + "attn_k_norm.weight", c.head_dim());
+    }
+    L.wo = matrix(p + "attn_output.weight", dim, qd);
+    if (f.find_tensor(p + "attn_output.bias")) {
+      fail("%s: tensor '%sattn_output.bias': output-projection biases are not supported",
+           path.c_str(), p.c_str());
+    }
+    L.ffn_norm = vec(p + "ffn_norm.weight", dim);
     L.w_gate = matrix(p + "ffn_gate.weight", hid, dim);
     L.w_down = matrix(p + "ffn_down.weight", dim, hid);
     L.w_up = matrix(p + "ffn_up.weight", hid, dim);
   }
-  w.output_norm = vec("output_norm.weight");
+  w.output_norm = vec("output_norm.weight", dim);
   w.output = c.shared_classifier ? w.token_embd : matrix("output.weight", vocab, dim);
 
   if (!tok_path.empty()) {

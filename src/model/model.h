@@ -14,15 +14,17 @@
 namespace kivi::model {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // [dim]
-  ops::Matrix wq;                // [n_heads * head_dim, dim]
-  ops::Matrix wk;                // [kv_dim, dim]
-  ops::Matrix wv;                // [kv_dim, dim]
-  ops::Matrix wo;                // [dim, n_heads * head_dim]
-  std::vector<float> ffn_norm;   // [dim]
-  ops::Matrix w_gate;            // w1 [hidden, dim]
-  ops::Matrix w_down;            // w2 [dim, hidden]
-  ops::Matrix w_up;              // w3 [hidden, dim]
+  std::vector<float> attn_norm;   // [dim]
+  ops::Matrix wq;                 // [n_heads * head_dim, dim]
+  ops::Matrix wk;                 // [kv_dim, dim]
+  ops::Matrix wv;                 // [kv_dim, dim]
+  std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim] projection biases (attn_bias only)
+  std::vector<float> q_norm, k_norm;  // [head_dim] per-head RMSNorm weights (qk_norm only)
+  ops::Matrix wo;                     // [dim, n_heads * head_dim]
+  std::vector<float> ffn_norm;        // [dim]
+  ops::Matrix w_gate;                 // w1 [hidden, dim]
+  ops::Matrix w_down;                 // w2 [dim, hidden]
+  ops::Matrix w_up;                   // w3 [hidden, dim]
 };
 
 struct Weights {

@@ -5,8 +5,12 @@
 namespace kivi::model {
 
 static ModelConfig shape(int layers, int dim, int heads, int kv_heads, int ffn, int vocab, int ctx,
-                         float theta, bool tied) {
+                         float theta, bool tied, const char* arch = "llama", int head_dim = 0,
+                         float eps = 1e-5f) {
   ModelConfig c;
+  apply_arch_defaults(c, arch);
+  c.key_length = head_dim;
+  c.norm_eps = eps;
   c.n_layers = layers;
   c.dim = dim;
   c.n_heads = heads;
@@ -22,18 +26,30 @@ static ModelConfig shape(int layers, int dim, int heads, int kv_heads, int ffn, 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"llama-3.2-1b",
-       "Llama-3.2-1B shape: 16 layers, dim 2048, 32 heads, 8 KV heads, ffn 8192, vocab 128256",
-       shape(16, 2048, 32, 8, 8192, 128256, 131072, 500000.0f, true)},
+       "Llama-3.2-1B shape: 16 layers, dim 2048, 32 heads, 8 KV heads, ffn 8192, vocab 128256, "
+       "llama3 RoPE scaling (factor 32)",
+       shape(16, 2048, 32, 8, 8192, 128256, 131072, 500000.0f, true),
+       RopeScaling{32.0f, 1.0f, 4.0f, 8192.0f}},
       {"llama-2-7b",
        "Llama-2-7B shape: 32 layers, dim 4096, 32 heads, 32 KV heads, ffn 11008, vocab 32000",
-       shape(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false)},
+       shape(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false), RopeScaling{}},
       {"llama-3-8b",
        "Llama-3-8B shape: 32 layers, dim 4096, 32 heads, 8 KV heads, ffn 14336, vocab 128256",
-       shape(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, false)},
+       shape(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, false), RopeScaling{}},
+      {"qwen2.5-0.5b",
+       "Qwen2.5-0.5B shape (qwen2): 24 layers, dim 896, 14 heads, 2 KV heads, ffn 4864, vocab "
+       "151936, Q/K/V biases",
+       shape(24, 896, 14, 2, 4864, 151936, 32768, 1000000.0f, true, "qwen2", 0, 1e-6f),
+       RopeScaling{}},
+      {"qwen3-0.6b",
+       "Qwen3-0.6B shape (qwen3): 28 layers, dim 1024, 16 heads of 128, 8 KV heads, ffn 3072, "
+       "vocab 151936, QK norm",
+       shape(28, 1024, 16, 8, 3072, 151936, 40960, 1000000.0f, true, "qwen3", 128, 1e-6f),
+       RopeScaling{}},
       {"tiny",
        "small GQA shape that builds in seconds: 4 layers, dim 256, 8 heads, 2 KV heads, ffn 688, "
        "vocab 512",
-       shape(4, 256, 8, 2, 688, 512, 4096, 10000.0f, true)},
+       shape(4, 256, 8, 2, 688, 512, 4096, 10000.0f, true), RopeScaling{}},
   };
   return p;
 }

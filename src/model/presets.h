@@ -9,10 +9,19 @@
 
 namespace kivi::model {
 
+// Llama 3.1 RoPE scaling parameters (llama3_rope_factors); factor 0 = none.
+struct RopeScaling {
+  float factor = 0.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  float original_ctx = 8192.0f;
+};
+
 struct Preset {
   std::string name;
   std::string description;
   ModelConfig config;
+  RopeScaling rope_scaling;  // applied by `kivi synth` after its shape options
 };
 
 const std::vector<Preset>& presets();

@@ -81,7 +81,9 @@ void validate_synth_config(const ModelConfig& c) {
   range_check("--ffn", c.hidden_dim, 1, 1 << 20);
   range_check("--vocab", c.vocab_size, kSynthMinVocab, 1 << 22);
   range_check("--ctx", c.ctx, 1, kMaxContext);
-  if (c.dim % c.n_heads != 0) {
+  if (c.key_length > 0) {
+    range_check("--head-dim", c.key_length, 2, 1024);
+  } else if (c.dim % c.n_heads != 0) {
     fail(
         "--heads %d does not divide --dim %d (the head dimension dim / heads must be a whole "
         "number)",
@@ -93,10 +95,17 @@ void validate_synth_config(const ModelConfig& c) {
         "heads)",
         c.n_kv_heads, c.n_heads);
   }
-  const int hd = c.dim / c.n_heads;
-  if (hd % 2 != 0) fail("the head dimension --dim / --heads = %d is odd; RoPE needs it even", hd);
+  const int hd = c.head_dim();
+  if (hd % 2 != 0)
+    fail("the head dimension (--head-dim, else --dim / --heads) = %d is odd; RoPE needs it even",
+         hd);
   if (hd > 1024)
-    fail("the head dimension --dim / --heads = %d is out of range (valid: 2 to 1024)", hd);
+    fail(
+        "the head dimension (--head-dim, else --dim / --heads) = %d is out of range (valid: 2 to "
+        "1024)",
+        hd);
+  if (!is_supported_architecture(c.arch))
+    fail("--arch '%s' is unknown (valid: %s)", c.arch.c_str(), supported_architectures());
   if (!(c.rope_theta > 0.0f) || c.rope_theta > 1e9f)
     fail("--rope-theta = %g is out of range (valid: above 0, at most 1e9)", c.rope_theta);
 }
@@ -257,16 +266,35 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
 
   static const float kOne = 1.0f;
   const auto specs = llama_tensor_specs(c);
+  auto rope_freqs = std::make_shared<std::vector<float>>(c.rope_freq_factors);
   // Quantized types: the F32 values of each chunk, quantized on every core.
   std::unique_ptr<ThreadPool> pool;
   auto values = std::make_shared<std::vector<float>>();
   for (size_t ti = 0; ti < specs.size(); ++ti) {
     const auto& t = specs[ti];
     if (t.is_vector()) {
-      w.add_tensor(t.name, {t.rows}, io::GgmlType::kF32,
-                   io::GgufWriter::Generator([](uint64_t, uint64_t count, void* dst) {
-                     std::fill_n(static_cast<float*>(dst), count, kOne);
-                   }));
+      const bool bias = t.role == TensorRole::kAttnQBias || t.role == TensorRole::kAttnKBias ||
+                        t.role == TensorRole::kAttnVBias;
+      const bool head_norm = t.role == TensorRole::kAttnQNorm || t.role == TensorRole::kAttnKNorm;
+      io::GgufWriter::Generator gen;
+      if (t.role == TensorRole::kRopeFreqs) {
+        gen = [rope_freqs](uint64_t first, uint64_t count, void* dst) {
+          std::memcpy(dst, rope_freqs->data() + first, count * sizeof(float));
+        };
+      } else if (bias || head_norm) {
+        // Biases N(0, kSynthBiasStd^2); head norms 1 + N(0, kSynthHeadNormStd^2).
+        gen = [seed = s.seed, ti, bias](uint64_t first, uint64_t count, void* dst) {
+          float* o = static_cast<float*>(dst);
+          synth_matrix_values(seed, ti, first, count, false, o);
+          const float scale = (bias ? kSynthBiasStd : kSynthHeadNormStd) / kSynthWeightStd;
+          for (uint64_t i = 0; i < count; ++i) o[i] = (bias ? 0.0f : 1.0f) + scale * o[i];
+        };
+      } else {
+        gen = [](uint64_t, uint64_t count, void* dst) {
+          std::fill_n(static_cast<float*>(dst), count, kOne);
+        };
+      }
+      w.add_tensor(t.name, {t.rows}, io::GgmlType::kF32, std::move(gen));
       continue;
     }
     const quant::Type type = matrix_type(ft, t, c);

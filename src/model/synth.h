@@ -1,11 +1,14 @@
-// Synthetic models: llama-architecture GGUF v3 files with seeded random weights at a
+// Synthetic models: llama, qwen2 or qwen3 GGUF v3 files with seeded random weights at a
 // real model's shape (`kivi synth`), so speed and memory can be measured at 1B-8B
-// scale without the real weights. The files use the key and tensor names that
+// scale without the real weights, and each architecture's forward pass can be checked
+// against independent references. The files use the key and tensor names that
 // model/convert.h writes, plus `kivi.synthetic = true`, which makes the tools say that
 // the text is meaningless.
 //
 // Weights: every matrix (token embedding, attention and FFN projections, classifier)
-// is N(0, 0.02^2), like GPT-2's initialization; norm weights are 1. With inputs
+// is N(0, 0.02^2), like GPT-2's initialization; norm weights are 1, except the per-head
+// Q/K norms (1 + N(0, 0.2^2)); Q/K/V biases are N(0, 0.5^2); rope_freqs.weight holds
+// the configuration's RoPE divisors. With inputs
 // normalized to RMS 1, a projection of width d then has outputs of standard deviation
 // 0.02 sqrt(d) (0.9 at d = 2048, 1.3 at 4096, 1.8 at the FFN width 8192), so
 // activations stay finite and moderate through every layer.
@@ -54,6 +57,10 @@ struct SynthSpec {
 };
 
 inline constexpr float kSynthWeightStd = 0.02f;
+// Q/K/V biases (qwen2) and per-head norm weights (qwen3, around 1) are random too, large
+// enough that a forward pass which ignored them would give visibly different logits.
+inline constexpr float kSynthBiasStd = 0.5f;
+inline constexpr float kSynthHeadNormStd = 0.2f;
 // Smallest vocabulary: <unk>, <s>, </s> and the 256 byte pieces.
 inline constexpr int kSynthMinVocab = 259;
 

@@ -1,18 +1,44 @@
 #!/usr/bin/env python3
-"""Greedy token ids of kivi.cpp against llama.cpp itself (node-llama-cpp) on stories260K
-stored in each weight type: converts the model to GGUF, writes each type with
-`kivi quantize`, then decodes N tokens greedily with both from the same prompt ids.
+"""Greedy token ids of kivi.cpp against llama.cpp itself (node-llama-cpp):
 
-    /usr/bin/python3 tests/reference/check_llamacpp.py --node-dir DIR [--types f16,q8_0,...]
+  * stories: stories260K converted to GGUF and stored in each weight type with
+    `kivi quantize`;
+  * arch: synthetic models (`kivi synth`, random weights) of each architecture: llama
+    with llama3 RoPE scaling (rope_freqs.weight), qwen2 (Q/K/V biases, NeoX RoPE) and
+    qwen3 (per-head Q/K norms, head dimension apart from dim / heads, NeoX RoPE), in
+    F32 and F16, from several prompts.
 
-DIR holds node_modules/node-llama-cpp (`npm install --ignore-scripts node-llama-cpp@3.22.1`).
-Prints, per type, the number of equal tokens and the first position where they differ."""
+Both decode N tokens greedily from the same prompt ids; prints, per model, the number
+of equal tokens and the first position where they differ. Random weights give flat
+distributions, where two tokens can tie to within llama.cpp's rounding (its KV cache is
+F16): a difference in the arch set passes as a tie when the numpy reference
+(llama_ref.py, float64) picks kivi.cpp's token there and puts llama.cpp's within
+--tie (default 1e-3) of it; the comparison ends at the tie. Exit status 0 when all
+agree, 1 when any differs, 77 (skipped) when node-llama-cpp is not installed.
+
+    /usr/bin/python3 tests/reference/check_llamacpp.py [--node-dir DIR] [--set stories|arch|all]
+
+DIR (default tests/reference, where scripts/setup-llamacpp-ref.sh installs it) holds
+node_modules/node-llama-cpp 3.22.1."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+
+SKIP = 77
+ARCH_SHAPE = ["--layers", "4", "--dim", "256", "--heads", "8", "--kv-heads", "2", "--ffn", "512",
+              "--vocab", "512", "--ctx", "1024"]
+ARCH_CASES = [
+    ("llama3-scaled", ["--arch", "llama", "--rope-theta", "500000", "--rope-scaling", "llama3",
+                       "--rope-scaling-factor", "32"]),
+    ("qwen2", ["--arch", "qwen2", "--rope-theta", "1000000"]),
+    ("qwen3", ["--arch", "qwen3", "--head-dim", "64", "--rope-theta", "1000000", "--classifier", "separate"]),
+]
+ARCH_TYPES = ["f32", "f16"]
+PROMPTS = ["Once upon a time", "The little dog ran to the park.", "Lily saw a big red ball", "Tom and Sam"]
 
 
 def main():
@@ -21,39 +47,73 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kivi", default=os.path.join(root, "build", "bin", "kivi"))
     ap.add_argument("--shared", default=os.path.join(root, "..", "shared"))
-    ap.add_argument("--node-dir", required=True, help="directory with node_modules/node-llama-cpp")
-    ap.add_argument("--types", default="f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k_m,q6_k")
-    ap.add_argument("-n", type=int, default=100)
-    ap.add_argument("-p", "--prompt", default="Once upon a time")
+    ap.add_argument("--node-dir", default=here, help="directory with node_modules/node-llama-cpp")
+    ap.add_argument("--set", default="all", choices=["stories", "arch", "all"])
+    ap.add_argument("--types", default="f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k_m,q6_k",
+                    help="weight types of the stories set")
+    ap.add_argument("-n", type=int, default=100, help="tokens per prompt (stories; the arch set uses n / 2)")
+    ap.add_argument("-p", "--prompt", default="Once upon a time", help="prompt of the stories set")
+    ap.add_argument("--tie", type=float, default=1e-3, help="largest logit gap that counts as a tie (arch set)")
     a = ap.parse_args()
+    if not os.path.isfile(os.path.join(a.node_dir, "node_modules", "node-llama-cpp", "package.json")):
+        print("SKIP: node-llama-cpp is not installed in %s (scripts/setup-llamacpp-ref.sh)" % a.node_dir)
+        return SKIP
     script = os.path.join(here, "llamacpp_greedy.mjs")
-    models = os.path.join(a.shared, "models")
+    # The script runs from inside --node-dir so that node finds the package.
+    mjs = os.path.join(a.node_dir, "llamacpp_greedy.mjs")
+    if os.path.abspath(mjs) != os.path.abspath(script):
+        shutil.copyfile(script, mjs)
     failed = False
+
+    def compare(label, path, prompt, n, judge=False):
+        nonlocal failed
+        out = subprocess.run([a.kivi, "generate", "-m", path, "-p", prompt, "-n", str(n), "--temp", "0",
+                              "--json"], check=True, capture_output=True, text=True).stdout
+        k = json.loads(out)
+        ids = ",".join(str(i) for i in k["prompt_token_ids"])
+        ref = subprocess.run(["node", mjs, path, str(n), ids], check=True, capture_output=True, text=True,
+                             cwd=a.node_dir).stdout.strip().splitlines()[-1]
+        l = json.loads(ref)["tokens"]
+        mine = k["token_ids"]
+        m = min(len(l), len(mine))
+        first = next((i for i in range(m) if l[i] != mine[i]), None)
+        if len(l) != len(mine) and first is None:
+            first = m  # one stopped early (end of sequence) and the other did not
+        same = sum(1 for i in range(m) if l[i] == mine[i])
+        note = ""
+        if judge and first is not None and first < m:
+            sys.path.insert(0, here)
+            import llama_ref as ref
+            z = ref.forward_logits(ref.load_model(path), k["prompt_token_ids"] + mine[:first])[-1]
+            gap = z[mine[first]] - z[l[first]]
+            tie = int(z.argmax()) == mine[first] and gap <= a.tie
+            note = "; reference: %s (kivi's token %d leads llama.cpp's %d by %.1e)" % (
+                "a tie, kivi's choice" if tie else "NOT a tie", mine[first], l[first], gap)
+            if tie:
+                first = None
+        print("%-28s %3d of %3d tokens equal, first difference at %s%s"
+              % (label, same, max(len(l), len(mine)), first, note))
+        failed |= first is not None
+
     with tempfile.TemporaryDirectory() as tmp:
-        base = os.path.join(tmp, "s_f32.gguf")
-        subprocess.run([a.kivi, "convert", os.path.join(models, "stories260K.bin"), "-t",
-                        os.path.join(models, "tok512.bin"), "-o", base], check=True, capture_output=True)
-        for t in a.types.split(","):
-            path = base if t == "f32" else os.path.join(tmp, "s_%s.gguf" % t)
-            if t != "f32":
-                subprocess.run([a.kivi, "quantize", base, path, t], check=True, capture_output=True)
-            out = subprocess.run([a.kivi, "generate", "-m", path, "-p", a.prompt, "-n", str(a.n), "--temp", "0",
-                                  "--json"], check=True, capture_output=True, text=True).stdout
-            k = json.loads(out)
-            ids = ",".join(str(i) for i in k["prompt_token_ids"])
-            # Run the copy of the script inside --node-dir so that node finds the package.
-            mjs = os.path.join(a.node_dir, "llamacpp_greedy.mjs")
-            with open(script) as src, open(mjs, "w") as dst:
-                dst.write(src.read())
-            ref = subprocess.run(["node", mjs, path, str(a.n), ids], check=True, capture_output=True, text=True,
-                                 cwd=a.node_dir).stdout.strip().splitlines()[-1]
-            l = json.loads(ref)["tokens"]
-            mine = k["token_ids"]
-            n = min(len(l), len(mine))
-            first = next((i for i in range(n) if l[i] != mine[i]), None)
-            same = sum(1 for i in range(n) if l[i] == mine[i])
-            print("%-7s %3d of %3d tokens equal, first difference at %s" % (t, same, n, first))
-            failed |= first is not None
+        if a.set in ("stories", "all"):
+            models = os.path.join(a.shared, "models")
+            base = os.path.join(tmp, "s_f32.gguf")
+            subprocess.run([a.kivi, "convert", os.path.join(models, "stories260K.bin"), "-t",
+                            os.path.join(models, "tok512.bin"), "-o", base], check=True, capture_output=True)
+            for t in a.types.split(","):
+                path = base if t == "f32" else os.path.join(tmp, "s_%s.gguf" % t)
+                if t != "f32":
+                    subprocess.run([a.kivi, "quantize", base, path, t], check=True, capture_output=True)
+                compare("stories260K " + t, path, a.prompt, a.n)
+        if a.set in ("arch", "all"):
+            for name, opts in ARCH_CASES:
+                for t in ARCH_TYPES:
+                    path = os.path.join(tmp, "%s_%s.gguf" % (name, t))
+                    subprocess.run([a.kivi, "synth", *ARCH_SHAPE, *opts, "--outtype", t, "-o", path], check=True,
+                                   capture_output=True)
+                    for i, prompt in enumerate(PROMPTS):
+                        compare("%s %s prompt %d" % (name, t, i), path, prompt, a.n // 2, judge=True)
     return 1 if failed else 0
 
 

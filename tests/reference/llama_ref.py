@@ -3,6 +3,17 @@
 
 Follows the llama2.c model math and tokenizer, with
 KIVI-style KV cache quantization simulated as it is deployed when streaming.
+GGUF models (F32/F16/BF16 weights, gguf_ref.py) of the architectures llama, qwen2
+and qwen3 follow the published model definitions (Hugging Face transformers'
+modeling_llama, modeling_qwen2, modeling_qwen3):
+  * qwen2: q_proj, k_proj and v_proj have biases; RoPE by rotate_half, i.e. channel
+    i of a head pairs with channel i + D/2 (llama.cpp's NEOX mode).
+  * qwen3: no biases; q_norm and k_norm are RMSNorms over head_dim applied to each
+    head after the projection and before RoPE; rotate_half RoPE; head_dim may differ
+    from hidden_size / num_attention_heads.
+  * llama: GGUF stores Q and K permuted so that RoPE rotates adjacent pairs (2i, 2i+1),
+    as llama2.c does. Llama 3.1 scaling ("rope_type": "llama3") is
+    _compute_llama3_parameters: see llama3_inv_freq.
 Everything is computed in float64 except where a storage format is emulated.
 
 Library:
@@ -93,20 +104,90 @@ class Model:
     w3: np.ndarray         # [L, hidden, dim]
     rms_final: np.ndarray  # [dim]
     wcls: np.ndarray       # [vocab, dim]
+    # Architecture features (defaults: llama2.c's Llama).
+    arch: str = "llama"
+    head_dim: int = 0            # 0: dim // n_heads
+    rope_theta: float = ROPE_THETA
+    rms_eps: float = RMS_EPS
+    rope_neox: bool = False      # rotate_half pairs (i, i + D/2) instead of (2i, 2i+1)
+    inv_freq: np.ndarray = None  # [hs/2] RoPE inverse frequencies; None: theta^(-2i/hs)
+    bq: np.ndarray = None        # [L, n_heads*hs] (qwen2)
+    bk: np.ndarray = None        # [L, kv_dim]
+    bv: np.ndarray = None        # [L, kv_dim]
+    q_norm: np.ndarray = None    # [L, hs] (qwen3)
+    k_norm: np.ndarray = None    # [L, hs]
 
     @property
     def head_size(self):
-        return self.dim // self.n_heads
+        return self.head_dim or self.dim // self.n_heads
 
     @property
     def kv_dim(self):
         return self.n_kv_heads * self.head_size
 
 
+def llama3_inv_freq(hs, theta, factor, low_freq_factor, high_freq_factor, original_ctx):
+    """Llama 3.1 RoPE scaling (transformers' _compute_llama3_parameters; Meta's
+    apply_scaling): wavelengths below original_ctx / high_freq_factor keep their
+    frequency, those above original_ctx / low_freq_factor are divided by factor, and
+    the band between interpolates smoothly."""
+    inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    low_wavelen = original_ctx / low_freq_factor
+    high_wavelen = original_ctx / high_freq_factor
+    wavelen = 2 * math.pi / inv
+    out = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, out)
+
+
+def load_gguf_model(path):
+    """A llama, qwen2 or qwen3 GGUF with F32/F16/BF16 weights. RoPE divisors in
+    rope_freqs.weight are applied as llama.cpp applies them (frequency / divisor);
+    callers that want to check them against llama3_inv_freq can read model.inv_freq."""
+    import gguf_ref
+    meta, t = gguf_ref.read_gguf(path)
+    arch = meta["general.architecture"]
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise ValueError("%s: architecture %s is not in the reference" % (path, arch))
+    A = arch + "."
+    dim = int(meta[A + "embedding_length"])
+    n_heads = int(meta[A + "attention.head_count"])
+    n_kv = int(meta.get(A + "attention.head_count_kv", n_heads))
+    hs = int(meta.get(A + "attention.key_length", dim // n_heads))
+    L = int(meta[A + "block_count"])
+    theta = float(meta.get(A + "rope.freq_base", ROPE_THETA))
+
+    def stack(name):
+        return np.stack([t["blk.%d.%s" % (l, name)] for l in range(L)])
+
+    def opt_stack(name):
+        return stack(name) if "blk.0.%s" % name in t else None
+
+    tok_emb = t["token_embd.weight"]
+    inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    if "rope_freqs.weight" in t:
+        inv = inv / t["rope_freqs.weight"]
+    return Model(dim=dim, hidden_dim=int(meta[A + "feed_forward_length"]), n_layers=L, n_heads=n_heads,
+                 n_kv_heads=n_kv, vocab_size=tok_emb.shape[0], seq_len=int(meta[A + "context_length"]),
+                 tok_emb=tok_emb, rms_att=stack("attn_norm.weight"), wq=stack("attn_q.weight"),
+                 wk=stack("attn_k.weight"), wv=stack("attn_v.weight"), wo=stack("attn_output.weight"),
+                 rms_ffn=stack("ffn_norm.weight"), w1=stack("ffn_gate.weight"), w2=stack("ffn_down.weight"),
+                 w3=stack("ffn_up.weight"), rms_final=t["output_norm.weight"],
+                 wcls=t.get("output.weight", tok_emb), arch=arch, head_dim=hs, rope_theta=theta,
+                 rms_eps=float(meta.get(A + "attention.layer_norm_rms_epsilon", RMS_EPS)),
+                 rope_neox=arch in ("qwen2", "qwen3"), inv_freq=inv,
+                 bq=opt_stack("attn_q.bias"), bk=opt_stack("attn_k.bias"), bv=opt_stack("attn_v.bias"),
+                 q_norm=opt_stack("attn_q_norm.weight"), k_norm=opt_stack("attn_k_norm.weight"))
+
+
 def load_model(path):
-    """Read a llama2.c checkpoint; all weights are converted to float64."""
+    """Read a llama2.c checkpoint or a GGUF file; all weights are converted to float64."""
     with open(path, "rb") as f:
         raw = f.read()
+    if raw[:4] == b"GGUF":
+        return load_gguf_model(path)
     dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", raw, 0)
     shared = vocab > 0
     vocab = abs(vocab)
@@ -450,18 +531,25 @@ def fake_quantize(X, fmt, is_key, spec):
 # Forward pass
 # ----------------------------------------------------------------------------
 
-def rmsnorm(x, w):
-    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + RMS_EPS)
+def rmsnorm(x, w, eps=RMS_EPS):
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
-def rope(x, positions):
-    """x: [T, heads, hs]; rotates pairs (2i, 2i+1) by pos * 10000^(-2i/hs)."""
+def rope(x, positions, inv_freq=None, neox=False):
+    """x: [T, heads, hs]; rotates pairs (2i, 2i+1) (or with neox, rotate_half's
+    (i, i + hs/2)) by pos * inv_freq[i] (default 10000^(-2i/hs))."""
     hs = x.shape[-1]
-    i = np.arange(0, hs, 2, dtype=np.float64)
-    freq = 1.0 / ROPE_THETA ** (i / hs)
-    ang = positions[:, None].astype(np.float64) * freq[None, :]   # [T, hs/2]
+    if inv_freq is None:
+        inv_freq = 1.0 / ROPE_THETA ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]   # [T, hs/2]
     c = np.cos(ang)[:, None, :]
     s = np.sin(ang)[:, None, :]
+    if neox:
+        # transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, with
+        # cos/sin repeated over both halves and rotate_half(x) = (-x2, x1).
+        x0 = x[..., :hs // 2]
+        x1 = x[..., hs // 2:]
+        return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
     x0 = x[..., 0::2]
     x1 = x[..., 1::2]
     out = np.empty_like(x)
@@ -536,17 +624,30 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
     grp = nh // nkv
     pos = np.arange(T)
     quant = kv_spec is not None and not (kv_spec.k_format == "f32" and kv_spec.v_format == "f32")
+    norm_eps = m.rms_eps
+
+    def rot(x, positions):
+        return rope(x, positions, m.inv_freq, m.rope_neox)
+
     x = m.tok_emb[np.asarray(tokens)].copy()        # [T, dim]
     for l in range(m.n_layers):
-        xb = rmsnorm(x, m.rms_att[l])
-        q = (xb @ m.wq[l].T).reshape(T, nh, hs)
-        k = (xb @ m.wk[l].T).reshape(T, nkv, hs)
-        v = (xb @ m.wv[l].T).reshape(T, nkv, hs)
-        q = rope(q, pos)
+        xb = rmsnorm(x, m.rms_att[l], norm_eps)
+        q = xb @ m.wq[l].T
+        k = xb @ m.wk[l].T
+        v = xb @ m.wv[l].T
+        if m.bq is not None:  # qwen2: Linear(bias=True)
+            q, k, v = q + m.bq[l], k + m.bk[l], v + m.bv[l]
+        q = q.reshape(T, nh, hs)
+        k = k.reshape(T, nkv, hs)
+        v = v.reshape(T, nkv, hs)
+        if m.q_norm is not None:  # qwen3: RMSNorm(head_dim) per head, before RoPE
+            q = rmsnorm(q, m.q_norm[l], norm_eps)
+            k = rmsnorm(k, m.k_norm[l], norm_eps)
+        q = rot(q, pos)
         # Keys before RoPE: the cache quantizes them unrotated; attention sees them rotated.
         pre = kv_spec is not None and kv_spec.key_rope == "pre"
         if not pre:
-            k = rope(k, pos)
+            k = rot(k, pos)
         if kv_noise is not None:
             eps, gen = kv_noise
             k = k * (1.0 + eps * gen.standard_normal(k.shape))
@@ -555,18 +656,18 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
             kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec)
             vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec)
             if pre:
-                k, kq = rope(k, pos), rope(kq, pos)
+                k, kq = rot(k, pos), rot(kq, pos)
             o = attention(q, k, v, kq, nk, vq, nv)
         else:
             if pre:
-                k = rope(k, pos)
+                k = rot(k, pos)
             o = attention(q, k, v)
         x = x + o @ m.wo[l].T
-        xb = rmsnorm(x, m.rms_ffn[l])
+        xb = rmsnorm(x, m.rms_ffn[l], norm_eps)
         h1 = xb @ m.w1[l].T
         h3 = xb @ m.w3[l].T
         x = x + ((h1 / (1.0 + np.exp(-h1))) * h3) @ m.w2[l].T
-    return rmsnorm(x, m.rms_final) @ m.wcls.T
+    return rmsnorm(x, m.rms_final, norm_eps) @ m.wcls.T
 
 
 def forward_logits(model, tokens):
