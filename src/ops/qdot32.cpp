@@ -32,7 +32,6 @@ inline Act32 act32(const uint8_t* base, const ActLayout& l) {
           reinterpret_cast<const float*>(base + l.extra)};
 }
 
-// Scalar definition of the activation rounding; the SIMD version gives the same bytes.
 // Bytes of a block of the 32-value types.
 constexpr size_t BlockBytes(Type t) {
   return t == Type::kQ8_0   ? sizeof(quant::BlockQ8_0)
