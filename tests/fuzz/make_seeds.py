@@ -12,39 +12,55 @@ def gguf_string(s):
     return struct.pack("<Q", len(b)) + b
 
 
-def write_gguf(path):
-    dim, hidden, vocab = 8, 16, 6
+def q8_0_blob(n):
+    """n values (a multiple of 32) as Q8_0 blocks: an f16 scale, then 32 int8 codes."""
+    out = b""
+    for b in range(n // 32):
+        out += struct.pack("<e", 0.01) + bytes((i * 7 + b) % 256 for i in range(32))
+    return out
+
+
+def write_gguf(path, arch="llama", q8_0=False):
+    """A one-layer model of `arch` (llama, qwen2 with Q/K/V biases, qwen3 with per-head Q/K
+    norms); with q8_0 its matrices are Q8_0 (dim 32, the block size)."""
+    dim, hidden, vocab = (32, 32, 6) if q8_0 else (8, 16, 6)
     kvs = []
 
     def kv(key, typ, payload):
         kvs.append(gguf_string(key) + struct.pack("<I", typ) + payload)
 
-    kv("general.architecture", 8, gguf_string("llama"))
+    kv("general.architecture", 8, gguf_string(arch))
     kv("general.alignment", 4, struct.pack("<I", 32))
-    for key, val in [("llama.context_length", 16), ("llama.embedding_length", dim), ("llama.block_count", 1),
-                     ("llama.feed_forward_length", hidden), ("llama.attention.head_count", 2),
-                     ("llama.attention.head_count_kv", 1)]:
-        kv(key, 4, struct.pack("<I", val))
-    kv("llama.attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-5))
+    for key, val in [("context_length", 16), ("embedding_length", dim), ("block_count", 1),
+                     ("feed_forward_length", hidden), ("attention.head_count", 2),
+                     ("attention.head_count_kv", 1)]:
+        kv(arch + "." + key, 4, struct.pack("<I", val))
+    kv(arch + ".attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-5))
     kv("tokenizer.ggml.model", 8, gguf_string("llama"))
     toks = ["<unk>", "<s>", "</s>", "\u2581", "a", "\u2581a"]
     kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, len(toks)) + b"".join(gguf_string(t) for t in toks))
     kv("tokenizer.ggml.scores", 9, struct.pack("<IQ", 6, len(toks)) + struct.pack("<6f", *range(6)))
     kv("tokenizer.ggml.token_type", 9, struct.pack("<IQ", 5, len(toks)) + struct.pack("<6i", 2, 3, 3, 1, 1, 1))
     tensors = [("token_embd.weight", [dim, vocab]), ("blk.0.attn_norm.weight", [dim]),
-               ("blk.0.attn_q.weight", [dim, dim]), ("blk.0.attn_k.weight", [dim, 4]),
-               ("blk.0.attn_v.weight", [dim, 4]), ("blk.0.attn_output.weight", [dim, dim]),
+               ("blk.0.attn_q.weight", [dim, dim]), ("blk.0.attn_k.weight", [dim, dim // 2]),
+               ("blk.0.attn_v.weight", [dim, dim // 2]), ("blk.0.attn_output.weight", [dim, dim]),
                ("blk.0.ffn_norm.weight", [dim]), ("blk.0.ffn_gate.weight", [dim, hidden]),
                ("blk.0.ffn_down.weight", [hidden, dim]), ("blk.0.ffn_up.weight", [dim, hidden]),
                ("output_norm.weight", [dim])]
+    hd = dim // 2
+    if arch == "qwen2":
+        tensors += [("blk.0.attn_q.bias", [dim]), ("blk.0.attn_k.bias", [hd]), ("blk.0.attn_v.bias", [hd])]
+    if arch == "qwen3":
+        tensors += [("blk.0.attn_q_norm.weight", [hd]), ("blk.0.attn_k_norm.weight", [hd])]
     infos, data, off = b"", b"", 0
     for name, dims in tensors:
         n = 1
         for d in dims:
             n *= d
+        quantized = q8_0 and len(dims) == 2
         infos += gguf_string(name) + struct.pack("<I", len(dims)) + struct.pack("<%dQ" % len(dims), *dims)
-        infos += struct.pack("<IQ", 0, off)
-        blob = struct.pack("<%df" % n, *([0.01] * n))
+        infos += struct.pack("<IQ", 8 if quantized else 0, off)
+        blob = q8_0_blob(n) if quantized else struct.pack("<%df" % n, *([0.01] * n))
         pad = (-len(blob)) % 32
         data += blob + b"\0" * pad
         off += len(blob) + pad
@@ -145,6 +161,10 @@ def main():
     write_gguf(os.path.join(out, "gguf", "tiny.gguf"))
     write_quantized_gguf(os.path.join(out, "gguf", "quantized.gguf"))
     write_llama2c(os.path.join(out, "llama2c", "tiny.bin"))
+    os.makedirs(os.path.join(out, "model"), exist_ok=True)
+    for arch in ("llama", "qwen2", "qwen3"):
+        write_gguf(os.path.join(out, "model", arch + ".gguf"), arch)
+    write_gguf(os.path.join(out, "model", "llama-q8_0.gguf"), "llama", q8_0=True)
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
     write_bpe(os.path.join(out, "bpe"))
