@@ -63,6 +63,9 @@ int cmd_synth(int argc, char** argv) {
         "none.");
   a.add("rope-scaling-factor", 0, "F",
         "Factor of llama3 scaling (1 to 1024). Default: the preset's, else 8.");
+  a.add_flag("attn-bias", 0,
+             "Give the Q, K and V projections biases N(0, 0.5^2) (qwen2 always has them; llama "
+             "files may).");
   a.add("classifier", 0, "KIND",
         "tied (output = token embedding) or separate. Default: the preset's, else tied.");
   a.section("Tokenizer");
@@ -134,6 +137,10 @@ int cmd_synth(int argc, char** argv) {
     }
     if (arch != c.arch) overridden = true;
     model::apply_arch_defaults(c, arch);
+  }
+  if (a.given("attn-bias")) {
+    c.attn_bias = true;
+    overridden = true;
   }
   if (a.given("head-dim")) {
     c.key_length = static_cast<int>(a.integer("head-dim", 2, 1024));

@@ -3,8 +3,8 @@
 from the published model definitions), on small synthetic models with random weights.
 
 For every case of CASES this writes a 2-layer F32 model with `kivi synth` (random Q/K/V
-biases for qwen2, random per-head Q/K norm weights for qwen3, llama3 RoPE divisors in
-rope_freqs.weight for the scaled llama), runs
+biases for qwen2 and for a llama that has them, random per-head Q/K norm weights for
+qwen3, llama3 RoPE divisors in rope_freqs.weight for the scaled llama), runs
     KIVI logits -m MODEL -p PROMPT --mode MODE --json     (plus --key-rope pre)
 and checks:
   * max |engine logit - reference logit| <= --tol (default 1e-5; measured at most 3e-7)
@@ -40,6 +40,7 @@ LLAMA3 = dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_c
 # (name, synth options, features: what to switch off in the reference to show it matters)
 CASES = [
     ("llama", ["--arch", "llama", "--classifier", "separate"], []),
+    ("llama-bias", ["--arch", "llama", "--attn-bias"], ["bias"]),
     ("llama3-scaled", ["--arch", "llama", "--rope-theta", "500000", "--rope-scaling", "llama3", "--rope-scaling-factor", "32"], ["rope_scaling"]),
     ("qwen2", ["--arch", "qwen2", "--rope-theta", "1000000"], ["bias", "neox"]),
     ("qwen3", ["--arch", "qwen3", "--head-dim", "32", "--rope-theta", "1000000", "--classifier", "separate"],

@@ -32,6 +32,7 @@ SKIP = 77
 ARCH_SHAPE = ["--layers", "4", "--dim", "256", "--heads", "8", "--kv-heads", "2", "--ffn", "512",
               "--vocab", "512", "--ctx", "1024"]
 ARCH_CASES = [
+    ("llama-bias", ["--arch", "llama", "--attn-bias"]),
     ("llama3-scaled", ["--arch", "llama", "--rope-theta", "500000", "--rope-scaling", "llama3",
                        "--rope-scaling-factor", "32"]),
     ("qwen2", ["--arch", "qwen2", "--rope-theta", "1000000"]),
