@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     touch(w.token_embd, row);
     touch(w.output, row);
     for (const auto& L : w.layers) {
-      for (const auto* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_down, &L.w_up}) touch(*x, row);
+      for (const auto* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_down, &L.w_up})
+        touch(*x, row);
     }
     if (m->has_tokenizer()) {
       const auto ids = m->tokenizer().encode("Once upon a time, <s> caf\xc3\xa9 42!", true);
