@@ -54,7 +54,8 @@ int cmd_bench(int argc, char** argv) {
       "decode\n"
       "step spent in attention, KV cache bytes, compression against f32 and f16, greedy token\n"
       "agreement with the f32 cache (position by position, with the first divergence) and the\n"
-      "decode time relative to f32. The f32 cache always runs as the reference. Formats default\n"
+      "decode time relative to f32. The f32 cache runs as the reference (unless\n"
+      "--no-f32-reference). Formats default\n"
       "to f32,f16,int8,kivi4,kivi2; the KV options (G, R, ...) apply to every one. Sessions hold\n"
       "exactly fill + prompt + N tokens unless --ctx is given.\n"
       "\n"
@@ -76,6 +77,10 @@ int cmd_bench(int argc, char** argv) {
   a.add_flag("ctx-fill-random", 0,
              "Fill with seeded random keys and values instead of text (speed only).");
   a.add("seed", 's', "S", "Seed of the random fill.", "1234");
+  a.add_flag("no-f32-reference", 0,
+             "Do not run the f32 reference (whose cache may not fit at long contexts): the first "
+             "listed format is the reference for token match and overhead, and --sparse applies "
+             "to it too.");
   a.add("configs", 0, "LIST",
         "Configurations to compare (instead of --kv-cache): formats with optional policies, "
         "FORMAT[+shareN][+pre], and no-cache (every step recomputes every position), e.g. "
@@ -115,12 +120,22 @@ int cmd_bench(int argc, char** argv) {
   } else {
     list = {"f32", "f16", "int8", "kivi4", "kivi2"};
   }
+  const bool f32_ref = !a.flag("no-f32-reference");
   kv::CacheConfig ref = cache_config(a, "f32");
   ref.k.format = ref.v.format = kv::Format::kF32;
   std::vector<kv::CacheConfig> caches{ref};
   std::vector<std::string> names{"f32"};
   std::vector<char> no_cache{0};
   bool ref_listed = false;
+  if (!f32_ref) {
+    if (list.empty() || list[0] == "no-cache")
+      fail("--no-f32-reference: the first listed format becomes the reference; list a cache first");
+    ref = cache_config(a, list[0]);
+    caches = {ref};
+    names = {short_name(ref)};
+    ref_listed = true;
+    list.erase(list.begin());
+  }
   for (const auto& f : list) {
     if (f == "no-cache") {
       for (const auto& n : names) {
@@ -132,7 +147,7 @@ int cmd_bench(int argc, char** argv) {
       continue;
     }
     const kv::CacheConfig c = cache_config(a, f);
-    if (is_f32(c)) {
+    if (f32_ref && is_f32(c)) {
       ref_listed = true;
       continue;
     }
@@ -157,6 +172,7 @@ int cmd_bench(int argc, char** argv) {
   bc.forward.precision = attn::parse_precision(a.str("attn-precision"));
   bc.forward.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
   bc.sparse = sparse_options(a);
+  bc.sparse_reference = !f32_ref;
   if (random_fill) {
     bc.fill_random = n_fill;
   } else if (n_fill > 0) {
@@ -182,14 +198,16 @@ int cmd_bench(int argc, char** argv) {
   // All sessions live at once: check they fit beside the weights before allocating.
   {
     uint64_t total = 0;
-    for (const auto& c : caches) {
+    for (size_t i = 0; i < caches.size(); ++i) {
+      const kv::CacheConfig& c = caches[i];
       kv::CacheConfig cc = c;
       cc.n_layers = mc.n_layers;
       cc.n_kv_heads = mc.n_kv_heads;
       cc.head_dim = mc.head_dim();
       cc.ctx = bc.ctx;
       cc.validate();
-      total += runtime::session_bytes(mc, c, bc.ctx);
+      total += runtime::session_bytes(mc, c, bc.ctx, 64,
+                                      i > 0 || bc.sparse_reference ? bc.sparse : sparse::Options{});
     }
     const uint64_t avail = sys::available_memory_bytes(), weights = m->weight_bytes();
     if (avail > 0 && total + weights > avail) {
@@ -232,7 +250,7 @@ int cmd_bench(int argc, char** argv) {
       o.cache = caches[i];
       o.threads = bc.threads;
       o.forward = bc.forward;
-      if (i > 0) o.sparse = bc.sparse;
+      if (i > 0 || bc.sparse_reference) o.sparse = bc.sparse;
       runtime::Session s(*m, o);
       ppl[i] = runtime::evaluate_perplexity(s, text_tokens, runtime::EvalMode::kStreaming).ppl;
       pbar.update(static_cast<int64_t>(i + 1));
@@ -297,15 +315,20 @@ int cmd_bench(int argc, char** argv) {
       cpu::current_target_name().c_str());
   std::printf("KV        %s; compression counts the bytes used at ctx %d%s\n",
               shared_params(ref).c_str(), r.ctx + n_gen,
-              random_fill ? "" : "; match: greedy tokens equal to f32's");
+              random_fill ? ""
+              : f32_ref   ? "; match: greedy tokens equal to f32's"
+                          : "; match: greedy tokens equal to the reference's");
   if (bc.sparse.enabled())
-    std::printf("sparse    %s (every format but the f32 reference)\n",
-                sparse::describe(bc.sparse).c_str());
+    std::printf("sparse    %s (%s)\n", sparse::describe(bc.sparse).c_str(),
+                f32_ref ? "every format but the f32 reference" : "every format");
   if (markdown) std::printf("\n");
   const bool with_ppl = a.given("ppl-text");
   auto cells = [&](const runtime::BenchFormatResult& f, bool first, size_t index) {
     std::vector<std::string> c;
-    c.push_back(first ? (ref_listed ? "f32 (reference)" : "f32 (reference, not listed)") : f.name);
+    c.push_back(!first       ? f.name
+                : !f32_ref   ? f.name + " (reference)"
+                : ref_listed ? "f32 (reference)"
+                             : "f32 (reference, not listed)");
     c.push_back(std::to_string(r.ctx));
     c.push_back(strfmt("%.1f", f.prefill_tps));
     c.push_back(strfmt("%.1f", f.decode_tps));

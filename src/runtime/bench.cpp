@@ -116,7 +116,7 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     o.cache = cfg.caches[f];
     o.forward = cfg.forward;
     o.forward.attn_seconds = &attn[f];
-    if (f > 0) o.sparse = cfg.sparse;
+    if (f > 0 || cfg.sparse_reference) o.sparse = cfg.sparse;
     o.pool = &pool;
     sessions.push_back(std::make_unique<Session>(m, o));
   }
@@ -126,6 +126,7 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     SessionOptions o;
     o.ctx = n_prompt;
     o.cache = cfg.caches[0];
+    o.cache.k = o.cache.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
     o.forward = cfg.forward;
     o.pool = &pool;
     Session warm(m, o);

@@ -33,7 +33,7 @@ namespace kivi::runtime {
 
 struct BenchConfig {
   std::vector<std::string> names;       // one per format, for display
-  std::vector<kv::CacheConfig> caches;  // caches[0] is the reference (f32)
+  std::vector<kv::CacheConfig> caches;  // caches[0] is the reference (f32 unless told otherwise)
   // [formats] (optional) 1: run without a cache: every step recomputes every position
   // with the no-cache oracle (model::forward_no_cache), as a cacheless decoder does.
   std::vector<char> no_cache;
@@ -45,8 +45,9 @@ struct BenchConfig {
   int ctx = 0;              // session capacity; 0 = exactly fill + prompt + n_gen
   int threads = 0;          // 0 = all cores
   model::ForwardOptions forward;
-  sparse::Options sparse;  // block-sparse attention for every format but the reference
-  int fill_chunk = 256;    // text fill prefilled this many tokens at a time
+  sparse::Options sparse;         // block-sparse attention for every format but the reference
+  bool sparse_reference = false;  // ... and for the reference too (when it is not f32)
+  int fill_chunk = 256;           // text fill prefilled this many tokens at a time
 };
 
 struct BenchFormatResult {
