@@ -20,6 +20,7 @@
 #include "core/timer.h"
 #include "kv/format.h"
 #include "kv/kv_cache.h"
+#include "runtime/bench.h"
 #include "sparse/sparse_attention.h"
 
 namespace kivi::tools {
@@ -105,20 +106,11 @@ int cmd_bench_sparse(int argc, char** argv) {
     res.ctx = static_cast<int>(ctx);
     const double t_fill = now_seconds();
     kv::KvCache cache(cfg);
-    Rng data(1234);
-    std::vector<float> k(static_cast<size_t>(Hkv) * D), v(k.size());
-    for (int l = 0; l < L; ++l) {
-      for (int64_t t = 0; t < ctx; ++t) {
-        for (size_t i = 0; i < k.size(); ++i) {
-          k[i] = data.normal() *
-                 ((i % D) % 16 == 3 ? 6.0f : 1.0f);  // a few outlier channels, as in real keys
-          v[i] = data.normal();
-        }
-        if (t == 0) cache.calibrate(l, k.data(), v.data(), 1);
-        cache.append(l, k.data(), v.data());
-      }
-      bar.update(++progress);
-    }
+    const int64_t before = progress;
+    runtime::fill_random(
+        {&cache}, static_cast<int>(ctx), 1234, [&](int64_t t) { bar.update(before + L * t / ctx); },
+        &pool);
+    progress = before + L;
     res.fill_seconds = now_seconds() - t_fill;
     sparse::SparseAttention sa(so, cfg, H);
     attn::Workspace ws(threads, H, Hkv, D, cfg.block(), cfg.ctx);

@@ -37,28 +37,50 @@ std::vector<int> fill_tokens(const tok::Tokenizer& tk, const std::string& text, 
 }
 
 void fill_random(const std::vector<kv::KvCache*>& caches, int n_tokens, uint64_t seed,
-                 const std::function<void(int64_t)>& progress) {
+                 const std::function<void(int64_t)>& progress, ThreadPool* pool) {
   if (caches.empty() || n_tokens <= 0) return;
   const kv::CacheConfig& c0 = caches[0]->config();
   const int L = c0.n_layers, H = c0.n_kv_heads, D = c0.head_dim;
   const size_t row = static_cast<size_t>(H) * D;
-  std::vector<float> k(row), v(row);  // [H, D]
   const NormalTable& nt = NormalTable::get();
-  Rng rng(seed);
-  for (int t = 0; t < n_tokens; ++t) {
-    for (int l = 0; l < L; ++l) {
-      nt.fill(rng, k.data(), row);
-      nt.fill(rng, v.data(), row);
+  bool shared = false;
+  for (const kv::KvCache* c : caches) shared = shared || c->shares_pool();
+  // Layer l, tokens [t0, t1), from the layer's stream `rng`.
+  auto fill_layer = [&](int l, Rng& rng, int t0, int t1, float* k, float* v) {
+    for (int t = t0; t < t1; ++t) {
+      nt.fill(rng, k, row);
+      nt.fill(rng, v, row);
       for (size_t i = 3; i < row; i += 16) {
         if (i % D % 16 == 3) k[i] *= 6.0f;
       }
       for (kv::KvCache* c : caches) {
         if (c->borrows(l)) continue;  // reads another layer's cache
-        if (c->n_tokens(l) == 0) c->calibrate(l, k.data(), v.data(), 1);
-        c->append(l, k.data(), v.data());
+        if (c->n_tokens(l) == 0) c->calibrate(l, k, v, 1);
+        c->append(l, k, v);
       }
     }
-    if (progress && (t % 64 == 63 || t + 1 == n_tokens)) progress(t + 1);
+  };
+  std::vector<Rng> rngs;
+  for (int l = 0; l < L; ++l) rngs.emplace_back(seed + 0x9E3779B97F4A7C15ull * (l + 1));
+  if (shared || !pool || pool->size() == 1) {
+    // Token-major, so a shared pool maps each block once for every layer.
+    std::vector<float> k(row), v(row);  // [H, D]
+    for (int t = 0; t < n_tokens; ++t) {
+      for (int l = 0; l < L; ++l) fill_layer(l, rngs[l], t, t + 1, k.data(), v.data());
+      if (progress && (t % 64 == 63 || t + 1 == n_tokens)) progress(t + 1);
+    }
+    return;
+  }
+  // Layers in parallel, in chunks of tokens so progress can be reported between them.
+  const int P = pool->size();
+  std::vector<std::vector<float>> kb(P, std::vector<float>(row)), vb(P, std::vector<float>(row));
+  const int chunk = std::max(64, n_tokens / 100);
+  for (int t0 = 0; t0 < n_tokens; t0 += chunk) {
+    const int t1 = std::min(n_tokens, t0 + chunk);
+    pool->run(L, [&](int l, int thread) {
+      fill_layer(l, rngs[l], t0, t1, kb[thread].data(), vb[thread].data());
+    });
+    if (progress) progress(t1);
   }
 }
 
@@ -144,10 +166,13 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     std::vector<kv::KvCache*> caches;
     for (auto& s : sessions) caches.push_back(&s->cache());
     int64_t last = 0;
-    fill_random(caches, cfg.fill_random, cfg.seed, [&](int64_t t) {
-      report((t - last) * F);
-      last = t;
-    });
+    fill_random(
+        caches, cfg.fill_random, cfg.seed,
+        [&](int64_t t) {
+          report((t - last) * F);
+          last = t;
+        },
+        &pool);
   } else if (!cfg.fill.empty()) {
     const int chunk = std::max(1, cfg.fill_chunk);
     for (int f = 0; f < F; ++f) {

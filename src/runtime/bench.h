@@ -29,6 +29,10 @@
 #include "sparse/options.h"
 #include "model/model.h"
 
+namespace kivi {
+class ThreadPool;
+}
+
 namespace kivi::runtime {
 
 struct BenchConfig {
@@ -84,9 +88,13 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
 
 // Appends n_tokens positions of seeded random keys and values to every layer of every
 // cache (the same data for all): keys N(0, 1) with every 16th channel (from channel 3)
-// scaled by 6, like the outlier channels of real keys; values N(0, 1).
+// scaled by 6, like the outlier channels of real keys; values N(0, 1). Each layer draws
+// from its own stream (seeded by `seed` and the layer), so with a pool the layers fill in
+// parallel (caches over a shared block pool fill one layer at a time: mapping a block
+// touches every layer) and the data do not depend on the thread count.
+// `progress(tokens)` reports tokens completed in every layer, on the calling thread.
 void fill_random(const std::vector<kv::KvCache*>& caches, int n_tokens, uint64_t seed,
-                 const std::function<void(int64_t)>& progress = {});
+                 const std::function<void(int64_t)>& progress = {}, ThreadPool* pool = nullptr);
 
 // Tokens for a text fill of n positions: BOS, then `text` tokenized once and repeated.
 std::vector<int> fill_tokens(const tok::Tokenizer& tk, const std::string& text, int n);
