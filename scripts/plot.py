@@ -12,6 +12,9 @@ Inputs (each optional, each may be given several files):
   --quality FILE     a JSON list of `kivi perplexity --json` objects (one per cache
                      configuration, normally with --kld-base): perplexity and KL divergence
                      (mean and 99th percentile) against bits per element.   -> quality.png
+  --sparse FILE      `scripts/sparse_quality.py --json` output: KL divergence against dense
+                     attention (mean) against the token budget, one line per selection,
+                     one panel per cache format.                     -> sparse_quality.png
 
 Usage: /usr/bin/python3 scripts/plot.py --bench-attn A.json --bench B.json --quality Q.json --out docs/img
 Runs under Debian's python3 with matplotlib (Agg backend, no display needed).
@@ -270,24 +273,60 @@ def plot_quality(paths, out):
     return save(fig, out, "quality.png")
 
 
+def plot_sparse(paths, out):
+    rows = []
+    for p in paths:
+        d = load(p, "sparse quality")
+        if not isinstance(d, list):
+            die(f"'{p}': expected the JSON list scripts/sparse_quality.py --json writes")
+        for r in d:
+            need(r, ["cache", "budget", "selection", "kld_mean", "ctx"], p, "an entry")
+            rows.append(r)
+    if not rows:
+        die("no sparse quality results to plot")
+    caches = list(dict.fromkeys(r["cache"] for r in rows))
+    sels = list(dict.fromkeys(r["selection"] for r in rows))
+    col = colours(set(sels))
+    fig, axes = plt.subplots(1, len(caches), figsize=(6 * len(caches), 5), squeeze=False)
+    for ax, cache in zip(axes[0], caches):
+        for sel in sels:
+            pts = sorted((100.0 * r["budget"] / r["ctx"], r["kld_mean"]) for r in rows
+                         if r["cache"] == cache and r["selection"] == sel and r["kld_mean"] > 0)
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", color=col.get(sel), label=sel)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        shares = sorted({100.0 * r["budget"] / r["ctx"] for r in rows if r["cache"] == cache})
+        ax.set_xticks(shares)
+        ax.set_xticklabels([f"{x:g}%" for x in shares])
+        ax.minorticks_off()
+        ax.set_xlabel("token budget per KV head and step (% of the context)")
+        ax.set_ylabel("KL divergence to dense attention (nats per token)")
+        ax.set_title(f"Block-sparse attention, KV cache {cache}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return save(fig, out, "sparse_quality.png")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--bench-attn", nargs="+", metavar="FILE", help="kivi bench-attn --json output(s)")
     ap.add_argument("--bench", nargs="+", metavar="FILE", help="kivi bench --json output(s)")
     ap.add_argument("--quality", nargs="+", metavar="FILE", help="JSON list(s) of kivi perplexity --json objects")
+    ap.add_argument("--sparse", nargs="+", metavar="FILE", help="scripts/sparse_quality.py --json output(s)")
     ap.add_argument("--out", default="docs/img", help="output directory (default: docs/img)")
     a = ap.parse_args()
-    if not (a.bench_attn or a.bench or a.quality):
-        ap.error("give at least one of --bench-attn, --bench, --quality")
+    if not (a.bench_attn or a.bench or a.quality or a.sparse):
+        ap.error("give at least one of --bench-attn, --bench, --quality, --sparse")
     try:
         os.makedirs(a.out, exist_ok=True)
     except OSError as e:
         die(f"cannot create output directory '{a.out}': {e.strerror}")
     # Every chart this run would write, checked against every input before anything is drawn.
-    inputs = (a.bench_attn or []) + (a.bench or []) + (a.quality or [])
+    inputs = (a.bench_attn or []) + (a.bench or []) + (a.quality or []) + (a.sparse or [])
     for given, name in ((a.bench_attn, "attn_time_vs_ctx.png"), (a.bench, "bench_decode.png"),
-                        (a.quality, "quality.png")):
+                        (a.quality, "quality.png"), (a.sparse, "sparse_quality.png")):
         if given:
             check_not_input(os.path.join(a.out, name), inputs)
     written = []
@@ -297,6 +336,8 @@ def main():
         written.append(plot_bench(a.bench, a.out))
     if a.quality:
         written.append(plot_quality(a.quality, a.out))
+    if a.sparse:
+        written.append(plot_sparse(a.sparse, a.out))
     for w in written:
         print(f"wrote {w}")
 

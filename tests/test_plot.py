@@ -80,6 +80,26 @@ def main():
                            capture_output=True, text=True)
         if r.returncode != 1 or sorted(os.listdir(out)) != before:
             sys.exit(f"FAIL: a failed run should leave the folder as it was: {before} -> {sorted(os.listdir(out))}")
+        # sparse_quality.py's JSON: two selections at two budgets, from real runs.
+        sparse_rows = []
+        for T in (32, 64):
+            for sel, opts in (("quest", ["--sparse", "quest", "--sparse-budget", str(T - 8)]),
+                              ("random", ["--sparse", "random", "--sparse-budget", str(T - 8)])):
+                r = json.loads(run([a.kivi, "perplexity", *model, "-f", text, "--ctx", "128", "--sparse-block", "8",
+                                    "--sparse-sinks", "4", "--sparse-local", "4", *opts, "--kld-base", base,
+                                    "--json"]))
+                r.update(cache="f32", budget=T, selection=sel)
+                sparse_rows.append(r)
+        sparse = os.path.join(d, "sparse.json")
+        with open(sparse, "w") as f:
+            json.dump(sparse_rows, f)
+        r = subprocess.run([sys.executable, plot, "--sparse", sparse, "--out", out], capture_output=True, text=True)
+        p = os.path.join(out, "sparse_quality.png")
+        if r.returncode != 0 or not os.path.exists(p) or os.path.getsize(p) < 10000:
+            sys.exit(f"FAIL: plot.py --sparse: {r.stderr.strip()}")
+        r = subprocess.run([sys.executable, plot, "--sparse", quality, "--out", out], capture_output=True, text=True)
+        if r.returncode != 1 or not r.stderr.startswith("plot.py: error:"):
+            sys.exit(f"FAIL: a perplexity list given as --sparse should be a one-line error: {r.stderr}")
         # bench-attn --no-probe has no floor (null): still a chart.
         attn_np = os.path.join(d, "attn_np.json")
         with open(attn_np, "w") as f:
@@ -88,7 +108,7 @@ def main():
         r = subprocess.run([sys.executable, plot, "--bench-attn", attn_np, "--out", out], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"FAIL: plot.py on bench-attn --no-probe: {r.stderr.strip()}")
-    print("plot.py: 3 charts written from real outputs; wrong input reported; inputs never overwritten")
+    print("plot.py: 4 charts written from real outputs; wrong input reported; inputs never overwritten")
 
 
 if __name__ == "__main__":
