@@ -4,7 +4,8 @@
   * stories: stories260K converted to GGUF and stored in each weight type with
     `kivi quantize`;
   * arch: synthetic models (`kivi synth`, random weights) of each architecture: llama
-    with llama3 RoPE scaling (rope_freqs.weight), qwen2 (Q/K/V biases, NeoX RoPE) and
+    with Q/K/V biases, llama with llama3 RoPE scaling (rope_freqs.weight), qwen2 (Q/K/V
+    biases, NeoX RoPE) and
     qwen3 (per-head Q/K norms, head dimension apart from dim / heads, NeoX RoPE), in
     F32 and F16, from several prompts.
 
@@ -13,7 +14,13 @@ of equal tokens and the first position where they differ. Random weights give fl
 distributions, where two tokens can tie to within llama.cpp's rounding (its KV cache is
 F16): a difference in the arch set passes as a tie when the numpy reference
 (llama_ref.py, float64) picks kivi.cpp's token there and puts llama.cpp's within
---tie (default 1e-3) of it; the comparison ends at the tie. Exit status 0 when all
+--tie (default 1e-3) of it; the comparison ends at the tie. With quantized weights
+(stories set) each engine rounds the activations to 8 bits in its own kernels, which can
+move logits by more than a tie (llama.cpp's result then depends on the CPU it runs on):
+a difference there passes when the reference on the exactly dequantized weights puts the
+two tokens within --tie-quantized (default 0.1) of each other (8-bit activations move
+stories260K's logits from those of the dequantized F32 weights by 0.035 at the median and
+0.13-0.18 at the 99th percentile, Q4_0 to Q8_0). Exit status 0 when all
 agree, 1 when any differs, 77 (skipped) when node-llama-cpp is not installed.
 
     /usr/bin/python3 tests/reference/check_llamacpp.py [--node-dir DIR] [--set stories|arch|all]
@@ -54,7 +61,10 @@ def main():
                     help="weight types of the stories set")
     ap.add_argument("-n", type=int, default=100, help="tokens per prompt (stories; the arch set uses n / 2)")
     ap.add_argument("-p", "--prompt", default="Once upon a time", help="prompt of the stories set")
-    ap.add_argument("--tie", type=float, default=1e-3, help="largest logit gap that counts as a tie (arch set)")
+    ap.add_argument("--tie", type=float, default=1e-3, help="largest logit gap that counts as a tie (float weights)")
+    ap.add_argument("--tie-quantized", type=float, default=0.1,
+                    help="largest gap that counts as a tie with quantized weights, in the reference on their "
+                         "exact dequantization")
     a = ap.parse_args()
     if not os.path.isfile(os.path.join(a.node_dir, "node_modules", "node-llama-cpp", "package.json")):
         print("SKIP: node-llama-cpp is not installed in %s (scripts/setup-llamacpp-ref.sh)" % a.node_dir)
@@ -85,12 +95,29 @@ def main():
         if judge and first is not None and first < m:
             sys.path.insert(0, here)
             import llama_ref as ref
-            z = ref.forward_logits(ref.load_model(path), k["prompt_token_ids"] + mine[:first])[-1]
+            # Quantized weights: the reference runs on their exact dequantization (F32).
+            plain = path
+            try:
+                ref.load_model(path)
+            except ValueError:
+                plain = path + ".f32.gguf"
+                subprocess.run([a.kivi, "quantize", path, plain, "f32"], check=True, capture_output=True)
+            z = ref.forward_logits(ref.load_model(plain), k["prompt_token_ids"] + mine[:first])[-1]
             gap = z[mine[first]] - z[l[first]]
-            tie = int(z.argmax()) == mine[first] and gap <= a.tie
+            kivis = int(z.argmax()) == mine[first]
+            if plain == path:
+                # Float weights: the engines should part only at a near tie.
+                ok = kivis and gap <= a.tie
+                verdict = "a tie, kivi's choice" if ok else "NOT a tie"
+            else:
+                # Quantized weights: each engine rounds the activations to 8 bits in its
+                # own kernels (llama.cpp's also depend on the CPU), which moves logits by
+                # more than a float tie: a tie within --tie-quantized of the exact product.
+                ok = abs(gap) <= a.tie_quantized
+                verdict = "a tie within the activation rounding" if ok else "NOT a tie"
             note = "; reference: %s (kivi's token %d leads llama.cpp's %d by %.1e)" % (
-                "a tie, kivi's choice" if tie else "NOT a tie", mine[first], l[first], gap)
-            if tie:
+                verdict, mine[first], l[first], gap)
+            if ok:
                 first = None
         print("%-28s %3d of %3d tokens equal, first difference at %s%s"
               % (label, same, max(len(l), len(mine)), first, note))
@@ -106,7 +133,7 @@ def main():
                 path = base if t == "f32" else os.path.join(tmp, "s_%s.gguf" % t)
                 if t != "f32":
                     subprocess.run([a.kivi, "quantize", base, path, t], check=True, capture_output=True)
-                compare("stories260K " + t, path, a.prompt, a.n)
+                compare("stories260K " + t, path, a.prompt, a.n, judge=True)
         if a.set in ("arch", "all"):
             for name, opts in ARCH_CASES:
                 for t in ARCH_TYPES:
