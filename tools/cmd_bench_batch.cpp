@@ -2,6 +2,7 @@
 // batch size, over random-filled caches in a shared block pool (runtime/bench_batch.h).
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -126,9 +127,9 @@ int cmd_bench_batch(int argc, char** argv) {
         m->path().c_str());
   }
 
+  // The decode bar starts with the first step, so its rate and ETA leave the fill out.
   Progress fill_bar("fill", 1, "pos", !json);
-  Progress step_bar("decode", 1, "step", !json);
-  bool filled = false;
+  std::unique_ptr<Progress> step_bar;
   const auto r =
       runtime::run_bench_batch(*m, bc, [&](const char* phase, int64_t done, int64_t total) {
         if (std::string(phase) == "fill") {
@@ -136,15 +137,14 @@ int cmd_bench_batch(int argc, char** argv) {
           fill_bar.update(done);
           return;
         }
-        if (!filled) {
+        if (!step_bar) {
           fill_bar.finish();
-          filled = true;
+          step_bar = std::make_unique<Progress>("decode", total, "step", !json);
         }
-        step_bar.set_total(total);
-        step_bar.update(done);
+        step_bar->update(done);
       });
   fill_bar.finish();
-  step_bar.finish();
+  if (step_bar) step_bar->finish();
 
   const double load = sys::load_average();
   if (json) {

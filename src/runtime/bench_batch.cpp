@@ -1,6 +1,7 @@
 #include "runtime/bench_batch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 
@@ -139,17 +140,30 @@ BatchBenchResult run_bench_batch(
     res.records.assign(F, std::vector<BatchBenchRecord>(bmax));
   }
 
-  // Fill: sequence s of every format gets the same keys and values.
+  // Fill: sequence s of every format gets the same keys and values. The blocks the fill
+  // needs are mapped here, on this thread, so that sequences fill in parallel (an
+  // append then never allocates, and no two workers share a cache).
   {
     const double t0 = now_seconds();
+    for (auto& x : fmts) {
+      for (auto& c : x.seqs) c->map_blocks(cfg.fill);
+    }
     const int64_t total = static_cast<int64_t>(bmax) * cfg.fill;
-    for (int s = 0; s < bmax && cfg.fill > 0; ++s) {
-      std::vector<kv::KvCache*> caches;
-      for (auto& x : fmts) caches.push_back(x.seqs[s].get());
-      fill_random(caches, cfg.fill, cfg.seed + static_cast<uint64_t>(s), [&](int64_t t) {
-        if (progress) progress("fill", static_cast<int64_t>(s) * cfg.fill + t, total);
+    std::atomic<int64_t> done{0};
+    if (cfg.fill > 0) {
+      pool.run(bmax, [&](int s, int thread) {
+        std::vector<kv::KvCache*> caches;
+        for (auto& x : fmts) caches.push_back(x.seqs[s].get());
+        int64_t last = 0;
+        fill_random(caches, cfg.fill, cfg.seed + static_cast<uint64_t>(s), [&](int64_t t) {
+          const int64_t d = done += t - last;
+          last = t;
+          // Progress is drawn by the calling thread (worker 0) alone.
+          if (progress && thread == 0) progress("fill", d, total);
+        });
       });
     }
+    if (progress && total > 0) progress("fill", total, total);
     res.fill_seconds = now_seconds() - t0;
   }
 

@@ -5,6 +5,7 @@
 // Preparation: per format, one shared pool holds max(batches) sequences; sequence s of
 // every format gets the same seeded random keys and values (fill_random, seed + s)
 // through its format's own quantizer, so every format attends over the same history.
+// Sequences fill in parallel on the worker threads.
 // A configuration (format, batch B) decodes sequences 0 .. B-1 of its format's pool.
 // Each sequence feeds its own greedy token (the argmax of its last logits; the first
 // one is drawn from the seed), so the rows of a step differ as in serving.
