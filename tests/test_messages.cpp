@@ -52,8 +52,8 @@ TEST(Messages, UsageLinesListTheOptions) {
 TEST(Messages, CliDocDescribesEveryCommand) {
   const std::string doc = slurp(std::string(KIVI_SOURCE_DIR) + "/docs/CLI.md");
   ASSERT_FALSE(doc.empty());
-  for (const char* c :
-       {"generate", "perplexity", "info", "convert", "bench", "bench-attn", "synth", "logits"}) {
+  for (const char* c : {"generate", "perplexity", "info", "convert", "bench", "bench-attn",
+                        "bench-batch", "synth", "logits"}) {
     EXPECT_NE(doc.find(std::string("- `kivi ") + c + " "), std::string::npos) << c;
   }
   const size_t ba = doc.find("- `kivi bench-attn ");

@@ -75,6 +75,7 @@ int cmd_logits(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_bench_attn(int argc, char** argv);
+int cmd_bench_batch(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);

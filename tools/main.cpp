@@ -22,6 +22,7 @@ const char* kUsage =
     "  perplexity   Perplexity and KL divergence of a text, computed as deployed (streaming).\n"
     "  bench        Speed, memory and agreement of KV formats side by side on one model.\n"
     "  bench-attn   Decode-attention kernel benchmark per format, with a memory-bandwidth probe.\n"
+    "  bench-batch  Batched decode steps at long random-filled contexts, per format and batch.\n"
     "  info         Describe a model (architecture, tensors, tokenizer) or a cache's memory "
     "needs.\n"
     "  convert      Convert a llama2.c checkpoint and tokenizer to GGUF.\n"
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     if (cmd == "perplexity") return cmd_perplexity(argc, argv);
     if (cmd == "bench-attn") return cmd_bench_attn(argc, argv);
     if (cmd == "bench") return cmd_bench(argc, argv);
+    if (cmd == "bench-batch") return cmd_bench_batch(argc, argv);
     if (cmd == "synth") return cmd_synth(argc, argv);
     if (cmd == "chat") return cmd_chat(argc, argv);
     if (cmd == "quantize") return cmd_quantize(argc, argv);

@@ -23,6 +23,13 @@ uint64_t available_memory_bytes() {
   return 0;
 }
 
+double load_average() {
+  std::ifstream f("/proc/loadavg");
+  double v = -1;
+  if (!(f >> v)) return -1;
+  return v;
+}
+
 uint64_t free_disk_bytes(const std::string& path) {
   struct statvfs st;
   std::string dir = path;

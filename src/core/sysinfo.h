@@ -9,6 +9,10 @@ namespace kivi::sys {
 // MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
 uint64_t available_memory_bytes();
 
+// The 1-minute load average from /proc/loadavg, or -1 if unknown (benchmarks on a
+// shared machine report it beside their numbers).
+double load_average();
+
 // Free bytes on the file system holding `path` (or its parent directory), 0 if unknown.
 uint64_t free_disk_bytes(const std::string& path);
 
