@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/attention.h"
@@ -377,6 +378,27 @@ TEST(Eval, Cli) {
   const double local = number_after(r.out, "{\"kind\":\"local\",\"budget\":0,\"attended\":");
   EXPECT_GT(local, 0.05) << r.out;
   EXPECT_LT(local, 0.5) << r.out;
+  test::TempDir dir;
+  const std::string text = "-f '" + test::text_path() + "' ";
+  test::write_text(dir.file("empty.txt"), " \n");
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--task needle --ctx 300 -f '" + dir.file("empty.txt") + "'", "the haystack is empty"},
+           {"--task needle --ctx 300 -f '" + dir.file("missing.txt") + "'", "missing.txt"},
+           {"--task passkey --ctx 300 --depths 0.5,2", "--depths: '2' is not a number from 0 to 1"},
+           {"--task passkey --ctx 300 --sparse quest,max", "--sparse: the retrieval tasks run one"},
+           {"--task passkey --ctx 16777217", "--ctx = 16777217 is out of range (valid: 1 to"},
+           {"--task passkey --ctx 30", "--ctx 30: a passkey prompt needs more than"},
+           {"--task passkey", "give the prompt lengths with --ctx"},
+           {"--task recall", "--task: unknown value 'recall'"},
+           {text + "--task attn-recall --sparse quest,best", "--sparse: unknown value 'best'"},
+           {text + "--task attn-recall --ctx 20", "leave no position to measure"},
+           {text + "--task attn-recall --ctx 300 --sparse-block 16 --kv-cache kivi2",
+            "--sparse-block 16: expected a multiple of the KIVI key group G=32"}}) {
+    r = test::run(test::kivi_cmd("eval " + m + args));
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
   r = test::run(test::kivi_cmd("eval " + m + "--task attn-recall --trials 3"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--trials applies to the retrieval tasks"), std::string::npos) << r.err;

@@ -56,6 +56,10 @@ int run_retrieval(const Args& a, eval::Task task) {
   for (const char* o : {"every"}) {
     if (a.given(o)) fail("--%s applies to --task attn-recall only", o);
   }
+  for (const char* o : {"sparse", "sparse-budget"}) {
+    if (a.given(o) && a.list(o).size() > 1)
+      fail("--%s: the retrieval tasks run one session (lists are for attn-recall)", o);
+  }
   auto m = load_model(a);
   const tok::Tokenizer& t = m->tokenizer();
   if (!a.given("ctx")) {
@@ -63,7 +67,7 @@ int run_retrieval(const Args& a, eval::Task task) {
          eval::task_name(task));
   }
   std::vector<int> ctxs;
-  for (int64_t c : a.int_list("ctx", 2, model::kMaxContext)) ctxs.push_back(static_cast<int>(c));
+  for (int64_t c : a.int_list("ctx", 1, model::kMaxContext)) ctxs.push_back(static_cast<int>(c));
   const std::vector<double> depths = depth_list(a);
   const int trials = static_cast<int>(a.integer("trials", 1, 100000));
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
@@ -76,8 +80,11 @@ int run_retrieval(const Args& a, eval::Task task) {
   eval::Haystack haystack;
   if (task == eval::Task::kNeedle) {
     haystack_name = a.given("file") ? a.str("file") : default_text_path();
-    haystack = eval::Haystack(
-        t, haystack_name == "filler" ? eval::passkey_filler() : read_text_file(haystack_name));
+    const std::string text =
+        haystack_name == "filler" ? eval::passkey_filler() : read_text_file(haystack_name);
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+      fail("%s: the haystack is empty", haystack_name.c_str());
+    haystack = eval::Haystack(t, text);
   } else if (a.given("file")) {
     fail("-f/--file: --task %s uses no text file", eval::task_name(task));
   }
@@ -173,7 +180,7 @@ int run_attn_recall(const Args& a) {
       m->tokenizer().encode(read_text_file(path), m->tokenizer().add_bos());
   int n = static_cast<int>(all.size());
   if (a.given("ctx")) {
-    const auto c = a.int_list("ctx", 2, model::kMaxContext);
+    const auto c = a.int_list("ctx", 1, model::kMaxContext);
     if (c.size() != 1) fail("--ctx: attn-recall runs one length (got %zu)", c.size());
     if (c[0] > n) {
       fail("--ctx %lld: %s has only %d tokens", static_cast<long long>(c[0]), path.c_str(), n);
