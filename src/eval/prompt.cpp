@@ -76,9 +76,12 @@ void assemble(const tok::Tokenizer& t, const std::string& what, int ctx, double 
          what.c_str(), fixed);
   }
   int b = std::min(ctx - fixed, static_cast<int>(filler.size()));
-  // The filler ends at a word, unless none starts within reach.
-  for (int c = b; c >= std::max(1, b - kWordSlack); --c) {
-    if (word_start(t, filler, c)) {
+  // The filler ends with a sentence, else a word, within reach; else where it must.
+  const int end = b;
+  for (auto boundary : {sentence_start, word_start}) {
+    int c = end;
+    while (c >= std::max(1, end - kWordSlack) && !boundary(t, filler, c)) --c;
+    if (c >= std::max(1, end - kWordSlack)) {
       b = c;
       break;
     }

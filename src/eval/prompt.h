@@ -61,12 +61,12 @@ class Haystack {
 const char* passkey_filler();
 
 // Tokens allowed short of the requested length when the last filler cut moves back
-// to a word boundary.
+// to a sentence or word boundary.
 inline constexpr int kWordSlack = 16;
 
 // header + filler[0, a) + item + filler[a, b) + question with b chosen so that the
-// total is `ctx` tokens (or up to kWordSlack fewer, ending the filler at a word
-// boundary) and a the sentence boundary nearest depth * b (else a word boundary,
+// total is `ctx` tokens (or up to kWordSlack fewer, ending the filler with a sentence,
+// else a word) and a the sentence boundary nearest depth * b (else a word boundary,
 // else depth * b). `filler` holds at least ctx tokens. Fills tokens and item_pos;
 // throws naming `what` and the lengths when the fixed pieces leave no room.
 void assemble(const tok::Tokenizer& t, const std::string& what, int ctx, double depth,
