@@ -68,6 +68,7 @@ void AttnRecall::attended(int layer, int owner, const kv::LayerView& kv, const f
                           const attn::Params& p) {
   const int n = kv.n_tokens, D = D_, rep = n_heads_ / Hkv_, B = o_.sparse.block;
   if (!measured_layer(layer) || !measured(n)) return;
+  if (p.window > 0) fail("attention recall: a sliding window (--window) is not measured");
   if (layer == o_.sparse.dense_layers) ++positions_;
   for (auto& sa : selectors_) sa->select(layer, owner, kv, q, p, nullptr);
   w_.resize(static_cast<size_t>(rep) * n);

@@ -1,5 +1,6 @@
 // Needle in a haystack: one sentence hidden in a longer text (Kamradt 2023; the "magic
 // number" needle of RULER, Hsieh et al. 2024).
+#include "core/error.h"
 #include "core/rng.h"
 #include "eval/tasks.h"
 #include "tokenizer/tokenizer.h"
@@ -18,6 +19,7 @@ const char* const kWords[] = {
 
 Prompt make_needle(const tok::Tokenizer& t, const Haystack& haystack, int ctx, double depth,
                    uint64_t seed) {
+  if (haystack.size() == 0) fail("needle: the haystack is empty");
   Rng rng(seed);
   const std::string word = kWords[rng.next_u64() % (sizeof(kWords) / sizeof(kWords[0]))];
   const std::string number = std::to_string(1000000 + rng.next_u64() % 9000000);
