@@ -107,6 +107,8 @@ TEST(Eval, PromptsHaveTheRequestedLengthAndDepth) {
         EXPECT_GE(n, ctx - slack) << p.task << " ctx " << ctx << " depth " << p.depth;
         EXPECT_EQ(p.tokens[0], t.bos_id());
         const std::string text = t.decode_all(p.tokens);
+        // The spliced pieces are the tokens of the joined text.
+        EXPECT_EQ(t.encode(text, true), p.tokens) << p.task << " ctx " << ctx << " " << p.depth;
         const size_t at = text.find(p.expected);
         ASSERT_NE(at, std::string::npos) << p.task << ": " << text;
         // The answer appears in the item only.
