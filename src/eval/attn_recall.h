@@ -49,7 +49,7 @@ struct RecallOptions {
 // The sums of one selection in one layer.
 struct RecallSums {
   double mass = 0.0, error = 0.0, attended = 0.0;  // summed over samples
-  int64_t samples = 0;                             // query heads x positions
+  int64_t samples = 0;                             // query heads x measured positions
   double mean_mass() const { return samples ? mass / samples : 0.0; }
   double mean_error() const { return samples ? error / samples : 0.0; }
   double mean_attended() const { return samples ? attended / samples : 0.0; }
