@@ -18,7 +18,7 @@
 
 namespace kivi::tools {
 
-void add_model_options(Args& a) {
+void add_model_options(Args& a, const char* ctx_help) {
   a.section("Model");
   a.add("model", 'm', "FILE",
         "Model file: a llama2.c checkpoint (.bin) or GGUF. Default: $KIVI_MODEL, then "
@@ -27,8 +27,10 @@ void add_model_options(Args& a) {
         "llama2.c tokenizer file. Default for .bin models: tok<vocab>.bin or tokenizer.bin beside "
         "the "
         "model; GGUF models use their embedded tokenizer.");
-  a.add("ctx", 'c', "N",
-        "Context length in tokens; the KV cache is allocated for N. Default: the model's.");
+  a.add("ctx", 'c', ctx_help ? "LIST" : "N",
+        ctx_help
+            ? ctx_help
+            : "Context length in tokens; the KV cache is allocated for N. Default: the model's.");
   add_threads_options(a);
   a.add_flag(
       "alibi", 0,
@@ -100,16 +102,21 @@ void add_kv_options(Args& a, bool allow_list) {
         "Tokens at the start kept by the shift and window policies (attention sinks).", "4");
 }
 
-void add_sparse_options(Args& a) {
+void add_sparse_options(Args& a, bool lists) {
   a.section("Sparse attention");
-  a.add("sparse", 0, "KIND",
-        "Block-sparse attention: each KV head attends the top blocks by their summary (quest: "
-        "per-channel key "
-        "min/max bound; max; mean; random: a baseline) plus the sinks and the local window; off = "
-        "dense.",
+  a.add("sparse", 0, lists ? "KINDS" : "KIND",
+        std::string(lists ? "Comma-separated selection kinds; each is " : "") +
+            "Block-sparse attention: each KV head attends the top blocks by their summary (quest: "
+            "per-channel key "
+            "min/max bound; max; mean; random: a baseline) plus the sinks and the local window; "
+            "off = "
+            "dense.",
         "off");
   a.add("sparse-block", 0, "N", "Tokens per block (a multiple of the KIVI key group G).", "64");
-  a.add("sparse-budget", 0, "N", "Tokens of selected blocks per KV head and step.", "4096");
+  a.add("sparse-budget", 0, lists ? "LIST" : "N",
+        lists ? "Tokens of selected blocks per KV head and step (comma-separated list; k = 1024)."
+              : "Tokens of selected blocks per KV head and step.",
+        "4096");
   a.add("sparse-sinks", 0, "N", "First tokens always attended.", "4");
   a.add(
       "sparse-local", 0, "N",
@@ -293,9 +300,11 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format_and_polici
 }
 
 runtime::SessionOptions session_options(const Args& a, const model::Model& m,
-                                        const std::string& format) {
+                                        const std::string& format, int ctx, bool read_sparse) {
   runtime::SessionOptions o;
-  o.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : 0;
+  o.ctx = ctx >= 0         ? ctx
+          : a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext))
+                           : 0;
   if (o.ctx > m.config().ctx && !m.config().synthetic) {
     fail("--ctx %d is larger than the model's context length %d", o.ctx, m.config().ctx);
   }
@@ -305,8 +314,8 @@ runtime::SessionOptions session_options(const Args& a, const model::Model& m,
   o.forward.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
   o.overflow = runtime::parse_context_overflow(a.str("context-overflow"));
   o.sinks = static_cast<int>(a.integer("sinks", 0, 512));
-  o.sparse = sparse_options(a);
-  if (!a.given("ctx")) o.ctx = default_context(m, o);
+  if (read_sparse) o.sparse = sparse_options(a);
+  if (o.ctx == 0) o.ctx = default_context(m, o);
   return o;
 }
 

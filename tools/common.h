@@ -12,16 +12,19 @@
 
 namespace kivi::tools {
 
-// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd, --check-weights
-void add_model_options(Args& a);
+// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd, --check-weights.
+// ctx_help replaces the help of --ctx for a command that reads it its own way (eval: a list
+// of prompt lengths).
+void add_model_options(Args& a, const char* ctx_help = nullptr);
 // --threads N and --threads-force (part of add_model_options).
 void add_threads_options(Args& a);
 // --kv-cache, --kv-cache-k, --kv-cache-v, --int8-granularity, --group-size, --residual,
 // --key-flush, --scale-dtype, --attn-precision, --window
 void add_kv_options(Args& a, bool allow_list = false);
 // --sparse, --sparse-block, --sparse-budget, --sparse-sinks, --sparse-local,
-// --sparse-dense-layers (commands whose sessions honour them).
-void add_sparse_options(Args& a);
+// --sparse-dense-layers (commands whose sessions honour them). lists: --sparse and
+// --sparse-budget take comma-separated lists (eval's attn-recall measures several).
+void add_sparse_options(Args& a, bool lists = false);
 // The --sparse options, validated. Without --sparse: `default_kind`, and when that is off
 // the other --sparse-* options are an error. session_options() reads them.
 sparse::Options sparse_options(const Args& a, sparse::Kind default_kind = sparse::Kind::kOff);
@@ -50,8 +53,12 @@ kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
 std::string read_text_file(const std::string& path);
 // "3:1,5:2" -> {(3, 1), (5, 2)} (--kv-share-map); throws naming a malformed item.
 std::vector<std::pair<int, int>> parse_share_map(const std::string& text);
+// ctx >= 0 replaces --ctx (0: the default context) for a command whose --ctx means
+// something else; read_sparse = false leaves the session dense (a command that reads the
+// --sparse options its own way).
 runtime::SessionOptions session_options(const Args& a, const model::Model& m,
-                                        const std::string& format = "");
+                                        const std::string& format = "", int ctx = -1,
+                                        bool read_sparse = true);
 // The thread count from --threads and --threads-force: 0 = hardware_threads(); above that,
 // capped with a warning on stderr unless forced.
 int threads_option(const Args& a);
@@ -83,5 +90,6 @@ int cmd_bench_matvec(int argc, char** argv);
 int cmd_bench_sparse(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
 
 }  // namespace kivi::tools

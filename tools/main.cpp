@@ -1,5 +1,5 @@
 // The `kivi` command: generate, chat, serve, info, convert, logits, perplexity, bench, bench-attn,
-// synth.
+// synth, eval, ...
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -35,6 +35,9 @@ const char* kUsage =
     "latency.\n"
     "  bench-sparse Decode attention per token, dense against block-sparse, selection timed "
     "apart.\n"
+    "  eval         Long-context retrieval (passkey, needle, kv-retrieval) and the attention "
+    "recall\n"
+    "               of block-sparse selection.\n"
     "\n"
     "Run 'kivi COMMAND --help' for a command's options. Docs: docs/README.md.\n";
 
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench-sparse") return cmd_bench_sparse(argc, argv);
     if (cmd == "serve") return cmd_serve(argc, argv);
     if (cmd == "bench-serve") return cmd_bench_serve(argc, argv);
+    if (cmd == "eval") return cmd_eval(argc, argv);
     std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n",
                  cmd.c_str());
     return 2;

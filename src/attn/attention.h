@@ -104,6 +104,12 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
 
 // Reference: dequantizes every token with kv/codec.h, then attends in double.
 void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p);
+// The softmax weights of the query heads of KV head h over every token of `kv`, as
+// decode_reference weighs them (in double, without a window): w[r * n + t] for query
+// head h * rep + r, rep = p.n_heads / n_kv_heads, n = kv.n_tokens. For measuring what a
+// selection of tokens captures (eval/attn_recall.h).
+void attention_weights_reference(const kv::LayerView& kv, const float* q, const Params& p, int h,
+                                 double* w);
 
 // Dequantized key / value rows of token t, head h (reference path and tests).
 void dequantize_key(const kv::StreamView& s, int t, int h, float* out);

@@ -94,39 +94,51 @@ void dequantize_value(const kv::StreamView& s, int t, int h, float* out) {
   dequantize_row(s, t, h, out, false);
 }
 
+// Scores of query head hq over tokens [0, n) of `kv` where attended(t), in double:
+// scale q . k_t (keys stored before RoPE rotated by position t) plus the ALiBi bias.
+// Returns the largest.
+template <typename Attended>
+static double head_scores(const kv::LayerView& kv, const float* q, const Params& p, int hq,
+                          Attended attended, std::vector<float>& kr, double* s) {
+  const int n = kv.n_tokens, D = kv.k.head_dim;
+  const int h = hq / (p.n_heads / kv.k.n_heads);
+  const int q_pos = n - 1;
+  const float* qh = q + static_cast<size_t>(hq) * D;
+  double mx = -INFINITY;
+  for (int t = 0; t < n; ++t) {
+    if (!attended(t)) continue;
+    dequantize_key(kv.k, t, h, kr.data());
+    double dot = 0.0;
+    if (p.rope) {  // keys stored before RoPE: rotate key t by position t, in double
+      const float* row = p.rope + static_cast<size_t>(t) * D;
+      const int half = D / 2;
+      for (int i = 0; i < half; ++i) {
+        const int i0 = p.rope_style == RopeStyle::kAdjacent ? 2 * i : i;
+        const int i1 = p.rope_style == RopeStyle::kAdjacent ? 2 * i + 1 : i + half;
+        const double c = row[2 * i], sn = row[2 * i + 1], a = kr[i0], b = kr[i1];
+        dot += qh[i0] * (a * c - b * sn) + qh[i1] * (a * sn + b * c);
+      }
+    } else {
+      for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kr[d];
+    }
+    s[t] = dot * p.scale +
+           (p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0);
+    mx = std::max(mx, s[t]);
+  }
+  return mx;
+}
+
 void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p) {
   const int n = kv.n_tokens, D = kv.k.head_dim, Hkv = kv.k.n_heads;
   const int rep = p.n_heads / Hkv;
   const int start = p.window > 0 ? std::max(0, n - p.window) : 0;
-  const int q_pos = n - 1;
   std::vector<float> kr(D), vr(D);
   std::vector<double> s(n), o(D);
   for (int hq = 0; hq < p.n_heads; ++hq) {
     const int h = hq / rep;
-    const float* qh = q + static_cast<size_t>(hq) * D;
-    double mx = -INFINITY;
     const int sink_end = start > 0 ? std::min(p.sinks, start) : 0;
     auto attended = [&](int t) { return t >= start || t < sink_end; };
-    for (int t = 0; t < n; ++t) {
-      if (!attended(t)) continue;
-      dequantize_key(kv.k, t, h, kr.data());
-      double dot = 0.0;
-      if (p.rope) {  // keys stored before RoPE: rotate key t by position t, in double
-        const float* row = p.rope + static_cast<size_t>(t) * D;
-        const int half = D / 2;
-        for (int i = 0; i < half; ++i) {
-          const int i0 = p.rope_style == RopeStyle::kAdjacent ? 2 * i : i;
-          const int i1 = p.rope_style == RopeStyle::kAdjacent ? 2 * i + 1 : i + half;
-          const double c = row[2 * i], sn = row[2 * i + 1], a = kr[i0], b = kr[i1];
-          dot += qh[i0] * (a * c - b * sn) + qh[i1] * (a * sn + b * c);
-        }
-      } else {
-        for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kr[d];
-      }
-      s[t] = dot * p.scale +
-             (p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0);
-      mx = std::max(mx, s[t]);
-    }
+    const double mx = head_scores(kv, q, p, hq, attended, kr, s.data());
     double den = 0.0;
     std::fill(o.begin(), o.end(), 0.0);
     for (int t = 0; t < n; ++t) {
@@ -138,6 +150,21 @@ void decode_reference(const kv::LayerView& kv, const float* q, float* out, const
     }
     for (int d = 0; d < D; ++d)
       out[static_cast<size_t>(hq) * D + d] = static_cast<float>(o[d] / den);
+  }
+}
+
+void attention_weights_reference(const kv::LayerView& kv, const float* q, const Params& p, int h,
+                                 double* w) {
+  const int n = kv.n_tokens, D = kv.k.head_dim;
+  const int rep = p.n_heads / kv.k.n_heads;
+  std::vector<float> kr(D);
+  for (int r = 0; r < rep; ++r) {
+    double* s = w + static_cast<size_t>(r) * n;
+    const double mx = head_scores(
+        kv, q, p, h * rep + r, [](int) { return true; }, kr, s);
+    double den = 0.0;
+    for (int t = 0; t < n; ++t) den += (s[t] = std::exp(s[t] - mx));
+    for (int t = 0; t < n; ++t) s[t] /= den;
   }
 }
 

@@ -189,6 +189,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
         attn::decode(view, qi, oi, ap, pool, st.ws);
       }
       if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
+      if (opt.observer) opt.observer->attended(l, cache.owner(l), view, qi, ap);
     }
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);

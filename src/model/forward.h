@@ -49,6 +49,17 @@ struct ForwardState {
   attn::Workspace ws;
 };
 
+// Sees every token's attention input in every layer (evaluation probes such as
+// eval/attn_recall.h): called after the token's keys and values are stored and it has
+// attended, with the layer, the layer whose cache it reads, the cache as the token saw
+// it, the token's rotated queries q [n_heads, head_dim] and the attention parameters.
+class AttentionObserver {
+ public:
+  virtual ~AttentionObserver() = default;
+  virtual void attended(int layer, int owner, const kv::LayerView& kv, const float* q,
+                        const attn::Params& p) = 0;
+};
+
 struct ForwardOptions {
   attn::Precision precision = attn::Precision::kExact;
   int window = 0;                  // sliding-window attention (0 = full)
@@ -56,6 +67,7 @@ struct ForwardOptions {
   double* attn_seconds = nullptr;  // when set, the time spent in attn::decode is added to it
   sparse::SparseAttention* sparse =
       nullptr;  // block-sparse attention for the layers it selects in, or null
+  AttentionObserver* observer = nullptr;  // or null
 };
 
 // Runs tokens[0..n) at positions pos, pos+1, ... (pos == cache.n_tokens(l) for all l),

@@ -73,6 +73,10 @@ class Session {
   int vocab() const { return m_.config().vocab_size; }
   const SessionOptions& options() const { return opt_; }
 
+  // Shows every token's attention in every layer to `o` (null: nobody) from the next
+  // call on (model/forward.h); the observer must outlive its use.
+  void set_attention_observer(model::AttentionObserver* o) { opt_.forward.observer = o; }
+
   // Feeds tokens (batched in chunks of max_batch) and returns the logits of the last
   // one. If all_logits is non-null it receives [n, vocab].
   const float* prefill(const std::vector<int>& tokens, float* all_logits = nullptr);

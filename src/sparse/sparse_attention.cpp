@@ -77,6 +77,7 @@ void SparseAttention::select_head(int layer, int owner, int h, const kv::LayerVi
   const int candidates = (local_start + B - 1) / B;  // blocks that start before the local window
   const int k = std::min(max_sel_, candidates);
   hd.n_blocks = 0;
+  hd.n_candidates = k > 0 ? candidates : 0;
   if (k > 0) {
     const float* qh = q + static_cast<size_t>(h) * rep * D;
     float* w = hd.w.data();
@@ -115,6 +116,27 @@ void SparseAttention::select_head(int layer, int owner, int h, const kv::LayerVi
   assert(hd.n_pieces <= static_cast<int>(hd.pieces.size()));
 }
 
+void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, const float* q,
+                             const attn::Params& p, ThreadPool* pool) {
+  const int n = kv.n_tokens, D = D_, Hkv = Hkv_, rep = p.n_heads / Hkv;
+  summ_.update(owner, kv, p.rope, p.rope_style);
+  // Tokens from local_start on are always attended: the local window and every token
+  // without a summary (KIVI's residual, a block still filling).
+  // Random scores need no summaries: its blocks are the stored ones.
+  const int covered = summ_.vectors() > 0 ? summ_.summarized(owner)
+                                          : std::min(kv.k.n_stored, n) / o_.block * o_.block;
+  local_start_ = std::clamp(std::min(n - o_.local, covered), 0, n);
+  chunk_ = attn::chunk_tokens_for(kv.k.block, Hkv, n);
+  auto select = [&](int h, int) { select_head(layer, owner, h, kv, q, rep, local_start_, chunk_); };
+  const int64_t select_work =
+      static_cast<int64_t>(local_start_ / o_.block) * summ_.vectors() * D * Hkv;
+  if (pool && pool->size() > 1 && Hkv > 1 && select_work >= kParallelMacs) {
+    pool->run(Hkv, select);
+  } else {
+    for (int h = 0; h < Hkv; ++h) select(h, 0);
+  }
+}
+
 void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, const float* q,
                              float* out, const attn::Params& p, ThreadPool* pool,
                              attn::Workspace& ws) {
@@ -126,22 +148,8 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
     return;
   }
   const double t_start = now_seconds();
-  summ_.update(owner, kv, p.rope, p.rope_style);
-  // Tokens from local_start on are always attended: the local window and every token
-  // without a summary (KIVI's residual, a block still filling).
-  // Random scores need no summaries: its blocks are the stored ones.
-  const int covered = summ_.vectors() > 0 ? summ_.summarized(owner)
-                                          : std::min(kv.k.n_stored, n) / o_.block * o_.block;
-  const int local_start = std::clamp(std::min(n - o_.local, covered), 0, n);
-  const int C = attn::chunk_tokens_for(kv.k.block, Hkv, n);
-  auto select = [&](int h, int) { select_head(layer, owner, h, kv, q, rep, local_start, C); };
-  const int64_t select_work =
-      static_cast<int64_t>(local_start / o_.block) * summ_.vectors() * D * Hkv;
-  if (pool && pool->size() > 1 && Hkv > 1 && select_work >= kParallelMacs) {
-    pool->run(Hkv, select);
-  } else {
-    for (int h = 0; h < Hkv; ++h) select(h, 0);
-  }
+  select(layer, owner, kv, q, p, pool);
+  const int C = chunk_;
   int n_tasks = 0;
   int64_t attended = 0;
   for (int h = 0; h < Hkv; ++h) {
@@ -209,6 +217,11 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
 std::vector<Range> SparseAttention::last_ranges(int h) const {
   const Head& hd = heads_[h];
   return std::vector<Range>(hd.ranges.begin(), hd.ranges.begin() + hd.n_ranges);
+}
+
+std::vector<float> SparseAttention::last_scores(int h) const {
+  const Head& hd = heads_[h];
+  return std::vector<float>(hd.scores.begin(), hd.scores.begin() + hd.n_candidates);
 }
 
 std::vector<int> SparseAttention::last_blocks(int h) const {

@@ -60,6 +60,18 @@ class SparseAttention {
   void decode(int layer, int owner, const kv::LayerView& kv, const float* q, float* out,
               const attn::Params& p, ThreadPool* pool, attn::Workspace& ws);
 
+  // Steps 1 and 2 of decode alone: updates the summaries and selects every KV head's
+  // blocks for query q, without attending (decode calls it). last_ranges, last_blocks
+  // and last_scores then describe the choice.
+  void select(int layer, int owner, const kv::LayerView& kv, const float* q, const attn::Params& p,
+              ThreadPool* pool);
+  // The scores of KV head h's candidate blocks in the last call: every block that
+  // starts before last_local_start() (none with a budget of 0), ranked as top_k ranks them.
+  std::vector<float> last_scores(int h) const;
+  // The first token of the last call's local window (the tokens from there on are
+  // always attended).
+  int last_local_start() const { return local_start_; }
+
   // The ranges KV head h attended in the last call (sorted, disjoint).
   std::vector<Range> last_ranges(int h) const;
   // The blocks KV head h selected in the last call (ascending).
@@ -78,13 +90,14 @@ class SparseAttention {
     std::vector<int> blocks;                  // [max_sel]
     std::vector<Range> ranges, pieces;        // attended ranges, split at chunk boundaries
     std::vector<float> w;                     // [2 D] weights of the summary vectors
-    int n_blocks = 0, n_ranges = 0, n_pieces = 0;
+    int n_candidates = 0, n_blocks = 0, n_ranges = 0, n_pieces = 0;
   };
   void select_head(int layer, int owner, int h, const kv::LayerView& kv, const float* q, int rep,
                    int local_start, int chunk);
 
   Options o_;
   int D_ = 0, Hkv_ = 0, n_heads_ = 0, max_sel_ = 0;
+  int local_start_ = 0, chunk_ = 0;  // of the last call
   BlockSummaries summ_;
   std::vector<Head> heads_;
   std::vector<int> task_head_, task_piece_;  // per task: KV head and piece
