@@ -280,3 +280,66 @@ TEST(KvFile, ChecksumDoesNotDependOnHowTheBytesAreSplit) {
 
 }  // namespace
 }  // namespace kivi
+
+namespace kivi {
+namespace {
+
+std::string model_args() {
+  return "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+}
+
+TEST(KvFileCli, SaveThenLoadTwiceGivesTheSameText) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  const std::string kv = dir.file("p.kv");
+  const std::string opts = model_args() + " --kv-cache kivi2 --residual 32 --temp 0 ";
+  const auto save = test::run(test::kivi_cmd(
+      "generate " + opts + "-p 'Once upon a time' -n 4 --kv-save '" + kv + "' --json"));
+  ASSERT_EQ(save.exit_code, 0) << save.err;
+  EXPECT_NE(save.out.find("\"kv_save_bytes\""), std::string::npos) << save.out;
+  const std::string load =
+      "generate " + opts + "--kv-load '" + kv + "' -p 'there was a dog' -n 12 --json";
+  const auto a = test::run(test::kivi_cmd(load)), b = test::run(test::kivi_cmd(load));
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  for (const char* key : {"\"kv_load_ms\"", "\"kv_loaded_tokens\":5", "\"kv_saved_prefill_ms\"",
+                          "\"kv_saved_prefill_tokens\":5"}) {
+    EXPECT_NE(a.out.find(key), std::string::npos) << key << " in " << a.out;
+  }
+  auto completion = [](const std::string& json) {
+    const size_t p = json.find("\"completion\"");
+    return json.substr(p, json.find("\"text\"") - p);
+  };
+  EXPECT_EQ(completion(a.out), completion(b.out));
+  EXPECT_GT(completion(a.out).size(), 20u);
+}
+
+TEST(KvFileCli, MismatchesAndMisuseAreOneLineErrors) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  const std::string kv = dir.file("p.kv");
+  ASSERT_EQ(test::run(test::kivi_cmd("generate " + model_args() +
+                                     " --kv-cache kivi2 -p 'Once' -n 0 --kv-save '" + kv + "'"))
+                .exit_code,
+            0);
+  auto expect_error = [](const std::string& args, const std::string& words) {
+    const auto r = test::run(test::kivi_cmd(args));
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_EQ(r.err.rfind("kivi: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  };
+  expect_error("generate " + model_args() + " --kv-cache int8 -p x --kv-load '" + kv + "'",
+               "key format: kivi2 in the file, int8 here");
+  expect_error("generate " + model_args() + " --kv-cache kivi2 --kv-load '" + kv + "'",
+               "give the follow-up prompt");
+  expect_error("generate " + model_args() + " -p x --kv-save '" + test::model_path() + "'",
+               "--kv-save");
+  expect_error("generate " + model_args() + " --no-kv-cache -p x --kv-load '" + kv + "'",
+               "--kv-load needs the KV cache");
+  expect_error("generate " + model_args() + " -p x --kv-load '" + test::tokenizer_path() + "'",
+               "not a kivi KV cache file");
+}
+
+}  // namespace
+}  // namespace kivi
