@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "kv/format.h"
 #include "model/model.h"
+#include "model/presets.h"
+#include "model/synth.h"
 #include "runtime/kv_file.h"
 #include "runtime/session.h"
 #include "runtime/session_file.h"
@@ -272,6 +274,40 @@ TEST(KvFile, HostileAndMismatchedFilesAreRefusedWithOneLine) {
   std::memcpy(f.data() + off, &bad, 4);
   reseal(f);
   expect_refused(f, options(c), "outside the vocabulary");
+}
+
+TEST(KvFile, ASameShapedModelWithOtherWeightsIsAnotherModel) {
+  test::TempDir dir;
+  auto synth = [&](uint64_t seed) {
+    model::SynthSpec s;
+    s.config = model::find_preset("tiny").config;
+    s.config.n_layers = 2;
+    s.config.ctx = 256;
+    s.label = "kv";
+    s.seed = seed;
+    const std::string path = dir.file(std::to_string(seed) + ".gguf");
+    model::write_synthetic_gguf(s, path);
+    return model::Model::load(path, "");
+  };
+  const auto a = synth(1), b = synth(2);
+  // Random weights of one shape share the norms runtime::model_fingerprint reads.
+  EXPECT_NE(runtime::cache_model_fingerprint(*a), runtime::cache_model_fingerprint(*b));
+  SessionOptions o;
+  o.threads = 1;
+  o.cache.k = o.cache.v = {kv::Format::kKivi4, kv::Int8Granularity::kHead};
+  Session sa(*a, o);
+  sa.prefill({1, 5, 9, 200, 7});
+  runtime::save_session(sa, {1, 5, 9, 200, 7}, 5, 0.0, dir.file("a.kv"));
+  Session sb(*b, o);
+  try {
+    runtime::load_session(sb, dir.file("a.kv"));
+    ADD_FAILURE() << "loaded into another model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("saved from another model"), std::string::npos)
+        << e.what();
+  }
+  Session sa2(*a, o);
+  EXPECT_EQ(runtime::load_session(sa2, dir.file("a.kv")).n_tokens, 5);
 }
 
 TEST(KvFile, ChecksumDoesNotDependOnHowTheBytesAreSplit) {

@@ -3,12 +3,31 @@
 #include <cstring>
 #include <memory>
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "io/mapped_file.h"
 #include "runtime/perplexity.h"
 
 namespace kivi::runtime {
+
+uint64_t cache_model_fingerprint(const model::Model& m) {
+  Checksum c;
+  const uint64_t base = model_fingerprint(m);
+  c.update(&base, sizeof base);
+  auto row = [&](const ops::Matrix& w) {
+    const uint32_t type = static_cast<uint32_t>(w.dtype);
+    c.update(&type, sizeof type);
+    if (w.data && w.rows > 0) c.update(w.row(0), w.row_bytes());
+  };
+  const model::Weights& w = m.weights();
+  row(w.token_embd);
+  for (const model::LayerWeights& L : w.layers) {
+    row(L.wk);
+    row(L.wv);
+  }
+  return c.digest();
+}
 
 KvFileConfig session_file_config(const Session& s) {
   const SessionOptions& o = s.options();
@@ -84,7 +103,7 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
     }
   }
   KvFileHeader h;
-  h.fingerprint = model_fingerprint(s.model());
+  h.fingerprint = cache_model_fingerprint(s.model());
   h.n_tokens = n;
   h.prefill_tokens = prefill_tokens;
   h.prefill_seconds = prefill_seconds;
@@ -96,7 +115,7 @@ LoadedSession load_session(Session& s, const std::string& path) {
   io::MappedFile map(path);
   const KvFile f = parse_kv_file(map.data(), map.size(), path);
   const KvFileConfig here = session_file_config(s);
-  check_kv_file(f, model_fingerprint(s.model()), here, s.ctx(), s.vocab());
+  check_kv_file(f, cache_model_fingerprint(s.model()), here, s.ctx(), s.vocab());
 
   s.reset();
   kv::KvCache& cache = s.cache();

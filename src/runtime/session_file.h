@@ -20,6 +20,12 @@
 
 namespace kivi::runtime {
 
+// The model a cache file belongs to: runtime::model_fingerprint (the shape and norm
+// weights) with the weight type and the first row of the token embedding and of every
+// layer's K and V projections mixed in (random-weight models of one shape share their
+// norms, and the same model in another weight type computes other keys and values).
+uint64_t cache_model_fingerprint(const model::Model& m);
+
 // The configuration record of a session (what its cache's bits depend on).
 KvFileConfig session_file_config(const Session& s);
 
