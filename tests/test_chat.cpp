@@ -173,5 +173,30 @@ TEST(Chat, KvCacheFormatsRun) {
   }
 }
 
+TEST(Chat, ASavedConversationResumesWhereItEnded) {
+  ChatModel m(kChatMlConfig);
+  const std::string opts = "--json -n 6 --temp 0 --kv-cache kivi2 --residual 32 ";
+  const auto whole = m.chat("hello\nagain\n", opts + "--system 'be brief'");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const auto turns = json_lines(whole.out);
+  ASSERT_EQ(turns.size(), 2u);
+  const std::string kv = m.dir.file("conv.kv");
+  const auto first = m.chat("hello\n", opts + "--system 'be brief' --kv-save '" + kv + "'");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.err.find("[conversation saved to"), std::string::npos) << first.err;
+  const auto resumed = m.chat("again\n", opts + "--kv-load '" + kv + "'");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto r = json_lines(resumed.out);
+  ASSERT_EQ(r.size(), 1u) << resumed.out;
+  // The resumed turn is the second turn of the whole chat: same tokens, same positions,
+  // the same greedy reply.
+  EXPECT_EQ(ids(r[0]["prompt_token_ids"]), ids(turns[1]["prompt_token_ids"]));
+  EXPECT_EQ(r[0]["pos_before"], turns[1]["pos_before"]);
+  EXPECT_EQ(ids(r[0]["reply_token_ids"]), ids(turns[1]["reply_token_ids"]));
+  const auto refused = m.chat("again\n", opts + "--system x --kv-load '" + kv + "'");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("--system"), std::string::npos) << refused.err;
+}
+
 }  // namespace
 }  // namespace kivi

@@ -6,8 +6,10 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/timer.h"
+#include "io/atomic_file.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
+#include "runtime/session_file.h"
 
 namespace kivi::tools {
 
@@ -17,7 +19,9 @@ int cmd_generate(int argc, char** argv) {
       "Generates text from PROMPT (default empty: from BOS alone) and streams it to stdout (the\n"
       "prompt first). A stats line follows on stderr: prompt and generated tokens, prefill and\n"
       "decode tokens/s, KV bytes.\n"
-      "Generation stops at an end-of-text token, after N tokens, or when the context is full.");
+      "Generation stops at an end-of-text token, after N tokens, or when the context is full.\n"
+      "Compute once, use many: --kv-save FILE keeps the cache after the prompt's prefill;\n"
+      "--kv-load FILE -p FOLLOW-UP continues from it, as often as wanted, without the prefill.");
   a.section("Generation");
   a.add("prompt", 'p', "TEXT", "The prompt.", "");
   a.add("n", 'n', "N", "Tokens to generate.", "256");
@@ -31,6 +35,17 @@ int cmd_generate(int argc, char** argv) {
   a.add_flag("no-kv-cache", 0,
              "Recompute every position at every step (the reference path; slow).");
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");
+  a.section("KV cache files");
+  a.add("kv-save", 0, "FILE",
+        "After the prefill of the prompt, save the KV cache (blocks as stored, residual window,\n"
+        "positions, sparse summaries, the token ids and the prefill time) to FILE, written\n"
+        "atomically; generation then goes on as usual.",
+        "");
+  a.add("kv-load", 0, "FILE",
+        "Continue from a cache saved by --kv-save: the prompt (required) is appended after its\n"
+        "tokens, without a BOS. The model, the cache options and a --ctx at least as large as\n"
+        "the saving session's must match; anything else is refused with the difference named.",
+        "");
   add_model_options(a);
   add_kv_options(a);
   add_sparse_options(a);
@@ -44,8 +59,18 @@ int cmd_generate(int argc, char** argv) {
   so.top_p = static_cast<float>(a.number("top-p", -1e30, 1e30));
   so.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
   runtime::check_sampler_options(so);
-  if (a.flag("no-kv-cache"))
+  if (a.flag("no-kv-cache")) {
     refuse_kv_options(a, "--no-kv-cache (it recomputes keys and values, it has no cache)");
+    for (const char* o : {"kv-save", "kv-load"}) {
+      if (a.given(o)) fail("--%s needs the KV cache; leave out --no-kv-cache", o);
+    }
+  }
+  const std::string kv_save = a.str("kv-save"), kv_load = a.str("kv-load");
+  if (!kv_save.empty()) {
+    std::vector<std::string> inputs = model_input_paths(a);
+    if (!kv_load.empty()) inputs.push_back(kv_load);
+    io::check_output_is_not_input(kv_save, inputs, "--kv-save");
+  }
 
   auto m = load_model(a);
   const auto& cfg = m->config();
@@ -60,18 +85,30 @@ int cmd_generate(int argc, char** argv) {
   const bool no_cache = a.flag("no-kv-cache");
   const bool ignore_eos = a.flag("ignore-eos");
   const std::string prompt = a.str("prompt");
-  std::vector<int> tokens = tk.encode(prompt, tk.add_bos());
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
   const bool bounded =
       opt.overflow != runtime::ContextOverflow::kStop;  // generation goes on past the context
-  if (!bounded && static_cast<int>(tokens.size()) >= ctx) {
-    fail(
-        "the prompt is %zu tokens, longer than the context can hold with room to generate "
-        "(--ctx %d)",
-        tokens.size(), ctx);
-  }
   std::unique_ptr<runtime::Session> sess;
   if (!no_cache) sess = std::make_unique<runtime::Session>(*m, opt);
+  // A loaded cache: its tokens come first and the prompt follows them.
+  runtime::LoadedSession loaded;
+  if (!kv_load.empty()) {
+    if (prompt.empty())
+      fail("--kv-load: give the follow-up prompt with -p (the cache ends at its last token)");
+    loaded = runtime::load_session(*sess, kv_load);
+  }
+  const int n_loaded = static_cast<int>(loaded.tokens.size());
+  std::vector<int> tokens = loaded.tokens;
+  const std::vector<int> prompt_tokens = tk.encode(prompt, kv_load.empty() && tk.add_bos());
+  tokens.insert(tokens.end(), prompt_tokens.begin(), prompt_tokens.end());
+  const int in_cache = loaded.n_tokens + static_cast<int>(prompt_tokens.size());
+  if (!bounded && in_cache >= ctx) {
+    fail(
+        "the prompt is %zu tokens%s, longer than the context can hold with room to generate "
+        "(--ctx %d)",
+        prompt_tokens.size(),
+        n_loaded ? strfmt(" after %d loaded ones", loaded.n_tokens).c_str() : "", ctx);
+  }
   runtime::Sampler sampler(so, cfg.vocab_size);
   ThreadPool nc_pool(opt.threads);
 
@@ -80,7 +117,7 @@ int cmd_generate(int argc, char** argv) {
     std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
   }
-  const int n_prompt = static_cast<int>(tokens.size());
+  const int n_prompt = static_cast<int>(prompt_tokens.size());
   double t0 = now_seconds();
   std::vector<float> nc_logits;
   const float* logits = nullptr;
@@ -88,9 +125,18 @@ int cmd_generate(int argc, char** argv) {
     nc_logits = model::forward_no_cache(*m, tokens, &nc_pool);
     logits = nc_logits.data();
   } else {
-    logits = sess->prefill(tokens);
+    logits = sess->prefill(prompt_tokens);
   }
   const double t_prefill = now_seconds() - t0;
+  uint64_t kv_saved_bytes = 0;
+  double t_save = 0.0;
+  const int n_saved = sess ? sess->pos() : 0;
+  if (!kv_save.empty()) {
+    const double ts = now_seconds();
+    kv_saved_bytes = runtime::save_session(*sess, tokens, loaded.prefill_tokens + n_prompt,
+                                           loaded.prefill_seconds + t_prefill, kv_save);
+    t_save = now_seconds() - ts;
+  }
   std::string completion;
   std::vector<int> generated;
   std::string stop = "length";
@@ -146,7 +192,7 @@ int cmd_generate(int argc, char** argv) {
     j.kv("completion", completion);
     j.kv("text", text + completion);
     j.key("prompt_token_ids").begin_array();
-    for (int i = 0; i < n_prompt; ++i) j.value(tokens[i]);
+    for (int t : prompt_tokens) j.value(t);
     j.end_array();
     j.key("token_ids").begin_array();
     for (int t : generated) j.value(t);
@@ -155,6 +201,19 @@ int cmd_generate(int argc, char** argv) {
     j.kv("generated_tokens", n_out);
     j.kv("prefill_tps", prefill_tps);
     j.kv("decode_tps", decode_tps);
+    j.kv("prefill_ms", 1e3 * t_prefill);
+    if (!kv_load.empty()) {
+      j.kv("kv_load", kv_load)
+          .kv("kv_load_ms", 1e3 * loaded.load_seconds)
+          .kv("kv_loaded_tokens", loaded.n_tokens)
+          .kv("kv_file_bytes", loaded.bytes);
+      // What the file saves: the prefill that produced it.
+      j.kv("kv_saved_prefill_tokens", loaded.prefill_tokens)
+          .kv("kv_saved_prefill_ms", 1e3 * loaded.prefill_seconds);
+    }
+    if (!kv_save.empty()) {
+      j.kv("kv_save", kv_save).kv("kv_save_ms", 1e3 * t_save).kv("kv_save_bytes", kv_saved_bytes);
+    }
     j.kv("kv_cache", no_cache ? std::string("none") : describe_cache(sess->options().cache));
     j.kv("kv_cache_bytes", kv_used);
     j.kv("kv_cache_reserved_bytes", kv_reserved);
@@ -186,6 +245,17 @@ int cmd_generate(int argc, char** argv) {
                  no_cache ? "none (--no-kv-cache)" : describe_cache(sess->options().cache).c_str(),
                  static_cast<unsigned long long>(kv_used),
                  static_cast<unsigned long long>(kv_reserved));
+    if (!kv_load.empty()) {
+      std::fprintf(stderr,
+                   "[KV cache loaded from %s: %d tokens in %.1f ms; their prefill took %.1f ms]\n",
+                   kv_load.c_str(), loaded.n_tokens, 1e3 * loaded.load_seconds,
+                   1e3 * loaded.prefill_seconds);
+    }
+    if (!kv_save.empty()) {
+      std::fprintf(stderr, "[KV cache saved to %s: %d tokens, %llu bytes in %.1f ms]\n",
+                   kv_save.c_str(), n_saved, static_cast<unsigned long long>(kv_saved_bytes),
+                   1e3 * t_save);
+    }
     if (sess && sess->sparse()) {
       const auto& ss = sess->sparse()->stats();
       std::fprintf(

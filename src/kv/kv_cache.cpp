@@ -563,6 +563,101 @@ int64_t KvCache::clamped() const {
   return c;
 }
 
+LayerState KvCache::layer_state(int layer) const {
+  const Layer& L = layers_.at(owner_.at(layer));
+  LayerState st;
+  st.n = L.n;
+  for (Stream which : {Stream::kKey, Stream::kValue}) {
+    const StreamStore& s = which == Stream::kKey ? L.k : L.v;
+    StreamState& t = which == Stream::kKey ? st.k : st.v;
+    t.n_stored = s.n_stored;
+    t.ring_shift = s.ring_shift;
+    t.tensor_scale = s.tensor_scale;
+    t.calibrated = s.calibrated ? 1 : 0;
+    t.clamped = s.clamped;
+  }
+  return st;
+}
+
+void KvCache::for_each_piece(const Layer& L, Stream which, Part p, int nb,
+                             const std::function<void(uint8_t*, size_t)>& f) const {
+  const StreamStore& s = which == Stream::kKey ? L.k : L.v;
+  const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
+  const StreamLayout& lay = s.lay;
+  auto blocks = [&](uint8_t* base, size_t per_head_block) {
+    if (!base || per_head_block == 0) return;
+    for (size_t h = 0; h < H; ++h) {
+      for (int b = 0; b < nb; ++b) {
+        const size_t hb = h * n_blocks_ + static_cast<size_t>(L.block_table[b]);
+        f(base + hb * per_head_block, per_head_block);
+      }
+    }
+  };
+  switch (p) {
+    case Part::kCodes:
+      blocks(s.codes, lay.head_block_bytes);
+      break;
+    case Part::kScales:
+    case Part::kZeros: {
+      uint8_t* base = p == Part::kScales ? s.scales : s.zeros;
+      blocks(base, lay.head_block_params * ps);
+      if (p == Part::kScales && lay.shared_params) {  // int8/token: [n_blocks][B] after the heads'
+        const size_t off = H * n_blocks_ * lay.head_block_params * ps, per = lay.shared_params * ps;
+        for (int b = 0; b < nb; ++b)
+          f(base + off + static_cast<size_t>(L.block_table[b]) * per, per);
+      }
+      break;
+    }
+    case Part::kRing:
+      if (s.ring.size())
+        f(reinterpret_cast<uint8_t*>(const_cast<float*>(s.ring.data())), s.ring.bytes());
+      break;
+    case Part::kSummaries:
+      if (which == Stream::kKey && summaries_ && L.summaries) {
+        const size_t per = H * 2 * D;
+        for (int b = 0; b < nb; ++b) {
+          f(reinterpret_cast<uint8_t*>(L.summaries + static_cast<size_t>(L.block_table[b]) * per),
+            per * sizeof(float));
+        }
+      }
+      break;
+  }
+}
+
+void KvCache::read_part(int layer, Stream s, Part p, int nb,
+                        const std::function<void(const uint8_t*, size_t)>& f) const {
+  if (borrows(layer)) fail("KV cache: layer %d stores no cache", layer);
+  if (nb < 0 || nb > n_logical_) fail("KV cache: %d blocks of %d", nb, n_logical_);
+  for_each_piece(layers_.at(layer), s, p, nb, [&](uint8_t* ptr, size_t n) { f(ptr, n); });
+}
+
+void KvCache::restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts]) {
+  if (borrows(layer)) fail("KV cache: layer %d stores no cache", layer);
+  if (shares_pool()) fail("KV cache: a cache in a shared block pool is not restored");
+  Layer& L = layers_.at(layer);
+  if (L.n != 0) fail("KV cache: layer %d is not empty", layer);
+  check_layer_state(cfg_, st, strfmt("KV cache layer %d", layer));
+  const int nb = (st.n + block_ - 1) / block_;
+  for (Stream which : {Stream::kKey, Stream::kValue}) {
+    for (int p = 0; p < kNumParts; ++p) {
+      const uint8_t* src = parts[static_cast<int>(which)][p];
+      size_t off = 0;
+      for_each_piece(L, which, static_cast<Part>(p), nb, [&](uint8_t* dst, size_t n) {
+        std::memcpy(dst, src + off, n);
+        off += n;
+      });
+    }
+    StreamStore& s = which == Stream::kKey ? L.k : L.v;
+    const StreamState& t = which == Stream::kKey ? st.k : st.v;
+    s.n_stored = t.n_stored;
+    s.ring_shift = t.ring_shift;
+    s.tensor_scale = t.tensor_scale;
+    s.calibrated = t.calibrated != 0;
+    s.clamped = t.clamped;
+  }
+  L.n = st.n;
+}
+
 KvCache::RawStream KvCache::raw(int layer, Stream s) const {
   const Layer& L = layers_.at(owner_.at(layer));
   const StreamStore& st = s == Stream::kKey ? L.k : L.v;

@@ -42,12 +42,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "core/aligned.h"
 #include "kv/block_pool.h"
 #include "kv/format.h"
+#include "kv/snapshot.h"
 
 namespace kivi::kv {
 
@@ -213,6 +215,19 @@ class KvCache {
   int blocks_reserved() const { return reservation_; }
   int blocks_shared() const;  // mapped blocks held by other caches too
 
+  // Snapshots (kv/snapshot.h): a stored layer's state, and the pieces of one part of
+  // its first nb blocks in the snapshot's order, passed to f(bytes, n) one by one.
+  LayerState layer_state(int layer) const;
+  void read_part(int layer, Stream s, Part p, int nb,
+                 const std::function<void(const uint8_t*, size_t)>& f) const;
+  // Restores a stored layer of an empty cache with its own pool (a session's) from a
+  // snapshot: its state (checked by check_layer_state first) and its parts,
+  // parts[stream][part] of part_bytes(config(), stream, part, ceil(st.n / B), summaries)
+  // bytes each. The blocks are copied: the pool's buffers hold every head's blocks
+  // side by side ([H][n_blocks][...]), so a block of the file cannot stand in for one.
+  void restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts]);
+  bool block_summaries() const { return summaries_; }
+
   // Test access: a stored stream's raw storage (for bit-exact state comparison).
   struct RawStream {
     const AlignedBuffer<uint8_t>* codes;
@@ -259,6 +274,9 @@ class KvCache {
   void flush_value(Layer& L, int pos);                                 // KIVI value from ring
   void store_value(Layer& L, int pos, int h, const float* v);          // quantize + interleave
   uint64_t stream_bytes_used(const StreamStore& s, Stream which, int n) const;
+  // The pieces of a snapshot part (kv/snapshot.h) in order: f(pointer, bytes).
+  void for_each_piece(const Layer& L, Stream which, Part p, int nb,
+                      const std::function<void(uint8_t*, size_t)>& f) const;
 
   CacheConfig cfg_;
   std::unique_ptr<BlockPool> own_pool_;

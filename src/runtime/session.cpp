@@ -197,6 +197,14 @@ void Session::reset() {
   overflow_seconds_ = 0.0;
 }
 
+int64_t Session::position_offset() const { return st_->position_offset; }
+
+void Session::restore_counters(int64_t position_offset, int64_t dropped, int overflows) {
+  st_->position_offset = position_offset;
+  dropped_ = dropped;
+  overflows_ = overflows;
+}
+
 uint64_t Session::kv_bytes_used() const {
   return cache_->bytes_used() + (sparse_ ? sparse_->summaries().bytes_used() : 0);
 }

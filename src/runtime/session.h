@@ -90,6 +90,11 @@ class Session {
   int overflows() const { return overflows_; }
   double overflow_seconds() const { return overflow_seconds_; }
   // The attention window of the window policy (tokens), else 0.
+  // The RoPE position of cache position 0 (window policy: positions dropped so far).
+  int64_t position_offset() const;
+  // Sets the counters above and the position offset, as a saved session had them
+  // (runtime/session_file.h).
+  void restore_counters(int64_t position_offset, int64_t dropped, int overflows);
   int window() const { return opt_.overflow == ContextOverflow::kWindow ? opt_.forward.window : 0; }
 
  private:

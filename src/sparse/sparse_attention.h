@@ -78,6 +78,7 @@ class SparseAttention {
   std::vector<int> last_blocks(int h) const;
 
   const BlockSummaries& summaries() const { return summ_; }
+  BlockSummaries& summaries() { return summ_; }
   uint64_t bytes_reserved() const { return summ_.bytes_reserved(); }
   Stats& stats() { return stats_; }
   // Forgets every summary (the cache was cleared).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -144,6 +145,18 @@ void BlockSummaries::update(int layer, const kv::LayerView& kv, const float* rop
     }
     L.done += block_;
   }
+}
+
+void BlockSummaries::restore(int layer, int done, const uint8_t* data) {
+  if (!has(layer)) fail("block summaries: layer %d keeps none", layer);
+  if (done < 0 || done % block_ != 0 || done / block_ > n_blocks_)
+    fail("block summaries: %d tokens of blocks of %d in %d blocks", done, block_, n_blocks_);
+  Layer& L = layers_[layer];
+  const size_t per_head = static_cast<size_t>(done / block_) * vecs_ * D_ * sizeof(f16_t);
+  for (int h = 0; h < H_; ++h) {
+    std::memcpy(L.data.data() + h * head_stride(), data + h * per_head, per_head);
+  }
+  L.done = done;
 }
 
 void BlockSummaries::clear() {

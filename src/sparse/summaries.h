@@ -53,6 +53,10 @@ class BlockSummaries {
   // Tokens [0, summarized) of `layer` have summaries (a multiple of the block).
   int summarized(int layer) const { return layers_[layer].done; }
   void clear();
+  // Sets `layer`'s summaries of tokens [0, done) (a multiple of the block, within the
+  // context) from `data` [H][done / block][V][D] f16, as a saved session stored them
+  // (runtime/session_file.h).
+  void restore(int layer, int done, const uint8_t* data);
 
   // The summaries of KV head h: [n_blocks][V][D].
   const f16_t* head(int layer, int h) const {

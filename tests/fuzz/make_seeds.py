@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes small valid inputs for the fuzzers: a GGUF model, a llama2.c checkpoint and a
-llama2.c tokenizer, each a few kilobytes, so mutations start from well-formed files."""
+"""Writes small valid inputs for the fuzzers: a GGUF model, a llama2.c checkpoint, a
+llama2.c tokenizer and KV cache files, each a few kilobytes, so mutations start from
+well-formed files."""
 import json
 import os
 import struct
@@ -154,6 +155,71 @@ def write_openai(folder):
             f.write(bytes([endpoint]) + json.dumps(body).encode())
 
 
+M64 = (1 << 64) - 1
+P1, P2, P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+
+
+def checksum(data):
+    """core/checksum.h: four lanes of 8-byte words, then the length and the tail."""
+    rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & M64
+    lanes = [(P1 + P2) & M64, P2, 0, (-P1) & M64]
+    full = len(data) // 32 * 32
+    for i in range(0, full, 32):
+        for j in range(4):
+            w = struct.unpack_from("<Q", data, i + 8 * j)[0]
+            lanes[j] = (rotl((lanes[j] + w * P2) & M64, 31) * P1) & M64
+    h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18)) & M64
+    h ^= (len(data) * P1) & M64
+    for b in data[full:]:
+        h = ((h ^ b) * P3) & M64
+    h ^= h >> 33
+    h = (h * P2) & M64
+    h ^= h >> 29
+    h = (h * P3) & M64
+    h ^= h >> 32
+    return h
+
+
+def write_kv(folder):
+    """fuzz_kv_file seeds (byte 0: 0 as is, 1 resealed): one layer, one KV head, head_dim 8,
+    KIVI 2-bit keys and values, G = R = 8, blocks of 16, 20 tokens (16 keys quantized, 4 in the
+    window; 12 values quantized, 8 in the window); then the same with sparse summaries."""
+    H, D, B, G, R, ctx, n = 1, 8, 16, 8, 8, 64, 20
+    nb = (n + B - 1) // B
+    for name, sparse in (("kivi2.kv", False), ("kivi2_sparse.kv", True)):
+        cfg = [1, H, D, ctx, 3, 0, 3, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0, 0,
+               1 if sparse else 0, 16 if sparse else 0, 0]
+        sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
+                    (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
+                    (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
+        state = struct.pack("<i", n) + struct.pack("<iifiq", 16, 0, 0.0, 0, 0) + \
+            struct.pack("<iifiq", 12, 0, 0.0, 0, 0)
+        sections.append((4, 0, state))
+        codes, params, ring = H * nb * B * D * 2 // 8, H * nb * 16 * 2, 8 * H * D * 4
+        for stream in (0, 1):
+            for part, size in ((0, codes), (1, params), (2, params), (3, ring)):
+                sections.append((16 + 8 * stream + part, 0, bytes((i * 29 + part) % 251 for i in range(size))))
+        if sparse:
+            done = 16
+            sections.append((32, 0, struct.pack("<ii", done, 0) + bytes(H * (done // 16) * 2 * D * 2)))
+        table_end = 64 + 32 * len(sections)
+        offsets, off = [], table_end
+        for _, _, body in sections:
+            off = (off + 63) // 64 * 64
+            offsets.append(off)
+            off += len(body)
+        table = b"".join(struct.pack("<IiQQQ", k, l, o, len(b), checksum(b))
+                         for (k, l, b), o in zip(sections, offsets))
+        head = b"KIVIKVC\0" + struct.pack("<IIQqqdQ", 1, len(sections), 0x1234, n, n, 0.5, off)
+        head += struct.pack("<Q", checksum(head + table))
+        out = bytearray(head + table)
+        for (_, _, body), o in zip(sections, offsets):
+            out += bytes(o - len(out)) + body
+        for mode in (0, 1):
+            with open(os.path.join(folder, "%d_%s" % (mode, name)), "wb") as f:
+                f.write(bytes([mode]) + bytes(out))
+
+
 def main():
     out = sys.argv[1]
     for sub in ("gguf", "llama2c", "tokenizer"):
@@ -170,6 +236,8 @@ def main():
     write_bpe(os.path.join(out, "bpe"))
     os.makedirs(os.path.join(out, "openai_request"), exist_ok=True)
     write_openai(os.path.join(out, "openai_request"))
+    os.makedirs(os.path.join(out, "kv_file"), exist_ok=True)
+    write_kv(os.path.join(out, "kv_file"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+// A KV cache's contents as a file holds them (runtime/kv_file.h): per stored layer, a
+// small state record and the parts of its keys and values, each part in the logical
+// order of the layer's first nb blocks (nb = ceil(n / B)), whatever the block table:
+//   codes      [H][nb][head_block_bytes]
+//   scales     [H][nb][head_block_params] then [nb][shared_params], param type (int8/token)
+//   zeros      like scales (KIVI formats; empty otherwise)
+//   ring       [H][ring_capacity][D] f32, the residual window as stored (KIVI; empty otherwise)
+//   summaries  [nb][H][2][D] f32, the keys' min and max per block (keys part, if enabled)
+// A cache restored from these parts has an identity block table and reads exactly the
+// bytes the saved one read, so continuing from it gives the same bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kv/format.h"
+
+namespace kivi::kv {
+
+enum class Part : uint8_t { kCodes = 0, kScales = 1, kZeros = 2, kRing = 3, kSummaries = 4 };
+inline constexpr int kNumParts = 5;
+const char* part_name(Part p);
+
+// One stream's state beside its blocks.
+struct StreamState {
+  int32_t n_stored = 0;    // tokens in blocks (KIVI); the rest are in the ring
+  int32_t ring_shift = 0;  // token t's ring slot is (t + ring_shift) % ring capacity
+  float tensor_scale = 0.0f;
+  int32_t calibrated = 0;  // int8/tensor: the scale is fixed
+  int64_t clamped = 0;     // int8/tensor: elements clamped so far
+};
+struct LayerState {
+  int32_t n = 0;  // tokens
+  StreamState k, v;
+};
+// Bytes of a LayerState record in a file (little-endian fields in the order above).
+inline constexpr size_t kLayerStateBytes = 4 + 2 * (4 + 4 + 4 + 4 + 8);
+void encode_layer_state(const LayerState& s, uint8_t* out);  // out: kLayerStateBytes
+LayerState decode_layer_state(const uint8_t* in);
+
+// Bytes of one part of one stream for the first nb blocks (0: the part is absent).
+// `block_summaries`: the cache keeps per-block key summaries.
+size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb, bool block_summaries);
+
+// Throws kivi::Error (prefixed by `what`) unless `s` is a state the cache's append and
+// drop rules can reach for config c: n within the context, stored tokens in whole key
+// groups, residuals within the flush thresholds and the ring, ring shifts in range,
+// finite non-negative tensor scales. A cache restored from a checked state cannot read
+// or write outside its buffers.
+void check_layer_state(const CacheConfig& c, const LayerState& s, const std::string& what);
+
+}  // namespace kivi::kv

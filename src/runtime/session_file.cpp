@@ -1,0 +1,143 @@
+#include "runtime/session_file.h"
+
+#include <cstring>
+#include <memory>
+
+#include "core/checksum.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "io/mapped_file.h"
+#include "runtime/perplexity.h"
+
+namespace kivi::runtime {
+
+uint64_t cache_model_fingerprint(const model::Model& m) {
+  Checksum c;
+  const uint64_t base = model_fingerprint(m);
+  c.update(&base, sizeof base);
+  auto row = [&](const ops::Matrix& w) {
+    const uint32_t type = static_cast<uint32_t>(w.dtype);
+    c.update(&type, sizeof type);
+    if (w.data && w.rows > 0) c.update(w.row(0), w.row_bytes());
+  };
+  const model::Weights& w = m.weights();
+  row(w.token_embd);
+  for (const model::LayerWeights& L : w.layers) {
+    row(L.wk);
+    row(L.wv);
+  }
+  return c.digest();
+}
+
+KvFileConfig session_file_config(const Session& s) {
+  const SessionOptions& o = s.options();
+  KvFileConfig c;
+  c.cache = s.cache().config();
+  c.block_summaries = s.cache().block_summaries();
+  c.overflow = static_cast<int>(o.overflow);
+  c.sinks = o.sinks;
+  c.window = o.overflow == ContextOverflow::kWindow ? o.forward.window : 0;
+  if (s.sparse()) {
+    const sparse::BlockSummaries& b = s.sparse()->summaries();
+    c.summary_kind = static_cast<int>(b.kind());
+    c.summary_block = c.summary_kind != 0 ? b.block() : 0;
+  }
+  return c;
+}
+
+uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t prefill_tokens,
+                      double prefill_seconds, const std::string& path) {
+  const kv::KvCache& cache = s.cache();
+  const kv::CacheConfig& cc = cache.config();
+  const KvFileConfig fc = session_file_config(s);
+  const int n = s.pos(), B = cc.block(), nb = (n + B - 1) / B;
+
+  std::vector<KvSectionSource> sec;
+  auto bytes_section = [&](KvSection kind, int layer, std::vector<uint8_t> b) {
+    auto data = std::make_shared<std::vector<uint8_t>>(std::move(b));
+    sec.push_back({static_cast<uint32_t>(kind), layer, data->size(),
+                   [data](const ByteSink& f) { f(data->data(), data->size()); }});
+  };
+  bytes_section(KvSection::kConfig, -1, encode_config(fc));
+  std::vector<uint8_t> session(24, 0);
+  const int64_t po = s.position_offset(), dropped = s.dropped();
+  const int32_t overflows = s.overflows();
+  std::memcpy(session.data(), &po, 8);
+  std::memcpy(session.data() + 8, &dropped, 8);
+  std::memcpy(session.data() + 16, &overflows, 4);
+  bytes_section(KvSection::kSession, -1, std::move(session));
+  std::vector<uint8_t> tok(tokens.size() * 4);
+  if (!tokens.empty()) std::memcpy(tok.data(), tokens.data(), tok.size());
+  bytes_section(KvSection::kTokens, -1, std::move(tok));
+
+  const sparse::BlockSummaries* summ = s.sparse() ? &s.sparse()->summaries() : nullptr;
+  for (int l = 0; l < cc.n_layers; ++l) {
+    if (cache.borrows(l)) continue;
+    std::vector<uint8_t> st(kv::kLayerStateBytes);
+    kv::encode_layer_state(cache.layer_state(l), st.data());
+    bytes_section(KvSection::kLayer, l, std::move(st));
+    for (int w = 0; w < 2; ++w) {
+      for (int q = 0; q < kv::kNumParts; ++q) {
+        const auto stream = static_cast<kv::Stream>(w);
+        const auto part = static_cast<kv::Part>(q);
+        const size_t bytes = kv::part_bytes(cc, stream, part, nb, fc.block_summaries);
+        if (bytes == 0) continue;
+        sec.push_back({static_cast<uint32_t>(KvSection::kPart) + 8 * w + q, l, bytes,
+                       [&cache, l, stream, part, nb](const ByteSink& f) {
+                         cache.read_part(l, stream, part, nb,
+                                         [&](const uint8_t* p, size_t b) { f(p, b); });
+                       }});
+      }
+    }
+    if (summ && fc.summary_kind != 0 && summ->has(l)) {
+      const int done = summ->summarized(l);
+      const size_t per_head =
+          static_cast<size_t>(done / summ->block()) * summ->vectors() * cc.head_dim;
+      sec.push_back({static_cast<uint32_t>(KvSection::kSparse), l,
+                     8 + per_head * cc.n_kv_heads * sizeof(f16_t),
+                     [summ, l, done, per_head, H = cc.n_kv_heads](const ByteSink& f) {
+                       const int32_t head[2] = {done, 0};
+                       f(head, sizeof head);
+                       for (int h = 0; h < H; ++h) f(summ->head(l, h), per_head * sizeof(f16_t));
+                     }});
+    }
+  }
+  KvFileHeader h;
+  h.fingerprint = cache_model_fingerprint(s.model());
+  h.n_tokens = n;
+  h.prefill_tokens = prefill_tokens;
+  h.prefill_seconds = prefill_seconds;
+  return write_kv_file(path, h, sec);
+}
+
+LoadedSession load_session(Session& s, const std::string& path) {
+  const double t0 = now_seconds();
+  io::MappedFile map(path);
+  const KvFile f = parse_kv_file(map.data(), map.size(), path);
+  const KvFileConfig here = session_file_config(s);
+  check_kv_file(f, cache_model_fingerprint(s.model()), here, s.ctx(), s.vocab());
+
+  s.reset();
+  kv::KvCache& cache = s.cache();
+  for (const KvFileLayer& L : f.layers) cache.restore(L.layer, L.state, L.parts);
+  s.restore_counters(f.position_offset, f.dropped, f.overflows);
+  // Block-sparse summaries: taken when this session keeps the same kind, else
+  // recomputed from the cache on the first sparse step (they are a function of it).
+  if (s.sparse() && here.summary_kind == f.config.summary_kind &&
+      here.summary_block == f.config.summary_block) {
+    sparse::BlockSummaries& b = s.sparse()->summaries();
+    for (const KvFileLayer& L : f.layers) {
+      if (L.sparse_done > 0 && b.has(L.layer)) b.restore(L.layer, L.sparse_done, L.sparse);
+    }
+  }
+  LoadedSession r;
+  r.tokens = f.tokens;
+  r.n_tokens = f.n_tokens;
+  r.prefill_tokens = f.prefill_tokens;
+  r.prefill_seconds = f.prefill_seconds;
+  r.bytes = f.bytes;
+  r.load_seconds = now_seconds() - t0;
+  return r;
+}
+
+}  // namespace kivi::runtime

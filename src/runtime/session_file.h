@@ -1,0 +1,53 @@
+// Saving a session's KV cache after a prefill and continuing from it in other
+// sessions: `kivi generate --kv-save FILE` / `--kv-load FILE` (runtime/kv_file.h has
+// the format).
+//
+// Loading maps the file, checks all of it (header, checksums, configuration, model,
+// context, layer states) and only then copies the blocks into the session's cache.
+// The blocks are copied, not referenced in place: a session's cache keeps each layer
+// and stream in one buffer, head-major ([H][n_blocks][...], kv/kv_cache.h), which
+// attention addresses from one base pointer and a block index, so a block elsewhere
+// (in the file's map) cannot be spliced into its block table. The copy runs at
+// memory speed; the prefill it replaces runs the whole model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/kv_file.h"
+#include "runtime/session.h"
+
+namespace kivi::runtime {
+
+// The model a cache file belongs to: runtime::model_fingerprint (the shape and norm
+// weights) with the weight type and the first row of the token embedding and of every
+// layer's K and V projections mixed in (random-weight models of one shape share their
+// norms, and the same model in another weight type computes other keys and values).
+uint64_t cache_model_fingerprint(const model::Model& m);
+
+// The configuration record of a session (what its cache's bits depend on).
+KvFileConfig session_file_config(const Session& s);
+
+// Saves the session's cache (any number of tokens, typically right after a prefill)
+// to `path`, atomically. `tokens`: the token ids fed so far (kept for the text);
+// prefill_tokens and prefill_seconds: what producing the cache cost, reported by
+// loaders. Returns the bytes written.
+uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t prefill_tokens,
+                      double prefill_seconds, const std::string& path);
+
+struct LoadedSession {
+  std::vector<int> tokens;  // the token ids the saved session had fed
+  int n_tokens = 0;         // tokens in the cache
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0.0;  // what the saving session spent on its prefill
+  double load_seconds = 0.0;     // map, check and copy
+  uint64_t bytes = 0;
+};
+
+// Resets the session and loads the cache saved in `path`. Throws kivi::Error with one
+// line naming the file and the problem (another model, configuration or version, a
+// context larger than the session's, a truncated or corrupted file).
+LoadedSession load_session(Session& s, const std::string& path);
+
+}  // namespace kivi::runtime
