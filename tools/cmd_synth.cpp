@@ -66,6 +66,14 @@ int cmd_synth(int argc, char** argv) {
   a.add_flag("attn-bias", 0,
              "Give the Q, K and V projections biases N(0, 0.5^2) (qwen2 always has them; llama "
              "files may).");
+  a.add("sliding-window", 0, "W",
+        "Sliding-window attention: the windowed layers attend only the last W tokens and keep "
+        "only about W in their "
+        "cache (writes attention.sliding_window; 1 to the context). Default: none.");
+  a.add("sliding-window-pattern", 0, "N",
+        "With --sliding-window: layer l is windowed iff l % N < N - 1, so every N-th layer "
+        "attends the whole "
+        "context (llama.cpp's convention; 1 to --layers). Default: every layer windowed.");
   a.add("classifier", 0, "KIND",
         "tied (output = token embedding) or separate. Default: the preset's, else tied.");
   a.section("Tokenizer");
@@ -163,6 +171,19 @@ int cmd_synth(int argc, char** argv) {
     if (k != "tied" && k != "separate")
       fail("--classifier: unknown value '%s' (valid: tied, separate)", k.c_str());
     c.shared_classifier = k == "tied";
+  }
+  if (a.given("sliding-window-pattern") && !a.given("sliding-window"))
+    fail("--sliding-window-pattern needs --sliding-window");
+  if (a.given("sliding-window")) {
+    c.sliding_window = static_cast<int>(a.integer("sliding-window", 1, model::kMaxContext));
+    const int n = a.given("sliding-window-pattern")
+                      ? static_cast<int>(a.integer("sliding-window-pattern", 1, 1024))
+                      : 0;
+    if (n > c.n_layers) fail("--sliding-window-pattern %d: the model has %d layers", n, c.n_layers);
+    c.set_swa_pattern(n);
+    overridden = true;
+  } else if (!a.given("preset")) {
+    c.sliding_window = 0;
   }
   std::string tokenizer_desc;
   if (a.given("tokenizer-config") && !a.given("tokenizer-json"))
