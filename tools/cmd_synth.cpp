@@ -22,7 +22,8 @@ int cmd_synth(int argc, char** argv) {
       "synth",
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
-      "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--outtype TYPE] [--seed S] [--json]",
+      "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--sliding-window W "
+      "[--sliding-window-pattern N]] [--outtype TYPE] [--seed S] [--json]",
       "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
       "speed and memory measurements and architecture tests (the text it generates is "
       "meaningless,\n"
@@ -233,6 +234,7 @@ int cmd_synth(int argc, char** argv) {
         .kv("tensors", r.n_tensors);
     j.kv("params", c.n_params()).kv("outtype", outtype).kv("seed", spec.seed).kv("arch", c.arch);
     j.kv("head_dim", c.head_dim()).kv("rope_scaling", scaling.factor > 0.0f ? "llama3" : "none");
+    j.kv("sliding_window", c.sliding_window);
     j.kv("n_layers", c.n_layers)
         .kv("dim", c.dim)
         .kv("n_heads", c.n_heads)
