@@ -33,6 +33,7 @@ std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int 
     cc.n_kv_heads = c.n_kv_heads;
     cc.head_dim = c.head_dim();
     cc.ctx = ctx;
+    cc.layer_window = c.layer_windows();  // windowed layers hold only their window
     std::string why;
     try {
       cc.validate();
@@ -146,6 +147,12 @@ int cmd_info(int argc, char** argv) {
                          : c.rope_freq_scale != 1.0f  ? "linear"
                                                       : "none");
     j.kv("attn_bias", c.attn_bias).kv("qk_norm", c.qk_norm);
+    j.kv("sliding_window", c.sliding_window);
+    if (c.sliding_window > 0) {
+      j.key("sliding_window_layers").begin_array();
+      for (int l = 0; l < c.n_layers; ++l) j.value(c.layer_window(l) > 0);
+      j.end_array();
+    }
     j.kv("params", c.n_params());
     if (m) j.kv("weight_bytes", static_cast<uint64_t>(m->weight_bytes()));
     if (m) {
@@ -231,6 +238,15 @@ int cmd_info(int argc, char** argv) {
   if (c.attn_bias || c.qk_norm) {
     std::printf("  attention        %s%s%s\n", c.attn_bias ? "Q/K/V biases" : "",
                 c.attn_bias && c.qk_norm ? ", " : "", c.qk_norm ? "per-head Q/K RMSNorm" : "");
+  }
+  if (c.sliding_window > 0) {
+    int n = 0;
+    for (int l = 0; l < c.n_layers; ++l) n += c.layer_window(l) > 0;
+    std::string which;
+    for (int l = 0; l < c.n_layers && n < c.n_layers; ++l)
+      which += (which.empty() ? " (" : " ") + std::string(c.layer_window(l) > 0 ? "w" : "F");
+    std::printf("  sliding window   %d tokens in %d of %d layers%s%s\n", c.sliding_window, n,
+                c.n_layers, which.c_str(), which.empty() ? "" : ")");
   }
   std::printf("  classifier       %s\n",
               c.shared_classifier ? "tied to the embedding" : "separate");

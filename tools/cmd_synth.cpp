@@ -22,7 +22,8 @@ int cmd_synth(int argc, char** argv) {
       "synth",
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
-      "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--outtype TYPE] [--seed S] [--json]",
+      "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--sliding-window W "
+      "[--sliding-window-pattern N]] [--outtype TYPE] [--seed S] [--json]",
       "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
       "speed and memory measurements and architecture tests (the text it generates is "
       "meaningless,\n"
@@ -66,6 +67,14 @@ int cmd_synth(int argc, char** argv) {
   a.add_flag("attn-bias", 0,
              "Give the Q, K and V projections biases N(0, 0.5^2) (qwen2 always has them; llama "
              "files may).");
+  a.add("sliding-window", 0, "W",
+        "Sliding-window attention: the windowed layers attend only the last W tokens and keep "
+        "only about W in their "
+        "cache (writes attention.sliding_window; 1 to the context). Default: none.");
+  a.add("sliding-window-pattern", 0, "N",
+        "With --sliding-window: layer l is windowed iff l % N < N - 1, so every N-th layer "
+        "attends the whole "
+        "context (llama.cpp's convention; 1 to --layers). Default: every layer windowed.");
   a.add("classifier", 0, "KIND",
         "tied (output = token embedding) or separate. Default: the preset's, else tied.");
   a.section("Tokenizer");
@@ -164,6 +173,19 @@ int cmd_synth(int argc, char** argv) {
       fail("--classifier: unknown value '%s' (valid: tied, separate)", k.c_str());
     c.shared_classifier = k == "tied";
   }
+  if (a.given("sliding-window-pattern") && !a.given("sliding-window"))
+    fail("--sliding-window-pattern needs --sliding-window");
+  if (a.given("sliding-window")) {
+    c.sliding_window = static_cast<int>(a.integer("sliding-window", 1, model::kMaxContext));
+    const int n = a.given("sliding-window-pattern")
+                      ? static_cast<int>(a.integer("sliding-window-pattern", 1, 1024))
+                      : 0;
+    if (n > c.n_layers) fail("--sliding-window-pattern %d: the model has %d layers", n, c.n_layers);
+    c.set_swa_pattern(n);
+    overridden = true;
+  } else if (!a.given("preset")) {
+    c.sliding_window = 0;
+  }
   std::string tokenizer_desc;
   if (a.given("tokenizer-config") && !a.given("tokenizer-json"))
     fail("--tokenizer-config needs --tokenizer-json");
@@ -212,6 +234,7 @@ int cmd_synth(int argc, char** argv) {
         .kv("tensors", r.n_tensors);
     j.kv("params", c.n_params()).kv("outtype", outtype).kv("seed", spec.seed).kv("arch", c.arch);
     j.kv("head_dim", c.head_dim()).kv("rope_scaling", scaling.factor > 0.0f ? "llama3" : "none");
+    j.kv("sliding_window", c.sliding_window);
     j.kv("n_layers", c.n_layers)
         .kv("dim", c.dim)
         .kv("n_heads", c.n_heads)

@@ -68,11 +68,14 @@ BlockPool::BlockPool(const CacheConfig& config, int n_blocks, bool block_summari
       (cfg_.k.format == Format::kInt8 && cfg_.k.granularity == Int8Granularity::kTensor) ||
       (cfg_.v.format == Format::kInt8 && cfg_.v.granularity == Int8Granularity::kTensor);
   sharing_ = !tensor_scaled && !summaries_;
-  const size_t H = cfg_.n_kv_heads, nb = n_blocks_, ps = param_size(cfg_.param_type);
+  const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
   layers_.resize(cfg_.n_layers);
+  layer_blocks_.assign(cfg_.n_layers, n_blocks_);
   const std::vector<int> owners = layer_owners(cfg_);
   for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (cfg_.window(l) > 0) layer_blocks_[l] = std::min(n_blocks_, kv::layer_blocks(cfg_, l));
     if (owners[l] != l) continue;  // a layer that reads another's cache stores nothing
+    const size_t nb = layer_blocks_[l];
     LayerStorage& L = layers_[l];
     for (Stream which : {Stream::kKey, Stream::kValue}) {
       StreamStorage& s = which == Stream::kKey ? L.k : L.v;
@@ -103,10 +106,12 @@ uint64_t BlockPool::bytes_reserved() const {
 }
 
 void BlockPool::zero_block(int32_t b) {
-  const size_t H = cfg_.n_kv_heads, nb = n_blocks_, D = cfg_.head_dim,
-               ps = param_size(cfg_.param_type);
-  for (auto& L : layers_) {
+  const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    LayerStorage& L = layers_[l];
     if (L.k.codes.size() == 0) continue;  // stores nothing
+    if (b >= layer_blocks_[l]) continue;  // a sliding-window layer's fewer blocks
+    const size_t nb = layer_blocks_[l];
     for (StreamStorage* s : {&L.k, &L.v}) {
       const StreamLayout& lay = s->layout;
       for (size_t h = 0; h < H; ++h) {

@@ -59,8 +59,10 @@ class BlockPool {
     AlignedBuffer<float> summaries;  // [n_blocks][H][2][D] key min, max (if enabled)
   };
 
-  // `config` gives the shape and formats (its ctx is not used). Storage is reserved
-  // here and zeroed block by block when a block is first handed out.
+  // `config` gives the shape and formats (its ctx is not used, except with sliding
+  // windows). Storage is reserved here and zeroed block by block when a block is first
+  // handed out. A layer with a sliding window (config.layer_window) stores only its
+  // first kv::layer_blocks() blocks: block ids past them hold nothing of that layer.
   BlockPool(const CacheConfig& config, int n_blocks, bool block_summaries = false);
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -71,6 +73,8 @@ class BlockPool {
   const CacheConfig& config() const { return cfg_; }
   int block_tokens() const { return block_; }
   int n_blocks() const { return n_blocks_; }
+  // Blocks stored for layer l: n_blocks(), or fewer for a layer with a sliding window.
+  int layer_blocks(int l) const { return layer_blocks_[l]; }
   bool summaries() const { return summaries_; }
   LayerStorage& layer(int l) { return layers_[l]; }
   const LayerStorage& layer(int l) const { return layers_[l]; }
@@ -112,8 +116,9 @@ class BlockPool {
   bool summaries_ = false, sharing_ = false;
   uint64_t block_bytes_ = 0;
   std::vector<LayerStorage> layers_;
-  std::vector<int32_t> free_;  // stack of free block ids, lowest on top
-  std::vector<int32_t> refs_;  // [n_blocks]
+  std::vector<int> layer_blocks_;  // [n_layers]
+  std::vector<int32_t> free_;      // stack of free block ids, lowest on top
+  std::vector<int32_t> refs_;      // [n_blocks]
   int reserved_ = 0, shared_ = 0;
   std::unordered_map<std::string, int32_t> index_;  // prefix key -> published block
   std::vector<std::string> keys_;  // [n_blocks] the key a block is published under, or ""

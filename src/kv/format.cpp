@@ -124,6 +124,22 @@ int CacheConfig::block() const {
   return (128 + unit - 1) / unit * unit;
 }
 
+bool CacheConfig::has_window() const {
+  for (int w : layer_window)
+    if (w > 0) return true;
+  return false;
+}
+
+int layer_blocks(const CacheConfig& c, int layer) {
+  const int B = c.block();
+  const int all = (c.ctx + B - 1) / B;
+  const int w = c.window(layer);
+  if (w <= 0) return all;
+  const int64_t held = std::max<int64_t>({w, key_ring_capacity(c), value_ring_capacity(c)}) +
+                       static_cast<int64_t>(B);
+  return static_cast<int>(std::min<int64_t>(all, (held + B - 1) / B));
+}
+
 int CacheConfig::channel_group() const { return std::min(group_size, head_dim); }
 
 void CacheConfig::validate() const {
@@ -132,7 +148,21 @@ void CacheConfig::validate() const {
   if (head_dim < 1 || head_dim > 1024)
     fail("KV cache: head_dim = %d, expected 1 to 1024", head_dim);
   if (ctx < 1) fail("--ctx = %d, expected >= 1", ctx);
-  layer_owners(*this);  // throws on a bad sharing map
+  const std::vector<int> owners = layer_owners(*this);  // throws on a bad sharing map
+  if (!layer_window.empty()) {
+    if (static_cast<int>(layer_window.size()) != n_layers) {
+      fail("KV cache: %zu sliding windows for %d layers", layer_window.size(), n_layers);
+    }
+    for (int l = 0; l < n_layers; ++l) {
+      if (layer_window[l] < 0) fail("KV cache: layer %d has a window of %d", l, layer_window[l]);
+      if (owners[l] != l && (layer_window[l] > 0 || layer_window[owners[l]] > 0)) {
+        fail(
+            "--kv-share: layer %d would read layer %d's cache, but sliding-window layers keep "
+            "only their window and share with no layer",
+            l, owners[l]);
+      }
+    }
+  }
   const bool kivi = is_kivi(k.format) || is_kivi(v.format);
   const bool grouped = kivi ||
                        (k.format == Format::kInt8 && k.granularity == Int8Granularity::kGroup) ||
@@ -276,33 +306,53 @@ static uint64_t stream_stored_bytes(const CacheConfig& c, Stream s, int nq) {
 uint64_t expected_bytes_used(const CacheConfig& c, int n) {
   const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
   const int nkq = keys_quantized_after(c, n), nvq = values_quantized_after(c, n);
-  uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, nkq) +
-                       stream_stored_bytes(c, Stream::kValue, nvq) +
-                       static_cast<uint64_t>(n - nkq) * row + static_cast<uint64_t>(n - nvq) * row;
-  // int8 per-tensor scales: one per stream per layer once calibrated.
-  if (n > 0) {
-    if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
-      per_layer += sizeof(float);
-    if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
-      per_layer += sizeof(float);
+  const int B = c.block();
+  const std::vector<int> owners = layer_owners(c);
+  uint64_t total = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (owners[l] != l) continue;
+    // A layer with a window W has evicted the whole stored blocks before the last W tokens.
+    const int w = c.window(l);
+    const int64_t stored = std::min(is_kivi(c.k.format) ? nkq : n, is_kivi(c.v.format) ? nvq : n);
+    const int ev =
+        w > 0 ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n - w, stored)) / B * B)
+              : 0;
+    const int kq = is_kivi(c.k.format) ? nkq : n, vq = is_kivi(c.v.format) ? nvq : n;
+    uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, kq - ev) +
+                         stream_stored_bytes(c, Stream::kValue, vq - ev) +
+                         static_cast<uint64_t>(n - kq) * row + static_cast<uint64_t>(n - vq) * row;
+    // int8 per-tensor scales: one per stream per layer once calibrated.
+    if (n > 0) {
+      if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
+        per_layer += sizeof(float);
+      if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
+        per_layer += sizeof(float);
+    }
+    total += per_layer;
   }
-  return per_layer * stored_layers(c);
+  return total;
 }
 
 uint64_t expected_bytes_reserved(const CacheConfig& c) {
   const int B = c.block();
-  const int n_blocks = (c.ctx + B - 1) / B;
   const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
-  uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, n_blocks * B) +
-                       stream_stored_bytes(c, Stream::kValue, n_blocks * B) +
-                       static_cast<uint64_t>(key_ring_capacity(c)) * row +
-                       static_cast<uint64_t>(value_ring_capacity(c)) * row +
-                       n_blocks * sizeof(int32_t);  // block table
-  if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
-    per_layer += sizeof(float);
-  if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
-    per_layer += sizeof(float);
-  return per_layer * stored_layers(c);
+  const std::vector<int> owners = layer_owners(c);
+  uint64_t total = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (owners[l] != l) continue;
+    const int n_blocks = layer_blocks(c, l);
+    uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, n_blocks * B) +
+                         stream_stored_bytes(c, Stream::kValue, n_blocks * B) +
+                         static_cast<uint64_t>(key_ring_capacity(c)) * row +
+                         static_cast<uint64_t>(value_ring_capacity(c)) * row +
+                         n_blocks * sizeof(int32_t);  // block table
+    if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
+      per_layer += sizeof(float);
+    if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
+      per_layer += sizeof(float);
+    total += per_layer;
+  }
+  return total;
 }
 
 std::vector<int> layer_owners(const CacheConfig& c) {

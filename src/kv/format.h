@@ -80,6 +80,10 @@ struct CacheConfig {
   // instead of storing its own (its K and V projections are skipped).
   int share_every = 1;  // groups of N adjacent layers read the first one's cache
   std::vector<std::pair<int, int>> share_map;  // (borrower, owner) pairs, applied after share_every
+  // Sliding-window attention (model/config.h): [n_layers] the tokens each layer attends,
+  // 0 for the whole context; empty when no layer has a window. A layer with a window
+  // holds only layer_blocks() blocks and evicts the blocks that leave its window.
+  std::vector<int> layer_window;
 
   // Throws kivi::Error naming the parameter and its valid range.
   void validate() const;
@@ -88,7 +92,16 @@ struct CacheConfig {
   // Channel group for value / int8-group quantization: min(G, head_dim).
   int channel_group() const;
   bool has_residual() const { return is_kivi(k.format) || is_kivi(v.format); }
+  int window(int layer) const {
+    return layer < static_cast<int>(layer_window.size()) ? layer_window[layer] : 0;
+  }
+  bool has_window() const;
 };
+
+// Physical blocks of one layer: the whole context's, or for a layer with a window W
+// the fewest that hold W tokens, the tokens not yet quantized (the KIVI residual) and
+// the block being filled: ceil((max(W, residual rings) + B) / B), at most the context's.
+int layer_blocks(const CacheConfig& c, int layer);
 
 // The layer whose cache each of the n_layers layers reads (itself for a layer that
 // stores its own), from share_every and share_map. Throws if a pair names a layer out

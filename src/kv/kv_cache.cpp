@@ -22,6 +22,11 @@ KvCache::KvCache(const CacheConfig& config, bool block_summaries) : cfg_(config)
 KvCache::KvCache(BlockPool& pool, int ctx) : cfg_(pool.config()), pool_(&pool) {
   cfg_.ctx = ctx;
   cfg_.validate();
+  if (cfg_.has_window()) {
+    fail(
+        "KV cache: sliding-window layers keep blocks of their own; a shared block pool (kivi "
+        "serve, bench-serve) does not hold them");
+  }
   init(false);
 }
 
@@ -43,7 +48,9 @@ void KvCache::init(bool own) {
     if (owner_[l] != l) continue;  // reads its owner's cache
     last_stored_ = l;
     Layer& L = layers_[l];
-    L.block_table.assign(n_logical_, -1);
+    L.n_blocks = pool_->layer_blocks(l);
+    L.window = cfg_.window(l);
+    L.block_table.assign(L.window > 0 ? L.n_blocks : n_logical_, -1);
     init_stream(L.k, pool_->layer(l).k);
     init_stream(L.v, pool_->layer(l).v);
     L.summaries = summaries_ ? pool_->layer(l).summaries.data() : nullptr;
@@ -65,7 +72,8 @@ void KvCache::init_stream(StreamStore& s, BlockPool::StreamStorage& storage) {
 
 void KvCache::map_block(int logical, int32_t physical, bool ro) {
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    if (owner_[l] == l) layers_[l].block_table[logical] = physical;
+    if (owner_[l] == l && logical < static_cast<int>(layers_[l].block_table.size()))
+      layers_[l].block_table[logical] = physical;
   }
   readonly_[logical] = ro ? 1 : 0;
   mapped_ = std::max(mapped_, logical + 1);
@@ -87,6 +95,7 @@ void KvCache::clear() {
   }
   for (auto& L : layers_) {
     L.n = 0;
+    L.evicted = 0;
     for (int b = 0; b < static_cast<int>(L.block_table.size()); ++b) L.block_table[b] = b;
     for (StreamStore* s : {&L.k, &L.v}) {
       s->n_stored = 0;
@@ -99,7 +108,7 @@ void KvCache::clear() {
       // A shared pool resets a block's summaries when it hands the block out.
       const size_t D = cfg_.head_dim;
       float* sm = L.summaries;
-      const size_t n = static_cast<size_t>(n_blocks_) * cfg_.n_kv_heads * 2 * D;
+      const size_t n = static_cast<size_t>(L.n_blocks) * cfg_.n_kv_heads * 2 * D;
       for (size_t i = 0; i < n; i += 2 * D) {
         std::fill(sm + i, sm + i + D, std::numeric_limits<float>::infinity());
         std::fill(sm + i + D, sm + i + 2 * D, -std::numeric_limits<float>::infinity());
@@ -198,7 +207,7 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
   const int slot = pos % block_;
   // Codes of head h for this token.
   auto dst = [&](int h) {
-    return s.codes + (static_cast<size_t>(h) * n_blocks_ + pb) * s.lay.head_block_bytes +
+    return s.codes + (static_cast<size_t>(h) * L.n_blocks + pb) * s.lay.head_block_bytes +
            slot * s.lay.token_stride;
   };
   switch (s.lay.fmt.format) {
@@ -232,7 +241,7 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
       for (int h = 0; h < H; ++h) {
         int8_t* codes = reinterpret_cast<int8_t*>(dst(h));
         const float* xh = x + static_cast<size_t>(h) * D;
-        const size_t base = (static_cast<size_t>(h) * n_blocks_ + pb) * s.lay.head_block_params;
+        const size_t base = (static_cast<size_t>(h) * L.n_blocks + pb) * s.lay.head_block_params;
         switch (s.lay.fmt.granularity) {
           case Int8Granularity::kTensor:
           case Int8Granularity::kToken:
@@ -268,7 +277,7 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
     for (int h = 0; h < H; ++h) {
       const float* src =
           s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, g0)) * D;
-      const size_t hb = static_cast<size_t>(h) * n_blocks_ + pb;
+      const size_t hb = static_cast<size_t>(h) * L.n_blocks + pb;
       uint8_t* codes = s.codes + hb * s.lay.head_block_bytes + slot * s.lay.token_stride;
       const size_t pi = hb * s.lay.head_block_params + static_cast<size_t>(slot / G) * D;
       quantize_keys(src, 1, G, D, G, bits, cfg_.param_type, codes, s.scales + pi * ps,
@@ -294,7 +303,7 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   const int bits = format_bits(s.lay.fmt.format);
   const size_t ps = param_size(cfg_.param_type);
   const size_t hb =
-      static_cast<size_t>(h) * n_blocks_ + static_cast<size_t>(L.block_table[pos / block_]);
+      static_cast<size_t>(h) * L.n_blocks + static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
   const size_t pi = hb * s.lay.head_block_params + static_cast<size_t>(slot) * (D / cgroup_);
   quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(), s.scales + pi * ps,
@@ -319,8 +328,14 @@ void KvCache::append(int layer, const float* k, const float* v) {
     fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);
   Layer& L = layers_.at(layer);
   const int pos = L.n;
-  if (pos >= cfg_.ctx)
-    fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos, cfg_.ctx);
+  if (pos + L.evicted >= cfg_.ctx) {
+    fail("KV cache is full: layer %d already holds %d tokens (--ctx %d)", layer, pos + L.evicted,
+         cfg_.ctx);
+  }
+  if (pos >= static_cast<int>(L.block_table.size()) * block_) {
+    fail("KV cache: layer %d holds %d tokens, all its %d blocks (window %d)", layer, pos,
+         static_cast<int>(L.block_table.size()), L.window);
+  }
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim, G = cfg_.group_size, R = cfg_.residual;
   if (pos >= mapped_ * block_) map_blocks(pos + 1);
 
@@ -373,6 +388,17 @@ void KvCache::append(int layer, const float* k, const float* v) {
     store_rows(L, L.v, pos, v);
   }
   L.n = pos + 1;
+  if (L.window > 0) evict(layer);
+}
+
+void KvCache::evict(int layer) {
+  Layer& L = layers_[layer];
+  // The next attention reads tokens [n - W, n): whole blocks before that can go, once
+  // stored (KIVI's residual tokens wait until quantized).
+  const int count = std::min(L.n - L.window, droppable(layer)) / block_ * block_;
+  if (count < block_) return;
+  drop(layer, 0, count);
+  L.evicted += count;
 }
 
 StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream which) const {
@@ -389,7 +415,7 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
   v.scales = s.scales;
   v.zeros = s.zeros;
   v.block_table = L.block_table.data();
-  v.n_blocks = n_blocks_;
+  v.n_blocks = L.n_blocks;
   v.head_block_bytes = s.lay.head_block_bytes;
   v.head_block_params = s.lay.head_block_params;
   v.code_row_bytes = s.lay.code_row_bytes;
@@ -434,7 +460,7 @@ void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row,
   for (int t = first; t < last; ++t) {
     const size_t pb = static_cast<size_t>(L.block_table[t / block_]);
     for (int h = 0; h < H; ++h) {
-      uint8_t* row = s.codes + (static_cast<size_t>(h) * n_blocks_ + pb) * s.lay.head_block_bytes +
+      uint8_t* row = s.codes + (static_cast<size_t>(h) * L.n_blocks + pb) * s.lay.head_block_bytes +
                      static_cast<size_t>(t % block_) * s.lay.token_stride;
       if (s.lay.fmt.format == Format::kF32) {
         std::memcpy(x.data(), row, D * sizeof(float));
@@ -474,7 +500,8 @@ void KvCache::drop(int layer, int first, int count) {
   std::rotate(L.block_table.begin() + b0, L.block_table.begin() + b0 + nb, L.block_table.end());
   if (summaries_) {
     const size_t D = cfg_.head_dim, per_block = static_cast<size_t>(cfg_.n_kv_heads) * 2 * D;
-    for (int b = n_blocks_ - nb; b < n_blocks_; ++b) {
+    const int table = static_cast<int>(L.block_table.size());
+    for (int b = table - nb; b < table; ++b) {
       float* sm = L.summaries + static_cast<size_t>(L.block_table[b]) * per_block;
       for (size_t i = 0; i < per_block; i += 2 * D) {
         std::fill(sm + i, sm + i + D, std::numeric_limits<float>::infinity());

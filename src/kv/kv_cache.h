@@ -38,6 +38,13 @@
 // blocks of an identical prompt prefix (never writing them: their stored contents are
 // already what it would write), and returns its blocks to the pool when cleared.
 // The residual ring, the token counts and the int8 tensor scales are per cache.
+//
+// Sliding windows (CacheConfig::layer_window): a layer with a window W owns only
+// kv::layer_blocks() blocks of the cache's own pool. After each append it evicts the
+// whole stored blocks that lie entirely before its last W tokens (as drop() does), so
+// its memory stays bounded however long the context grows; evicted(layer) counts them
+// and position(layer) = n_tokens(layer) + evicted(layer) is the next token's position.
+// Caches over a shared pool refuse windows.
 #pragma once
 
 #include <algorithm>
@@ -149,6 +156,11 @@ class KvCache {
   int owner(int layer) const { return owner_[layer]; }
   bool borrows(int layer) const { return owner_[layer] != layer; }
   int capacity() const { return cfg_.ctx; }
+  // Sliding windows: the tokens `layer` attends (0: all), the tokens it has evicted from
+  // its front, and the position of its next token (n_tokens + evicted).
+  int window(int layer) const { return layers_[owner_[layer]].window; }
+  int evicted(int layer) const { return layers_[owner_[layer]].evicted; }
+  int position(int layer) const { return n_tokens(layer) + evicted(layer); }
 
   // Fixes the int8 per-tensor scales of `layer` from the absmax of the first batch of
   // n tokens (k, v: [n, H, D]). Called by prefill on an empty cache; a no-op for
@@ -156,7 +168,7 @@ class KvCache {
   void calibrate(int layer, const float* k, const float* v, int n);
 
   // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope).
-  // Throws if the cache is full.
+  // Throws if the cache is full. A layer with a window then evicts the blocks before it.
   void append(int layer, const float* k, const float* v);
 
   // Forgets every token. An own pool keeps its storage; a shared pool gets back every
@@ -259,9 +271,13 @@ class KvCache {
         block_table;  // [n_logical] physical block of each logical one, -1 unmapped
     StreamStore k, v;
     float* summaries = nullptr;  // the pool's
+    int n_blocks = 0;            // physical blocks of this layer in the pool
+    int window = 0;              // sliding window (tokens), 0 = none
+    int evicted = 0;             // tokens evicted from the front by the window
   };
 
   void init(bool own);
+  void evict(int layer);  // sliding window: drops the whole blocks before it
   void init_stream(StreamStore& s, BlockPool::StreamStorage& storage);
   void map_block(int logical, int32_t physical, bool readonly);
   bool readonly(int pos) const { return readonly_[pos / block_] != 0; }

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -37,6 +38,11 @@ void ModelConfig::validate(const std::string& src) const {
         "most 1)",
         src.c_str(), rope_freq_scale);
   }
+  range("attention.sliding_window", sliding_window, 0, kMaxContext);
+  if (sliding_window > 0 && static_cast<int>(swa_layers.size()) != n_layers) {
+    fail("%s: attention.sliding_window_pattern has %zu elements, expected one per layer (%d)",
+         src.c_str(), swa_layers.size(), n_layers);
+  }
   if (!rope_freq_factors.empty()) {
     if (static_cast<int>(rope_freq_factors.size()) != head_dim() / 2) {
       fail("%s: rope_freqs.weight has %zu elements, expected head_dim / 2 = %d", src.c_str(),
@@ -48,6 +54,18 @@ void ModelConfig::validate(const std::string& src) const {
         fail("%s: rope_freqs.weight[%zu] = %g, expected a finite value above 0", src.c_str(), i, f);
     }
   }
+}
+
+void ModelConfig::set_swa_pattern(int n) {
+  swa_layers.assign(std::max(n_layers, 0), 0);
+  for (int l = 0; l < n_layers; ++l) swa_layers[l] = n == 0 || l % n < n - 1;
+}
+
+std::vector<int> ModelConfig::layer_windows() const {
+  if (sliding_window <= 0) return {};
+  std::vector<int> w(n_layers);
+  for (int l = 0; l < n_layers; ++l) w[l] = layer_window(l);
+  return w;
 }
 
 const char* supported_architectures() { return "llama, qwen2, qwen3"; }

@@ -8,6 +8,7 @@
 //          dimension that may differ from dim / n_heads (attention.key_length).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,29 @@ struct ModelConfig {
       rope_freq_factors;   // [head_dim / 2] divisor of each pair's frequency, or empty
   bool attn_bias = false;  // Q, K and V projections carry biases (qwen2)
   bool qk_norm = false;    // RMSNorm over each query and key head before RoPE (qwen3)
+  // Sliding-window attention (<arch>.attention.sliding_window): a query at position p
+  // attends the keys at p - sliding_window + 1 .. p in the layers swa_layers marks
+  // ([n_layers], 1: windowed; all of them unless attention.sliding_window_pattern says
+  // otherwise). 0: every layer attends the whole context.
+  int sliding_window = 0;
+  std::vector<uint8_t> swa_layers;
 
   int head_dim() const { return key_length > 0 ? key_length : dim / n_heads; }
   int q_dim() const { return n_heads * head_dim(); }
   int kv_dim() const { return n_kv_heads * head_dim(); }
+  // Tokens layer l attends (its sliding window), or 0 for the whole context.
+  int layer_window(int l) const {
+    return sliding_window > 0 && l < static_cast<int>(swa_layers.size()) && swa_layers[l]
+               ? sliding_window
+               : 0;
+  }
+  // Marks the sliding-window layers for a pattern N (llama.cpp's convention: layer l
+  // is windowed iff l % N < N - 1, so every N-th layer attends the whole context;
+  // N = 1 windows no layer, N = 0 every layer).
+  void set_swa_pattern(int n);
+  // [n_layers] layer_window(l) of every layer (kv::CacheConfig::layer_window), or empty
+  // when no layer has a window.
+  std::vector<int> layer_windows() const;
   // Throws kivi::Error naming the field and its valid range; `source` names the file.
   void validate(const std::string& source) const;
   // Weight count (for memory estimates).

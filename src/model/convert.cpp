@@ -38,6 +38,27 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
     w.add_u32(A + "attention.value_length", c.key_length);
   }
   w.add_f32(A + "attention.layer_norm_rms_epsilon", c.norm_eps);
+  if (c.sliding_window > 0) {
+    // The window, and which layers have it: every layer (no pattern), a period N
+    // (llama.cpp's u32 pattern) when one reproduces the layers, else one i32 per layer.
+    w.add_u32(A + "attention.sliding_window", c.sliding_window);
+    bool all = true;
+    for (int l = 0; l < c.n_layers; ++l) all = all && c.layer_window(l) > 0;
+    if (!all) {
+      int period = 0;
+      for (int n = 1; n <= c.n_layers && period == 0; ++n) {
+        ModelConfig t = c;
+        t.set_swa_pattern(n);
+        if (t.swa_layers == c.swa_layers) period = n;
+      }
+      if (period > 0) {
+        w.add_u32(A + "attention.sliding_window_pattern", period);
+      } else {
+        w.add_i32_array(A + "attention.sliding_window_pattern",
+                        std::vector<int32_t>(c.swa_layers.begin(), c.swa_layers.end()));
+      }
+    }
+  }
   w.add_f32(A + "rope.freq_base", c.rope_theta);
   if (c.rope_freq_scale != 1.0f) {
     w.add_string(A + "rope.scaling.type", "linear");

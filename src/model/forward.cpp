@@ -96,7 +96,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   const Weights& w = m.weights();
   const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
   if (n < 1 || n > st.max_batch) fail("forward: batch of %d tokens (max %d)", n, st.max_batch);
-  const int pos0 = cache.n_tokens(0);
+  // Absolute position of the first token (layers with a sliding window hold fewer).
+  const int pos0 = cache.position(0);
   if (pos0 + n > cache.capacity()) {
     fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n,
          cache.capacity());
@@ -136,8 +137,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   const bool pre_rope = !c.alibi && cache.config().key_rope == kv::KeyRope::kPre;
   if (pre_rope) ap.rope = st.rope.data();
   ap.sinks = opt.sinks;
-  // RoPE rows of the new tokens: cache positions, or with keys after RoPE their
-  // absolute positions (position_offset past dropped tokens), beyond the table when needed.
+  // RoPE rows of the new tokens: their positions (with keys after RoPE, position_offset
+  // past the tokens a context overflow dropped), beyond the table when needed.
   const float** rows = st.rope_ptrs.data();
   for (int i = 0; i < n && !c.alibi; ++i) {
     const int64_t p = pos0 + i + (pre_rope ? 0 : st.position_offset);
@@ -173,12 +174,17 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
         }
       }
     }
-    if (!borrows && cache.n_tokens(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
+    if (!borrows && cache.position(l) == 0) cache.calibrate(l, st.k.data(), st.v.data(), n);
+    // A sliding-window layer attends its last `window` tokens (with --window too: the smaller).
+    const int lw = cache.window(l);
+    ap.window = lw > 0 && opt.window > 0 ? std::min(lw, opt.window) : std::max(lw, opt.window);
     for (int i = 0; i < n; ++i) {
       if (!borrows) {
         cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd,
                      st.v.data() + static_cast<size_t>(i) * kvd);
       }
+      // Keys before RoPE: cache index t holds position t + evicted (the append may evict).
+      if (pre_rope) ap.rope = st.rope.data() + static_cast<size_t>(cache.evicted(l)) * hd;
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
       const kv::LayerView view = borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l);
       const float* qi = st.q.data() + static_cast<size_t>(i) * qd;
@@ -259,13 +265,16 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
                      &rope[static_cast<size_t>(i) * hd], c.rope_style);
       }
     }
-    // Plain causal attention, in double.
+    // Plain causal attention, in double; a sliding-window layer masks key t for query i
+    // when i - t >= window.
+    const int window = c.layer_window(l);
     for (int i = 0; i < n; ++i) {
+      const int t0 = window > 0 ? std::max(0, i - window + 1) : 0;
       for (int hq = 0; hq < c.n_heads; ++hq) {
         const int h = hq / rep;
         const float* qh = &q[static_cast<size_t>(i) * qd + hq * hd];
         double mx = -INFINITY;
-        for (int t = 0; t <= i; ++t) {
+        for (int t = t0; t <= i; ++t) {
           const float* kt = &k[static_cast<size_t>(t) * kvd + h * hd];
           double dot = 0.0;
           for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * kt[d];
@@ -274,11 +283,11 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
           mx = std::max(mx, s[t]);
         }
         double den = 0.0;
-        for (int t = 0; t <= i; ++t) den += (s[t] = std::exp(s[t] - mx));
+        for (int t = t0; t <= i; ++t) den += (s[t] = std::exp(s[t] - mx));
         float* out = &att[static_cast<size_t>(i) * qd + hq * hd];
         for (int d = 0; d < hd; ++d) {
           double acc = 0.0;
-          for (int t = 0; t <= i; ++t) acc += s[t] * v[static_cast<size_t>(t) * kvd + h * hd + d];
+          for (int t = t0; t <= i; ++t) acc += s[t] * v[static_cast<size_t>(t) * kvd + h * hd + d];
           out[d] = static_cast<float>(acc / den);
         }
       }

@@ -121,6 +121,67 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
   return m;
 }
 
+// Sliding-window attention: <arch>.attention.sliding_window (the window W, >= 1) and
+// optionally attention.sliding_window_pattern, a u32 N (llama.cpp: layer l is windowed
+// iff l % N < N - 1) or an array of one bool or integer per layer (nonzero: windowed).
+// Without a pattern every layer is windowed.
+static void read_sliding_window(const io::GgufFile& f, const std::string& path,
+                                const std::string& A, ModelConfig& c) {
+  const std::string wkey = A + "attention.sliding_window", pkey = wkey + "_pattern";
+  if (!f.has(wkey)) {
+    if (f.has(pkey))
+      fail("%s: metadata '%s' without '%s'", path.c_str(), pkey.c_str(), wkey.c_str());
+    return;
+  }
+  const uint64_t w = f.get_uint(wkey);
+  if (w < 1 || w > static_cast<uint64_t>(kMaxContext)) {
+    fail("%s: metadata '%s' = %llu, expected 1 to %d", path.c_str(), wkey.c_str(),
+         (unsigned long long)w, kMaxContext);
+  }
+  c.sliding_window = static_cast<int>(w);
+  const io::GgufValue* p = f.find(pkey);
+  if (!p) {
+    c.set_swa_pattern(0);
+    return;
+  }
+  if (p->type != io::GgufType::kArray) {
+    const uint64_t n = f.get_uint(pkey);
+    if (n < 1 || n > static_cast<uint64_t>(c.n_layers)) {
+      fail("%s: metadata '%s' = %llu, expected 1 to the layer count %d", path.c_str(), pkey.c_str(),
+           (unsigned long long)n, c.n_layers);
+    }
+    c.set_swa_pattern(static_cast<int>(n));
+    return;
+  }
+  size_t elem = 0;
+  switch (p->elem_type) {
+    case io::GgufType::kBool:
+    case io::GgufType::kU8:
+    case io::GgufType::kI8:
+      elem = 1;
+      break;
+    case io::GgufType::kU32:
+    case io::GgufType::kI32:
+      elem = 4;
+      break;
+    default:
+      fail("%s: metadata '%s' is an array of %s, expected bools or integers", path.c_str(),
+           pkey.c_str(), io::gguf_type_name(p->elem_type));
+  }
+  if (p->count != static_cast<uint64_t>(c.n_layers)) {
+    fail("%s: metadata '%s' has %llu elements, expected one per layer (%d)", path.c_str(),
+         pkey.c_str(), (unsigned long long)p->count, c.n_layers);
+  }
+  if (!p->elems || p->elems_bytes < p->count * elem)
+    fail("%s: metadata '%s' is truncated", path.c_str(), pkey.c_str());
+  c.swa_layers.assign(c.n_layers, 0);
+  for (int l = 0; l < c.n_layers; ++l) {
+    uint32_t x = 0;
+    std::memcpy(&x, p->elems + static_cast<size_t>(l) * elem, elem);  // little-endian
+    c.swa_layers[l] = x != 0;
+  }
+}
+
 // RoPE frequency scaling from "<arch>.rope.scaling.*": "none", "linear" (angles divided by
 // rope.scaling.factor) and "llama3" (llama3_rope_factors from rope.scaling.factor,
 // low_freq_factor, high_freq_factor and original_context_length, used when the file
@@ -233,7 +294,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
                           static_cast<int64_t>(rf->dims[0]));
   }
   c.validate(path);
-  read_rope_scaling(f, path, A, c);  // needs the validated head dimension
+  read_rope_scaling(f, path, A, c);    // needs the validated head dimension
+  read_sliding_window(f, path, A, c);  // needs the validated layer count
   c.validate(path);
   if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
       rd && *rd != static_cast<uint64_t>(c.head_dim())) {

@@ -237,7 +237,7 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
 
   // Summaries against the reference.
   const BenchFormatResult& ref = res.formats[0];
-  const int n_tokens = sessions[0]->cache().n_tokens(0);
+  const int n_tokens = sessions[0]->pos();  // tokens fed (a sliding window evicts some)
   kv::CacheConfig c32 = ref.cache, c16 = ref.cache;
   c32.k = c32.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
   c16.k = c16.v = {kv::Format::kF16, kv::Int8Granularity::kHead};

@@ -59,6 +59,12 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   shaped_.head_dim = c.head_dim();
   shaped_.ctx = opt_.ctx;
   shaped_.validate();
+  if (c.sliding_window > 0) {
+    fail(
+        "%s: sliding-window attention (attention.sliding_window = %d) is not supported when "
+        "serving (the shared block pool); use kivi run/generate",
+        c.name.c_str(), c.sliding_window);
+  }
   auto tensor_scaled = [](const kv::StreamFormat& f) {
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
   };

@@ -34,8 +34,19 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
   cc.n_kv_heads = c.n_kv_heads;
   cc.head_dim = c.head_dim();
   cc.ctx = ctx_;
+  cc.layer_window = c.layer_windows();
   cc.validate();
   opt_.cache = cc;
+  if (cc.has_window()) {
+    // The model's sliding window evicts blocks as it goes; the overflow policies and
+    // block selection manage the same blocks their own way.
+    if (opt_.overflow != ContextOverflow::kStop) {
+      fail("--context-overflow %s: not supported with the model's sliding-window attention",
+           context_overflow_name(opt_.overflow));
+    }
+    if (opt_.sparse.enabled())
+      fail("--sparse: not supported with the model's sliding-window attention");
+  }
   if (opt.pool) {
     pool_ = opt.pool;
   } else {
@@ -220,6 +231,7 @@ uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache
   cc.n_kv_heads = c.n_kv_heads;
   cc.head_dim = c.head_dim();
   cc.ctx = ctx;
+  cc.layer_window = c.layer_windows();
   const bool tensor_scaled =
       (cc.k.format == kv::Format::kInt8 && cc.k.granularity == kv::Int8Granularity::kTensor) ||
       (cc.v.format == kv::Format::kInt8 && cc.v.granularity == kv::Int8Granularity::kTensor);

@@ -69,7 +69,7 @@ class Session {
   uint64_t kv_bytes_reserved() const;
   ThreadPool& pool() { return *pool_; }
   int ctx() const { return ctx_; }
-  int pos() const { return cache_->n_tokens(0); }
+  int pos() const { return cache_->position(0); }  // tokens fed (evicted ones included)
   int vocab() const { return m_.config().vocab_size; }
   const SessionOptions& options() const { return opt_; }
 

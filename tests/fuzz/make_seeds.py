@@ -21,9 +21,10 @@ def q8_0_blob(n):
     return out
 
 
-def write_gguf(path, arch="llama", q8_0=False):
+def write_gguf(path, arch="llama", q8_0=False, swa=False):
     """A one-layer model of `arch` (llama, qwen2 with Q/K/V biases, qwen3 with per-head Q/K
-    norms); with q8_0 its matrices are Q8_0 (dim 32, the block size)."""
+    norms); with q8_0 its matrices are Q8_0 (dim 32, the block size); with swa a sliding
+    window of 4 tokens and its pattern as an array of one bool per layer."""
     dim, hidden, vocab = (32, 32, 6) if q8_0 else (8, 16, 6)
     kvs = []
 
@@ -37,6 +38,9 @@ def write_gguf(path, arch="llama", q8_0=False):
                      ("attention.head_count_kv", 1)]:
         kv(arch + "." + key, 4, struct.pack("<I", val))
     kv(arch + ".attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-5))
+    if swa:
+        kv(arch + ".attention.sliding_window", 4, struct.pack("<I", 4))
+        kv(arch + ".attention.sliding_window_pattern", 9, struct.pack("<IQ", 7, 1) + b"\x01")
     kv("tokenizer.ggml.model", 8, gguf_string("llama"))
     toks = ["<unk>", "<s>", "</s>", "\u2581", "a", "\u2581a"]
     kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, len(toks)) + b"".join(gguf_string(t) for t in toks))
@@ -231,6 +235,7 @@ def main():
     for arch in ("llama", "qwen2", "qwen3"):
         write_gguf(os.path.join(out, "model", arch + ".gguf"), arch)
     write_gguf(os.path.join(out, "model", "llama-q8_0.gguf"), "llama", q8_0=True)
+    write_gguf(os.path.join(out, "model", "llama-swa.gguf"), "llama", swa=True)
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
     write_bpe(os.path.join(out, "bpe"))

@@ -11,9 +11,11 @@ and checks:
     at every position,
     for the engine's prefill, stream and no-cache modes and for keys cached before RoPE;
   * each feature matters: the reference with the feature switched off (no biases, no
-    QK norm, adjacent instead of NeoX pairs, unscaled RoPE) differs from the engine by
+    QK norm, adjacent instead of NeoX pairs, unscaled RoPE, no sliding window) differs from the engine by
     more than 10 x --tol (measured: 6e-4 for llama3 scaling, 9e-3 to 1.4 for the rest), so
     an engine that ignored the feature would fail;
+  * a sliding-window model (window 24 in layer 0 of 2, far shorter than the prompt)
+    agrees too: the windowed layer's cache evicts whole blocks as the prompt streams;
   * the scaled llama's rope_freqs.weight equals the divisors that transformers'
     llama3 formula gives (llama_ref.llama3_inv_freq), to 1e-6 relative.
 Exit status 0 when everything agrees, 1 otherwise.
@@ -45,6 +47,9 @@ CASES = [
     ("qwen2", ["--arch", "qwen2", "--rope-theta", "1000000"], ["bias", "neox"]),
     ("qwen3", ["--arch", "qwen3", "--head-dim", "32", "--rope-theta", "1000000", "--classifier", "separate"],
      ["qk_norm", "neox"]),
+    # Sliding-window attention in layer 0 of 2 (pattern 2), a window far shorter than the
+    # prompt: the windowed layer's cache evicts blocks in the stream and prefill runs.
+    ("llama-swa", ["--arch", "llama", "--sliding-window", "24", "--sliding-window-pattern", "2"], ["swa"]),
 ]
 RUNS = [("prefill", []), ("stream", []), ("no-cache", []), ("prefill", ["--key-rope", "pre"]),
         ("stream", ["--key-rope", "pre"])]
@@ -58,6 +63,8 @@ def without(model, feature):
         return dataclasses.replace(model, q_norm=None, k_norm=None)
     if feature == "neox":
         return dataclasses.replace(model, rope_neox=False)
+    if feature == "swa":
+        return dataclasses.replace(model, windows=None)
     if feature == "rope_scaling":
         hs = model.head_size
         return dataclasses.replace(

@@ -116,6 +116,7 @@ class Model:
     bv: np.ndarray = None        # [L, kv_dim]
     q_norm: np.ndarray = None    # [L, hs] (qwen3)
     k_norm: np.ndarray = None    # [L, hs]
+    windows: tuple = None        # [L] sliding window of each layer (0: full), or None
 
     @property
     def head_size(self):
@@ -169,6 +170,19 @@ def load_gguf_model(path):
     inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
     if "rope_freqs.weight" in t:
         inv = inv / t["rope_freqs.weight"]
+    # Sliding-window attention (llama.cpp's keys): window W; the pattern a period N
+    # (layer l windowed iff l % N < N - 1) or one flag per layer; none: every layer.
+    windows = None
+    if A + "attention.sliding_window" in meta:
+        w = int(meta[A + "attention.sliding_window"])
+        pat = meta.get(A + "attention.sliding_window_pattern")
+        if pat is None:
+            flags = [True] * L
+        elif isinstance(pat, (list, tuple, np.ndarray)):
+            flags = [bool(f) for f in pat]
+        else:
+            flags = [l % int(pat) < int(pat) - 1 for l in range(L)]
+        windows = tuple(w if f else 0 for f in flags)
     return Model(dim=dim, hidden_dim=int(meta[A + "feed_forward_length"]), n_layers=L, n_heads=n_heads,
                  n_kv_heads=n_kv, vocab_size=tok_emb.shape[0], seq_len=int(meta[A + "context_length"]),
                  tok_emb=tok_emb, rms_att=stack("attn_norm.weight"), wq=stack("attn_q.weight"),
@@ -179,7 +193,8 @@ def load_gguf_model(path):
                  rms_eps=float(meta.get(A + "attention.layer_norm_rms_epsilon", RMS_EPS)),
                  rope_neox=arch in ("qwen2", "qwen3"), inv_freq=inv,
                  bq=opt_stack("attn_q.bias"), bk=opt_stack("attn_k.bias"), bv=opt_stack("attn_v.bias"),
-                 q_norm=opt_stack("attn_q_norm.weight"), k_norm=opt_stack("attn_k_norm.weight"))
+                 q_norm=opt_stack("attn_q_norm.weight"), k_norm=opt_stack("attn_k_norm.weight"),
+                 windows=windows)
 
 
 def load_model(path):
@@ -561,8 +576,9 @@ def rope(x, positions, inv_freq=None, neox=False):
 ATTN_BLOCK = 64  # queries per block (only keys 0..end of block are computed)
 
 
-def attention(q, k, v, kq=None, nk=None, vq=None, nv=None):
+def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0):
     """Causal GQA attention. q [T, nh, hs]; k, v [T, nkv, hs]; returns [T, nh*hs].
+    window > 0: the query at position t sees only keys s with t - s < window.
 
     Optional streaming view of a quantized cache: the query at position t sees key s
     as kq[s] if s < nk[t] else k[s], and value s as vq[s] if s < nv[t] else v[s].
@@ -593,6 +609,8 @@ def attention(q, k, v, kq=None, nk=None, vq=None, nv=None):
             np.copyto(s, sq, where=kmask)
         s *= inv
         np.copyto(s, -np.inf, where=(ts > tq)[None, :, None, :])   # causal
+        if window > 0:
+            np.copyto(s, -np.inf, where=(tq - ts >= window)[None, :, None, :])   # sliding window
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
@@ -652,16 +670,17 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
             eps, gen = kv_noise
             k = k * (1.0 + eps * gen.standard_normal(k.shape))
             v = v * (1.0 + eps * gen.standard_normal(v.shape))
+        window = m.windows[l] if m.windows else 0
         if quant:
             kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec)
             vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec)
             if pre:
                 k, kq = rot(k, pos), rot(kq, pos)
-            o = attention(q, k, v, kq, nk, vq, nv)
+            o = attention(q, k, v, kq, nk, vq, nv, window=window)
         else:
             if pre:
                 k = rot(k, pos)
-            o = attention(q, k, v)
+            o = attention(q, k, v, window=window)
         x = x + o @ m.wo[l].T
         xb = rmsnorm(x, m.rms_ffn[l], norm_eps)
         h1 = xb @ m.w1[l].T
