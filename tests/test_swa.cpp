@@ -23,6 +23,7 @@
 #include "model/synth.h"
 #include "runtime/scheduler.h"
 #include "runtime/session.h"
+#include "runtime/session_file.h"
 #include "test_util.h"
 
 namespace kivi {
@@ -341,6 +342,19 @@ TEST(Swa, RefusedCombinationsSaySo) {
   sh.cache.share_every = 2;  // layer 1 (full) would read layer 0 (windowed)
   EXPECT_NE(error_of([&] { runtime::Session s(*m, sh); }).find("sliding-window layers"),
             std::string::npos);
+  // KV files do not record evicted blocks.
+  {
+    runtime::Session s(*m, session_of(cc, 128));
+    s.prefill({1, 5, 9});
+    EXPECT_NE(error_of([&] {
+                runtime::save_session(s, {1, 5, 9}, 3, 0.0, t.file("swa.kv"));
+              }).find("--kv-save: models with sliding-window layers"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                runtime::load_session(s, t.file("swa.kv"));
+              }).find("--kv-load: models with sliding-window layers"),
+              std::string::npos);
+  }
   // A shared block pool.
   kv::CacheConfig shaped = cc;
   shaped.n_layers = 4;

@@ -45,8 +45,21 @@ KvFileConfig session_file_config(const Session& s) {
   return c;
 }
 
+// Sliding-window layers evict blocks as they go (their caches hold fewer blocks than the
+// context and count the evicted tokens); the file format does not record that yet.
+static void refuse_sliding_windows(const Session& s, const char* option) {
+  const auto& c = s.model().config();
+  if (c.sliding_window > 0) {
+    fail(
+        "%s: models with sliding-window layers (attention.sliding_window = %d) cannot be saved "
+        "to or loaded from KV files yet",
+        option, c.sliding_window);
+  }
+}
+
 uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t prefill_tokens,
                       double prefill_seconds, const std::string& path) {
+  refuse_sliding_windows(s, "--kv-save");
   const kv::KvCache& cache = s.cache();
   const kv::CacheConfig& cc = cache.config();
   const KvFileConfig fc = session_file_config(s);
@@ -111,6 +124,7 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
 }
 
 LoadedSession load_session(Session& s, const std::string& path) {
+  refuse_sliding_windows(s, "--kv-load");
   const double t0 = now_seconds();
   io::MappedFile map(path);
   const KvFile f = parse_kv_file(map.data(), map.size(), path);
