@@ -7,6 +7,7 @@ its log-probabilities; then, per budget (a share of the context, in tokens T per
 and step), three selections of T tokens run with --kld-base:
   quest      sinks 16 + local 16 + the top (T - 32) / 16 blocks of 16 by the Quest bound
   max, mean  the same with the max or mean representative
+  fix        the same with the mean of the keys at offsets 0, 4, 8, 12 of each block
   streaming  sinks 16 + local T - 16, no selected blocks (StreamingLLM)
   random     sinks 16 + local 16 + (T - 32) / 16 random blocks
 and prints one Markdown table per format: perplexity, KL divergence against dense (mean,
@@ -39,7 +40,7 @@ def methods(T):
     blocks = ["--sparse-block", str(BLOCK), "--sparse-sinks", str(SINKS)]
     sel = blocks + ["--sparse-budget", str(T - SINKS - LOCAL), "--sparse-local", str(LOCAL)]
     return [("quest", ["--sparse", "quest", *sel]), ("max", ["--sparse", "max", *sel]),
-            ("mean", ["--sparse", "mean", *sel]),
+            ("mean", ["--sparse", "mean", *sel]), ("fix", ["--sparse", "fix", *sel]),
             ("streaming", ["--sparse", "quest", *blocks, "--sparse-budget", "0", "--sparse-local", str(T - SINKS)]),
             ("random", ["--sparse", "random", *sel])]
 
