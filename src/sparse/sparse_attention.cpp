@@ -304,7 +304,8 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
       const int got =
           k > 0 ? top_blocks(shared_.data(), heads_[0], sel, 0, candidates, k, sel.blocks.data())
                 : 0;
-      for (int h = 0; h < Hkv; ++h) {
+      sel.count[0] = got;
+      for (int h = 1; h < Hkv; ++h) {
         std::copy(sel.blocks.begin(), sel.blocks.begin() + got,
                   sel.blocks.begin() + static_cast<size_t>(h) * std::max(1, max_sel_));
         sel.count[h] = got;
