@@ -7,6 +7,7 @@ its log-probabilities; then, per budget (a share of the context, in tokens T per
 and step), three selections of T tokens run with --kld-base:
   quest      sinks 16 + local 16 + the top (T - 32) / 16 blocks of 16 by the Quest bound
   max, mean  the same with the max or mean representative
+  fix        the same with the mean of the keys at offsets 0, 4, 8, 12 of each block
   streaming  sinks 16 + local T - 16, no selected blocks (StreamingLLM)
   random     sinks 16 + local 16 + (T - 32) / 16 random blocks
 and prints one Markdown table per format: perplexity, KL divergence against dense (mean,
@@ -25,6 +26,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CTX, BLOCK, SINKS, LOCAL = 512, 16, 16, 16
+PROMPT, WINDOW = 384, 16
 
 
 def kivi(exe, args):
@@ -38,9 +40,22 @@ def methods(T):
     blocks = ["--sparse-block", str(BLOCK), "--sparse-sinks", str(SINKS)]
     sel = blocks + ["--sparse-budget", str(T - SINKS - LOCAL), "--sparse-local", str(LOCAL)]
     return [("quest", ["--sparse", "quest", *sel]), ("max", ["--sparse", "max", *sel]),
-            ("mean", ["--sparse", "mean", *sel]),
+            ("mean", ["--sparse", "mean", *sel]), ("fix", ["--sparse", "fix", *sel]),
             ("streaming", ["--sparse", "quest", *blocks, "--sparse-budget", "0", "--sparse-local", str(T - SINKS)]),
             ("random", ["--sparse", "random", *sel])]
+
+
+def policies(T):
+    sel = ["--sparse", "quest", "--sparse-block", str(BLOCK), "--sparse-sinks", str(SINKS),
+           "--sparse-budget", str(T - SINKS - LOCAL), "--sparse-local", str(LOCAL)]
+    prompt = ["--prompt", str(PROMPT)]
+    return [("per", sel), ("shared", [*sel, "--sparse-heads", "shared"]),
+            ("reselect 4", [*sel, "--sparse-reselect", "4"]),
+            ("reselect 16", [*sel, "--sparse-reselect", "16"]),
+            ("reuse-layers 2", [*sel, "--sparse-reuse-layers", "2"]),
+            (f"prompt {PROMPT}", [*sel, *prompt]),
+            (f"prompt {PROMPT} + preselect", [*sel, *prompt, "--sparse-preselect", str(WINDOW),
+                                              "--sparse-candidates", str(2 * T)])]
 
 
 def main():
@@ -51,6 +66,7 @@ def main():
     ap.add_argument("-f", "--text", default=os.path.join(ROOT, "..", "shared", "data", "tinytales.txt"))
     ap.add_argument("--stories", type=int, default=20, help="stories sampled from the model and appended")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--policies", action="store_true", help="compare selection policies (see above)")
     a = ap.parse_args()
     model = ["-m", a.model, "-t", a.tokenizer]
     caches = [("kivi2 G=16 R=16", ["--kv-cache", "kivi2", "-G", "16", "-R", "16"]), ("f16", ["--kv-cache", "f16"])]
@@ -73,7 +89,7 @@ def main():
             print("|---|---|---|---|---|---|---|")
             for share in (0.125, 0.25, 0.5):
                 T = int(CTX * share)
-                for name, opts in methods(T):
+                for name, opts in (policies(T) if a.policies else methods(T)):
                     r = json.loads(kivi(a.kivi, [*common, *opts, "--kld-base", base]))
                     r.update(cache=cname, budget=T, selection=name, dense_ppl=dense["ppl"])
                     results.append(r)

@@ -30,8 +30,11 @@ namespace {
 struct Result {
   int ctx = 0;
   double dense_ms = 0, sparse_ms = 0, select_ms = 0,
-         attend_ms = 0;  // per token (every layer), medians
-  double attended = 0;   // share of the tokens attended
+         attend_ms = 0;                           // per token (every layer), medians
+  double select_mean_ms = 0, attend_mean_ms = 0;  // per token, means (with --sparse-reselect
+                                                  // most tokens do not select)
+  double selected = 0;                            // share of the sparse calls that selected
+  double attended = 0;                            // share of the tokens attended
   uint64_t cache_bytes = 0, summary_bytes = 0;
   double fill_seconds = 0;
 };
@@ -50,8 +53,10 @@ int cmd_bench_sparse(int argc, char** argv) {
          "parts: selecting blocks (summaries, scores, top-k) and attending the selected tokens. "
          "Dense\n"
          "and sparse calls alternate, repetition by repetition, so their ratio compares the same\n"
-         "moments. The summaries are built by a warm-up call before timing. Default shape: Llama "
-         "3.2 1B.");
+         "moments. The summaries are built by a warm-up call before timing; each timed repetition\n"
+         "first appends one token to every layer, as a decode step does (so --sparse-reselect N\n"
+         "selects at one step in N: the means of select and attend ms are the amortized costs).\n"
+         "Default shape: Llama 3.2 1B.");
   a.section("Benchmark");
   a.add("ctx", 0, "LIST", "Context lengths (tokens in the cache); k suffix = 1024.", "131072");
   a.add("layers", 0, "L", "Layers (each with its own cache).", "16");
@@ -61,10 +66,10 @@ int cmd_bench_sparse(int argc, char** argv) {
   a.add("reps", 0, "N", "Timed tokens per case (median reported).", "10");
   add_threads_options(a);
   a.add("simd", 0, "TARGET", "Force a SIMD target (avx3, avx2, sse4, scalar).");
-  a.add_flag("json", 0,
-             "Print {\"results\": [{ctx, dense_ms, sparse_ms, select_ms, attend_ms, speedup, "
-             "attended, cache_bytes, "
-             "summary_bytes}]}.");
+  a.add_flag(
+      "json", 0,
+      "Print {\"results\": [{ctx, dense_ms, sparse_ms, select_ms, attend_ms, select_mean_ms, "
+      "attend_mean_ms, selected, speedup, attended, cache_bytes, summary_bytes}]}.");
   add_kv_options(a);
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
@@ -92,7 +97,7 @@ int cmd_bench_sparse(int argc, char** argv) {
     cfg.n_layers = L;
     cfg.n_kv_heads = Hkv;
     cfg.head_dim = D;
-    cfg.ctx = static_cast<int>(ctx);
+    cfg.ctx = static_cast<int>(ctx) + reps + 1;  // room for a token per repetition
     cfg.validate();
     const uint64_t need =
         kv::expected_bytes_reserved(cfg) + sparse::SparseAttention::summary_bytes(so, cfg);
@@ -123,8 +128,8 @@ int cmd_bench_sparse(int argc, char** argv) {
     p.precision = prec;
     std::vector<float> rope;
     if (cfg.key_rope == kv::KeyRope::kPre) {
-      rope.resize(static_cast<size_t>(ctx) * D);
-      model::fill_rope_table(rope.data(), static_cast<int>(ctx), D, 500000.0f);
+      rope.resize(static_cast<size_t>(cfg.ctx) * D);
+      model::fill_rope_table(rope.data(), cfg.ctx, D, 500000.0f);
       p.rope = rope.data();
     }
     auto dense = [&] {
@@ -146,7 +151,16 @@ int cmd_bench_sparse(int argc, char** argv) {
     sparse_call();  // builds the summaries
     sa.stats() = {};
     std::vector<double> td, ts, tsel, tatt;
+    std::vector<double> sel_sum, att_sum;
     for (int r = 0; r < reps; ++r) {
+      // One decode step: a new token in every layer.
+      for (int l = 0; l < L; ++l) {
+        for (size_t i = 0; i < k.size(); ++i) {
+          k[i] = data.normal() * ((i % D) % 16 == 3 ? 6.0f : 1.0f);
+          v[i] = data.normal();
+        }
+        cache.append(l, k.data(), v.data());
+      }
       double t0 = now_seconds();
       dense();
       td.push_back(now_seconds() - t0);
@@ -161,6 +175,9 @@ int cmd_bench_sparse(int argc, char** argv) {
     res.sparse_ms = 1e3 * median(ts);
     res.select_ms = 1e3 * median(tsel);
     res.attend_ms = 1e3 * median(tatt);
+    for (double x : tsel) res.select_mean_ms += 1e3 * x / reps;
+    for (double x : tatt) res.attend_mean_ms += 1e3 * x / reps;
+    res.selected = sa.stats().calls ? double(sa.stats().selections) / sa.stats().calls : 0.0;
     res.attended = sa.stats().tokens_context
                        ? double(sa.stats().tokens_attended) / sa.stats().tokens_context
                        : 0.0;
@@ -182,6 +199,9 @@ int cmd_bench_sparse(int argc, char** argv) {
       j.begin_object().kv("ctx", r.ctx).kv("dense_ms", r.dense_ms).kv("sparse_ms", r.sparse_ms);
       j.kv("select_ms", r.select_ms)
           .kv("attend_ms", r.attend_ms)
+          .kv("select_mean_ms", r.select_mean_ms)
+          .kv("attend_mean_ms", r.attend_mean_ms)
+          .kv("selected", r.selected)
           .kv("speedup", r.dense_ms / r.sparse_ms);
       j.kv("attended", r.attended)
           .kv("cache_bytes", r.cache_bytes)
@@ -198,11 +218,13 @@ int cmd_bench_sparse(int argc, char** argv) {
       L, H, Hkv, D, threads, cpu::current_target_name().c_str(), attn::precision_name(prec));
   std::printf("cache %s; sparse %s\n", describe_cache(cache_config(a)).c_str(),
               sparse::describe(so).c_str());
-  std::printf("%8s %10s %10s %10s %10s %8s %9s %12s %12s\n", "ctx", "dense ms", "sparse ms",
-              "select ms", "attend ms", "speedup", "attended", "cache", "summaries");
+  std::printf("%8s %10s %10s %10s %10s %10s %10s %8s %9s %9s %12s %12s\n", "ctx", "dense ms",
+              "sparse ms", "select ms", "attend ms", "sel mean", "att mean", "speedup", "selected",
+              "attended", "cache", "summaries");
   for (const auto& r : results) {
-    std::printf("%8d %10.2f %10.3f %10.3f %10.3f %7.1fx %8.2f%% %12s %12s\n", r.ctx, r.dense_ms,
-                r.sparse_ms, r.select_ms, r.attend_ms, r.dense_ms / r.sparse_ms, 100 * r.attended,
+    std::printf("%8d %10.2f %10.3f %10.3f %10.3f %10.3f %10.3f %7.1fx %8.1f%% %8.2f%% %12s %12s\n",
+                r.ctx, r.dense_ms, r.sparse_ms, r.select_ms, r.attend_ms, r.select_mean_ms,
+                r.attend_mean_ms, r.dense_ms / r.sparse_ms, 100 * r.selected, 100 * r.attended,
                 sys::human_bytes(static_cast<double>(r.cache_bytes)).c_str(),
                 sys::human_bytes(static_cast<double>(r.summary_bytes)).c_str());
   }

@@ -44,6 +44,10 @@ int cmd_perplexity(int argc, char** argv) {
   a.section("Evaluation");
   a.add("file", 'f', "TEXT", "The text file to score.");
   a.add("mode", 0, "MODE", "streaming or batched (see above).", "streaming");
+  a.add("prompt", 0, "N",
+        "Streaming: prefill each chunk's first N inputs at once, as a prompt (what "
+        "--sparse-preselect observes), and stream the rest. 0 = stream everything.",
+        "0");
   a.add("save-logits", 0, "FILE",
         "Write the log-probabilities of every scored token: header \"KIVILP2\\0\", u32 vocab, u32 "
         "ctx, "
@@ -62,6 +66,9 @@ int cmd_perplexity(int argc, char** argv) {
   if (!a.given("file")) fail("perplexity: give the text with -f TEXT");
   const bool json = a.flag("json");
   const auto mode = runtime::parse_eval_mode(a.str("mode"));
+  const int prompt = static_cast<int>(a.integer("prompt", 0, model::kMaxContext));
+  if (prompt > 0 && mode != runtime::EvalMode::kStreaming)
+    fail("--prompt %d: only with --mode streaming (batched prefills whole chunks)", prompt);
   const std::string text = read_text_file(a.str("file"));
   if (a.given("save-logits")) {
     std::vector<std::string> inputs = model_input_paths(a);
@@ -106,8 +113,8 @@ int cmd_perplexity(int argc, char** argv) {
   };
   Progress bar("perplexity", static_cast<int64_t>(tokens.size()), "tok", !json);
   const double t0 = now_seconds();
-  const auto r = runtime::evaluate_perplexity(s, tokens, mode, sink,
-                                              [&](int64_t d, int64_t) { bar.update(d); });
+  const auto r = runtime::evaluate_perplexity(
+      s, tokens, mode, sink, [&](int64_t d, int64_t) { bar.update(d); }, prompt);
   const double secs = now_seconds() - t0;
   bar.finish();
   if (writer) writer->close();

@@ -107,9 +107,8 @@ void add_sparse_options(Args& a, bool lists) {
   a.add("sparse", 0, lists ? "KINDS" : "KIND",
         std::string(lists ? "Comma-separated selection kinds; each is " : "") +
             "Block-sparse attention: each KV head attends the top blocks by their summary (quest: "
-            "per-channel key "
-            "min/max bound; max; mean; random: a baseline) plus the sinks and the local window; "
-            "off = "
+            "per-channel key min/max bound; max; mean; fix: the mean of the keys at offsets 0, "
+            "B/4, B/2, 3B/4; random: a baseline) plus the sinks and the local window; off = "
             "dense.",
         "off");
   a.add("sparse-block", 0, "N", "Tokens per block (a multiple of the KIVI key group G).", "64");
@@ -123,14 +122,33 @@ void add_sparse_options(Args& a, bool lists) {
       "Most recent tokens always attended (with KIVI's residual and any block not yet summarized).",
       "256");
   a.add("sparse-dense-layers", 0, "N", "The first N layers attend densely.", "0");
+  a.add("sparse-heads", 0, "MODE",
+        "per: each KV head selects its own blocks; shared: the KV heads' scores are summed and "
+        "every head attends the same blocks.",
+        "per");
+  a.add("sparse-reselect", 0, "N",
+        "Select every N decode steps and reuse the blocks in between (the local window reaches "
+        "back to the last selection).",
+        "1");
+  a.add("sparse-reuse-layers", 0, "N",
+        "Of every N consecutive sparse layers the first selects and the others attend its blocks.",
+        "1");
+  a.add("sparse-preselect", 0, "W",
+        "After a prefill, the attention of its last W tokens picks candidate blocks per KV head "
+        "(SnapKV-style, max-pooled over neighbouring blocks); decode selects among them and the "
+        "blocks filled since. 0 = off.",
+        "0");
+  a.add("sparse-candidates", 0, "N",
+        "Tokens of candidate blocks per KV head kept by --sparse-preselect.", "16384");
 }
 
 sparse::Options sparse_options(const Args& a, sparse::Kind default_kind) {
   sparse::Options o;
   if (!a.given("sparse") && default_kind == sparse::Kind::kOff) {
-    for (const char* n :
-         {"sparse-block", "sparse-budget", "sparse-sinks", "sparse-local", "sparse-dense-layers"}) {
-      if (a.given(n)) fail("--%s needs --sparse KIND (quest, max, mean or random)", n);
+    for (const char* n : {"sparse-block", "sparse-budget", "sparse-sinks", "sparse-local",
+                          "sparse-dense-layers", "sparse-heads", "sparse-reselect",
+                          "sparse-reuse-layers", "sparse-preselect", "sparse-candidates"}) {
+      if (a.given(n)) fail("--%s needs --sparse KIND (quest, max, mean, fix or random)", n);
     }
     return o;
   }
@@ -140,6 +158,13 @@ sparse::Options sparse_options(const Args& a, sparse::Kind default_kind) {
   o.sinks = static_cast<int>(a.integer("sparse-sinks", 0, model::kMaxContext));
   o.local = static_cast<int>(a.integer("sparse-local", 1, model::kMaxContext));
   o.dense_layers = static_cast<int>(a.integer("sparse-dense-layers", 0, 1 << 16));
+  o.heads = sparse::parse_heads(a.str("sparse-heads"));
+  o.reselect = static_cast<int>(a.integer("sparse-reselect", 1, 65536));
+  o.reuse_layers = static_cast<int>(a.integer("sparse-reuse-layers", 1, 65536));
+  o.preselect = static_cast<int>(a.integer("sparse-preselect", 0, model::kMaxContext));
+  o.candidates = static_cast<int>(a.integer("sparse-candidates", 0, model::kMaxContext));
+  if (a.given("sparse-candidates") && o.preselect == 0)
+    fail("--sparse-candidates needs --sparse-preselect W");
   o.validate();
   return o;
 }
@@ -185,10 +210,27 @@ std::vector<std::string> kv_format_list(const Args& a, const std::vector<std::st
 }
 
 void refuse_kv_options(const Args& a, const char* why) {
-  for (const char* o :
-       {"kv-cache", "kv-cache-k", "kv-cache-v", "int8-granularity", "group-size", "residual",
-        "key-flush", "scale-dtype", "attn-precision", "window", "sparse", "sparse-block",
-        "sparse-budget", "sparse-sinks", "sparse-local", "sparse-dense-layers"}) {
+  for (const char* o : {"kv-cache",
+                        "kv-cache-k",
+                        "kv-cache-v",
+                        "int8-granularity",
+                        "group-size",
+                        "residual",
+                        "key-flush",
+                        "scale-dtype",
+                        "attn-precision",
+                        "window",
+                        "sparse",
+                        "sparse-block",
+                        "sparse-budget",
+                        "sparse-sinks",
+                        "sparse-local",
+                        "sparse-dense-layers",
+                        "sparse-heads",
+                        "sparse-reselect",
+                        "sparse-reuse-layers",
+                        "sparse-preselect",
+                        "sparse-candidates"}) {
     if (a.given(o)) fail("--%s has no effect with %s; leave it out", o, why);
   }
 }

@@ -22,8 +22,10 @@ void add_threads_options(Args& a);
 // --key-flush, --scale-dtype, --attn-precision, --window
 void add_kv_options(Args& a, bool allow_list = false);
 // --sparse, --sparse-block, --sparse-budget, --sparse-sinks, --sparse-local,
-// --sparse-dense-layers (commands whose sessions honour them). lists: --sparse and
-// --sparse-budget take comma-separated lists (eval's attn-recall measures several).
+// --sparse-dense-layers, --sparse-heads, --sparse-reselect, --sparse-reuse-layers,
+// --sparse-preselect, --sparse-candidates (commands whose sessions honour them). lists:
+// --sparse and --sparse-budget take comma-separated lists (eval's attn-recall measures
+// several).
 void add_sparse_options(Args& a, bool lists = false);
 // The --sparse options, validated. Without --sparse: `default_kind`, and when that is off
 // the other --sparse-* options are an error. session_options() reads them.

@@ -36,6 +36,15 @@ AttnRecall::AttnRecall(const RecallOptions& o, const kv::CacheConfig& c, int n_h
     : o_(o), n_layers_(c.n_layers), n_heads_(n_heads), Hkv_(c.n_kv_heads), D_(c.head_dim) {
   if (o.every < 1) fail("--every %d: expected 1 or more", o.every);
   if (o.budgets.empty()) fail("--sparse-budget: no budget");
+  // Each position is measured with a fresh selection per KV head, as the budgets re-rank
+  // the same scores; shared, reused or preselected selections are not.
+  if (o.sparse.heads != sparse::Heads::kPer || o.sparse.reselect != 1 ||
+      o.sparse.reuse_layers != 1 || o.sparse.preselect != 0) {
+    fail(
+        "attention recall measures a fresh selection per KV head at every position: "
+        "--sparse-heads shared, --sparse-reselect, --sparse-reuse-layers and --sparse-preselect "
+        "are not measured");
+  }
   const int max_budget = *std::max_element(o.budgets.begin(), o.budgets.end());
   first_ = o.first > 0 ? o.first : o.sparse.local + o.sparse.block;
   for (const RecallKind& k : o.kinds) {

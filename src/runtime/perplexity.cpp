@@ -42,7 +42,8 @@ uint64_t hash_tokens(const std::vector<int>& tokens) {
 
 PerplexityResult evaluate_perplexity(Session& s, const std::vector<int>& tokens, EvalMode mode,
                                      const LogprobSink& sink,
-                                     const std::function<void(int64_t, int64_t)>& progress) {
+                                     const std::function<void(int64_t, int64_t)>& progress,
+                                     int prompt) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 2)
     fail("the text has %lld token%s; perplexity needs at least 2", static_cast<long long>(n),
@@ -70,8 +71,22 @@ PerplexityResult evaluate_perplexity(Session& s, const std::vector<int>& tokens,
     const int len = static_cast<int>(std::min<int64_t>(chunk, n - c0));
     s.reset();
     if (mode == EvalMode::kStreaming) {
-      const float* logits = s.decode(bos);
-      for (int i = 0; i < len; ++i) {
+      // Inputs are BOS then the chunk's tokens; input i predicts token i.
+      const int pre = std::min(prompt, len);
+      int first = 0;
+      const float* logits = nullptr;
+      if (pre > 1) {
+        std::vector<int> in(1, bos);
+        in.insert(in.end(), tokens.begin() + c0, tokens.begin() + c0 + pre - 1);
+        all.resize(static_cast<size_t>(pre) * V);
+        s.prefill(in, all.data());
+        for (int i = 0; i + 1 < pre; ++i) score(&all[static_cast<size_t>(i) * V], tokens[c0 + i]);
+        first = pre - 1;
+        logits = &all[static_cast<size_t>(pre - 1) * V];
+      } else {
+        logits = s.decode(bos);
+      }
+      for (int i = first; i < len; ++i) {
         const int t = tokens[c0 + i];
         score(logits, t);
         if (i + 1 < len) logits = s.decode(t);

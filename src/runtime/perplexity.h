@@ -40,9 +40,12 @@ using LogprobSink = std::function<void(int64_t index, int token, const float* lo
 
 // Scores `tokens` (the tokenized text, without BOS) with the session's model and
 // cache. Throws if there are fewer than 2 tokens. `progress(done, total)` is optional.
+// prompt > 0 (streaming): each chunk's first `prompt` inputs are one prefill, as a
+// prompt before generation, and the others stream one at a time.
 PerplexityResult evaluate_perplexity(Session& s, const std::vector<int>& tokens, EvalMode mode,
                                      const LogprobSink& sink = {},
-                                     const std::function<void(int64_t, int64_t)>& progress = {});
+                                     const std::function<void(int64_t, int64_t)>& progress = {},
+                                     int prompt = 0);
 
 // log-softmax of logits[n] into out[n], in double internally.
 void log_softmax(const float* logits, float* out, int n);

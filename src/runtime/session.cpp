@@ -174,6 +174,7 @@ const float* Session::prefill(const std::vector<int>& tokens, float* all_logits)
          ctx_);
   }
   const int V = vocab();
+  if (sparse_) sparse_->begin_prefill(pos(), n);
   for (int i = 0, b = 0; i < n; i += b) {
     if (pos() == ctx_) make_room();
     b = std::min({st_->max_batch, n - i, ctx_ - pos()});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstring>
 
 #include "attn/task.h"
@@ -17,12 +18,13 @@ namespace {
 // Calls with fewer multiply-adds than this run on the caller alone (as attn::decode).
 constexpr int64_t kParallelMacs = int64_t{1} << 17;
 
-// The layers whose cache some sparse layer reads: they keep summaries.
+// The layers whose cache some selecting layer reads: they keep summaries (a layer that
+// reuses another's selection reads no summary).
 std::vector<char> summarized_layers(const Options& o, const kv::CacheConfig& c) {
   std::vector<char> layers(c.n_layers, 0);
   if (!o.enabled()) return layers;
   const std::vector<int> owner = kv::layer_owners(c);
-  for (int l = o.dense_layers; l < c.n_layers; ++l) layers[owner[l]] = 1;
+  for (int l = o.dense_layers; l < c.n_layers; l += o.reuse_layers) layers[owner[l]] = 1;
   return layers;
 }
 
@@ -54,87 +56,285 @@ SparseAttention::SparseAttention(const Options& o, const kv::CacheConfig& c, int
   max_sel_ = std::min(n_blocks, o.budget / o.block);
   const int kv_block = c.block();
   const int max_pieces = (max_sel_ + 2) + c.ctx / attn::min_chunk_tokens(kv_block) + 2;
+  const int rep = n_heads / Hkv_;
   heads_.resize(Hkv_);
   for (auto& hd : heads_) {
     hd.scores.resize(std::max(1, n_blocks));
+    hd.cand_scores.resize(std::max(1, n_blocks));
+    hd.cand_index.resize(std::max(1, n_blocks));
+    if (o.preselect > 0) hd.probs.resize(static_cast<size_t>(rep) * c.ctx);
+    hd.key.resize(D_);
     hd.heap.resize(std::max(1, max_sel_));
     hd.blocks.resize(std::max(1, max_sel_));
     hd.ranges.resize(max_sel_ + 2);
     hd.pieces.resize(max_pieces);
     hd.w.resize(2 * static_cast<size_t>(D_));
   }
-  const int rep = n_heads / Hkv_;
+  shared_.resize(std::max(1, n_blocks));
+  sel_.resize(c.n_layers);
+  for (int l = o.enabled() ? o.dense_layers : c.n_layers; l < c.n_layers; l += o.reuse_layers) {
+    Selection& sl = sel_[l];
+    sl.blocks.resize(static_cast<size_t>(Hkv_) * std::max(1, max_sel_));
+    sl.count.assign(Hkv_, 0);
+    if (o.preselect > 0) {
+      sl.votes.assign(static_cast<size_t>(Hkv_) * n_blocks, 0.0f);
+      sl.cand.assign(sl.votes.size(), 0);
+    }
+  }
   task_stride_ = (static_cast<size_t>(rep) * (D_ + 2) + 15) / 16 * 16;
   partial_.reset(task_stride_ * Hkv_ * max_pieces);
   task_head_.resize(static_cast<size_t>(Hkv_) * max_pieces);
   task_piece_.resize(task_head_.size());
 }
 
-void SparseAttention::select_head(int layer, int owner, int h, const kv::LayerView& kv,
-                                  const float* q, int rep, int local_start, int chunk) {
+void SparseAttention::score_head(int layer, int owner, int h, const float* q, int rep, int n,
+                                 int candidates) {
   Head& hd = heads_[h];
-  const int n = kv.n_tokens, B = o_.block, D = D_;
-  const int candidates = (local_start + B - 1) / B;  // blocks that start before the local window
-  const int k = std::min(max_sel_, candidates);
-  hd.n_blocks = 0;
-  hd.n_candidates = k > 0 ? candidates : 0;
-  if (k > 0) {
-    const float* qh = q + static_cast<size_t>(h) * rep * D;
-    float* w = hd.w.data();
-    switch (o_.kind) {
-      case Kind::kQuest:
-        // [N, P] . [min, max]: a channel's larger product is q max where q > 0, q min where q < 0.
-        std::fill(w, w + 2 * D, 0.0f);
-        for (int r = 0; r < rep; ++r) {
-          for (int c = 0; c < D; ++c) {
-            const float x = qh[static_cast<size_t>(r) * D + c];
-            (x < 0.0f ? w[c] : w[D + c]) += x;
-          }
+  const int D = D_;
+  const float* qh = q + static_cast<size_t>(h) * rep * D;
+  float* w = hd.w.data();
+  switch (o_.kind) {
+    case Kind::kQuest:
+      // [N, P] . [min, max]: a channel's larger product is q max where q > 0, q min where q < 0.
+      std::fill(w, w + 2 * D, 0.0f);
+      for (int r = 0; r < rep; ++r) {
+        for (int c = 0; c < D; ++c) {
+          const float x = qh[static_cast<size_t>(r) * D + c];
+          (x < 0.0f ? w[c] : w[D + c]) += x;
         }
-        break;
-      case Kind::kMax:
-      case Kind::kMean:
-        std::fill(w, w + D, 0.0f);
-        for (int r = 0; r < rep; ++r)
-          for (int c = 0; c < D; ++c) w[c] += qh[static_cast<size_t>(r) * D + c];
-        break;
-      default:
-        break;
-    }
-    if (o_.kind == Kind::kRandom) {
-      for (int b = 0; b < candidates; ++b) hd.scores[b] = random_score(o_.seed, layer, n, h, b);
-    } else {
-      const int V = summ_.vectors();
-      dot_f16_rows(summ_.head(owner, h), static_cast<size_t>(V) * D, candidates, w,
-                   static_cast<size_t>(V) * D, hd.scores.data());
-    }
-    hd.n_blocks = top_k(hd.scores.data(), candidates, k, hd.blocks.data(), hd.heap.data());
+      }
+      break;
+    case Kind::kMax:
+    case Kind::kMean:
+    case Kind::kFix:
+      std::fill(w, w + D, 0.0f);
+      for (int r = 0; r < rep; ++r)
+        for (int c = 0; c < D; ++c) w[c] += qh[static_cast<size_t>(r) * D + c];
+      break;
+    default:
+      break;
   }
-  hd.n_ranges =
-      attended_ranges(hd.blocks.data(), hd.n_blocks, B, o_.sinks, local_start, n, hd.ranges.data());
-  hd.n_pieces = split_ranges(hd.ranges.data(), hd.n_ranges, chunk, hd.pieces.data());
-  assert(hd.n_pieces <= static_cast<int>(hd.pieces.size()));
+  if (o_.kind == Kind::kRandom) {
+    for (int b = 0; b < candidates; ++b) hd.scores[b] = random_score(o_.seed, layer, n, h, b);
+  } else {
+    const int V = summ_.vectors();
+    dot_f16_rows(summ_.head(owner, h), static_cast<size_t>(V) * D, candidates, w,
+                 static_cast<size_t>(V) * D, hd.scores.data());
+  }
+}
+
+int SparseAttention::top_blocks(const float* scores, Head& scratch, const Selection& sel, int h,
+                                int candidates, int k, int* out) {
+  if (sel.cand_limit < 0) return top_k(scores, candidates, k, out, scratch.heap.data());
+  // Rank the preselected blocks and those filled since the prefill, nothing else.
+  const char* flag = sel.cand.data() + static_cast<size_t>(h) * summ_.n_blocks();
+  int m = 0;
+  for (int b = 0; b < candidates; ++b) {
+    if (b >= sel.cand_limit || flag[b]) {
+      scratch.cand_scores[m] = scores[b];
+      scratch.cand_index[m++] = b;
+    }
+  }
+  const int got = top_k(scratch.cand_scores.data(), m, std::min(k, m), out, scratch.heap.data());
+  for (int i = 0; i < got; ++i) out[i] = scratch.cand_index[out[i]];
+  return got;
+}
+
+void SparseAttention::observe(const kv::LayerView& kv, const float* q, const attn::Params& p,
+                              int rep, int h, Selection& sel) {
+  // The softmax weights of the query heads of KV head h over every token, in double,
+  // summed per block into the votes.
+  Head& hd = heads_[h];
+  const int n = kv.n_tokens, D = D_, B = o_.block, half = D / 2;
+  const int q_pos = n - 1;
+  float* key = hd.key.data();
+  double* lg = hd.probs.data();  // [rep][n] logits, then weights
+  for (int t = 0; t < n; ++t) {
+    if (t < kv.k.n_stored) {
+      attn::dequantize_key(kv.k, t, h, key);
+    } else {
+      std::copy(kv.k.residual_row(t, h), kv.k.residual_row(t, h) + D, key);
+    }
+    if (p.rope) {
+      const float* rr = p.rope + static_cast<size_t>(t) * D;
+      for (int i = 0; i < half; ++i) {
+        const int i0 = p.rope_style == attn::RopeStyle::kAdjacent ? 2 * i : i;
+        const int i1 = p.rope_style == attn::RopeStyle::kAdjacent ? 2 * i + 1 : i + half;
+        const float a = key[i0], b = key[i1], c = rr[2 * i], s = rr[2 * i + 1];
+        key[i0] = a * c - b * s;
+        key[i1] = a * s + b * c;
+      }
+    }
+    for (int r = 0; r < rep; ++r) {
+      const float* qr = q + (static_cast<size_t>(h) * rep + r) * D;
+      double d = 0.0;
+      for (int c = 0; c < D; ++c) d += static_cast<double>(qr[c]) * key[c];
+      d *= p.scale;
+      if (p.alibi_slopes) d += static_cast<double>(p.alibi_slopes[h * rep + r]) * (t - q_pos);
+      lg[static_cast<size_t>(r) * n + t] = d;
+    }
+  }
+  float* votes = sel.votes.data() + static_cast<size_t>(h) * summ_.n_blocks();
+  for (int r = 0; r < rep; ++r) {
+    double* x = lg + static_cast<size_t>(r) * n;
+    const double m = *std::max_element(x, x + n);
+    double den = 0.0;
+    for (int t = 0; t < n; ++t) den += (x[t] = std::exp(x[t] - m));
+    for (int t = 0; t < n; ++t) votes[t / B] += static_cast<float>(x[t] / den);
+  }
+}
+
+void SparseAttention::pick_candidates(Selection& sel, int n_full) {
+  const int nb = summ_.n_blocks(), keep = std::min(n_full, o_.candidates / o_.block);
+  const bool shared = o_.heads == Heads::kShared;
+  std::vector<float> votes(std::max(1, n_full)), pooled(votes.size());
+  std::vector<int> top(votes.size());
+  std::vector<std::pair<float, int>> heap(votes.size());
+  std::fill(sel.cand.begin(), sel.cand.end(), 0);
+  for (int h = 0; h < (shared ? 1 : Hkv_); ++h) {
+    for (int b = 0; b < n_full; ++b) {
+      votes[b] = 0.0f;
+      for (int g = shared ? 0 : h; g < (shared ? Hkv_ : h + 1); ++g)
+        votes[b] += sel.votes[static_cast<size_t>(g) * nb + b];
+    }
+    // Max-pooling over each block and its neighbours keeps a block beside a strong one.
+    for (int b = 0; b < n_full; ++b) {
+      float v = votes[b];
+      if (b > 0) v = std::max(v, votes[b - 1]);
+      if (b + 1 < n_full) v = std::max(v, votes[b + 1]);
+      pooled[b] = v;
+    }
+    const int got = top_k(pooled.data(), n_full, keep, top.data(), heap.data());
+    for (int g = shared ? 0 : h; g < (shared ? Hkv_ : h + 1); ++g)
+      for (int i = 0; i < got; ++i) sel.cand[static_cast<size_t>(g) * nb + top[i]] = 1;
+  }
+  sel.cand_limit = n_full;
+  sel.n = -1;  // the next call selects among the candidates
+}
+
+void SparseAttention::begin_prefill(int pos0, int n) {
+  if (!o_.enabled() || o_.preselect <= 0 || n <= 0) return;
+  obs_end_ = pos0 + n;
+  obs_start_ = std::max(pos0, obs_end_ - o_.preselect);
+  for (auto& sl : sel_) {
+    std::fill(sl.votes.begin(), sl.votes.end(), 0.0f);
+    sl.cand_limit = -1;
+  }
+}
+
+bool SparseAttention::has_candidates(int layer) const { return sel_[layer].cand_limit >= 0; }
+
+std::vector<int> SparseAttention::candidates(int layer, int h) const {
+  std::vector<int> out;
+  const Selection& sl = sel_[layer];
+  if (sl.cand_limit < 0) return out;
+  for (int b = 0; b < summ_.n_blocks(); ++b)
+    if (sl.cand[static_cast<size_t>(h) * summ_.n_blocks() + b]) out.push_back(b);
+  return out;
+}
+
+int SparseAttention::candidate_limit(int layer) const { return sel_[layer].cand_limit; }
+
+void SparseAttention::reset() {
+  summ_.clear();
+  for (auto& sl : sel_) {
+    sl.n = -1;
+    sl.cand_limit = -1;
+    std::fill(sl.votes.begin(), sl.votes.end(), 0.0f);
+  }
+  obs_start_ = obs_end_ = 0;
 }
 
 void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, const float* q,
                              const attn::Params& p, ThreadPool* pool) {
-  const int n = kv.n_tokens, D = D_, Hkv = Hkv_, rep = p.n_heads / Hkv;
-  summ_.update(owner, kv, p.rope, p.rope_style);
+  const int n = kv.n_tokens, D = D_, Hkv = Hkv_, rep = p.n_heads / Hkv, B = o_.block;
+  auto run = [&](int count, int64_t work, auto&& f) {
+    if (pool && pool->size() > 1 && count > 1 && work >= kParallelMacs) {
+      pool->run(count, f);
+    } else {
+      for (int i = 0; i < count; ++i) f(i, 0);
+    }
+  };
+  const int sl = selector(layer);
+  Selection& sel = sel_[sl];
   // Tokens from local_start on are always attended: the local window and every token
   // without a summary (KIVI's residual, a block still filling).
   // Random scores need no summaries: its blocks are the stored ones.
-  const int covered = summ_.vectors() > 0 ? summ_.summarized(owner)
-                                          : std::min(kv.k.n_stored, n) / o_.block * o_.block;
-  local_start_ = std::clamp(std::min(n - o_.local, covered), 0, n);
-  chunk_ = attn::chunk_tokens_for(kv.k.block, Hkv, n);
-  auto select = [&](int h, int) { select_head(layer, owner, h, kv, q, rep, local_start_, chunk_); };
-  const int64_t select_work =
-      static_cast<int64_t>(local_start_ / o_.block) * summ_.vectors() * D * Hkv;
-  if (pool && pool->size() > 1 && Hkv > 1 && select_work >= kParallelMacs) {
-    pool->run(Hkv, select);
-  } else {
-    for (int h = 0; h < Hkv; ++h) select(h, 0);
+  auto covered = [&] {
+    return summ_.vectors() > 0 ? summ_.summarized(owner) : std::min(kv.k.n_stored, n) / B * B;
+  };
+  if (layer == sl && o_.preselect > 0 && n - 1 >= obs_start_ && n - 1 < obs_end_) {
+    run(Hkv, static_cast<int64_t>(n) * rep * D * Hkv,
+        [&](int h, int) { observe(kv, q, p, rep, h, sel); });
+    if (n == obs_end_) {
+      summ_.update(owner, kv, p.rope, p.rope_style);
+      pick_candidates(sel, covered() / B);
+    }
   }
+  const bool selects =
+      layer == sl && (o_.reselect <= 1 || sel.n < 0 || n < sel.n || n - sel.n >= o_.reselect);
+  // A layer that reuses a selection attends its blocks with the local window reaching
+  // back to where it began then, so every token since is attended; without a selection
+  // to reuse (none yet, or made on a longer cache) it attends every token.
+  const bool reuses = !selects && sel.n >= 0 && sel.n <= n;
+  int local_start = 0;
+  const int C = attn::chunk_tokens_for(kv.k.block, Hkv, n);
+  if (selects) {
+    summ_.update(owner, kv, p.rope, p.rope_style);
+    local_start = std::clamp(std::min(n - o_.local, covered()), 0, n);
+    const int candidates = (local_start + B - 1) / B;  // blocks that start before the local window
+    const int k = std::min(max_sel_, candidates);
+    const int64_t select_work = static_cast<int64_t>(candidates) * summ_.vectors() * D * Hkv;
+    if (o_.heads == Heads::kShared) {
+      if (k > 0) {
+        run(Hkv, select_work,
+            [&](int h, int) { score_head(layer, owner, h, q, rep, n, candidates); });
+        std::copy(heads_[0].scores.begin(), heads_[0].scores.begin() + candidates, shared_.begin());
+        for (int h = 1; h < Hkv; ++h)
+          for (int b = 0; b < candidates; ++b) shared_[b] += heads_[h].scores[b];
+      }
+      const int got =
+          k > 0 ? top_blocks(shared_.data(), heads_[0], sel, 0, candidates, k, sel.blocks.data())
+                : 0;
+      sel.count[0] = got;
+      for (int h = 1; h < Hkv; ++h) {
+        std::copy(sel.blocks.begin(), sel.blocks.begin() + got,
+                  sel.blocks.begin() + static_cast<size_t>(h) * std::max(1, max_sel_));
+        sel.count[h] = got;
+      }
+    } else {
+      run(Hkv, select_work, [&](int h, int) {
+        int* blocks = sel.blocks.data() + static_cast<size_t>(h) * std::max(1, max_sel_);
+        sel.count[h] = 0;
+        if (k == 0) return;
+        score_head(layer, owner, h, q, rep, n, candidates);
+        sel.count[h] =
+            top_blocks(heads_[h].scores.data(), heads_[h], sel, h, candidates, k, blocks);
+      });
+    }
+    sel.n = n;
+    sel.local_start = local_start;
+    stats_.selections += 1;
+  } else if (reuses) {
+    local_start = std::clamp(std::min(n - o_.local, sel.local_start), 0, n);
+  }
+  const int scored = selects ? std::min(max_sel_, (local_start + B - 1) / B) > 0
+                                  ? (local_start + B - 1) / B
+                                  : 0
+                            : 0;
+  for (int h = 0; h < Hkv; ++h) {
+    Head& hd = heads_[h];
+    hd.n_candidates = scored;
+    hd.n_blocks = selects || reuses ? sel.count[h] : 0;
+    const int* blocks = sel.blocks.data() + static_cast<size_t>(h) * std::max(1, max_sel_);
+    std::copy(blocks, blocks + hd.n_blocks, hd.blocks.begin());
+    hd.n_ranges = attended_ranges(hd.blocks.data(), hd.n_blocks, B, o_.sinks, local_start, n,
+                                  hd.ranges.data());
+    hd.n_pieces = split_ranges(hd.ranges.data(), hd.n_ranges, C, hd.pieces.data());
+    assert(hd.n_pieces <= static_cast<int>(hd.pieces.size()));
+  }
+  local_start_ = local_start;
+  chunk_ = C;
 }
 
 void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, const float* q,
@@ -183,12 +383,7 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
     a.rope_style = p.rope_style;
     attn::attend_range(a);
   };
-  const int64_t macs = 2 * attended * rep * D;
-  if (pool && pool->size() > 1 && n_tasks > 1 && macs >= kParallelMacs) {
-    pool->run(n_tasks, task);
-  } else {
-    for (int t = 0; t < n_tasks; ++t) task(t, 0);
-  }
+  run(n_tasks, 2 * attended * rep * D, task);
   // Merge each head's states in token order, as attn::decode does.
   for (int ti = 0; ti < n_tasks;) {
     const int h = task_head_[ti], count = heads_[h].n_pieces;

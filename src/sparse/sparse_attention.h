@@ -4,13 +4,20 @@
 // its (m, d, o) merge.
 //
 // A call for one layer and one query token:
-//   1. the summaries of the blocks filled since the last call are computed;
-//   2. per KV head (heads run in parallel), every summarized block before the local
-//      window is scored against the query heads that share the KV head, and the top
-//      budget / block blocks are kept;
-//   3. the attended ranges (sinks, selected blocks, local window and everything not yet
+//   1. when the layer selects at this step (options.h: reselect, reuse-layers), the
+//      summaries of the blocks filled since its last selection are computed and, per KV
+//      head (heads run in parallel), every summarized block before the local window
+//      (or every candidate of the preselection) is scored against the query heads that
+//      share the KV head; the top budget / block blocks are kept, per head or for all
+//      heads by their summed scores; otherwise the layer's selection is the last one
+//      of its selecting layer, and the local window reaches back to where it began
+//      then;
+//   2. the attended ranges (sinks, selected blocks, local window and everything not yet
 //      summarized) are split at the dense path's chunk boundaries, each piece is a task,
 //      and the tasks' states are merged per head in token order.
+// With preselection, the calls at the observation window's positions (begin_prefill)
+// also accumulate the window's attention per block, and the last one picks the
+// candidates.
 // When every block is selected the tasks are dense attention's tasks, in the same order:
 // the result has the same bits as attn::decode.
 #pragma once
@@ -37,6 +44,7 @@ struct Stats {
   double select_seconds = 0.0;  // summaries, scores and top-k
   double attend_seconds = 0.0;  // attention over the ranges and the merge
   int64_t calls = 0;            // sparse layer calls
+  int64_t selections = 0;       // calls that selected (the others reused a selection)
   int64_t tokens_attended = 0;  // summed over calls and KV heads
   int64_t tokens_context = 0;   // the same for dense attention
 };
@@ -51,8 +59,22 @@ class SparseAttention {
   static uint64_t summary_bytes(const Options& o, const kv::CacheConfig& c);
 
   const Options& options() const { return o_; }
-  // Whether `layer` selects blocks (past the dense layers).
+  // Whether `layer` attends selected blocks (past the dense layers).
   bool sparse_layer(int layer) const { return o_.enabled() && layer >= o_.dense_layers; }
+  // The layer whose selection sparse layer `layer` attends (itself when it selects).
+  int selector(int layer) const {
+    return o_.dense_layers + (layer - o_.dense_layers) / o_.reuse_layers * o_.reuse_layers;
+  }
+
+  // Preselection: the next tokens [pos0, pos0 + n) are a prefill; the calls for its last
+  // `preselect` positions observe, and candidates replace the previous ones. Without
+  // preselection this does nothing.
+  void begin_prefill(int pos0, int n);
+  // Whether the selecting layer `layer` has preselected candidates, and KV head h's
+  // (ascending block indices; blocks from candidate_limit on are candidates too).
+  bool has_candidates(int layer) const;
+  std::vector<int> candidates(int layer, int h) const;
+  int candidate_limit(int layer) const;
 
   // out[n_heads, D] = attention of q over the selected tokens of `kv`, the cache of
   // layer `owner` (the layer itself unless it borrows another's cache). p as for
@@ -61,12 +83,13 @@ class SparseAttention {
               const attn::Params& p, ThreadPool* pool, attn::Workspace& ws);
 
   // Steps 1 and 2 of decode alone: updates the summaries and selects every KV head's
-  // blocks for query q, without attending (decode calls it). last_ranges, last_blocks
-  // and last_scores then describe the choice.
+  // blocks for query q (or reuses a selection, as decode would), without attending
+  // (decode calls it). last_ranges, last_blocks and last_scores then describe the choice.
   void select(int layer, int owner, const kv::LayerView& kv, const float* q, const attn::Params& p,
               ThreadPool* pool);
   // The scores of KV head h's candidate blocks in the last call: every block that
-  // starts before last_local_start() (none with a budget of 0), ranked as top_k ranks them.
+  // starts before last_local_start() (none with a budget of 0, or when the call reused a
+  // selection), ranked as top_k ranks them.
   std::vector<float> last_scores(int h) const;
   // The first token of the last call's local window (the tokens from there on are
   // always attended).
@@ -81,26 +104,51 @@ class SparseAttention {
   BlockSummaries& summaries() { return summ_; }
   uint64_t bytes_reserved() const { return summ_.bytes_reserved(); }
   Stats& stats() { return stats_; }
-  // Forgets every summary (the cache was cleared).
-  void reset() { summ_.clear(); }
+  // Forgets every summary, selection and candidate (the cache was cleared).
+  void reset();
 
  private:
   struct Head {
     std::vector<float> scores;                // [n_blocks]
+    std::vector<float> cand_scores;           // [n_blocks] scores of the candidates
+    std::vector<int> cand_index;              // [n_blocks] their block indices
     std::vector<std::pair<float, int>> heap;  // [max_sel]
-    std::vector<int> blocks;                  // [max_sel]
+    std::vector<int> blocks;                  // [max_sel] the blocks of the last call
     std::vector<Range> ranges, pieces;        // attended ranges, split at chunk boundaries
     std::vector<float> w;                     // [2 D] weights of the summary vectors
+    std::vector<double> probs;                // [rep][ctx] preselection: the weights
+    std::vector<float> key;                   // [D]
     int n_candidates = 0, n_blocks = 0, n_ranges = 0, n_pieces = 0;
   };
-  void select_head(int layer, int owner, int h, const kv::LayerView& kv, const float* q, int rep,
-                   int local_start, int chunk);
+  // The blocks a selecting layer chose and when.
+  struct Selection {
+    std::vector<int> blocks;  // [Hkv][max_sel]
+    std::vector<int> count;   // [Hkv]
+    int n = -1;               // tokens in the cache when it selected (-1: none yet)
+    int local_start = 0;      // where its local window began
+    // Preselection: votes [Hkv][n_blocks], candidate flags [Hkv][n_blocks], and the
+    // blocks summarized at the prefill (later ones are candidates too).
+    std::vector<float> votes;
+    std::vector<char> cand;
+    int cand_limit = -1;  // -1: no candidates
+  };
+  void score_head(int layer, int owner, int h, const float* q, int rep, int n, int candidates);
+  // The top k of scores[0, candidates) among the preselected candidates of head h (all
+  // of them without preselection), ascending, written to out; returns how many.
+  int top_blocks(const float* scores, Head& scratch, const Selection& sel, int h, int candidates,
+                 int k, int* out);
+  void observe(const kv::LayerView& kv, const float* q, const attn::Params& p, int rep, int h,
+               Selection& sel);
+  void pick_candidates(Selection& sel, int n_full);
 
   Options o_;
   int D_ = 0, Hkv_ = 0, n_heads_ = 0, max_sel_ = 0;
   int local_start_ = 0, chunk_ = 0;  // of the last call
   BlockSummaries summ_;
   std::vector<Head> heads_;
+  std::vector<Selection> sel_;               // per layer (used by selecting layers)
+  std::vector<float> shared_;                // [n_blocks] summed scores (heads shared)
+  int obs_start_ = 0, obs_end_ = 0;          // preselection: positions of the observation window
   std::vector<int> task_head_, task_piece_;  // per task: KV head and piece
   AlignedBuffer<float> partial_;             // [tasks][rep][D + 2]
   size_t task_stride_ = 0;

@@ -47,7 +47,8 @@ void summarize_block(const kv::StreamView& K, int t0, int n, int h, SummaryKind 
   std::fill(mx, mx + D, -std::numeric_limits<double>::infinity());
   std::fill(sum, sum + D, 0.0);
   const bool from_params = kv::is_kivi(K.fmt.format) && K.per_channel && rope == nullptr &&
-                           kind != SummaryKind::kMean && t0 % K.group == 0 && n % K.group == 0;
+                           kind != SummaryKind::kMean && kind != SummaryKind::kFixed &&
+                           t0 % K.group == 0 && n % K.group == 0;
   if (from_params) {
     // Each key group reconstructs to [zero, zero + L scale] per channel.
     const double L = (1 << kv::format_bits(K.fmt.format)) - 1;
@@ -64,7 +65,11 @@ void summarize_block(const kv::StreamView& K, int t0, int n, int h, SummaryKind 
     }
   } else {
     const int half = D / 2;
-    for (int t = t0; t < t0 + n; ++t) {
+    // fix reads only its representatives: the keys at the fixed offsets.
+    const bool fixed = kind == SummaryKind::kFixed;
+    const int count = fixed ? fixed_count(n) : n;
+    for (int j = 0; j < count; ++j) {
+      const int t = t0 + (fixed ? fixed_offset(n, j) : j);
       attn::dequantize_key(K, t, h, row);
       if (rope) {
         for (int i = 0; i < half; ++i) {
@@ -104,6 +109,9 @@ void summarize_block(const kv::StreamView& K, int t0, int n, int h, SummaryKind 
       break;
     case SummaryKind::kMean:
       for (int d = 0; d < D; ++d) out[d] = f32_to_f16(static_cast<float>(sum[d] / n));
+      break;
+    case SummaryKind::kFixed:
+      for (int d = 0; d < D; ++d) out[d] = f32_to_f16(static_cast<float>(sum[d] / fixed_count(n)));
       break;
     case SummaryKind::kNone:
       break;

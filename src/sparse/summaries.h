@@ -1,7 +1,8 @@
 // Block summaries: for every block of B tokens, KV head and layer that selects blocks,
 // a compact representative of the block's keys (f16): per-channel min and max (Quest),
-// max, or mean (options.h). They are kept beside the cache, indexed by the block's
-// position in the sequence, and computed once, when every key of a block is stored:
+// max, mean, or the mean of the fixed representative keys (options.h). They are kept beside the
+// cache, indexed by the block's position in the sequence, and computed once, when every key of a
+// block is stored:
 //   - KIVI keys stored after RoPE, B a multiple of G: min and max follow from the stored
 //     group parameters alone (the codes of a group reconstruct to [zero, zero + L scale],
 //     L = 2^bits - 1), so nothing is dequantized;
