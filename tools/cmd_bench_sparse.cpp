@@ -152,6 +152,8 @@ int cmd_bench_sparse(int argc, char** argv) {
     sa.stats() = {};
     std::vector<double> td, ts, tsel, tatt;
     std::vector<double> sel_sum, att_sum;
+    Rng data(4321);  // the tokens decoded between repetitions
+    std::vector<float> k(static_cast<size_t>(Hkv) * D), v(k.size());
     for (int r = 0; r < reps; ++r) {
       // One decode step: a new token in every layer.
       for (int l = 0; l < L; ++l) {

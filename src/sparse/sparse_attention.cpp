@@ -245,16 +245,20 @@ void SparseAttention::reset() {
   obs_start_ = obs_end_ = 0;
 }
 
+// Runs f(i, thread) for i in [0, count): on the pool when there is enough work to share.
+template <class F>
+static void run_tasks(ThreadPool* pool, int count, int64_t work, F&& f) {
+  if (pool && pool->size() > 1 && count > 1 && work >= kParallelMacs) {
+    pool->run(count, f);
+  } else {
+    for (int i = 0; i < count; ++i) f(i, 0);
+  }
+}
+
 void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, const float* q,
                              const attn::Params& p, ThreadPool* pool) {
   const int n = kv.n_tokens, D = D_, Hkv = Hkv_, rep = p.n_heads / Hkv, B = o_.block;
-  auto run = [&](int count, int64_t work, auto&& f) {
-    if (pool && pool->size() > 1 && count > 1 && work >= kParallelMacs) {
-      pool->run(count, f);
-    } else {
-      for (int i = 0; i < count; ++i) f(i, 0);
-    }
-  };
+  auto run = [&](int count, int64_t work, auto&& f) { run_tasks(pool, count, work, f); };
   const int sl = selector(layer);
   Selection& sel = sel_[sl];
   // Tokens from local_start on are always attended: the local window and every token
@@ -318,10 +322,9 @@ void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, cons
   } else if (reuses) {
     local_start = std::clamp(std::min(n - o_.local, sel.local_start), 0, n);
   }
-  const int scored = selects ? std::min(max_sel_, (local_start + B - 1) / B) > 0
-                                  ? (local_start + B - 1) / B
-                                  : 0
-                            : 0;
+  const int scored =
+      selects ? std::min(max_sel_, (local_start + B - 1) / B) > 0 ? (local_start + B - 1) / B : 0
+              : 0;
   for (int h = 0; h < Hkv; ++h) {
     Head& hd = heads_[h];
     hd.n_candidates = scored;
@@ -383,7 +386,7 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
     a.rope_style = p.rope_style;
     attn::attend_range(a);
   };
-  run(n_tasks, 2 * attended * rep * D, task);
+  run_tasks(pool, n_tasks, 2 * attended * rep * D, task);
   // Merge each head's states in token order, as attn::decode does.
   for (int ti = 0; ti < n_tasks;) {
     const int h = task_head_[ti], count = heads_[h].n_pieces;
