@@ -30,8 +30,13 @@ uint64_t ReadSum(const uint32_t* p, size_t n) {
     a2 = hn::Add(a2, hn::Load(d, p + i + 2 * N));
     a3 = hn::Add(a3, hn::Load(d, p + i + 3 * N));
   }
+  // The lanes wrap (the sum only keeps the loads from being optimized away); they are
+  // added in 64 bits here, as SumOfLanes may reduce through signed int on some targets.
   auto s = hn::Add(hn::Add(a0, a1), hn::Add(a2, a3));
-  uint64_t total = hn::GetLane(hn::SumOfLanes(d, s));
+  HWY_ALIGN uint32_t lanes[HWY_MAX_BYTES / sizeof(uint32_t)];
+  hn::Store(s, d, lanes);
+  uint64_t total = 0;
+  for (size_t l = 0; l < N; ++l) total += lanes[l];
   for (; i < n; ++i) total += p[i];
   return total;
 }
