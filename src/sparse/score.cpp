@@ -7,6 +7,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "sparse/score.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
@@ -14,6 +15,9 @@ namespace kivi::sparse::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
+
+// Rows prefetched ahead of the four being scored.
+constexpr size_t kAheadRows = 32;
 
 HWY_INLINE hn::Vec<DF> LoadF16(DF df, const f16_t* p) {
   const hn::Rebind<hwy::float16_t, DF> dh;
@@ -35,6 +39,12 @@ void DotF16Rows(const f16_t* HWY_RESTRICT x, size_t stride, size_t n, const floa
     const f16_t* r1 = r0 + stride;
     const f16_t* r2 = r1 + stride;
     const f16_t* r3 = r2 + stride;
+    // The rows are one sequential stream; the hardware prefetcher alone keeps too few
+    // lines in flight for it.
+    if (i + 4 + kAheadRows <= n) {
+      const char* ahead = reinterpret_cast<const char*>(x + (i + kAheadRows) * stride);
+      for (size_t o = 0; o < 4 * stride * sizeof(f16_t); o += 64) hwy::Prefetch(ahead + o);
+    }
     auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (size_t j = 0; j < body; j += N) {
       const auto wv = hn::LoadU(df, w + j);
