@@ -323,6 +323,11 @@ int cmd_info(int argc, char** argv) {
                 sys::human_bytes(static_cast<double>(kv::expected_bytes_used(r.cfg, ctx))).c_str(),
                 f32_bpt / bpt, f16_bpt / bpt);
   }
+  if (c.sliding_window > 0) {
+    std::printf(
+        "  bytes/token counts every layer; a layer with a sliding window holds at most its\n"
+        "  window's blocks, so the totals grow by fewer bytes per token past the window.\n");
+  }
   return 0;
 }
 
