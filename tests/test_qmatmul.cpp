@@ -5,6 +5,7 @@
 // independent of the thread count.
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/aligned.h"
@@ -140,6 +141,29 @@ TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
 
 // The activation quantizers give the same bytes on every target, and the K-quant one
 // equals Q8_K (quant::quantize_row, which reproduces ggml's bytes).
+// The x86 K-quant kernels (256-bit on AVX2, 512-bit for Q4_K and Q6_K on AVX-512) sum the
+// same integer products into the same lanes, so they give the same bits.
+TEST(QMatmul, KQuantsGiveTheSameBitsOnAvx2AndAvx3) {
+  std::vector<cpu::Target> x86;
+  for (const auto& target : cpu::available_targets()) {
+    if (target.name == "AVX2" || target.name == "AVX3") x86.push_back(target);
+  }
+  if (x86.size() < 2) GTEST_SKIP() << "needs both AVX2 and AVX-512";
+  for (Type t : {Type::kQ2_K, Type::kQ3_K, Type::kQ4_K, Type::kQ5_K, Type::kQ6_K}) {
+    const int64_t rows = 67, cols = 1024;
+    const int n = 5;
+    const QMatrix q = random_matrix(t, rows, cols, 7 + static_cast<uint64_t>(t));
+    const auto x = random_x(cols * n, 3);
+    std::vector<std::vector<float>> y;
+    for (const auto& target : x86) {
+      TargetGuard g(target.bits);
+      y.emplace_back(static_cast<size_t>(n * rows));
+      ops::matmul(q.m(), x.data(), n, y.back().data(), nullptr);
+    }
+    ASSERT_EQ(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4), 0) << quant::type_name(t);
+  }
+}
+
 TEST(QMatmul, ActivationQuantizationIsTheSameOnEveryTarget) {
   const int64_t cols = 2048;
   auto x = random_x(cols, 3);

@@ -299,6 +299,113 @@ HWY_INLINE void SuperBlock(const uint8_t* p, const ActK* a, int64_t b, __m256i* 
   }
 }
 
+#if HWY_TARGET == HWY_AVX3
+// Q4_K and Q6_K with 512-bit vectors: one vector holds two 32-code sub-block pieces whose
+// activations are 64 consecutive bytes, so each token costs half the loads, vpmaddubsw
+// and vpmaddwd of the 256-bit kernel. The two halves of sumi are added at the end: lane j
+// then holds exactly the integer the 256-bit kernel's lane j holds (the same products,
+// the same pairs), so both targets give the same bits.
+HWY_INLINE __m512i Codes512(const ActK& a, int64_t b, int off) {
+  return _mm512_loadu_si512(a.q + 256 * b + off);
+}
+// int16 index vector: word w selects word base + w / 16 (two halves) or base + w / 8
+// (four quarters) of the scales.
+HWY_INLINE __m512i HalfIndex(int lo, int hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(lo))),
+                            _mm256_set1_epi16(static_cast<int16_t>(hi)), 1);
+}
+HWY_INLINE __m512i QuarterIndex(int base) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_setr_epi16(static_cast<int16_t>(base), base, base, base, base,
+                                               base, base, base, base + 1, base + 1, base + 1,
+                                               base + 1, base + 1, base + 1, base + 1, base + 1)),
+      _mm256_setr_epi16(static_cast<int16_t>(base + 2), base + 2, base + 2, base + 2, base + 2,
+                        base + 2, base + 2, base + 2, base + 3, base + 3, base + 3, base + 3,
+                        base + 3, base + 3, base + 3, base + 3),
+      1);
+}
+
+template <Type kT, int T>
+HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256i* sumi,
+                              __m256i* summ, float* d, float* dmin) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512i acc[T];
+  HWY_UNROLL(8)
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+  if constexpr (kT == Type::kQ4_K) {
+    quant::BlockQ4_K h;
+    std::memcpy(&h, p, 16);
+    *d = _cvtsh_ss(h.d);
+    *dmin = _cvtsh_ss(h.dmin);
+    alignas(16) uint8_t sc[8], mn[8];
+    quant::unpack_k4_scales(h.scales, sc, mn);
+    const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+    const __m512i scales = _mm512_castsi128_si512(
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
+    HWY_UNROLL(8)
+    for (int t = 0; t < T; ++t) summ[t] = _mm256_madd_epi16(Bsums(a[t], b), mins);
+    // Low nibbles of a 32-byte chunk in the low half, high nibbles in the high half.
+    const __m512i shift = HalfIndex(0, 4);
+    HWY_UNROLL(8)
+    for (int c = 0; c < 4; ++c) {
+      const __m512i w = _mm512_broadcast_i64x4(Load(p + 16 + 32 * c));
+      const __m512i q = _mm512_and_si512(_mm512_srlv_epi16(w, shift), m4);
+      const __m512i s = _mm512_permutexvar_epi16(HalfIndex(2 * c, 2 * c + 1), scales);
+      HWY_UNROLL(8)
+      for (int t = 0; t < T; ++t) {
+        acc[t] = _mm512_add_epi32(
+            acc[t], _mm512_madd_epi16(_mm512_maddubs_epi16(q, Codes512(a[t], b, 64 * c)), s));
+      }
+    }
+    HWY_UNROLL(8)
+    for (int t = 0; t < T; ++t) {
+      sumi[t] =
+          _mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64(acc[t], 1));
+    }
+  } else {  // Q6_K
+    uint16_t dh;
+    std::memcpy(&dh, p + 208, 2);
+    *d = _cvtsh_ss(dh);
+    *dmin = 0.0f;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const __m512i scales = _mm512_castsi256_si512(sc16);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    HWY_UNROLL(8)
+    for (int t = 0; t < T; ++t) summ[t] = _mm256_madd_epi16(Bsums(a[t], b), sc16);
+    const __m512i up01 = HalfIndex(4, 2), down23 = HalfIndex(0, 2);
+    HWY_UNROLL(8)
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(p + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(Load(p + 128 + 32 * h));
+      // Codes 32k..32k+31 of this half for k = 0, 1 (q01) and k = 2, 3 (q23).
+      const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                          _mm512_and_si512(_mm512_sllv_epi16(qh, up01), m30));
+      const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                          _mm512_and_si512(_mm512_srlv_epi16(qh, down23), m30));
+      const __m512i s01 = _mm512_permutexvar_epi16(QuarterIndex(8 * h), scales);
+      const __m512i s23 = _mm512_permutexvar_epi16(QuarterIndex(8 * h + 4), scales);
+      HWY_UNROLL(8)
+      for (int t = 0; t < T; ++t) {
+        const __m512i p01 = _mm512_maddubs_epi16(q01, Codes512(a[t], b, 128 * h));
+        const __m512i p23 = _mm512_maddubs_epi16(q23, Codes512(a[t], b, 128 * h + 64));
+        acc[t] = _mm512_add_epi32(
+            acc[t], _mm512_add_epi32(_mm512_madd_epi16(p01, s01), _mm512_madd_epi16(p23, s23)));
+      }
+    }
+    // sum sc_j (q - 32) x = sum sc_j q x - 32 sum sc_j bsum_j
+    HWY_UNROLL(8)
+    for (int t = 0; t < T; ++t) {
+      sumi[t] = _mm256_sub_epi32(
+          _mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64(acc[t], 1)),
+          _mm256_slli_epi32(summ[t], 5));
+      summ[t] = _mm256_setzero_si256();
+    }
+  }
+}
+#endif
+
 template <Type kT, int T>
 HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const* out, size_t r) {
   __m256 acc[T];
@@ -312,7 +419,15 @@ HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const
     }
     __m256i sumi[T], summ[T];
     float d, dmin;
+#if HWY_TARGET == HWY_AVX3
+    if constexpr (kT == Type::kQ4_K || kT == Type::kQ6_K) {
+      SuperBlock512<kT, T>(w + b * BlockBytes(kT), a, b, sumi, summ, &d, &dmin);
+    } else {
+      SuperBlock<kT, T>(w + b * BlockBytes(kT), a, b, sumi, summ, &d, &dmin);
+    }
+#else
     SuperBlock<kT, T>(w + b * BlockBytes(kT), a, b, sumi, summ, &d, &dmin);
+#endif
     HWY_UNROLL(8)
     for (int t = 0; t < T; ++t) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * a[t].d[b]), acc[t]);
@@ -435,38 +550,36 @@ HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const
 
 #endif
 
-// Rows [r0, r1), tokens in tiles of 4 (each tile reads a row's blocks once).
+// Rows [r0, r1), tokens in tiles of up to kTile (each tile reads a row's blocks once):
+// 8 with 32 vector registers (AVX-512), else 4; a remainder as tiles of 4, 2 and 1.
 template <Type kT>
 void RowsOf(const uint8_t* w, size_t row_bytes, int64_t cols, const uint8_t* acts,
             size_t act_stride, int n, float* y, size_t ldy, size_t r0, size_t r1) {
   const ActLayout l = act_layout(ActKind::kQ8x256, cols);
   const int64_t nb = cols / 256;
-  constexpr int kTile = 4;
-  for (int t0 = 0; t0 < n; t0 += kTile) {
+  constexpr int kTile = HWY_TARGET == HWY_AVX3 ? 8 : 4;
+  for (int t0 = 0; t0 < n;) {
     ActK a[kTile];
     float* out[kTile];
-    const int tn = std::min(kTile, n - t0);
+    const int left = n - t0;
+    const int tn = left >= kTile ? kTile : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     for (int t = 0; t < tn; ++t) {
       a[t] = actk(acts + static_cast<size_t>(t0 + t) * act_stride, l);
       out[t] = y + static_cast<size_t>(t0 + t) * ldy;
     }
     for (size_t r = r0; r < r1; ++r) {
       const uint8_t* wr = w + r * row_bytes;
-      switch (tn) {
-        case 4:
-          DotRow<kT, 4>(wr, nb, a, out, r);
-          break;
-        case 3:
-          DotRow<kT, 3>(wr, nb, a, out, r);
-          break;
-        case 2:
-          DotRow<kT, 2>(wr, nb, a, out, r);
-          break;
-        default:
-          DotRow<kT, 1>(wr, nb, a, out, r);
-          break;
+      if (tn == kTile) {
+        DotRow<kT, kTile>(wr, nb, a, out, r);
+      } else if (tn == 4) {
+        DotRow<kT, 4>(wr, nb, a, out, r);
+      } else if (tn == 2) {
+        DotRow<kT, 2>(wr, nb, a, out, r);
+      } else {
+        DotRow<kT, 1>(wr, nb, a, out, r);
       }
     }
+    t0 += tn;
   }
 }
 
