@@ -1,5 +1,6 @@
-// Helpers of the block-sparse attention tests: every cache format, random caches, the
-// keys and values as attention reads them, and attention in double over given ranges.
+// Helpers of the block-sparse attention tests: caches of any format (test_util.h lists
+// them) filled at random, the keys and values as attention reads them, and attention in
+// double over given ranges.
 #pragma once
 
 #include <algorithm>
@@ -13,39 +14,16 @@
 #include "kv/kv_cache.h"
 #include "model/forward.h"
 #include "sparse/select.h"
+#include "test_util.h"
 
 namespace kivi::sparse_test {
 
-using kv::Format;
-using kv::Int8Granularity;
+using test::all_formats;
+using test::format_named;
+using test::FormatCase;
+using test::rel_error;
 
-struct Case {
-  std::string name;
-  kv::StreamFormat k, v;
-};
-
-inline std::vector<Case> all_formats() {
-  auto sf = [](Format f, Int8Granularity g = Int8Granularity::kHead) {
-    return kv::StreamFormat{f, g};
-  };
-  return {
-      {"f32", sf(Format::kF32), sf(Format::kF32)},
-      {"f16", sf(Format::kF16), sf(Format::kF16)},
-      {"int8/tensor", sf(Format::kInt8, Int8Granularity::kTensor),
-       sf(Format::kInt8, Int8Granularity::kTensor)},
-      {"int8/token", sf(Format::kInt8, Int8Granularity::kToken),
-       sf(Format::kInt8, Int8Granularity::kToken)},
-      {"int8/head", sf(Format::kInt8), sf(Format::kInt8)},
-      {"int8/group", sf(Format::kInt8, Int8Granularity::kGroup),
-       sf(Format::kInt8, Int8Granularity::kGroup)},
-      {"kivi8", sf(Format::kKivi8), sf(Format::kKivi8)},
-      {"kivi4", sf(Format::kKivi4), sf(Format::kKivi4)},
-      {"kivi2", sf(Format::kKivi2), sf(Format::kKivi2)},
-      {"K f16 / V kivi2", sf(Format::kF16), sf(Format::kKivi2)},
-  };
-}
-
-inline kv::CacheConfig config_for(const Case& c, int Hkv, int D, int ctx, int G, int R,
+inline kv::CacheConfig config_for(const FormatCase& c, int Hkv, int D, int ctx, int G, int R,
                                   kv::KeyRope rope) {
   kv::CacheConfig cfg;
   cfg.n_layers = 1;
@@ -154,16 +132,6 @@ inline std::vector<double> restricted_reference(
     }
   }
   return out;
-}
-
-template <typename T>
-inline double rel_error(const std::vector<float>& a, const std::vector<T>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - static_cast<double>(ref[i])));
-    den = std::max(den, std::fabs(static_cast<double>(ref[i])));
-  }
-  return num / std::max(den, 1e-30);
 }
 
 inline attn::Params params(int n_heads, int D, const float* rope) {

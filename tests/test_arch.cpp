@@ -41,59 +41,13 @@ model::ModelConfig small(const std::string& arch) {
   return c;
 }
 
+// A GGUF of shape `c` with random weights.
 std::string synth(const test::TempDir& t, const std::string& name, const model::ModelConfig& c) {
-  model::SynthSpec s;
-  s.config = c;
-  s.label = name;
-  s.outtype = "f32";
-  s.seed = 3;
-  const std::string path = t.file(name + ".gguf");
-  model::write_synthetic_gguf(s, path);
-  return path;
+  return test::synth_model(t, name, c, 3);
 }
 
-// A GGUF of shape `c` written by hand: `edit` may change the tensor list (drop or
-// reshape tensors), `meta` may add keys. Matrices hold 0.01, vectors 1.
-std::string write_model(const test::TempDir& t, const std::string& name, model::ModelConfig c,
-                        const std::function<void(std::vector<model::TensorSpec>&)>& edit,
-                        const std::function<void(io::GgufWriter&)>& meta = {}) {
-  io::GgufWriter w;
-  model::add_llama_metadata(w, c, name, 0);
-  if (meta) meta(w);
-  model::add_tokenizer_metadata(w, model::synthetic_tokenizer(c.vocab_size));
-  auto specs = model::llama_tensor_specs(c);
-  if (edit) edit(specs);
-  for (const auto& s : specs) {
-    const float v = s.is_vector() ? 1.0f : 0.01f;
-    const std::vector<uint64_t> dims =
-        s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
-    if (s.role == model::TensorRole::kRopeFreqs) {
-      w.add_tensor(s.name, dims, io::GgmlType::kF32,
-                   io::GgufWriter::Generator(
-                       [f = c.rope_freq_factors](uint64_t first, uint64_t count, void* dst) {
-                         std::copy_n(f.data() + first, count, static_cast<float*>(dst));
-                       }));
-      continue;
-    }
-    w.add_tensor(s.name, dims, io::GgmlType::kF32,
-                 io::GgufWriter::Generator([v](uint64_t, uint64_t count, void* dst) {
-                   std::fill_n(static_cast<float*>(dst), count, v);
-                 }));
-  }
-  const std::string path = t.file(name + ".gguf");
-  w.write(path);
-  return path;
-}
-
-// The kivi::Error message of loading `path` ("" when it loads).
-std::string load_error(const std::string& path) {
-  try {
-    model::Model::load(path);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::load_error;
+using test::write_model;
 
 void expect_one_line_error(const std::string& path, const std::vector<std::string>& parts) {
   const std::string msg = load_error(path);

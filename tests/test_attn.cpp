@@ -22,34 +22,9 @@ namespace {
 
 using kv::Format;
 using kv::Int8Granularity;
-
-struct Case {
-  std::string name;
-  kv::StreamFormat k, v;
-};
-
-std::vector<Case> all_formats() {
-  auto sf = [](Format f, Int8Granularity g = Int8Granularity::kHead) {
-    return kv::StreamFormat{f, g};
-  };
-  return {
-      {"f32", sf(Format::kF32), sf(Format::kF32)},
-      {"f16", sf(Format::kF16), sf(Format::kF16)},
-      {"int8/tensor", sf(Format::kInt8, Int8Granularity::kTensor),
-       sf(Format::kInt8, Int8Granularity::kTensor)},
-      {"int8/token", sf(Format::kInt8, Int8Granularity::kToken),
-       sf(Format::kInt8, Int8Granularity::kToken)},
-      {"int8/head", sf(Format::kInt8), sf(Format::kInt8)},
-      {"int8/group", sf(Format::kInt8, Int8Granularity::kGroup),
-       sf(Format::kInt8, Int8Granularity::kGroup)},
-      {"kivi8", sf(Format::kKivi8), sf(Format::kKivi8)},
-      {"kivi4", sf(Format::kKivi4), sf(Format::kKivi4)},
-      {"kivi2", sf(Format::kKivi2), sf(Format::kKivi2)},
-      {"K kivi4 / V kivi2", sf(Format::kKivi4), sf(Format::kKivi2)},
-      {"K int8 / V kivi4", sf(Format::kInt8), sf(Format::kKivi4)},
-      {"K f16 / V kivi2", sf(Format::kF16), sf(Format::kKivi2)},
-  };
-}
+using test::all_formats;
+using test::FormatCase;
+using test::rel_error;
 
 struct Shape {
   const char* name;
@@ -59,7 +34,7 @@ const Shape kShapes[] = {{"MHA", 4, 4}, {"GQA 4:1", 8, 2}, {"MQA", 8, 1}};
 
 // Fills a cache with n tokens of random keys/values (a few outlier channels, as
 // real keys have) and returns it.
-std::unique_ptr<kv::KvCache> filled_cache(const Case& c, int Hkv, int D, int n, int G, int R,
+std::unique_ptr<kv::KvCache> filled_cache(const FormatCase& c, int Hkv, int D, int n, int G, int R,
                                           uint64_t seed) {
   kv::CacheConfig cfg;
   cfg.n_layers = 1;
@@ -84,15 +59,6 @@ std::unique_ptr<kv::KvCache> filled_cache(const Case& c, int Hkv, int D, int n, 
   return cache;
 }
 
-double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - ref[i]));
-    den = std::max(den, std::fabs(static_cast<double>(ref[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
-
 // Attention over shape s with head size D and the usual 1/sqrt(D) scale; ALiBi when slopes is set.
 attn::Params params_for(const Shape& s, int D, const float* slopes) {
   attn::Params p;
@@ -105,7 +71,7 @@ attn::Params params_for(const Shape& s, int D, const float* slopes) {
 // Largest relative error check() has seen (printed by the tests that use it).
 double g_worst_exact = 0.0;
 
-void check(const Case& c, const Shape& s, int D, int n, int G, int R, bool alibi, int window,
+void check(const FormatCase& c, const Shape& s, int D, int n, int G, int R, bool alibi, int window,
            ThreadPool* pool, const std::string& target) {
   auto cache = filled_cache(c, s.n_kv_heads, D, n, G, R, n * 7 + D);
   Rng r(n);
@@ -373,7 +339,7 @@ namespace {
 // The fast path rounds the query (keys) and the weights (values) to 16 bits; its output
 // stays within a stated relative error of dequantize-then-attend (docs/KERNELS.md), and
 // formats it does not apply to (f32, f16, int8/group, small heads) give the exact bits.
-double fast_error(const Case& c, const Shape& s, int D, int n, bool alibi, int window = 0) {
+double fast_error(const FormatCase& c, const Shape& s, int D, int n, bool alibi, int window = 0) {
   auto cache = filled_cache(c, s.n_kv_heads, D, n, 32, 128, n * 3 + 1);
   Rng r(n + 5);
   std::vector<float> q(s.n_heads * D), out(q.size()), ref(q.size()), exact(q.size());

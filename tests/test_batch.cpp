@@ -31,10 +31,7 @@ using runtime::RequestHandle;
 using runtime::Scheduler;
 using runtime::SchedulerOptions;
 
-const model::Model& stories() {
-  static auto m = model::Model::load(test::model_path(), test::tokenizer_path());
-  return *m;
-}
+using test::stories;
 
 struct CacheCase {
   std::string name;
@@ -444,18 +441,25 @@ TEST(Scheduler, CommonPrefixIsStoredOnce) {
   }
 }
 
+// A scheduler for `parallel` sequences of up to 512 tokens, kivi2 caches with R = 32,
+// `queue` places in its queue, one worker thread.
+SchedulerOptions kivi2_options(int parallel, int queue) {
+  SchedulerOptions o;
+  o.parallel = parallel;
+  o.ctx = 512;
+  o.queue = queue;
+  o.cache.k = o.cache.v = {kv::Format::kKivi2};
+  o.cache.residual = 32;
+  o.threads = 1;
+  return o;
+}
+
 TEST(Scheduler, AdmissionNeverOvercommitsAndTheQueueIsBounded) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
   const auto& tk = m.tokenizer();
-  SchedulerOptions o;
-  o.parallel = 4;
-  o.ctx = 512;
-  o.queue = 3;
-  o.cache.k = o.cache.v = {kv::Format::kKivi2};
-  o.cache.residual = 32;
+  SchedulerOptions o = kivi2_options(4, 3);
   o.kv_budget_tokens = 5 * 128;  // 5 blocks
-  o.threads = 1;
   Scheduler sched(m, o);
   EXPECT_EQ(sched.stats().blocks_total, 5);
   GenerationRequest r;
@@ -510,13 +514,7 @@ TEST(Scheduler, CancelledRequestsFreeTheirBlocksAtOnce) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
   const auto& tk = m.tokenizer();
-  SchedulerOptions o;
-  o.parallel = 2;
-  o.ctx = 512;
-  o.queue = 8;
-  o.cache.k = o.cache.v = {kv::Format::kKivi2};
-  o.cache.residual = 32;
-  o.threads = 1;
+  const SchedulerOptions o = kivi2_options(2, 8);
   Scheduler sched(m, o);
   std::vector<std::shared_ptr<RequestHandle>> hs(5);
   for (int i = 0; i < 5; ++i) {

@@ -19,10 +19,7 @@ namespace {
 using test::kivi_cmd;
 using test::run;
 
-const model::Model& stories() {
-  static auto m = model::Model::load(test::model_path(), test::tokenizer_path());
-  return *m;
-}
+using test::stories;
 
 kv::CacheConfig cache(kv::Format f) {
   kv::CacheConfig c;
@@ -130,7 +127,7 @@ TEST(Bench, RandomFillAdvancesEveryLayer) {
 
 TEST(BenchCli, JsonHasEveryFieldAndMatchesInfo) {
   KIVI_REQUIRE_MODEL();
-  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+  const std::string m = test::model_args();
   const auto r = run(kivi_cmd("bench " + m + " -n 20 --ctx-fill 150 --kv-cache f16,kivi2 --json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
@@ -171,7 +168,7 @@ TEST(BenchCli, JsonHasEveryFieldAndMatchesInfo) {
 
 TEST(BenchCli, RandomFillIsLabelled) {
   KIVI_REQUIRE_MODEL();
-  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+  const std::string m = test::model_args();
   const auto j = run(kivi_cmd(
       "bench " + m + " -n 10 --ctx-fill 300 --ctx-fill-random --kv-cache f32,int8 --json"));
   ASSERT_EQ(j.exit_code, 0) << j.err;
@@ -193,7 +190,7 @@ TEST(BenchCli, RandomFillIsLabelled) {
 
 TEST(BenchCli, Errors) {
   KIVI_REQUIRE_MODEL();
-  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+  const std::string m = test::model_args();
   auto expect_error = [](const test::RunResult& r, const std::string& needle) {
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("kivi: error: "), std::string::npos) << r.err;
@@ -223,7 +220,7 @@ TEST(BenchCli, Errors) {
 // halves (5 layers: 3 of 5) the KV bytes; perplexity is reported per configuration.
 TEST(BenchCli, CacheConfigurationsSideBySide) {
   KIVI_REQUIRE_MODEL();
-  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+  const std::string m = test::model_args();
   const auto r = run(kivi_cmd(
       "bench " + m + " -n 30 --configs no-cache,f32,int8,f32+share2,int8+share2 --ppl-text '" +
       test::shared_dir() + "/data/tinytales.txt' --ppl-ctx 128 --json"));
@@ -292,7 +289,7 @@ TEST(Bench, AgreementAndOverheadOfAFormatThatDiffers) {
 
 TEST(BenchCli, AFormatThatDiffersIsReported) {
   KIVI_REQUIRE_MODEL();
-  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
+  const std::string m = test::model_args();
   const auto r =
       run(kivi_cmd("bench " + m + " -n 60 --kv-cache f32,kivi2 -R 0 --threads 1 --json"));
   ASSERT_EQ(r.exit_code, 0) << r.err;

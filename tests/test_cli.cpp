@@ -15,9 +15,7 @@ namespace {
 using test::kivi_cmd;
 using test::run;
 
-std::string model_args() {
-  return "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
-}
+using test::model_args;
 
 // An error is one line on stderr starting with "kivi: error:", exit code 1 or 2.
 void expect_error(const test::RunResult& r, const std::string& needle) {

@@ -82,14 +82,7 @@ struct TinyGguf {
   }
 };
 
-std::string load_error(const std::string& path) {
-  try {
-    model::Model::load(path);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::load_error;
 
 TEST(Gguf, WriterAndReaderRoundTrip) {
   test::TempDir t;

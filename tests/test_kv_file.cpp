@@ -24,10 +24,7 @@ namespace {
 using runtime::Session;
 using runtime::SessionOptions;
 
-const model::Model& stories() {
-  static auto m = model::Model::load(test::model_path(), test::tokenizer_path());
-  return *m;
-}
+using test::stories;
 
 struct Case {
   const char* name;
@@ -335,9 +332,7 @@ TEST(KvFile, ChecksumDoesNotDependOnHowTheBytesAreSplit) {
 namespace kivi {
 namespace {
 
-std::string model_args() {
-  return "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "'";
-}
+using test::model_args;
 
 TEST(KvFileCli, SaveThenLoadTwiceGivesTheSameText) {
   KIVI_REQUIRE_MODEL();
@@ -374,11 +369,7 @@ TEST(KvFileCli, MismatchesAndMisuseAreOneLineErrors) {
                 .exit_code,
             0);
   auto expect_error = [](const std::string& args, const std::string& words) {
-    const auto r = test::run(test::kivi_cmd(args));
-    EXPECT_EQ(r.exit_code, 1) << args;
-    EXPECT_EQ(r.err.rfind("kivi: error: ", 0), 0u) << r.err;
-    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    test::expect_cli_error(test::run(test::kivi_cmd(args)), words, args);
   };
   expect_error("generate " + model_args() + " --kv-cache int8 -p x --kv-load '" + kv + "'",
                "key format: kivi2 in the file, int8 here");

@@ -57,10 +57,8 @@ namespace {
 using runtime::Session;
 using runtime::SessionOptions;
 
-const model::Model& stories() {
-  static auto m = model::Model::load(test::model_path(), test::tokenizer_path());
-  return *m;
-}
+using test::greedy;
+using test::stories;
 
 SessionOptions options(const std::string& k, const std::string& v, int G = 32, int R = 32,
                        kv::KeyFlush flush = kv::KeyFlush::kBatch,
@@ -75,17 +73,6 @@ SessionOptions options(const std::string& k, const std::string& v, int G = 32, i
   o.cache.key_flush = flush;
   o.cache.param_type = pt;
   return o;
-}
-
-std::vector<int> greedy(Session& s, const std::vector<int>& prompt, int n) {
-  std::vector<int> out;
-  const float* logits = s.prefill(prompt);
-  for (int i = 0; i < n; ++i) {
-    const int t = runtime::argmax(logits, s.vocab());
-    out.push_back(t);
-    if (i + 1 < n) logits = s.decode(t);
-  }
-  return out;
 }
 
 TEST(Model, GreedyTextMatchesTheTextLlama2cPublishes) {

@@ -201,14 +201,7 @@ std::vector<int> greedy(const model::Model& m, const std::vector<int>& prompt, i
   SessionOptions o = f32_cache();
   o.ctx = 0;
   Session s(m, o);
-  std::vector<int> out;
-  const float* logits = s.prefill(prompt);
-  for (int i = 0; i < n; ++i) {
-    const int t = runtime::argmax(logits, s.vocab());
-    out.push_back(t);
-    if (i + 1 < n) logits = s.decode(t);
-  }
-  return out;
+  return test::greedy(s, prompt, n);
 }
 
 // stories260K stored as F16 and as BF16 still gives the text llama2.c publishes.

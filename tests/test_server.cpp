@@ -29,10 +29,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-const model::Model& stories() {
-  static auto m = model::Model::load(test::model_path(), test::tokenizer_path());
-  return *m;
-}
+using test::stories;
 
 runtime::SchedulerOptions kivi2_options(int parallel, int queue) {
   runtime::SchedulerOptions o;
@@ -306,6 +303,43 @@ TEST(Server, FullQueueAnswers503WithRetryAfter) {
   EXPECT_EQ(s.completed, 0u);
 }
 
+// Parses a stream of server-sent events into their data fields.
+std::vector<std::string> sse_data(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t p = 0; (p = s.find("data: ", p)) != std::string::npos;) {
+    const size_t e = s.find("\n\n", p);
+    if (e == std::string::npos) break;
+    out.push_back(s.substr(p + 6, e - p - 6));
+    p = e;
+  }
+  return out;
+}
+
+// A streamed POST: whether it was sent, its status and error, the events' bytes.
+struct Streamed {
+  bool sent = false;
+  int status = 0;
+  httplib::Error err = httplib::Error::Success;
+  std::string sse;
+};
+
+Streamed post_streamed(httplib::Client& c, const std::string& path, const json& body) {
+  Streamed r;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&r](const char* d, size_t n, uint64_t, uint64_t) {
+    r.sse.append(d, n);
+    return true;
+  };
+  httplib::Response res;
+  r.sent = c.send(req, res, r.err);
+  r.status = res.status;
+  return r;
+}
+
 // 16 concurrent greedy requests with different prompts give the text each gives alone
 // through `kivi generate` with the same cache options.
 TEST(Server, ConcurrentRequestsMatchKiviGenerate) {
@@ -349,24 +383,10 @@ TEST(Server, ConcurrentRequestsMatchKiviGenerate) {
       } else {
         // Streamed: the text is the deltas joined.
         body["stream"] = true;
-        httplib::Request req;
-        req.method = "POST";
-        req.path = "/v1/completions";
-        req.body = body.dump();
-        req.set_header("Content-Type", "application/json");
-        std::string sse;
-        req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-          sse.append(d, n);
-          return true;
-        };
-        httplib::Response res;
-        httplib::Error err;
-        ASSERT_TRUE(c.send(req, res, err));
-        ASSERT_EQ(res.status, 200);
-        for (size_t p = 0; (p = sse.find("data: ", p)) != std::string::npos;) {
-          const size_t e = sse.find("\n\n", p);
-          const std::string data = sse.substr(p + 6, e - p - 6);
-          p = e;
+        const Streamed r = post_streamed(c, "/v1/completions", body);
+        ASSERT_TRUE(r.sent) << httplib::to_string(r.err);
+        ASSERT_EQ(r.status, 200);
+        for (const auto& data : sse_data(r.sse)) {
           if (data == "[DONE]") break;
           got[i] += json::parse(data)["choices"][0]["text"].get<std::string>();
         }
@@ -377,18 +397,6 @@ TEST(Server, ConcurrentRequestsMatchKiviGenerate) {
   for (int i = 0; i < 16; ++i)
     EXPECT_EQ(got[i], expected[i]) << "prompt " << i << ": " << prompts[i];
   EXPECT_TRUE(srv.drained());
-}
-
-// Parses a stream of server-sent events into their data fields.
-std::vector<std::string> sse_data(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t p = 0; (p = s.find("data: ", p)) != std::string::npos;) {
-    const size_t e = s.find("\n\n", p);
-    if (e == std::string::npos) break;
-    out.push_back(s.substr(p + 6, e - p - 6));
-    p = e;
-  }
-  return out;
 }
 
 // 32 streaming clients, 320 requests in all, with mixed prompt lengths: every one
@@ -415,21 +423,10 @@ TEST(Server, ThirtyTwoStreamingClients) {
         } else {
           body["prompt"] = prompt;
         }
-        httplib::Request req;
-        req.method = "POST";
-        req.path = chat ? "/v1/chat/completions" : "/v1/completions";
-        req.body = body.dump();
-        req.set_header("Content-Type", "application/json");
-        std::string sse;
-        req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-          sse.append(d, n);
-          return true;
-        };
-        httplib::Response res;
-        httplib::Error err;
-        const bool sent = c.send(req, res, err);
-        bool good = sent && res.status == 200;
-        const auto events = sse_data(sse);
+        const Streamed r =
+            post_streamed(c, chat ? "/v1/chat/completions" : "/v1/completions", body);
+        bool good = r.sent && r.status == 200;
+        const auto events = sse_data(r.sse);
         good = good && events.size() >= 3 && events.back() == "[DONE]";
         if (good) {
           const json usage = json::parse(events[events.size() - 2])["usage"];
@@ -438,10 +435,10 @@ TEST(Server, ThirtyTwoStreamingClients) {
                  usage["completion_tokens"].get<int>() <= body["max_tokens"].get<int>();
         }
         if (!good)
-          ADD_FAILURE() << "request " << t << "/" << i << ": sent " << sent << " status "
-                        << res.status << " error " << httplib::to_string(err) << " events "
+          ADD_FAILURE() << "request " << t << "/" << i << ": sent " << r.sent << " status "
+                        << r.status << " error " << httplib::to_string(r.err) << " events "
                         << events.size() << "\n"
-                        << sse.substr(0, 600);
+                        << r.sse.substr(0, 600);
         (good ? ok : bad)++;
       }
     });

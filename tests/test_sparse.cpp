@@ -183,7 +183,7 @@ TEST(Sparse, SummaryBoundNeverBelowTrueScores) {
 }
 
 TEST(Sparse, SummariesAreCountedAndAllocatedUpFront) {
-  const auto cfg = config_for(all_formats()[8], 4, 64, 4096, 32, 128, kv::KeyRope::kPost);
+  const auto cfg = config_for(format_named("kivi2"), 4, 64, 4096, 32, 128, kv::KeyRope::kPost);
   sparse::Options o;
   o.kind = sparse::Kind::kQuest;
   o.block = 64;
@@ -308,7 +308,7 @@ TEST(Sparse, SmallBudgetEqualsReferenceOverSelectedTokens) {
 TEST(Sparse, PlantedNeedleIsFoundAtEveryDepth) {
   const int D = 64, hkv = 8, rep = 4, nh = hkv * rep, G = 32, R = 128, B = 64;
   ThreadPool pool(2);
-  const Case kivi2 = all_formats()[8];
+  const FormatCase& kivi2 = format_named("kivi2");
   int found = 0;
   for (int n : {4096, 16384, 65536}) {
     const auto cfg = config_for(kivi2, hkv, D, n, G, R, kv::KeyRope::kPost);
@@ -440,33 +440,25 @@ TEST(Sparse, BadOptionsGiveClearErrors) {
   EXPECT_NE(error_of([&] { o.validate(); }).find("--sparse-local 0"), std::string::npos);
   o.local = 16;
   o.block = 48;
-  const auto cfg = config_for(all_formats()[8], 2, 64, 1024, 32, 64, kv::KeyRope::kPost);
+  const auto cfg = config_for(format_named("kivi2"), 2, 64, 1024, 32, 64, kv::KeyRope::kPost);
   EXPECT_NE(error_of([&] {
               sparse::SparseAttention(o, cfg, 8);
             }).find("multiple of the KIVI key group G=32"),
             std::string::npos);
 
   KIVI_REQUIRE_MODEL();
-  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "' ";
-  struct Bad {
-    std::string args, message;
-  };
-  const Bad bad[] = {
-      {"--sparse fast", "--sparse: unknown value 'fast'"},
-      {"--sparse quest --sparse-block 0", "--sparse-block"},
-      {"--sparse-budget 64", "--sparse-budget needs --sparse KIND"},
-      {"--sparse quest --sparse-budget -1", "--sparse-budget"},
-      {"--sparse quest --kv-cache kivi2 --sparse-block 48", "multiple of the KIVI key group"},
-      {"--sparse quest --sparse-dense-layers 99", "--sparse-dense-layers 99"},
-      {"--sparse quest --window 64", "--window"},
-      {"--sparse quest --context-overflow shift", "--context-overflow"},
-  };
-  for (const auto& b : bad) {
-    const auto r = test::run(test::kivi_cmd("generate " + m + "-p hi -n 2 " + b.args));
-    EXPECT_NE(r.exit_code, 0) << b.args;
-    EXPECT_NE(r.err.find(b.message), std::string::npos) << b.args << ": " << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << b.args << ": " << r.err;
-  }
+  test::expect_cli_errors(
+      "generate " + test::model_args() + " -p hi -n 2",
+      {
+          {"--sparse fast", "--sparse: unknown value 'fast'"},
+          {"--sparse quest --sparse-block 0", "--sparse-block"},
+          {"--sparse-budget 64", "--sparse-budget needs --sparse KIND"},
+          {"--sparse quest --sparse-budget -1", "--sparse-budget"},
+          {"--sparse quest --kv-cache kivi2 --sparse-block 48", "multiple of the KIVI key group"},
+          {"--sparse quest --sparse-dense-layers 99", "--sparse-dense-layers 99"},
+          {"--sparse quest --window 64", "--window"},
+          {"--sparse quest --context-overflow shift", "--context-overflow"},
+      });
 }
 
 }  // namespace

@@ -28,13 +28,6 @@ namespace {
 
 using namespace sparse_test;
 
-const Case& format_named(const std::string& name) {
-  static const std::vector<Case> all = all_formats();
-  for (const auto& c : all)
-    if (c.name == name) return c;
-  fail("no format %s", name.c_str());
-}
-
 // Appends one random token to every layer of `cache` (outlier channels as real keys).
 void append_token(kv::KvCache& cache, Rng& r) {
   const auto& cfg = cache.config();
@@ -466,22 +459,14 @@ TEST(SparsePolicy, SessionPoliciesWithFullBudgetGiveDenseLogits) {
 
 TEST(SparsePolicy, BadOptionsGiveClearErrors) {
   KIVI_REQUIRE_MODEL();
-  const std::string m = "-m '" + test::model_path() + "' -t '" + test::tokenizer_path() + "' ";
-  struct Bad {
-    std::string args, message;
-  };
-  const Bad bad[] = {
-      {"--sparse quest --sparse-heads all", "--sparse-heads: unknown value 'all'"},
-      {"--sparse quest --sparse-reselect 0", "--sparse-reselect"},
-      {"--sparse quest --sparse-candidates 64", "--sparse-candidates needs --sparse-preselect"},
-      {"--sparse-reuse-layers 2", "--sparse-reuse-layers needs --sparse KIND"},
-  };
-  for (const auto& b : bad) {
-    const auto r = test::run(test::kivi_cmd("generate " + m + "-p hi -n 2 " + b.args));
-    EXPECT_NE(r.exit_code, 0) << b.args;
-    EXPECT_NE(r.err.find(b.message), std::string::npos) << b.args << ": " << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << b.args << ": " << r.err;
-  }
+  test::expect_cli_errors(
+      "generate " + test::model_args() + " -p hi -n 2",
+      {
+          {"--sparse quest --sparse-heads all", "--sparse-heads: unknown value 'all'"},
+          {"--sparse quest --sparse-reselect 0", "--sparse-reselect"},
+          {"--sparse quest --sparse-candidates 64", "--sparse-candidates needs --sparse-preselect"},
+          {"--sparse-reuse-layers 2", "--sparse-reuse-layers needs --sparse KIND"},
+      });
 }
 
 }  // namespace

@@ -47,46 +47,15 @@ model::ModelConfig small(const std::string& arch, int window, int pattern) {
   return c;
 }
 
+// A GGUF of shape `c` with random weights.
 std::string synth(const test::TempDir& t, const std::string& name, const model::ModelConfig& c) {
-  model::SynthSpec s;
-  s.config = c;
-  s.label = name;
-  s.outtype = "f32";
-  s.seed = 5;
-  const std::string path = t.file(name + ".gguf");
-  model::write_synthetic_gguf(s, path);
-  return path;
+  return test::synth_model(t, name, c, 5);
 }
 
-// A model file of shape `c` (no window keys of its own) with metadata added by `meta`.
+// A model file without window keys of its own, with metadata added by `meta`.
 std::string write_with(const test::TempDir& t, const std::string& name,
                        const std::function<void(io::GgufWriter&)>& meta) {
-  model::ModelConfig c = small("llama", 0, 0);
-  io::GgufWriter w;
-  model::add_llama_metadata(w, c, name, 0);
-  meta(w);
-  model::add_tokenizer_metadata(w, model::synthetic_tokenizer(c.vocab_size));
-  for (const auto& s : model::llama_tensor_specs(c)) {
-    const float v = s.is_vector() ? 1.0f : 0.01f;
-    const std::vector<uint64_t> dims =
-        s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
-    w.add_tensor(s.name, dims, io::GgmlType::kF32,
-                 io::GgufWriter::Generator([v](uint64_t, uint64_t count, void* dst) {
-                   std::fill_n(static_cast<float*>(dst), count, v);
-                 }));
-  }
-  const std::string path = t.file(name + ".gguf");
-  w.write(path);
-  return path;
-}
-
-std::string load_error(const std::string& path) {
-  try {
-    model::Model::load(path);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::write_model(t, name, small("llama", 0, 0), {}, meta);
 }
 
 std::vector<int> token_stream(int n) {
@@ -178,7 +147,7 @@ TEST(Swa, BadMetadataIsAOneLineErrorNamingTheKey) {
        "without 'llama.attention.sliding_window'"},
   };
   for (const auto& c : cases) {
-    const std::string msg = load_error(write_with(t, c.name, c.meta));
+    const std::string msg = test::load_error(write_with(t, c.name, c.meta));
     EXPECT_NE(msg.find(c.expect), std::string::npos) << c.name << ": " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << c.name << ": " << msg;
   }

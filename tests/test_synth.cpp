@@ -44,12 +44,7 @@ void expect_error(F&& f, std::initializer_list<const char*> needles) {
   }
 }
 
-void expect_cli_error(const test::RunResult& r, const std::string& needle) {
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_EQ(r.err.rfind("kivi: error: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-}
+using test::expect_cli_error;
 
 TEST(NormalTable, QuantilesAreSymmetricSortedAndStandard) {
   const NormalTable& t = NormalTable::get();
