@@ -119,8 +119,10 @@ TEST(QMatmul, EveryTypeMatchesTheReferenceOnEveryTarget) {
 TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
   ThreadPool p1(1), p3(3);
   for (Type t : kWeightTypes) {
-    for (auto [rows, cols, n] :
-         {std::tuple<int64_t, int64_t, int>{172, 256, 7}, {133, 512, 13}, {64, 1024, 4}}) {
+    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int>{172, 256, 7},
+                                 {133, 512, 13},
+                                 {64, 1024, 4},
+                                 {40, 256, 10}}) {
       const QMatrix q = random_matrix(t, rows, cols, 99 + static_cast<uint64_t>(t));
       const auto x = random_x(cols * n, 1);
       for (const auto& target : cpu::available_targets()) {
@@ -139,8 +141,6 @@ TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
   }
 }
 
-// The activation quantizers give the same bytes on every target, and the K-quant one
-// equals Q8_K (quant::quantize_row, which reproduces ggml's bytes).
 // The x86 K-quant kernels (256-bit on AVX2, 512-bit for Q4_K and Q6_K on AVX-512) sum the
 // same integer products into the same lanes, so they give the same bits.
 TEST(QMatmul, KQuantsGiveTheSameBitsOnAvx2AndAvx3) {
@@ -151,7 +151,7 @@ TEST(QMatmul, KQuantsGiveTheSameBitsOnAvx2AndAvx3) {
   if (x86.size() < 2) GTEST_SKIP() << "needs both AVX2 and AVX-512";
   for (Type t : {Type::kQ2_K, Type::kQ3_K, Type::kQ4_K, Type::kQ5_K, Type::kQ6_K}) {
     const int64_t rows = 67, cols = 1024;
-    const int n = 5;
+    const int n = 12;  // tiles of 8 and 4 on AVX3, 4 on AVX2
     const QMatrix q = random_matrix(t, rows, cols, 7 + static_cast<uint64_t>(t));
     const auto x = random_x(cols * n, 3);
     std::vector<std::vector<float>> y;
@@ -164,6 +164,8 @@ TEST(QMatmul, KQuantsGiveTheSameBitsOnAvx2AndAvx3) {
   }
 }
 
+// The activation quantizers give the same bytes on every target, and the K-quant one
+// equals Q8_K (quant::quantize_row, which reproduces ggml's bytes).
 TEST(QMatmul, ActivationQuantizationIsTheSameOnEveryTarget) {
   const int64_t cols = 2048;
   auto x = random_x(cols, 3);

@@ -119,6 +119,12 @@ void MatRows(const WT* HWY_RESTRICT w, size_t cols, const float* HWY_RESTRICT x,
     for (; t + kTokTile <= n; t += kTokTile) {
       DotTile<kRowTile, kTokTile>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
     }
+    if constexpr (kTokTile == 4) {  // 3 left: one pass, not three
+      if (t + 3 <= n) {
+        DotTile<kRowTile, 3>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+        t += 3;
+      }
+    }
     for (; t < n; ++t)
       DotTile<kRowTile, 1>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
   }

@@ -363,7 +363,8 @@ HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256
       sumi[t] =
           _mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64(acc[t], 1));
     }
-  } else {  // Q6_K
+  } else {
+    static_assert(kT == Type::kQ6_K, "512-bit kernels: Q4_K and Q6_K");
     uint16_t dh;
     std::memcpy(&dh, p + 208, 2);
     *d = _cvtsh_ss(dh);
@@ -372,8 +373,6 @@ HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
     const __m512i scales = _mm512_castsi256_si512(sc16);
     const __m512i m30 = _mm512_set1_epi8(0x30);
-    HWY_UNROLL(8)
-    for (int t = 0; t < T; ++t) summ[t] = _mm256_madd_epi16(Bsums(a[t], b), sc16);
     const __m512i up01 = HalfIndex(4, 2), down23 = HalfIndex(0, 2);
     HWY_UNROLL(8)
     for (int h = 0; h < 2; ++h) {
@@ -395,11 +394,13 @@ HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256
       }
     }
     // sum sc_j (q - 32) x = sum sc_j q x - 32 sum sc_j bsum_j
+    // (computed after the loop: no registers held through it)
     HWY_UNROLL(8)
     for (int t = 0; t < T; ++t) {
+      const __m256i bs = _mm256_madd_epi16(Bsums(a[t], b), sc16);
       sumi[t] = _mm256_sub_epi32(
           _mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64(acc[t], 1)),
-          _mm256_slli_epi32(summ[t], 5));
+          _mm256_slli_epi32(bs, 5));
       summ[t] = _mm256_setzero_si256();
     }
   }
@@ -551,7 +552,8 @@ HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const
 #endif
 
 // Rows [r0, r1), tokens in tiles of up to kTile (each tile reads a row's blocks once):
-// 8 with 32 vector registers (AVX-512), else 4; a remainder as tiles of 4, 2 and 1.
+// 8 with 32 vector registers (AVX-512), else 4; a remainder of 5-7 as 4 and the rest, one
+// of 1-4 as one tile.
 template <Type kT>
 void RowsOf(const uint8_t* w, size_t row_bytes, int64_t cols, const uint8_t* acts,
             size_t act_stride, int n, float* y, size_t ldy, size_t r0, size_t r1) {
@@ -562,7 +564,7 @@ void RowsOf(const uint8_t* w, size_t row_bytes, int64_t cols, const uint8_t* act
     ActK a[kTile];
     float* out[kTile];
     const int left = n - t0;
-    const int tn = left >= kTile ? kTile : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    const int tn = left >= kTile ? kTile : left >= 4 ? 4 : left;
     for (int t = 0; t < tn; ++t) {
       a[t] = actk(acts + static_cast<size_t>(t0 + t) * act_stride, l);
       out[t] = y + static_cast<size_t>(t0 + t) * ldy;
@@ -573,6 +575,8 @@ void RowsOf(const uint8_t* w, size_t row_bytes, int64_t cols, const uint8_t* act
         DotRow<kT, kTile>(wr, nb, a, out, r);
       } else if (tn == 4) {
         DotRow<kT, 4>(wr, nb, a, out, r);
+      } else if (tn == 3) {
+        DotRow<kT, 3>(wr, nb, a, out, r);
       } else if (tn == 2) {
         DotRow<kT, 2>(wr, nb, a, out, r);
       } else {
