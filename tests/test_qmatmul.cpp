@@ -141,26 +141,36 @@ TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
   }
 }
 
-// The x86 K-quant kernels (256-bit on AVX2, 512-bit for Q4_K and Q6_K on AVX-512) sum the
-// same integer products into the same lanes, so they give the same bits.
-TEST(QMatmul, KQuantsGiveTheSameBitsOnAvx2AndAvx3) {
+// The x86 kernels give the same bits on AVX2 and on AVX-512 with and without VNNI: the
+// 512-bit K-quant kernels (Q4_K, Q6_K) sum the same integer products into the same lanes
+// as the 256-bit ones, and vpdpbusd / vpdpwssd the same integers as vpmaddubsw and
+// vpmaddwd.
+TEST(QMatmul, X86KernelsGiveTheSameBitsOnEveryPath) {
   std::vector<cpu::Target> x86;
   for (const auto& target : cpu::available_targets()) {
     if (target.name == "AVX2" || target.name == "AVX3") x86.push_back(target);
   }
   if (x86.size() < 2) GTEST_SKIP() << "needs both AVX2 and AVX-512";
-  for (Type t : {Type::kQ2_K, Type::kQ3_K, Type::kQ4_K, Type::kQ5_K, Type::kQ6_K}) {
+  for (Type t : kWeightTypes) {
+    if (quant::is_float(t)) continue;
     const int64_t rows = 67, cols = 1024;
     const int n = 12;  // tiles of 8 and 4 on AVX3, 4 on AVX2
     const QMatrix q = random_matrix(t, rows, cols, 7 + static_cast<uint64_t>(t));
     const auto x = random_x(cols * n, 3);
     std::vector<std::vector<float>> y;
-    for (const auto& target : x86) {
-      TargetGuard g(target.bits);
-      y.emplace_back(static_cast<size_t>(n * rows));
-      ops::matmul(q.m(), x.data(), n, y.back().data(), nullptr);
+    for (bool vnni : {true, false}) {
+      ops::detail::set_vnni_allowed(vnni);
+      for (const auto& target : x86) {
+        TargetGuard g(target.bits);
+        y.emplace_back(static_cast<size_t>(n * rows));
+        ops::matmul(q.m(), x.data(), n, y.back().data(), nullptr);
+      }
     }
-    ASSERT_EQ(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4), 0) << quant::type_name(t);
+    ops::detail::set_vnni_allowed(true);
+    for (size_t i = 1; i < y.size(); ++i) {
+      ASSERT_EQ(std::memcmp(y[0].data(), y[i].data(), y[0].size() * 4), 0)
+          << quant::type_name(t) << " path " << i;
+    }
   }
 }
 

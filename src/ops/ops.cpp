@@ -5,6 +5,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -195,6 +196,10 @@ void quantize_acts(ActKind k, const float* x, int64_t cols, uint8_t* out) {
     quantize_acts256(x, cols, out);
   }
 }
+
+static std::atomic<bool> g_vnni_allowed{true};
+void set_vnni_allowed(bool allowed) { g_vnni_allowed.store(allowed, std::memory_order_relaxed); }
+bool vnni_allowed() { return g_vnni_allowed.load(std::memory_order_relaxed); }
 
 void quant_rows(quant::Type t, const uint8_t* w, size_t row_bytes, int64_t cols,
                 const uint8_t* acts, size_t act_stride, int n, float* y, size_t ldy, size_t r0,

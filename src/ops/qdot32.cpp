@@ -56,7 +56,7 @@ inline int RoundAct(float v) {
 #define KIVI_Q32_VNNI 1
 inline bool HasVnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni");
-  return has;
+  return has && vnni_allowed();
 }
 #else
 inline bool HasVnni() { return false; }

@@ -308,6 +308,27 @@ HWY_INLINE void SuperBlock(const uint8_t* p, const ActK* a, int64_t b, __m256i* 
 HWY_INLINE __m512i Codes512(const ActK& a, int64_t b, int off) {
   return _mm512_loadu_si512(a.q + 256 * b + off);
 }
+inline bool HasVnni512() {
+#if !defined(__clang__)
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has && vnni_allowed();
+#else
+  return false;
+#endif
+}
+// acc + the pairwise int16 products of p and s summed into int32 lanes: vpdpwssd with
+// AVX512-VNNI (checked at run time; GCC only, as the other VNNI kernels), else vpmaddwd
+// and vpaddd. The same integers either way.
+template <bool kVnni>
+HWY_INLINE __m512i AddProducts(__m512i acc, __m512i p, __m512i s) {
+#if !defined(__clang__)
+  if constexpr (kVnni) {
+    asm("vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(p), "v"(s));
+    return acc;
+  }
+#endif
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+}
 // int16 index vector: word w selects word base + w / 16 (two halves) or base + w / 8
 // (four quarters) of the scales.
 HWY_INLINE __m512i HalfIndex(int lo, int hi) {
@@ -325,7 +346,7 @@ HWY_INLINE __m512i QuarterIndex(int base) {
       1);
 }
 
-template <Type kT, int T>
+template <Type kT, int T, bool kVnni>
 HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256i* sumi,
                               __m256i* summ, float* d, float* dmin) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -354,8 +375,7 @@ HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256
       const __m512i s = _mm512_permutexvar_epi16(HalfIndex(2 * c, 2 * c + 1), scales);
       HWY_UNROLL(8)
       for (int t = 0; t < T; ++t) {
-        acc[t] = _mm512_add_epi32(
-            acc[t], _mm512_madd_epi16(_mm512_maddubs_epi16(q, Codes512(a[t], b, 64 * c)), s));
+        acc[t] = AddProducts<kVnni>(acc[t], _mm512_maddubs_epi16(q, Codes512(a[t], b, 64 * c)), s);
       }
     }
     HWY_UNROLL(8)
@@ -389,8 +409,7 @@ HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256
       for (int t = 0; t < T; ++t) {
         const __m512i p01 = _mm512_maddubs_epi16(q01, Codes512(a[t], b, 128 * h));
         const __m512i p23 = _mm512_maddubs_epi16(q23, Codes512(a[t], b, 128 * h + 64));
-        acc[t] = _mm512_add_epi32(
-            acc[t], _mm512_add_epi32(_mm512_madd_epi16(p01, s01), _mm512_madd_epi16(p23, s23)));
+        acc[t] = AddProducts<kVnni>(AddProducts<kVnni>(acc[t], p01, s01), p23, s23);
       }
     }
     // sum sc_j (q - 32) x = sum sc_j q x - 32 sum sc_j bsum_j
@@ -407,7 +426,7 @@ HWY_INLINE void SuperBlock512(const uint8_t* p, const ActK* a, int64_t b, __m256
 }
 #endif
 
-template <Type kT, int T>
+template <Type kT, int T, bool kVnni>
 HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const* out, size_t r) {
   __m256 acc[T];
   HWY_UNROLL(8)
@@ -422,7 +441,7 @@ HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const
     float d, dmin;
 #if HWY_TARGET == HWY_AVX3
     if constexpr (kT == Type::kQ4_K || kT == Type::kQ6_K) {
-      SuperBlock512<kT, T>(w + b * BlockBytes(kT), a, b, sumi, summ, &d, &dmin);
+      SuperBlock512<kT, T, kVnni>(w + b * BlockBytes(kT), a, b, sumi, summ, &d, &dmin);
     } else {
       SuperBlock<kT, T>(w + b * BlockBytes(kT), a, b, sumi, summ, &d, &dmin);
     }
@@ -520,7 +539,7 @@ void Decode(const uint8_t* p, Codes* c) {
   }
 }
 
-template <Type kT, int T>
+template <Type kT, int T, bool kVnni>
 HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const* out, size_t r) {
   constexpr int kSub = (kT == Type::kQ4_K || kT == Type::kQ5_K) ? 32 : 16;  // values per sub-block
   constexpr int kOff = kT == Type::kQ6_K ? 32 : kT == Type::kQ3_K ? 4 : 0;  // code offset
@@ -554,7 +573,7 @@ HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const ActK* a, float* const
 // Rows [r0, r1), tokens in tiles of up to kTile (each tile reads a row's blocks once):
 // 8 with 32 vector registers (AVX-512), else 4; a remainder of 5-7 as 4 and the rest, one
 // of 1-4 as one tile.
-template <Type kT>
+template <Type kT, bool kVnni>
 void RowsOf(const uint8_t* w, size_t row_bytes, int64_t cols, const uint8_t* acts,
             size_t act_stride, int n, float* y, size_t ldy, size_t r0, size_t r1) {
   const ActLayout l = act_layout(ActKind::kQ8x256, cols);
@@ -572,15 +591,15 @@ void RowsOf(const uint8_t* w, size_t row_bytes, int64_t cols, const uint8_t* act
     for (size_t r = r0; r < r1; ++r) {
       const uint8_t* wr = w + r * row_bytes;
       if (tn == kTile) {
-        DotRow<kT, kTile>(wr, nb, a, out, r);
+        DotRow<kT, kTile, kVnni>(wr, nb, a, out, r);
       } else if (tn == 4) {
-        DotRow<kT, 4>(wr, nb, a, out, r);
+        DotRow<kT, 4, kVnni>(wr, nb, a, out, r);
       } else if (tn == 3) {
-        DotRow<kT, 3>(wr, nb, a, out, r);
+        DotRow<kT, 3, kVnni>(wr, nb, a, out, r);
       } else if (tn == 2) {
-        DotRow<kT, 2>(wr, nb, a, out, r);
+        DotRow<kT, 2, kVnni>(wr, nb, a, out, r);
       } else {
-        DotRow<kT, 1>(wr, nb, a, out, r);
+        DotRow<kT, 1, kVnni>(wr, nb, a, out, r);
       }
     }
     t0 += tn;
@@ -591,15 +610,23 @@ void RowsK(Type t, const uint8_t* w, size_t row_bytes, int64_t cols, const uint8
            size_t act_stride, int n, float* y, size_t ldy, size_t r0, size_t r1) {
   switch (t) {
     case Type::kQ2_K:
-      return RowsOf<Type::kQ2_K>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+      return RowsOf<Type::kQ2_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     case Type::kQ3_K:
-      return RowsOf<Type::kQ3_K>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+      return RowsOf<Type::kQ3_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     case Type::kQ4_K:
-      return RowsOf<Type::kQ4_K>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+#if HWY_TARGET == HWY_AVX3
+      if (HasVnni512())
+        return RowsOf<Type::kQ4_K, true>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+#endif
+      return RowsOf<Type::kQ4_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     case Type::kQ5_K:
-      return RowsOf<Type::kQ5_K>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+      return RowsOf<Type::kQ5_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     case Type::kQ6_K:
-      return RowsOf<Type::kQ6_K>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+#if HWY_TARGET == HWY_AVX3
+      if (HasVnni512())
+        return RowsOf<Type::kQ6_K, true>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+#endif
+      return RowsOf<Type::kQ6_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     default:
       return;
   }
