@@ -242,8 +242,10 @@ uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache
       b * (4ull * c.dim + 2ull * c.q_dim() + 2ull * c.kv_dim() + 2ull * c.hidden_dim) *
       sizeof(float);
   const uint64_t rope = static_cast<uint64_t>(ctx) * c.head_dim() * sizeof(float);
-  const uint64_t summaries =
-      sparse.enabled() ? sparse::SparseAttention::summary_bytes(sparse, cc) : 0;
+  const uint64_t summaries = sparse.enabled()
+                                 ? sparse::SparseAttention::summary_bytes(sparse, cc) +
+                                       sparse::SparseAttention::scratch_bytes(sparse, cc, c.n_heads)
+                                 : 0;
   return kv::expected_bytes_reserved(cc) + summaries + activations + rope +
          static_cast<uint64_t>(c.vocab_size) * sizeof(float);
 }

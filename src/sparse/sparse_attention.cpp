@@ -9,6 +9,8 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
+#include "kv/codec.h"
+#include "ops/ops.h"
 #include "sparse/score.h"
 
 namespace kivi::sparse {
@@ -47,6 +49,21 @@ uint64_t SparseAttention::summary_bytes(const Options& o, const kv::CacheConfig&
                                    static_cast<int>(std::count(layers.begin(), layers.end(), 1)));
 }
 
+uint64_t SparseAttention::scratch_bytes(const Options& o, const kv::CacheConfig& c, int n_heads) {
+  if (!o.enabled()) return 0;
+  const uint64_t n_blocks = (static_cast<uint64_t>(c.ctx) + o.block - 1) / o.block;
+  const uint64_t hkv = static_cast<uint64_t>(c.n_kv_heads);
+  uint64_t b = hkv * n_blocks * 3 * sizeof(float);  // scores, candidate scores and indices
+  if (o.preselect > 0) {
+    const uint64_t rep = static_cast<uint64_t>(n_heads) / hkv;
+    int selecting = 0;
+    for (int l = o.dense_layers; l < c.n_layers; l += o.reuse_layers) ++selecting;
+    b += hkv * rep * static_cast<uint64_t>(c.ctx) * sizeof(float) +
+         static_cast<uint64_t>(selecting) * hkv * n_blocks * (sizeof(float) + 1);
+  }
+  return b;
+}
+
 SparseAttention::SparseAttention(const Options& o, const kv::CacheConfig& c, int n_heads)
     : o_(o), D_(c.head_dim), Hkv_(c.n_kv_heads), n_heads_(n_heads) {
   check_fits(o, c);
@@ -64,6 +81,7 @@ SparseAttention::SparseAttention(const Options& o, const kv::CacheConfig& c, int
     hd.cand_index.resize(std::max(1, n_blocks));
     if (o.preselect > 0) hd.probs.resize(static_cast<size_t>(rep) * c.ctx);
     hd.key.resize(D_);
+    if (o.preselect > 0) hd.keys.resize(static_cast<size_t>(std::max(1, c.group_size)) * D_);
     hd.heap.resize(std::max(1, max_sel_));
     hd.blocks.resize(std::max(1, max_sel_));
     hd.ranges.resize(max_sel_ + 2);
@@ -142,19 +160,13 @@ int SparseAttention::top_blocks(const float* scores, Head& scratch, const Select
 
 void SparseAttention::observe(const kv::LayerView& kv, const float* q, const attn::Params& p,
                               int rep, int h, Selection& sel) {
-  // The softmax weights of the query heads of KV head h over every token, in double,
-  // summed per block into the votes.
+  // The softmax weights of the query heads of KV head h over every token (logits in
+  // float, their normalization in double), summed per block into the votes.
   Head& hd = heads_[h];
   const int n = kv.n_tokens, D = D_, B = o_.block, half = D / 2;
   const int q_pos = n - 1;
-  float* key = hd.key.data();
-  double* lg = hd.probs.data();  // [rep][n] logits, then weights
-  for (int t = 0; t < n; ++t) {
-    if (t < kv.k.n_stored) {
-      attn::dequantize_key(kv.k, t, h, key);
-    } else {
-      std::copy(kv.k.residual_row(t, h), kv.k.residual_row(t, h) + D, key);
-    }
+  float* lg = hd.probs.data();  // [rep][n] logits, then weights
+  auto score = [&](int t, float* key) {
     if (p.rope) {
       const float* rr = p.rope + static_cast<size_t>(t) * D;
       for (int i = 0; i < half; ++i) {
@@ -167,20 +179,44 @@ void SparseAttention::observe(const kv::LayerView& kv, const float* q, const att
     }
     for (int r = 0; r < rep; ++r) {
       const float* qr = q + (static_cast<size_t>(h) * rep + r) * D;
-      double d = 0.0;
-      for (int c = 0; c < D; ++c) d += static_cast<double>(qr[c]) * key[c];
-      d *= p.scale;
-      if (p.alibi_slopes) d += static_cast<double>(p.alibi_slopes[h * rep + r]) * (t - q_pos);
+      float d = ops::dot(qr, key, static_cast<size_t>(D)) * p.scale;
+      if (p.alibi_slopes) d += p.alibi_slopes[h * rep + r] * static_cast<float>(t - q_pos);
       lg[static_cast<size_t>(r) * n + t] = d;
     }
+  };
+  // KIVI keys a stored group at a time (the codec's group dequantizer), others a token
+  // at a time.
+  const kv::StreamView& K = kv.k;
+  const int G = K.group;
+  const bool groups = kv::is_kivi(K.fmt.format) && K.per_channel;
+  const size_t param_bytes = K.param_type == kv::ParamType::kF16 ? 2 : 4;
+  for (int t = 0; t < n;) {
+    if (groups && t % G == 0 && t + G <= std::min(K.n_stored, n)) {
+      float* keys = hd.keys.data();
+      const size_t pi = K.group_params(t, h) * param_bytes;
+      kv::dequantize_keys(K.group_codes(t, h), K.scales + pi, K.zeros + pi, 1, G, D, G,
+                          kv::format_bits(K.fmt.format), K.param_type, keys);
+      for (int i = 0; i < G; ++i) score(t + i, keys + static_cast<size_t>(i) * D);
+      t += G;
+      continue;
+    }
+    float* key = hd.key.data();
+    if (t < K.n_stored) {
+      attn::dequantize_key(K, t, h, key);
+    } else {
+      std::copy(K.residual_row(t, h), K.residual_row(t, h) + D, key);
+    }
+    score(t, key);
+    ++t;
   }
   float* votes = sel.votes.data() + static_cast<size_t>(h) * summ_.n_blocks();
   for (int r = 0; r < rep; ++r) {
-    double* x = lg + static_cast<size_t>(r) * n;
-    const double m = *std::max_element(x, x + n);
+    float* x = lg + static_cast<size_t>(r) * n;
+    const float m = *std::max_element(x, x + n);
     double den = 0.0;
     for (int t = 0; t < n; ++t) den += (x[t] = std::exp(x[t] - m));
-    for (int t = 0; t < n; ++t) votes[t / B] += static_cast<float>(x[t] / den);
+    const double inv = 1.0 / den;
+    for (int t = 0; t < n; ++t) votes[t / B] += static_cast<float>(x[t] * inv);
   }
 }
 

@@ -55,8 +55,12 @@ class SparseAttention {
   // read by n_heads query heads. Throws on options that do not fit the cache (a block
   // that is not a multiple of the KIVI key group).
   SparseAttention(const Options& o, const kv::CacheConfig& c, int n_heads);
-  // Bytes the constructor allocates for the summaries (the scratch is small beside them).
+  // Bytes the constructor allocates for the summaries.
   static uint64_t summary_bytes(const Options& o, const kv::CacheConfig& c);
+  // Bytes of its scratch: per KV head the scores of every block and, with preselection,
+  // the observation window's attention weights over the whole context (n_heads / KV heads
+  // floats per token) and every selecting layer's votes and candidate flags.
+  static uint64_t scratch_bytes(const Options& o, const kv::CacheConfig& c, int n_heads);
 
   const Options& options() const { return o_; }
   // Whether `layer` attends selected blocks (past the dense layers).
@@ -116,8 +120,9 @@ class SparseAttention {
     std::vector<int> blocks;                  // [max_sel] the blocks of the last call
     std::vector<Range> ranges, pieces;        // attended ranges, split at chunk boundaries
     std::vector<float> w;                     // [2 D] weights of the summary vectors
-    std::vector<double> probs;                // [rep][ctx] preselection: the weights
+    std::vector<float> probs;                 // [rep][ctx] preselection: logits, then weights
     std::vector<float> key;                   // [D]
+    std::vector<float> keys;                  // [G][D] preselection: one KIVI key group
     int n_candidates = 0, n_blocks = 0, n_ranges = 0, n_pieces = 0;
   };
   // The blocks a selecting layer chose and when.
