@@ -130,16 +130,20 @@ void dequantize_keys(const uint8_t* codes, const void* scale, const void* zero, 
   const int rb = static_cast<int>(packed_row_bytes(D, bits));
   const int NG = T / G;
   uint8_t row[1024];
+  float sc[1024], zr[1024];  // the group's parameters, converted once per group
   for (int s = 0; s < S; ++s) {
     for (int t = 0; t < T; ++t) {
+      if (t % G == 0) {
+        const size_t pbase = (static_cast<size_t>(s) * NG + t / G) * D;
+        for (int d = 0; d < D; ++d) {
+          sc[d] = load_param(scale, pbase + d, pt);
+          zr[d] = load_param(zero, pbase + d, pt);
+        }
+      }
       const uint8_t* cg = codes + (static_cast<size_t>(s) * T + t / G * G) * rb;
       for (int j = 0; j < rb; ++j) row[j] = cg[key_group_offset(t % G, j, rb, G)];
-      const size_t pbase = (static_cast<size_t>(s) * NG + t / G) * D;
       float* out = keys + (static_cast<size_t>(s) * T + t) * D;
-      for (int d = 0; d < D; ++d) {
-        out[d] = unpack_code(row, d, bits, D) * load_param(scale, pbase + d, pt) +
-                 load_param(zero, pbase + d, pt);
-      }
+      for (int d = 0; d < D; ++d) out[d] = unpack_code(row, d, bits, D) * sc[d] + zr[d];
     }
   }
 }
