@@ -62,11 +62,15 @@ TEST(Sparse, ScoreRowsMatchReferenceOnEveryTarget) {
 
 TEST(Sparse, TopKMatchesSorting) {
   Rng r(9);
-  for (int n : {1, 2, 10, 100, 1000}) {
-    for (int k : {0, 1, 3, n / 2, n, n + 5}) {
+  for (int n : {1, 2, 10, 100, 1000, 5000}) {
+    for (int k : {0, 1, 3, 32, n / 2, n, n + 5}) {
       std::vector<float> s(n);
       for (auto& e : s) e = std::floor(r.uniform() * 20.0f);  // many ties
       if (n > 4) s[3] = NAN;
+      if (n > 100) {  // late NaNs and infinities, past the first runs of 16
+        s[n - 7] = NAN;
+        for (int i = n / 2; i < n / 2 + 20; ++i) s[i] = INFINITY;
+      }
       std::vector<int> idx(n);
       for (int i = 0; i < n; ++i) idx[i] = i;
       auto key = [&](int i) { return std::isnan(s[i]) ? INFINITY : s[i]; };
