@@ -303,6 +303,17 @@ static uint64_t stream_stored_bytes(const CacheConfig& c, Stream s, int nq) {
   return codes + params;
 }
 
+namespace {
+// int8 with one scale per tensor: a float per stream and layer.
+uint64_t tensor_scale_bytes(const CacheConfig& c) {
+  auto one = [](const StreamFormat& f) {
+    return f.format == Format::kInt8 && f.granularity == Int8Granularity::kTensor ? sizeof(float)
+                                                                                  : 0;
+  };
+  return one(c.k) + one(c.v);
+}
+}  // namespace
+
 uint64_t expected_bytes_used(const CacheConfig& c, int n) {
   const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
   const int nkq = keys_quantized_after(c, n), nvq = values_quantized_after(c, n);
@@ -321,13 +332,7 @@ uint64_t expected_bytes_used(const CacheConfig& c, int n) {
     uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, kq - ev) +
                          stream_stored_bytes(c, Stream::kValue, vq - ev) +
                          static_cast<uint64_t>(n - kq) * row + static_cast<uint64_t>(n - vq) * row;
-    // int8 per-tensor scales: one per stream per layer once calibrated.
-    if (n > 0) {
-      if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
-        per_layer += sizeof(float);
-      if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
-        per_layer += sizeof(float);
-    }
+    if (n > 0) per_layer += tensor_scale_bytes(c);  // once calibrated
     total += per_layer;
   }
   return total;
@@ -345,11 +350,8 @@ uint64_t expected_bytes_reserved(const CacheConfig& c) {
                          stream_stored_bytes(c, Stream::kValue, n_blocks * B) +
                          static_cast<uint64_t>(key_ring_capacity(c)) * row +
                          static_cast<uint64_t>(value_ring_capacity(c)) * row +
-                         n_blocks * sizeof(int32_t);  // block table
-    if (c.k.format == Format::kInt8 && c.k.granularity == Int8Granularity::kTensor)
-      per_layer += sizeof(float);
-    if (c.v.format == Format::kInt8 && c.v.granularity == Int8Granularity::kTensor)
-      per_layer += sizeof(float);
+                         n_blocks * sizeof(int32_t) +  // block table
+                         tensor_scale_bytes(c);
     total += per_layer;
   }
   return total;

@@ -199,7 +199,10 @@ void quantize_acts(ActKind k, const float* x, int64_t cols, uint8_t* out) {
 
 static std::atomic<bool> g_vnni_allowed{true};
 void set_vnni_allowed(bool allowed) { g_vnni_allowed.store(allowed, std::memory_order_relaxed); }
-bool vnni_allowed() { return g_vnni_allowed.load(std::memory_order_relaxed); }
+bool use_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has && g_vnni_allowed.load(std::memory_order_relaxed);
+}
 
 void quant_rows(quant::Type t, const uint8_t* w, size_t row_bytes, int64_t cols,
                 const uint8_t* acts, size_t act_stride, int n, float* y, size_t ldy, size_t r0,

@@ -54,10 +54,7 @@ inline int RoundAct(float v) {
 // AVX512-VNNI (checked at run time; untested on machines without it). The EVEX form is
 // forced: the VEX form (AVX-VNNI) faults on CPUs that have only AVX512-VNNI.
 #define KIVI_Q32_VNNI 1
-inline bool HasVnni() {
-  static const bool has = __builtin_cpu_supports("avx512vnni");
-  return has && vnni_allowed();
-}
+inline bool HasVnni() { return use_vnni(); }
 #else
 inline bool HasVnni() { return false; }
 #endif

@@ -308,12 +308,11 @@ HWY_INLINE void SuperBlock(const uint8_t* p, const ActK* a, int64_t b, __m256i* 
 HWY_INLINE __m512i Codes512(const ActK& a, int64_t b, int off) {
   return _mm512_loadu_si512(a.q + 256 * b + off);
 }
-inline bool HasVnni512() {
+inline bool UseVnni512() {
 #if !defined(__clang__)
-  static const bool has = __builtin_cpu_supports("avx512vnni");
-  return has && vnni_allowed();
+  return use_vnni();
 #else
-  return false;
+  return false;  // the asm below is GCC's
 #endif
 }
 // acc + the pairwise int16 products of p and s summed into int32 lanes: vpdpwssd with
@@ -615,7 +614,7 @@ void RowsK(Type t, const uint8_t* w, size_t row_bytes, int64_t cols, const uint8
       return RowsOf<Type::kQ3_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     case Type::kQ4_K:
 #if HWY_TARGET == HWY_AVX3
-      if (HasVnni512())
+      if (UseVnni512())
         return RowsOf<Type::kQ4_K, true>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
 #endif
       return RowsOf<Type::kQ4_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
@@ -623,7 +622,7 @@ void RowsK(Type t, const uint8_t* w, size_t row_bytes, int64_t cols, const uint8
       return RowsOf<Type::kQ5_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     case Type::kQ6_K:
 #if HWY_TARGET == HWY_AVX3
-      if (HasVnni512())
+      if (UseVnni512())
         return RowsOf<Type::kQ6_K, true>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
 #endif
       return RowsOf<Type::kQ6_K, false>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);

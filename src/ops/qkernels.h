@@ -69,7 +69,8 @@ void quant_rows(quant::Type t, const uint8_t* w, size_t row_bytes, int64_t cols,
 // Whether the kernels may use AVX512-VNNI where the CPU has it (default true). Tests
 // turn it off to run the paths of AVX-512 CPUs without VNNI; results are the same bits.
 void set_vnni_allowed(bool allowed);
-bool vnni_allowed();
+// The CPU has AVX512-VNNI and the kernels may use it.
+bool use_vnni();
 
 // Per-file entry points of the two kernel files (qdot32.cpp, qdotk.cpp).
 void quantize_acts32(const float* x, int64_t cols, uint8_t* out);

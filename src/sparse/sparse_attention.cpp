@@ -163,20 +163,11 @@ void SparseAttention::observe(const kv::LayerView& kv, const float* q, const att
   // The softmax weights of the query heads of KV head h over every token (logits in
   // float, their normalization in double), summed per block into the votes.
   Head& hd = heads_[h];
-  const int n = kv.n_tokens, D = D_, B = o_.block, half = D / 2;
+  const int n = kv.n_tokens, D = D_, B = o_.block;
   const int q_pos = n - 1;
   float* lg = hd.probs.data();  // [rep][n] logits, then weights
   auto score = [&](int t, float* key) {
-    if (p.rope) {
-      const float* rr = p.rope + static_cast<size_t>(t) * D;
-      for (int i = 0; i < half; ++i) {
-        const int i0 = p.rope_style == attn::RopeStyle::kAdjacent ? 2 * i : i;
-        const int i1 = p.rope_style == attn::RopeStyle::kAdjacent ? 2 * i + 1 : i + half;
-        const float a = key[i0], b = key[i1], c = rr[2 * i], s = rr[2 * i + 1];
-        key[i0] = a * c - b * s;
-        key[i1] = a * s + b * c;
-      }
-    }
+    if (p.rope) attn::rotate_rope(key, D, p.rope + static_cast<size_t>(t) * D, p.rope_style);
     for (int r = 0; r < rep; ++r) {
       const float* qr = q + (static_cast<size_t>(h) * rep + r) * D;
       float d = ops::dot(qr, key, static_cast<size_t>(D)) * p.scale;
