@@ -1,4 +1,6 @@
+#include <fcntl.h>
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -45,6 +47,49 @@ TEST(AlignedBuffer, AlignmentZeroingAndSize) {
   f.reset(5);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data()) % kAlign, 0u);
   EXPECT_EQ(f.size(), 5u);
+}
+
+// Pieces of a buffer of its own map can be replaced by private maps of a file: reads see
+// the file, writes stay in the buffer (the file is unchanged), and only whole pages of a
+// mapped buffer are taken; anything else is refused with the buffer unchanged.
+TEST(AlignedBuffer, MapFileReplacesWholePagesCopyOnWrite) {
+  test::TempDir dir;
+  const std::string path = dir.file("pages.bin");
+  std::vector<uint8_t> file(5 * kPageBytes);
+  for (size_t i = 0; i < file.size(); ++i) file[i] = static_cast<uint8_t>(i * 7 + i / 4096);
+  test::write_file(path, file);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+
+  AlignedBuffer<uint8_t> b(kMappedMin + 3 * kPageBytes + 10);
+  ASSERT_TRUE(b.mapped());
+  std::memset(b.data(), 0x5A, b.size());
+  ASSERT_TRUE(b.map_file(2 * kPageBytes, fd, kPageBytes, 3 * kPageBytes));
+  for (size_t i = 0; i < 3 * kPageBytes; ++i)
+    ASSERT_EQ(b[2 * kPageBytes + i], file[kPageBytes + i]) << i;
+  EXPECT_EQ(b[2 * kPageBytes - 1], 0x5A);
+  EXPECT_EQ(b[5 * kPageBytes], 0x5A);
+  b[3 * kPageBytes + 1] = 0xEE;  // copy on write
+  EXPECT_EQ(b[3 * kPageBytes + 1], 0xEE);
+  EXPECT_EQ(test::read_file(path), file);
+
+  // Refused: not whole pages, past the end, or a heap buffer.
+  EXPECT_FALSE(b.map_file(100, fd, 0, kPageBytes));
+  EXPECT_FALSE(b.map_file(0, fd, 100, kPageBytes));
+  EXPECT_FALSE(b.map_file(0, fd, 0, 100));
+  EXPECT_FALSE(b.map_file(b.size() / kPageBytes * kPageBytes, fd, 0, 2 * kPageBytes));
+  EXPECT_EQ(b[100], 0x5A);
+  AlignedBuffer<uint8_t> small(kPageBytes * 2);
+  EXPECT_FALSE(small.mapped());
+  EXPECT_FALSE(small.map_file(0, fd, 0, kPageBytes));
+
+  // Moving keeps the map; reset releases it.
+  AlignedBuffer<uint8_t> moved(std::move(b));
+  EXPECT_TRUE(moved.mapped());
+  EXPECT_EQ(moved[2 * kPageBytes], file[kPageBytes]);
+  moved.reset(10);
+  EXPECT_FALSE(moved.mapped());
+  ::close(fd);
 }
 
 TEST(F16, AllHalvesRoundTripExactly) {

@@ -199,6 +199,30 @@ TEST(KvCache, Int8TensorScaleIsFixedByCalibrationAndClampsLater) {
   EXPECT_FLOAT_EQ(got[0], 1.27f);  // clamped to 127 * scale
 }
 
+// Long caches: every head's region of 64 KiB or more starts on a page (so a saved cache
+// can be mapped into it), and the formula counts the padding.
+TEST(KvCache, LargeHeadRegionsStartOnPagesAndAreCounted) {
+  for (Format f : {Format::kF16, Format::kKivi2, Format::kInt8}) {
+    CacheConfig c = config(f, f, 32, 64, KeyFlush::kBatch, 3, 64, 20000);
+    c.k.granularity = c.v.granularity = Int8Granularity::kGroup;
+    kv::KvCache cache(c);
+    EXPECT_EQ(cache.bytes_reserved(), kv::expected_bytes_reserved(c)) << kv::describe(c.k);
+    const kv::LayerView v = cache.view(0);
+    for (const kv::StreamView* s : {&v.k, &v.v}) {
+      ASSERT_GE(s->code_head_stride, 65536u);
+      EXPECT_EQ(s->code_head_stride % 4096, 0u);
+      EXPECT_GE(s->code_head_stride, s->n_blocks * s->head_block_bytes);
+      for (int h = 0; h < 3; ++h)
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(s->codes + h * s->code_head_stride) % 4096, 0u);
+      const size_t param_bytes = s->n_blocks * s->head_block_params * 2;
+      if (param_bytes >= 65536) {
+        EXPECT_EQ(s->param_head_stride * 2 % 4096, 0u);
+        EXPECT_GE(s->param_head_stride * 2, param_bytes);
+      }
+    }
+  }
+}
+
 // bytes_used() and bytes_reserved() from the buffers agree with the formulas, at
 // every length, for every format.
 TEST(KvCache, MemoryAccountingMatchesTheFormula) {

@@ -228,9 +228,9 @@ TEST(KvFile, HostileAndMismatchedFilesAreRefusedWithOneLine) {
   f[0] = 'X';
   expect_refused(f, options(c), "not a kivi KV cache file");
   f = good;
-  f[8] = 2;  // version
+  f[8] = 1;  // version
   reseal(f);
-  expect_refused(f, options(c), "version 2");
+  expect_refused(f, options(c), "version 1; this build reads version 2");
   f = good;
   f[16] ^= 1;  // the model fingerprint
   reseal(f);
@@ -305,6 +305,75 @@ TEST(KvFile, ASameShapedModelWithOtherWeightsIsAnotherModel) {
   }
   Session sa2(*a, o);
   EXPECT_EQ(runtime::load_session(sa2, dir.file("a.kv")).n_tokens, 5);
+}
+
+// A cache whose heads hold 64 KiB or more is loaded by mapping the file's pages into the
+// cache's buffers (page-aligned head regions in the file and in the pool). Continuing
+// from it gives the bits of continuing the saving session; writes after loading (the
+// partly filled last block, new blocks) never reach the file; two sessions load the
+// same file at once, and one session loads it again over its own mapped cache.
+TEST(KvFile, LargeCachesAreMappedInPlaceCopyOnWrite) {
+  test::TempDir dir;
+  model::ModelConfig mc;
+  model::apply_arch_defaults(mc, "llama");
+  mc.n_layers = 2;
+  mc.dim = 256;
+  mc.n_heads = 2;
+  mc.n_kv_heads = 2;  // head_dim 128
+  mc.hidden_dim = 256;
+  mc.vocab_size = 300;
+  mc.ctx = 4096;
+  mc.rope_theta = 10000.0f;
+  const auto m = model::Model::load(test::synth_model(dir, "wide", mc, 3), "");
+  std::vector<int> prompt = {1};
+  for (int i = 1; i < 2200; ++i) prompt.push_back(3 + (i * 37 + i * i * 11) % 290);
+  const std::vector<int> follow1 = {5, 77, 123}, follow2 = {200, 9};
+
+  for (const char* fmt : {"f16", "int8", "kivi2"}) {
+    SCOPED_TRACE(fmt);
+    SessionOptions o;
+    o.threads = 2;
+    o.ctx = 4000;
+    o.cache.k = o.cache.v = {kv::parse_format(fmt), kv::Int8Granularity::kHead};
+    // Blocks of 96 tokens: kivi2's head regions (3 KiB a block) are padded to pages, in
+    // the file (23 blocks) and in the pool (42 blocks).
+    o.cache.block_tokens = 96;
+    const std::string path = dir.file(std::string(fmt) + ".kv");
+    Session a(*m, o);
+    a.prefill(prompt);
+    runtime::save_session(a, prompt, static_cast<int64_t>(prompt.size()), 1.0, path);
+    const std::vector<float> want1 = continue_greedy(a, follow1, 4);
+    a.reset();
+    a.prefill(prompt);
+    const std::vector<float> want2 = continue_greedy(a, follow2, 4);
+    const std::vector<uint8_t> file = test::read_file(path);
+
+    Session b(*m, o), c(*m, o);
+    const runtime::LoadedSession lb = runtime::load_session(b, path);
+    const runtime::LoadedSession lc = runtime::load_session(c, path);
+    // Every head region of 64 KiB or more is mapped in whole pages; the rest is copied.
+    const kv::CacheConfig& cc = a.cache().config();
+    const int nb = (static_cast<int>(prompt.size()) + cc.block() - 1) / cc.block();
+    uint64_t pages = 0;
+    for (kv::Stream st : {kv::Stream::kKey, kv::Stream::kValue}) {
+      for (kv::Part part : {kv::Part::kCodes, kv::Part::kScales, kv::Part::kZeros}) {
+        const size_t used = kv::part_head_bytes(cc, st, part, nb);
+        if (used >= 65536) pages += cc.n_layers * cc.n_kv_heads * (used / 4096 * 4096);
+      }
+    }
+    EXPECT_GT(pages, 0u);
+    EXPECT_EQ(lb.mapped_bytes, pages);
+    EXPECT_EQ(lc.mapped_bytes, lb.mapped_bytes);
+    auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+      return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same(continue_greedy(b, follow1, 4), want1));
+    EXPECT_TRUE(same(continue_greedy(c, follow2, 4), want2));
+    EXPECT_EQ(test::read_file(path), file);  // the sessions' writes stayed private
+    runtime::load_session(b, path);          // over its own mapped and written cache
+    EXPECT_TRUE(same(continue_greedy(b, follow2, 4), want2));
+    EXPECT_EQ(test::read_file(path), file);
+  }
 }
 
 TEST(KvFile, ChecksumDoesNotDependOnHowTheBytesAreSplit) {

@@ -206,7 +206,8 @@ int cmd_generate(int argc, char** argv) {
       j.kv("kv_load", kv_load)
           .kv("kv_load_ms", 1e3 * loaded.load_seconds)
           .kv("kv_loaded_tokens", loaded.n_tokens)
-          .kv("kv_file_bytes", loaded.bytes);
+          .kv("kv_file_bytes", loaded.bytes)
+          .kv("kv_mapped_bytes", loaded.mapped_bytes);
       // What the file saves: the prefill that produced it.
       j.kv("kv_saved_prefill_tokens", loaded.prefill_tokens)
           .kv("kv_saved_prefill_ms", 1e3 * loaded.prefill_seconds);
@@ -247,8 +248,10 @@ int cmd_generate(int argc, char** argv) {
                  static_cast<unsigned long long>(kv_reserved));
     if (!kv_load.empty()) {
       std::fprintf(stderr,
-                   "[KV cache loaded from %s: %d tokens in %.1f ms; their prefill took %.1f ms]\n",
+                   "[KV cache loaded from %s: %d tokens in %.1f ms (%.1f of %.1f MiB mapped in "
+                   "place); their prefill took %.1f ms]\n",
                    kv_load.c_str(), loaded.n_tokens, 1e3 * loaded.load_seconds,
+                   loaded.mapped_bytes / 1048576.0, loaded.bytes / 1048576.0,
                    1e3 * loaded.prefill_seconds);
     }
     if (!kv_save.empty()) {

@@ -39,13 +39,17 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   }
   void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int e = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) fail("cannot map '%s': %s", path.c_str(), std::strerror(e));
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    fail("cannot map '%s': %s", path.c_str(), std::strerror(e));
+  }
   data_ = static_cast<const uint8_t*>(p);
+  fd_ = fd;
 }
 
 MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace kivi::io

@@ -1,5 +1,6 @@
 // A read-only memory map of a whole file. Model weights are used straight from the
-// map; nothing is copied.
+// map; nothing is copied. The file stays open while mapped, so that parts of it can be
+// mapped again elsewhere (a saved KV cache's blocks into a cache's buffers).
 #pragma once
 
 #include <cstddef>
@@ -20,11 +21,13 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
 
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;
 };
 
 // Throws a kivi::Error if `path` is not a readable regular file; used before

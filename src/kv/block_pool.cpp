@@ -80,15 +80,24 @@ BlockPool::BlockPool(const CacheConfig& config, int n_blocks, bool block_summari
     for (Stream which : {Stream::kKey, Stream::kValue}) {
       StreamStorage& s = which == Stream::kKey ? L.k : L.v;
       s.layout = stream_layout(cfg_, which);
-      // Not zeroed here: allocate() zeroes each block when it hands it out, so a large
-      // pool commits memory only as sequences use it.
-      s.codes.reset(s.layout.head_block_bytes * nb * H, false);
-      const size_t np = s.layout.head_block_params * nb * H + s.layout.shared_params * nb;
+      // Anonymous maps (buffers of 64 KiB or more) start zeroed and commit memory only
+      // as tokens are written; heap buffers are zeroed here. allocate() zeroes a block
+      // again only when it hands it out a second time.
+      s.code_head_stride = head_region_bytes(s.layout.head_block_bytes * nb);
+      s.param_head_stride = head_region_bytes(s.layout.head_block_params * nb * ps) / ps;
+      s.codes.reset(s.code_head_stride * H, false);
+      const size_t np = s.param_head_stride * H + s.layout.shared_params * nb;
       s.scales.reset(np * ps, false);
       if (is_kivi(s.layout.fmt.format)) s.zeros.reset(np * ps, false);
     }
     if (summaries_) L.summaries.reset(nb * H * 2 * cfg_.head_dim, false);
+    for (StreamStorage* s : {&L.k, &L.v}) {
+      for (AlignedBuffer<uint8_t>* b : {&s->codes, &s->scales, &s->zeros}) {
+        if (!b->mapped() && b->size()) std::memset(b->data(), 0, b->bytes());
+      }
+    }
   }
+  used_before_.assign(n_blocks_, 0);
   free_.resize(n_blocks_);
   for (int i = 0; i < n_blocks_; ++i) free_[i] = n_blocks_ - 1 - i;  // block 0 on top
   refs_.assign(n_blocks_, 0);
@@ -105,29 +114,27 @@ uint64_t BlockPool::bytes_reserved() const {
   return t;
 }
 
-void BlockPool::zero_block(int32_t b) {
+void BlockPool::zero_block(int32_t b, bool data) {
   const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     LayerStorage& L = layers_[l];
     if (L.k.codes.size() == 0) continue;  // stores nothing
     if (b >= layer_blocks_[l]) continue;  // a sliding-window layer's fewer blocks
-    const size_t nb = layer_blocks_[l];
     for (StreamStorage* s : {&L.k, &L.v}) {
+      if (!data) break;
       const StreamLayout& lay = s->layout;
+      const size_t pb = lay.head_block_params * ps;
       for (size_t h = 0; h < H; ++h) {
-        const size_t hb = h * nb + static_cast<size_t>(b);
-        std::memset(s->codes.data() + hb * lay.head_block_bytes, 0, lay.head_block_bytes);
-        if (lay.head_block_params) {
-          std::memset(s->scales.data() + hb * lay.head_block_params * ps, 0,
-                      lay.head_block_params * ps);
-          if (s->zeros.size())
-            std::memset(s->zeros.data() + hb * lay.head_block_params * ps, 0,
-                        lay.head_block_params * ps);
+        std::memset(s->codes.data() + h * s->code_head_stride + b * lay.head_block_bytes, 0,
+                    lay.head_block_bytes);
+        if (pb) {
+          const size_t at = h * s->param_head_stride * ps + b * pb;
+          std::memset(s->scales.data() + at, 0, pb);
+          if (s->zeros.size()) std::memset(s->zeros.data() + at, 0, pb);
         }
       }
       if (lay.shared_params) {
-        const size_t base =
-            H * nb * lay.head_block_params + static_cast<size_t>(b) * lay.shared_params;
+        const size_t base = H * s->param_head_stride + static_cast<size_t>(b) * lay.shared_params;
         std::memset(s->scales.data() + base * ps, 0, lay.shared_params * ps);
       }
     }
@@ -163,7 +170,8 @@ int32_t BlockPool::allocate(bool reserved) {
   const int32_t b = free_.back();
   free_.pop_back();
   refs_[b] = 1;
-  zero_block(b);
+  zero_block(b, used_before_[b] != 0);
+  used_before_[b] = 1;
   return b;
 }
 

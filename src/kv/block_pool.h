@@ -6,7 +6,8 @@
 // Layout per layer and stream (H KV heads): the buffers are head-major,
 // [H][n_blocks][head block], exactly as kv_cache.h describes, so a block id indexes
 // every layer's buffers and a StreamView over a shared pool looks like one over a
-// private cache with a permuted block table.
+// private cache with a permuted block table. A head's region of 64 KiB or more starts on
+// a page (kv::head_region_bytes), so that a saved cache can be mapped into it.
 //
 // Accounting (shared pools): a block is free, or held by one or more caches
 // (reference counted). A sequence reserves the blocks it may need before it starts,
@@ -49,9 +50,11 @@ class BlockPool {
  public:
   struct StreamStorage {
     StreamLayout layout;
-    AlignedBuffer<uint8_t> codes;  // [H][n_blocks][head_block_bytes]
+    size_t code_head_stride = 0;   // bytes: head_region_bytes(n_blocks * head_block_bytes)
+    size_t param_head_stride = 0;  // parameters: head_region_bytes(n_blocks * params) / size
+    AlignedBuffer<uint8_t> codes;  // [H][code_head_stride]
     AlignedBuffer<uint8_t>
-        scales;  // [H][n_blocks][head_block_params] + [n_blocks][shared_params], param type
+        scales;                    // [H][param_head_stride] + [n_blocks][shared_params], param type
     AlignedBuffer<uint8_t> zeros;  // like scales (KIVI only)
   };
   struct LayerStorage {  // empty for a layer that reads another layer's cache
@@ -60,9 +63,10 @@ class BlockPool {
   };
 
   // `config` gives the shape and formats (its ctx is not used, except with sliding
-  // windows). Storage is reserved here and zeroed block by block when a block is first
-  // handed out. A layer with a sliding window (config.layer_window) stores only its
-  // first kv::layer_blocks() blocks: block ids past them hold nothing of that layer.
+  // windows). Storage is reserved here, zeroed; large buffers are fresh anonymous maps,
+  // so memory is committed only as blocks are written. A layer with a sliding window
+  // (config.layer_window) stores only its first kv::layer_blocks() blocks: block ids past them hold
+  // nothing of that layer.
   BlockPool(const CacheConfig& config, int n_blocks, bool block_summaries = false);
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -109,16 +113,19 @@ class BlockPool {
 
  private:
   std::string key(int32_t parent, const int* tokens) const;
-  void zero_block(int32_t b);
+  // Resets block b's summaries and, if `data` (the block held tokens before), zeroes
+  // its codes and parameters.
+  void zero_block(int32_t b, bool data);
 
   CacheConfig cfg_;
   int block_ = 0, n_blocks_ = 0;
   bool summaries_ = false, sharing_ = false;
   uint64_t block_bytes_ = 0;
   std::vector<LayerStorage> layers_;
-  std::vector<int> layer_blocks_;  // [n_layers]
-  std::vector<int32_t> free_;      // stack of free block ids, lowest on top
-  std::vector<int32_t> refs_;      // [n_blocks]
+  std::vector<int> layer_blocks_;     // [n_layers]
+  std::vector<int32_t> free_;         // stack of free block ids, lowest on top
+  std::vector<int32_t> refs_;         // [n_blocks]
+  std::vector<uint8_t> used_before_;  // [n_blocks] handed out before: not zero any more
   int reserved_ = 0, shared_ = 0;
   std::unordered_map<std::string, int32_t> index_;  // prefix key -> published block
   std::vector<std::string> keys_;  // [n_blocks] the key a block is published under, or ""

@@ -272,35 +272,52 @@ int key_ring_capacity(const CacheConfig& c) {
 
 int value_ring_capacity(const CacheConfig& c) { return is_kivi(c.v.format) ? c.residual : 0; }
 
-// Bytes of stored (non-residual) data for `nq` tokens of one stream, one layer.
-static uint64_t stream_stored_bytes(const CacheConfig& c, Stream s, int nq) {
+// Bytes of stored (non-residual) data for `nq` tokens of one stream, one layer: per head
+// the codes and the parameters (each of scale and zero point), and the parameters the
+// heads share (int8 with one scale per token).
+struct StoredBytes {
+  uint64_t head_codes = 0, head_params = 0, shared_params = 0;
+  int param_sets = 1;  // KIVI: a scale and a zero point
+};
+static StoredBytes stream_stored(const CacheConfig& c, Stream s, int nq) {
   const StreamFormat& f = s == Stream::kKey ? c.k : c.v;
-  const uint64_t H = c.n_kv_heads, D = c.head_dim, ps = param_size(c.param_type);
-  const uint64_t codes = H * static_cast<uint64_t>(nq) * D * format_bits(f.format) / 8;
-  uint64_t params = 0;
+  const uint64_t D = c.head_dim, ps = param_size(c.param_type), n = static_cast<uint64_t>(nq);
+  StoredBytes b;
+  b.head_codes = n * D * format_bits(f.format) / 8;
   if (f.format == Format::kInt8) {
     switch (f.granularity) {
       case Int8Granularity::kTensor:
-        params = 0;
         break;
       case Int8Granularity::kToken:
-        params = static_cast<uint64_t>(nq) * ps;
+        b.shared_params = n * ps;
         break;
       case Int8Granularity::kHead:
-        params = H * nq * ps;
+        b.head_params = n * ps;
         break;
       case Int8Granularity::kGroup:
-        params = H * nq * (D / c.channel_group()) * ps;
+        b.head_params = n * (D / c.channel_group()) * ps;
         break;
     }
   } else if (is_kivi(f.format)) {
-    if (s == Stream::kKey) {
-      params = 2 * H * static_cast<uint64_t>(nq / c.group_size) * D * ps;
-    } else {
-      params = 2 * H * static_cast<uint64_t>(nq) * (D / c.channel_group()) * ps;
-    }
+    b.param_sets = 2;
+    b.head_params =
+        s == Stream::kKey ? n / c.group_size * D * ps : n * (D / c.channel_group()) * ps;
   }
-  return codes + params;
+  return b;
+}
+
+static uint64_t stream_stored_bytes(const CacheConfig& c, Stream s, int nq) {
+  const StoredBytes b = stream_stored(c, s, nq);
+  const uint64_t H = c.n_kv_heads;
+  return H * b.head_codes + b.param_sets * H * b.head_params + b.shared_params;
+}
+
+// The same in a pool's buffers, whose heads' regions start on pages once large enough.
+static uint64_t stream_reserved_bytes(const CacheConfig& c, Stream s, int nq) {
+  const StoredBytes b = stream_stored(c, s, nq);
+  const uint64_t H = c.n_kv_heads;
+  const uint64_t params = H * head_region_bytes(b.head_params) + b.shared_params;
+  return H * head_region_bytes(b.head_codes) + (b.param_sets == 2 ? 2 * params : params);
 }
 
 namespace {
@@ -346,8 +363,8 @@ uint64_t expected_bytes_reserved(const CacheConfig& c) {
   for (int l = 0; l < c.n_layers; ++l) {
     if (owners[l] != l) continue;
     const int n_blocks = layer_blocks(c, l);
-    uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, n_blocks * B) +
-                         stream_stored_bytes(c, Stream::kValue, n_blocks * B) +
+    uint64_t per_layer = stream_reserved_bytes(c, Stream::kKey, n_blocks * B) +
+                         stream_reserved_bytes(c, Stream::kValue, n_blocks * B) +
                          static_cast<uint64_t>(key_ring_capacity(c)) * row +
                          static_cast<uint64_t>(value_ring_capacity(c)) * row +
                          n_blocks * sizeof(int32_t) +  // block table

@@ -67,6 +67,8 @@ void KvCache::init_stream(StreamStore& s, BlockPool::StreamStorage& storage) {
   s.codes = storage.codes.data();
   s.scales = storage.scales.data();
   s.zeros = storage.zeros.size() ? storage.zeros.data() : nullptr;
+  s.code_stride = storage.code_head_stride;
+  s.param_stride = storage.param_head_stride;
   s.ring.reset(static_cast<size_t>(s.lay.ring_cap) * cfg_.n_kv_heads * cfg_.head_dim);
 }
 
@@ -206,10 +208,7 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
   const size_t pb = static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
   // Codes of head h for this token.
-  auto dst = [&](int h) {
-    return s.codes + (static_cast<size_t>(h) * L.n_blocks + pb) * s.lay.head_block_bytes +
-           slot * s.lay.token_stride;
-  };
+  auto dst = [&](int h) { return s.head_codes(h, pb) + slot * s.lay.token_stride; };
   switch (s.lay.fmt.format) {
     case Format::kF32:
       for (int h = 0; h < H; ++h)
@@ -241,7 +240,7 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
       for (int h = 0; h < H; ++h) {
         int8_t* codes = reinterpret_cast<int8_t*>(dst(h));
         const float* xh = x + static_cast<size_t>(h) * D;
-        const size_t base = (static_cast<size_t>(h) * L.n_blocks + pb) * s.lay.head_block_params;
+        const size_t base = s.param_index(h, pb);
         switch (s.lay.fmt.granularity) {
           case Int8Granularity::kTensor:
           case Int8Granularity::kToken:
@@ -277,9 +276,8 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
     for (int h = 0; h < H; ++h) {
       const float* src =
           s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, g0)) * D;
-      const size_t hb = static_cast<size_t>(h) * L.n_blocks + pb;
-      uint8_t* codes = s.codes + hb * s.lay.head_block_bytes + slot * s.lay.token_stride;
-      const size_t pi = hb * s.lay.head_block_params + static_cast<size_t>(slot / G) * D;
+      uint8_t* codes = s.head_codes(h, pb) + slot * s.lay.token_stride;
+      const size_t pi = s.param_index(h, pb) + static_cast<size_t>(slot / G) * D;
       quantize_keys(src, 1, G, D, G, bits, cfg_.param_type, codes, s.scales + pi * ps,
                     s.zeros + pi * ps);
       if (summaries_) {
@@ -302,14 +300,13 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   if (readonly(pos)) return;
   const int bits = format_bits(s.lay.fmt.format);
   const size_t ps = param_size(cfg_.param_type);
-  const size_t hb =
-      static_cast<size_t>(h) * L.n_blocks + static_cast<size_t>(L.block_table[pos / block_]);
+  const size_t pb = static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
-  const size_t pi = hb * s.lay.head_block_params + static_cast<size_t>(slot) * (D / cgroup_);
+  const size_t pi = s.param_index(h, pb) + static_cast<size_t>(slot) * (D / cgroup_);
   quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(), s.scales + pi * ps,
                   s.zeros + pi * ps);
   // Interleave into the token's quad: byte j goes to 4 j + slot % 4.
-  uint8_t* quad = s.codes + hb * s.lay.head_block_bytes + slot / 4 * 4 * s.lay.code_row_bytes;
+  uint8_t* quad = s.head_codes(h, pb) + slot / 4 * 4 * s.lay.code_row_bytes;
   for (size_t j = 0; j < s.lay.code_row_bytes; ++j) quad[4 * j + slot % 4] = row_tmp_[j];
 }
 
@@ -416,6 +413,8 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
   v.zeros = s.zeros;
   v.block_table = L.block_table.data();
   v.n_blocks = L.n_blocks;
+  v.code_head_stride = s.code_stride;
+  v.param_head_stride = s.param_stride;
   v.head_block_bytes = s.lay.head_block_bytes;
   v.head_block_params = s.lay.head_block_params;
   v.code_row_bytes = s.lay.code_row_bytes;
@@ -460,8 +459,7 @@ void KvCache::rotate_keys(int layer, int first, int last, const float* rope_row,
   for (int t = first; t < last; ++t) {
     const size_t pb = static_cast<size_t>(L.block_table[t / block_]);
     for (int h = 0; h < H; ++h) {
-      uint8_t* row = s.codes + (static_cast<size_t>(h) * L.n_blocks + pb) * s.lay.head_block_bytes +
-                     static_cast<size_t>(t % block_) * s.lay.token_stride;
+      uint8_t* row = s.head_codes(h, pb) + static_cast<size_t>(t % block_) * s.lay.token_stride;
       if (s.lay.fmt.format == Format::kF32) {
         std::memcpy(x.data(), row, D * sizeof(float));
       } else {
@@ -611,25 +609,29 @@ void KvCache::for_each_piece(const Layer& L, Stream which, Part p, int nb,
   const StreamStore& s = which == Stream::kKey ? L.k : L.v;
   const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
   const StreamLayout& lay = s.lay;
-  auto blocks = [&](uint8_t* base, size_t per_head_block) {
+  // Each head's nb blocks, then the padding of its region (kv/snapshot.h).
+  auto blocks = [&](uint8_t* base, size_t head_stride, size_t per_head_block) {
     if (!base || per_head_block == 0) return;
+    const size_t used = static_cast<size_t>(nb) * per_head_block;
+    const size_t pad = head_region_bytes(used) - used;
     for (size_t h = 0; h < H; ++h) {
       for (int b = 0; b < nb; ++b) {
-        const size_t hb = h * n_blocks_ + static_cast<size_t>(L.block_table[b]);
-        f(base + hb * per_head_block, per_head_block);
+        f(base + h * head_stride + static_cast<size_t>(L.block_table[b]) * per_head_block,
+          per_head_block);
       }
+      if (pad) f(nullptr, pad);
     }
   };
   switch (p) {
     case Part::kCodes:
-      blocks(s.codes, lay.head_block_bytes);
+      blocks(s.codes, s.code_stride, lay.head_block_bytes);
       break;
     case Part::kScales:
     case Part::kZeros: {
       uint8_t* base = p == Part::kScales ? s.scales : s.zeros;
-      blocks(base, lay.head_block_params * ps);
+      blocks(base, s.param_stride * ps, lay.head_block_params * ps);
       if (p == Part::kScales && lay.shared_params) {  // int8/token: [n_blocks][B] after the heads'
-        const size_t off = H * n_blocks_ * lay.head_block_params * ps, per = lay.shared_params * ps;
+        const size_t off = H * s.param_stride * ps, per = lay.shared_params * ps;
         for (int b = 0; b < nb; ++b)
           f(base + off + static_cast<size_t>(L.block_table[b]) * per, per);
       }
@@ -655,26 +657,70 @@ void KvCache::read_part(int layer, Stream s, Part p, int nb,
                         const std::function<void(const uint8_t*, size_t)>& f) const {
   if (borrows(layer)) fail("KV cache: layer %d stores no cache", layer);
   if (nb < 0 || nb > n_logical_) fail("KV cache: %d blocks of %d", nb, n_logical_);
-  for_each_piece(layers_.at(layer), s, p, nb, [&](uint8_t* ptr, size_t n) { f(ptr, n); });
+  static const uint8_t zeros[4096] = {};
+  for_each_piece(layers_.at(layer), s, p, nb, [&](uint8_t* ptr, size_t n) {
+    if (ptr) {
+      f(ptr, n);
+      return;
+    }
+    for (size_t o = 0; o < n; o += sizeof zeros) f(zeros, std::min(sizeof zeros, n - o));
+  });
 }
 
-void KvCache::restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts]) {
+uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts],
+                          const FileSource* file) {
   if (borrows(layer)) fail("KV cache: layer %d stores no cache", layer);
   if (shares_pool()) fail("KV cache: a cache in a shared block pool is not restored");
   Layer& L = layers_.at(layer);
   if (L.n != 0) fail("KV cache: layer %d is not empty", layer);
   check_layer_state(cfg_, st, strfmt("KV cache layer %d", layer));
   const int nb = (st.n + block_ - 1) / block_;
+  for (int b = 0; b < nb; ++b) {
+    if (L.block_table[b] != b) fail("KV cache: layer %d is not in order for a restore", layer);
+  }
+  const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
+  BlockPool::LayerStorage& P = own_pool_->layer(layer);
+  uint64_t mapped = 0;
+  // One head's region: its whole pages mapped where the file allows, the rest copied.
+  auto region = [&](AlignedBuffer<uint8_t>& buf, size_t at, const uint8_t* src, size_t n) {
+    size_t done = 0;
+    const size_t whole = n / kPageBytes * kPageBytes;
+    if (file && whole > 0 &&
+        buf.map_file(at, file->fd, static_cast<uint64_t>(src - file->base), whole)) {
+      done = whole;
+    }
+    std::memcpy(buf.data() + at + done, src + done, n - done);
+    mapped += done;
+  };
   for (Stream which : {Stream::kKey, Stream::kValue}) {
-    for (int p = 0; p < kNumParts; ++p) {
-      const uint8_t* src = parts[static_cast<int>(which)][p];
+    StreamStore& s = which == Stream::kKey ? L.k : L.v;
+    BlockPool::StreamStorage& S = which == Stream::kKey ? P.k : P.v;
+    const int w = static_cast<int>(which);
+    for (Part p : {Part::kCodes, Part::kScales, Part::kZeros}) {
+      const uint8_t* src = parts[w][static_cast<int>(p)];
+      if (!src) continue;
+      AlignedBuffer<uint8_t>& buf = p == Part::kCodes    ? S.codes
+                                    : p == Part::kScales ? S.scales
+                                                         : S.zeros;
+      const size_t stride = p == Part::kCodes ? S.code_head_stride : S.param_head_stride * ps;
+      const size_t used = part_head_bytes(cfg_, which, p, nb),
+                   file_stride = head_region_bytes(used);
+      if (used > 0) {
+        for (size_t h = 0; h < H; ++h) region(buf, h * stride, src + h * file_stride, used);
+      }
+      if (p == Part::kScales && s.lay.shared_params) {  // int8/token, after the heads
+        std::memcpy(buf.data() + H * stride, src + H * file_stride,
+                    static_cast<size_t>(nb) * s.lay.shared_params * ps);
+      }
+    }
+    for (Part p : {Part::kRing, Part::kSummaries}) {
+      const uint8_t* src = parts[w][static_cast<int>(p)];
       size_t off = 0;
-      for_each_piece(L, which, static_cast<Part>(p), nb, [&](uint8_t* dst, size_t n) {
+      for_each_piece(L, which, p, nb, [&](uint8_t* dst, size_t n) {
         std::memcpy(dst, src + off, n);
         off += n;
       });
     }
-    StreamStore& s = which == Stream::kKey ? L.k : L.v;
     const StreamState& t = which == Stream::kKey ? st.k : st.v;
     s.n_stored = t.n_stored;
     s.ring_shift = t.ring_shift;
@@ -683,6 +729,7 @@ void KvCache::restore(int layer, const LayerState& st, const uint8_t* const part
     s.clamped = t.clamped;
   }
   L.n = st.n;
+  return mapped;
 }
 
 KvCache::RawStream KvCache::raw(int layer, Stream s) const {

@@ -70,11 +70,14 @@ struct StreamView {
       false;  // KIVI keys: params per (group of tokens, channel), rows interleaved per group
   // Stored segment: tokens [0, n_stored).
   int n_stored = 0;
-  const uint8_t* codes = nullptr;   // [H][n_blocks][head_block_bytes]
-  const uint8_t* scales = nullptr;  // [H][n_blocks][head_block_params] (int8/token: [n_blocks][B])
+  const uint8_t* codes = nullptr;   // [H][code_head_stride], each [n_blocks][head_block_bytes]
+  const uint8_t* scales = nullptr;  // [H][param_head_stride], each [n_blocks][head_block_params]
+                                    // (int8/token: [n_blocks][B] after the heads)
   const uint8_t* zeros = nullptr;   // like scales (KIVI only)
   const int32_t* block_table = nullptr;  // logical block -> physical block
   int n_blocks = 0;                      // physical blocks per head
+  size_t code_head_stride = 0;           // bytes from one head's codes to the next's
+  size_t param_head_stride = 0;          // parameters from one head's to the next's
   size_t head_block_bytes = 0;           // codes of one head in one block
   size_t head_block_params = 0;  // parameters (each of scale, zero) of one head in one block
   size_t code_row_bytes = 0;     // bytes of one token's codes for one head
@@ -88,28 +91,28 @@ struct StreamView {
 
   // Each head's blocks are contiguous, so a head's history (with an identity block
   // table) is one sequential stream: what one attention task reads.
-  size_t head_block(int t, int h) const {
-    return static_cast<size_t>(h) * n_blocks + static_cast<size_t>(block_table[t / block]);
+  size_t physical_block(int t) const { return static_cast<size_t>(block_table[t / block]); }
+  const uint8_t* head_block_codes(int t, int h) const {
+    return codes + static_cast<size_t>(h) * code_head_stride + physical_block(t) * head_block_bytes;
   }
   // Pointer to the codes of token t (< n_stored), head h, in row formats. For quad-interleaved
   // streams: the start of t's quad; byte j of token t is at quad_row(t, h)[4 j + t % 4].
   // KIVI keys (per_channel): the start of t's group; byte j of token t is at
   // group_codes(t, h)[kv::key_group_offset(t % group, j, code_row_bytes, group)].
   const uint8_t* row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes +
-           static_cast<size_t>(t % block) * token_stride;
+    return head_block_codes(t, h) + static_cast<size_t>(t % block) * token_stride;
   }
   const uint8_t* group_codes(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes +
-           static_cast<size_t>(t % block) / group * group * code_row_bytes;
+    return head_block_codes(t, h) + static_cast<size_t>(t % block) / group * group * code_row_bytes;
   }
   const uint8_t* quad_row(int t, int h) const {
-    return codes + head_block(t, h) * head_block_bytes +
-           static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
+    return head_block_codes(t, h) + static_cast<size_t>(t % block) / 4 * 4 * code_row_bytes;
   }
   // Index of the first parameter of head h in the block holding token t; the layout
   // within it: KIVI keys [B/G][D], KIVI values and int8/group [B][D/Gc], int8/head [B].
-  size_t param_base(int t, int h) const { return head_block(t, h) * head_block_params; }
+  size_t param_base(int t, int h) const {
+    return static_cast<size_t>(h) * param_head_stride + physical_block(t) * head_block_params;
+  }
   // KIVI keys: index of the first of the D parameters of the group holding token t.
   size_t group_params(int t, int h) const {
     return param_base(t, h) + static_cast<size_t>(t % block) / group * head_dim;
@@ -228,16 +231,25 @@ class KvCache {
   int blocks_shared() const;  // mapped blocks held by other caches too
 
   // Snapshots (kv/snapshot.h): a stored layer's state, and the pieces of one part of
-  // its first nb blocks in the snapshot's order, passed to f(bytes, n) one by one.
+  // its first nb blocks in the snapshot's order, passed to f(bytes, n) one by one (a
+  // head region's zero padding as f(nullptr, n)).
   LayerState layer_state(int layer) const;
   void read_part(int layer, Stream s, Part p, int nb,
                  const std::function<void(const uint8_t*, size_t)>& f) const;
+  // Where snapshot parts lie in an open file, so that restore can map them.
+  struct FileSource {
+    int fd = -1;
+    const uint8_t* base = nullptr;  // the file's first byte in memory: offset = part - base
+  };
   // Restores a stored layer of an empty cache with its own pool (a session's) from a
   // snapshot: its state (checked by check_layer_state first) and its parts,
   // parts[stream][part] of part_bytes(config(), stream, part, ceil(st.n / B), summaries)
-  // bytes each. The blocks are copied: the pool's buffers hold every head's blocks
-  // side by side ([H][n_blocks][...]), so a block of the file cannot stand in for one.
-  void restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts]);
+  // bytes each. With a file, each head's region of codes, scales and zero points that
+  // starts on a page in the file is mapped in place, copy-on-write, in whole pages (the
+  // pool's heads start on pages when their regions are large); the rest is copied.
+  // Returns the bytes mapped.
+  uint64_t restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts],
+                   const FileSource* file = nullptr);
   bool block_summaries() const { return summaries_; }
 
   // Test access: a stored stream's raw storage (for bit-exact state comparison).
@@ -257,7 +269,16 @@ class KvCache {
     uint8_t* codes = nullptr;  // the pool's buffers
     uint8_t* scales = nullptr;
     uint8_t* zeros = nullptr;
+    size_t code_stride = 0;     // bytes between heads' codes
+    size_t param_stride = 0;    // parameters between heads' parameters
     AlignedBuffer<float> ring;  // [H][ring_cap][D], this cache's own
+    // The codes of head h in physical block pb, and the index of its first parameter.
+    uint8_t* head_codes(int h, size_t pb) const {
+      return codes + static_cast<size_t>(h) * code_stride + pb * lay.head_block_bytes;
+    }
+    size_t param_index(int h, size_t pb) const {
+      return static_cast<size_t>(h) * param_stride + pb * lay.head_block_params;
+    }
     int ring_shift =
         0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
     int n_stored = 0;  // tokens in blocks

@@ -61,17 +61,32 @@ LayerState decode_layer_state(const uint8_t* in) {
   return s;
 }
 
+size_t part_head_bytes(const CacheConfig& c, Stream s, Part p, int nb) {
+  const StreamLayout lay = stream_layout(c, s);
+  const size_t n = static_cast<size_t>(nb), ps = param_size(c.param_type);
+  switch (p) {
+    case Part::kCodes:
+      return n * lay.head_block_bytes;
+    case Part::kScales:
+      return n * lay.head_block_params * ps;
+    case Part::kZeros:
+      return is_kivi(lay.fmt.format) ? n * lay.head_block_params * ps : 0;
+    default:
+      return 0;
+  }
+}
+
 size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb, bool block_summaries) {
   const StreamLayout lay = stream_layout(c, s);
   const size_t H = c.n_kv_heads, D = c.head_dim, n = static_cast<size_t>(nb);
   const size_t ps = param_size(c.param_type);
+  const size_t heads = H * head_region_bytes(part_head_bytes(c, s, p, nb));
   switch (p) {
     case Part::kCodes:
-      return H * n * lay.head_block_bytes;
-    case Part::kScales:
-      return (H * n * lay.head_block_params + n * lay.shared_params) * ps;
     case Part::kZeros:
-      return is_kivi(lay.fmt.format) ? H * n * lay.head_block_params * ps : 0;
+      return heads;
+    case Part::kScales:
+      return heads + n * lay.shared_params * ps;
     case Part::kRing:
       return static_cast<size_t>(lay.ring_cap) * H * D * sizeof(float);
     case Part::kSummaries:

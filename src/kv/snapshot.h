@@ -1,13 +1,17 @@
 // A KV cache's contents as a file holds them (runtime/kv_file.h): per stored layer, a
 // small state record and the parts of its keys and values, each part in the logical
 // order of the layer's first nb blocks (nb = ceil(n / B)), whatever the block table:
-//   codes      [H][nb][head_block_bytes]
-//   scales     [H][nb][head_block_params] then [nb][shared_params], param type (int8/token)
+//   codes      [H][region], a region holding the head's [nb][head_block_bytes]
+//   scales     [H][region] of [nb][head_block_params], then [nb][shared_params]
+//              (int8/token), in the parameter type
 //   zeros      like scales (KIVI formats; empty otherwise)
 //   ring       [H][ring_capacity][D] f32, the residual window as stored (KIVI; empty otherwise)
 //   summaries  [nb][H][2][D] f32, the keys' min and max per block (keys part, if enabled)
-// A cache restored from these parts has an identity block table and reads exactly the
-// bytes the saved one read, so continuing from it gives the same bits.
+// A head's region is kv::head_region_bytes of its data: padded with zeros to whole pages
+// once it is 64 KiB or more, so that a loader can map it into a pool, whose heads'
+// regions start on pages too. A cache restored from these parts has an identity block
+// table and reads exactly the bytes the saved one read, so continuing from it gives the
+// same bits.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +43,9 @@ inline constexpr size_t kLayerStateBytes = 4 + 2 * (4 + 4 + 4 + 4 + 8);
 void encode_layer_state(const LayerState& s, uint8_t* out);  // out: kLayerStateBytes
 LayerState decode_layer_state(const uint8_t* in);
 
+// Bytes of one head's data in a part with a region per head (codes, scales, zeros) for
+// the first nb blocks, before padding; 0 for the other parts.
+size_t part_head_bytes(const CacheConfig& c, Stream s, Part p, int nb);
 // Bytes of one part of one stream for the first nb blocks (0: the part is absent).
 // `block_summaries`: the cache keeps per-block key summaries.
 size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb, bool block_summaries);

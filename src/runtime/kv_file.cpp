@@ -380,7 +380,8 @@ uint64_t write_kv_file(const std::string& path, const KvFileHeader& h,
   std::vector<Entry> e(n);
   uint64_t off = kKvFileHeaderBytes + n * kKvFileTableEntryBytes;
   for (size_t i = 0; i < n; ++i) {
-    off = (off + kKvFileAlign - 1) / kKvFileAlign * kKvFileAlign;
+    const uint64_t align = sections[i].bytes >= kKvFilePagedMin ? kKvFilePageAlign : kKvFileAlign;
+    off = (off + align - 1) / align * align;
     Checksum c;
     uint64_t got = 0;
     sections[i].emit([&](const void* p, size_t b) {
@@ -422,7 +423,7 @@ uint64_t write_kv_file(const std::string& path, const KvFileHeader& h,
   // Pass 2: the bytes.
   io::AtomicFile out(path);
   out.write(head.data(), head.size());
-  static const uint8_t zeros[kKvFileAlign] = {};
+  static const uint8_t zeros[kKvFilePageAlign] = {};
   uint64_t pos = head.size();
   for (size_t i = 0; i < n; ++i) {
     out.write(zeros, e[i].offset - pos);

@@ -6,7 +6,8 @@
 //            u64 file_bytes, u64 checksum of the header's first 56 bytes and the table
 //   table    n_sections x 32 bytes: u32 kind, i32 layer (-1: none), u64 offset,
 //            u64 bytes, u64 checksum (core/checksum.h) of the section's bytes
-//   sections at offsets aligned to 64 bytes, in the table's order, disjoint:
+//   sections at offsets aligned to 64 bytes (4096 for sections of 64 KiB or more), in
+//            the table's order, disjoint:
 //            config, session, tokens, then per stored layer: its state, the parts of
 //            its keys and values (kv/snapshot.h) that are not empty, and optionally
 //            its block-sparse summaries.
@@ -28,10 +29,14 @@
 
 namespace kivi::runtime {
 
-inline constexpr uint32_t kKvFileVersion = 1;
+inline constexpr uint32_t kKvFileVersion = 2;
 inline constexpr size_t kKvFileHeaderBytes = 64;
 inline constexpr size_t kKvFileTableEntryBytes = 32;
 inline constexpr size_t kKvFileAlign = 64;
+// Sections of 64 KiB or more start on a page, so that the page-padded head regions in
+// them (kv/snapshot.h) can be mapped into a cache.
+inline constexpr size_t kKvFilePageAlign = 4096;
+inline constexpr size_t kKvFilePagedMin = size_t{64} << 10;
 
 enum class KvSection : uint32_t {
   kConfig = 1,   // KvFileConfig, i32 fields

@@ -133,7 +133,9 @@ LoadedSession load_session(Session& s, const std::string& path) {
 
   s.reset();
   kv::KvCache& cache = s.cache();
-  for (const KvFileLayer& L : f.layers) cache.restore(L.layer, L.state, L.parts);
+  const kv::KvCache::FileSource source{map.fd(), map.data()};
+  uint64_t mapped = 0;
+  for (const KvFileLayer& L : f.layers) mapped += cache.restore(L.layer, L.state, L.parts, &source);
   s.restore_counters(f.position_offset, f.dropped, f.overflows);
   // Block-sparse summaries: taken when this session keeps the same kind, else
   // recomputed from the cache on the first sparse step (they are a function of it).
@@ -150,6 +152,7 @@ LoadedSession load_session(Session& s, const std::string& path) {
   r.prefill_tokens = f.prefill_tokens;
   r.prefill_seconds = f.prefill_seconds;
   r.bytes = f.bytes;
+  r.mapped_bytes = mapped;
   r.load_seconds = now_seconds() - t0;
   return r;
 }

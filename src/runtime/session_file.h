@@ -3,12 +3,12 @@
 // the format).
 //
 // Loading maps the file, checks all of it (header, checksums, configuration, model,
-// context, layer states) and only then copies the blocks into the session's cache.
-// The blocks are copied, not referenced in place: a session's cache keeps each layer
-// and stream in one buffer, head-major ([H][n_blocks][...], kv/kv_cache.h), which
-// attention addresses from one base pointer and a block index, so a block elsewhere
-// (in the file's map) cannot be spliced into its block table. The copy runs at
-// memory speed; the prefill it replaces runs the whole model.
+// context, layer states) and only then restores the session's cache from it: the blocks'
+// codes and parameters are mapped into the cache's buffers in place (private,
+// copy-on-write maps of the file's pages, kv::KvCache::restore), so the loaded cache
+// shares memory with the page cache and with every other session that loaded the same
+// file; the small parts (residual window, summaries, the tail of each head's region)
+// are copied.
 #pragma once
 
 #include <cstdint>
@@ -41,8 +41,9 @@ struct LoadedSession {
   int n_tokens = 0;         // tokens in the cache
   int64_t prefill_tokens = 0;
   double prefill_seconds = 0.0;  // what the saving session spent on its prefill
-  double load_seconds = 0.0;     // map, check and copy
+  double load_seconds = 0.0;     // map, check and restore
   uint64_t bytes = 0;
+  uint64_t mapped_bytes = 0;  // of the file's bytes, mapped in place rather than copied
 };
 
 // Resets the session and loads the cache saved in `path`. Throws kivi::Error with one
