@@ -214,7 +214,7 @@ def write_kv(folder):
             off += len(body)
         table = b"".join(struct.pack("<IiQQQ", k, l, o, len(b), checksum(b))
                          for (k, l, b), o in zip(sections, offsets))
-        head = b"KIVIKVC\0" + struct.pack("<IIQqqdQ", 1, len(sections), 0x1234, n, n, 0.5, off)
+        head = b"KIVIKVC\0" + struct.pack("<IIQqqdQ", 2, len(sections), 0x1234, n, n, 0.5, off)
         head += struct.pack("<Q", checksum(head + table))
         out = bytearray(head + table)
         for (_, _, body), o in zip(sections, offsets):
