@@ -46,6 +46,73 @@ void rotate_rope(float* x, int D, const float* rope_row, RopeStyle style) {
   }
 }
 
+namespace {
+
+void prefetch_lines(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(c) & ~uintptr_t{63};
+  for (uintptr_t at = first; at < reinterpret_cast<uintptr_t>(c) + bytes; at += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);
+}
+
+void prefetch_stream(const kv::StreamView& st, int h, int t0, int t1) {
+  const size_t D = st.head_dim, ps = kv::param_size(st.param_type);
+  for (int t = t0; t < t1;) {
+    if (t >= st.n_stored) {  // residual rows (the ring may wrap)
+      const int e = st.ring_run_end(t, t1);
+      prefetch_lines(st.residual_row(t, h), static_cast<size_t>(e - t) * D * sizeof(float));
+      t = e;
+      continue;
+    }
+    const int e = std::min({t1, st.n_stored, (t / st.block + 1) * st.block});
+    size_t first = 0, count = 0;  // parameters
+    if (st.per_channel) {         // KIVI keys: whole groups of codes, [B/G][D] parameters
+      const int G = st.group, gs = t / G * G, ge = (e + G - 1) / G * G;
+      prefetch_lines(st.group_codes(t, h), static_cast<size_t>(ge - gs) * st.code_row_bytes);
+      first = st.group_params(t, h);
+      count = static_cast<size_t>((ge - gs) / G) * D;
+    } else if (st.quad) {  // KIVI values: whole quads, [B][D/Gc] parameters
+      const int q0 = t / 4 * 4;
+      prefetch_lines(st.quad_row(t, h),
+                     static_cast<size_t>((e - q0 + 3) / 4) * 4 * st.code_row_bytes);
+      first = st.param_base(t, h) + static_cast<size_t>(t % st.block) * (D / st.group);
+      count = static_cast<size_t>(e - t) * (D / st.group);
+    } else {
+      prefetch_lines(st.row(t, h), static_cast<size_t>(e - t) * st.token_stride);
+      if (st.fmt.format == kv::Format::kInt8) {
+        switch (st.fmt.granularity) {
+          case kv::Int8Granularity::kGroup:
+            first = st.param_base(t, h) + static_cast<size_t>(t % st.block) * (D / st.group);
+            count = static_cast<size_t>(e - t) * (D / st.group);
+            break;
+          case kv::Int8Granularity::kHead:
+            first = st.param_base(t, h) + static_cast<size_t>(t % st.block);
+            count = static_cast<size_t>(e - t);
+            break;
+          case kv::Int8Granularity::kToken:
+            first = st.token_param_index(t);
+            count = static_cast<size_t>(e - t);
+            break;
+          case kv::Int8Granularity::kTensor:
+            break;
+        }
+      }
+    }
+    if (count) {
+      prefetch_lines(st.scales + first * ps, count * ps);
+      if (st.zeros) prefetch_lines(st.zeros + first * ps, count * ps);
+    }
+    t = e;
+  }
+}
+
+}  // namespace
+
+void prefetch_range(const kv::LayerView& kv, int h, int t0, int t1) {
+  prefetch_stream(kv.k, h, t0, t1);
+  prefetch_stream(kv.v, h, t0, t1);
+}
+
 void merge(State& a, const State& b, int D) {
   if (b.d == 0.0f) return;
   if (a.d == 0.0f) {

@@ -97,6 +97,12 @@ int chunk_tokens(int block);
 int min_chunk_tokens(int block);
 int chunk_tokens_for(int block, int n_kv_heads, int range);
 
+// Asks the cache hierarchy (L2) for every byte a task over tokens [t0, t1) of KV head h
+// reads: its key and value codes, their quantization parameters and residual rows.
+// Callers that attend scattered ranges (block-sparse attention) issue it for the next
+// range while attending this one, so that the next range's first misses do not wait.
+void prefetch_range(const kv::LayerView& kv, int h, int t0, int t1);
+
 // out[n_heads, D] = softmax(q K^T * scale + alibi) V over the tokens in `kv`.
 // q: [n_heads, D]. The query sits at position kv.n_tokens - 1.
 void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,

@@ -102,7 +102,9 @@ SparseAttention::SparseAttention(const Options& o, const kv::CacheConfig& c, int
   task_stride_ = (static_cast<size_t>(rep) * (D_ + 2) + 15) / 16 * 16;
   partial_.reset(task_stride_ * Hkv_ * max_pieces);
   task_head_.resize(static_cast<size_t>(Hkv_) * max_pieces);
-  task_piece_.resize(task_head_.size());
+  task_first_.resize(task_head_.size());
+  task_count_.resize(task_head_.size());
+  piece_base_.resize(Hkv_);
 }
 
 void SparseAttention::score_head(int layer, int owner, int h, const float* q, int rep, int n,
@@ -379,57 +381,77 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
   }
   const double t_start = now_seconds();
   select(layer, owner, kv, q, p, pool);
+  // Tasks: each KV head's pieces in runs of consecutive pieces, enough runs for every
+  // thread. A task attends its pieces in order and prefetches the next piece's bytes
+  // before attending one: the pieces are scattered blocks, and without it each one
+  // starts with a wait on memory (~1 us a piece).
   const int C = chunk_;
-  int n_tasks = 0;
+  const int threads = pool ? std::max(1, pool->size()) : 1;
+  const int runs_per_head = std::max(1, (2 * threads + Hkv - 1) / Hkv);
+  int n_tasks = 0, n_pieces = 0;
   int64_t attended = 0;
   for (int h = 0; h < Hkv; ++h) {
-    for (int i = 0; i < heads_[h].n_pieces; ++i) {
+    const int np = heads_[h].n_pieces, runs = std::min(runs_per_head, np);
+    piece_base_[h] = n_pieces;
+    for (int r = 0; r < runs; ++r) {
       task_head_[n_tasks] = h;
-      task_piece_[n_tasks++] = i;
-      attended += heads_[h].pieces[i].t1 - heads_[h].pieces[i].t0;
+      task_first_[n_tasks] = n_pieces + r * np / runs;
+      task_count_[n_tasks++] = (r + 1) * np / runs - r * np / runs;
     }
+    for (int i = 0; i < np; ++i) attended += heads_[h].pieces[i].t1 - heads_[h].pieces[i].t0;
+    n_pieces += np;
   }
   const double t_selected = now_seconds();
 
   auto task = [&](int ti, int thread) {
-    const int h = task_head_[ti];
-    const Range& rg = heads_[h].pieces[task_piece_[ti]];
-    attn::TaskArgs a;
-    a.kv = &kv;
-    a.h = h;
-    a.t0 = rg.t0;
-    a.t1 = rg.t1;
-    a.q = q + static_cast<size_t>(h) * rep * D;
-    a.rep = rep;
-    a.scale = p.scale;
-    a.slopes = p.alibi_slopes ? p.alibi_slopes + h * rep : nullptr;
-    a.q_pos = n - 1;
-    a.out = partial_.data() + static_cast<size_t>(ti) * task_stride_;
-    a.out_stride = D + 2;
-    a.scratch = ws.thread_scratch(thread);
-    a.ld = C;
-    a.precision = p.precision;
-    a.rope = p.rope;
-    a.rope_style = p.rope_style;
-    attn::attend_range(a);
+    const int h = task_head_[ti], base = piece_base_[h];
+    const Range* pieces = heads_[h].pieces.data();
+    const int end = task_first_[ti] + task_count_[ti];
+    for (int j = task_first_[ti]; j < end; ++j) {
+      const Range& rg = pieces[j - base];
+      if (j + 1 < end)
+        attn::prefetch_range(kv, h, pieces[j + 1 - base].t0, pieces[j + 1 - base].t1);
+      attn::TaskArgs a;
+      a.kv = &kv;
+      a.h = h;
+      a.t0 = rg.t0;
+      a.t1 = rg.t1;
+      a.q = q + static_cast<size_t>(h) * rep * D;
+      a.rep = rep;
+      a.scale = p.scale;
+      a.slopes = p.alibi_slopes ? p.alibi_slopes + h * rep : nullptr;
+      a.q_pos = n - 1;
+      a.out = partial_.data() + static_cast<size_t>(j) * task_stride_;
+      a.out_stride = D + 2;
+      a.scratch = ws.thread_scratch(thread);
+      a.ld = C;
+      a.precision = p.precision;
+      a.rope = p.rope;
+      a.rope_style = p.rope_style;
+      attn::attend_range(a);
+    }
   };
   run_tasks(pool, n_tasks, 2 * attended * rep * D, task);
   // Merge each head's states in token order, as attn::decode does.
-  for (int ti = 0; ti < n_tasks;) {
-    const int h = task_head_[ti], count = heads_[h].n_pieces;
+  for (int h = 0; h < Hkv; ++h) {
+    const int base = piece_base_[h], count = heads_[h].n_pieces;
+    if (count == 0) {  // (never: the local window holds at least the query's own token)
+      std::fill(out + static_cast<size_t>(h) * rep * D, out + static_cast<size_t>(h + 1) * rep * D,
+                0.0f);
+      continue;
+    }
     for (int r = 0; r < rep; ++r) {
       float* o = out + (static_cast<size_t>(h) * rep + r) * D;
-      const float* first = partial_.data() + static_cast<size_t>(ti) * task_stride_ + r * (D + 2);
+      const float* first = partial_.data() + static_cast<size_t>(base) * task_stride_ + r * (D + 2);
       std::copy(first, first + D, o);
       attn::State acc{first[D], first[D + 1], o};
       for (int c = 1; c < count; ++c) {
-        float* b = partial_.data() + static_cast<size_t>(ti + c) * task_stride_ + r * (D + 2);
+        float* b = partial_.data() + static_cast<size_t>(base + c) * task_stride_ + r * (D + 2);
         attn::merge(acc, attn::State{b[D], b[D + 1], b}, D);
       }
       const float inv = 1.0f / acc.d;
       for (int i = 0; i < D; ++i) o[i] *= inv;
     }
-    ti += count;
   }
   const double t_end = now_seconds();
   stats_.select_seconds += t_selected - t_start;

@@ -151,11 +151,13 @@ class SparseAttention {
   int local_start_ = 0, chunk_ = 0;  // of the last call
   BlockSummaries summ_;
   std::vector<Head> heads_;
-  std::vector<Selection> sel_;               // per layer (used by selecting layers)
-  std::vector<float> shared_;                // [n_blocks] summed scores (heads shared)
-  int obs_start_ = 0, obs_end_ = 0;          // preselection: positions of the observation window
-  std::vector<int> task_head_, task_piece_;  // per task: KV head and piece
-  AlignedBuffer<float> partial_;             // [tasks][rep][D + 2]
+  std::vector<Selection> sel_;       // per layer (used by selecting layers)
+  std::vector<float> shared_;        // [n_blocks] summed scores (heads shared)
+  int obs_start_ = 0, obs_end_ = 0;  // preselection: positions of the observation window
+  // Per task: its KV head and its run of pieces (global piece indices, head by head).
+  std::vector<int> task_head_, task_first_, task_count_;
+  std::vector<int> piece_base_;   // [Hkv] global index of each head's first piece
+  AlignedBuffer<float> partial_;  // [pieces][rep][D + 2]
   size_t task_stride_ = 0;
   Stats stats_;
 };
