@@ -325,46 +325,6 @@ TEST(KvCache, FullCacheIsAnError) {
 namespace kivi {
 namespace {
 
-// Block summaries (Quest): per block and head, the per-channel min and max of the keys
-// written to it, for row formats at append and for KIVI keys when a group is flushed.
-TEST(KvCache, BlockSummariesHoldTheKeysMinAndMax) {
-  for (Format f : {Format::kF16, Format::kKivi2}) {
-    CacheConfig c = config(f, f, 8, 16, KeyFlush::kBatch, 2, 8, 100);
-    c.block_tokens = 16;
-    kv::KvCache cache(c, /*block_summaries=*/true);
-    Rng r(9);
-    std::vector<std::vector<float>> K;
-    for (int t = 0; t < 64; ++t) {
-      K.push_back(randn(16, r));
-      cache.append(0, K.back().data(), K.back().data());
-    }
-    const auto view = cache.view(0);
-    ASSERT_NE(view.summaries, nullptr);
-    // Keys [0, n_stored) are in blocks (KIVI: the residual is not summarized yet).
-    const int stored = f == Format::kF16 ? 64 : cache.raw(0, kv::Stream::kKey).n_stored;
-    for (int b = 0; b < stored / 16; ++b) {
-      for (int h = 0; h < 2; ++h) {
-        const float* sm = view.summaries + (static_cast<size_t>(b) * 2 + h) * 2 * 8;
-        for (int d = 0; d < 8; ++d) {
-          float mn = 1e30f, mx = -1e30f;
-          for (int t = b * 16; t < (b + 1) * 16; ++t) {
-            mn = std::min(mn, K[t][h * 8 + d]);
-            mx = std::max(mx, K[t][h * 8 + d]);
-          }
-          EXPECT_EQ(sm[d], mn) << kv::format_name(f) << " block " << b;
-          EXPECT_EQ(sm[8 + d], mx) << kv::format_name(f) << " block " << b;
-        }
-      }
-    }
-  }
-}
-
-}  // namespace
-}  // namespace kivi
-
-namespace kivi {
-namespace {
-
 // The message of the kivi::Error f throws ("" if none).
 template <class F>
 std::string error_of(F&& f) {

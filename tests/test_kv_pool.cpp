@@ -254,8 +254,6 @@ TEST(BlockPool, SharingIsOffWhereContentsDependOnMoreThanThePrefix) {
   const CacheConfig c = config(Format::kInt8, Int8Granularity::kTensor);
   kv::BlockPool pool(c, 20);
   EXPECT_FALSE(pool.prefix_sharing());
-  kv::BlockPool with_summaries(config(Format::kF16), 20, true);
-  EXPECT_FALSE(with_summaries.prefix_sharing());
   kv::KvCache a(pool, c.ctx);
   const auto t = random_tokens(5, 64);
   ASSERT_TRUE(a.reserve(64));

@@ -49,25 +49,22 @@ static uint64_t stream_block_bytes(const CacheConfig& c, const StreamLayout& s) 
   return H * s.head_block_bytes + params * (is_kivi(s.fmt.format) ? 2 : 1);
 }
 
-uint64_t BlockPool::bytes_per_block(const CacheConfig& c, bool block_summaries) {
-  uint64_t per_layer = stream_block_bytes(c, stream_layout(c, Stream::kKey)) +
-                       stream_block_bytes(c, stream_layout(c, Stream::kValue));
-  if (block_summaries)
-    per_layer += static_cast<uint64_t>(c.n_kv_heads) * 2 * c.head_dim * sizeof(float);
+uint64_t BlockPool::bytes_per_block(const CacheConfig& c) {
+  const uint64_t per_layer = stream_block_bytes(c, stream_layout(c, Stream::kKey)) +
+                             stream_block_bytes(c, stream_layout(c, Stream::kValue));
   return per_layer * static_cast<uint64_t>(stored_layers(c));
 }
 
-BlockPool::BlockPool(const CacheConfig& config, int n_blocks, bool block_summaries)
-    : cfg_(config), n_blocks_(n_blocks), summaries_(block_summaries) {
+BlockPool::BlockPool(const CacheConfig& config, int n_blocks) : cfg_(config), n_blocks_(n_blocks) {
   if (cfg_.ctx < 1) cfg_.ctx = std::max(1, n_blocks) * cfg_.block();
   cfg_.validate();
   if (n_blocks < 1) fail("KV pool: %d blocks, expected at least 1", n_blocks);
   block_ = cfg_.block();
-  block_bytes_ = bytes_per_block(cfg_, summaries_);
+  block_bytes_ = bytes_per_block(cfg_);
   const bool tensor_scaled =
       (cfg_.k.format == Format::kInt8 && cfg_.k.granularity == Int8Granularity::kTensor) ||
       (cfg_.v.format == Format::kInt8 && cfg_.v.granularity == Int8Granularity::kTensor);
-  sharing_ = !tensor_scaled && !summaries_;
+  sharing_ = !tensor_scaled;
   const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
   layers_.resize(cfg_.n_layers);
   layer_blocks_.assign(cfg_.n_layers, n_blocks_);
@@ -90,7 +87,6 @@ BlockPool::BlockPool(const CacheConfig& config, int n_blocks, bool block_summari
       s.scales.reset(np * ps, false);
       if (is_kivi(s.layout.fmt.format)) s.zeros.reset(np * ps, false);
     }
-    if (summaries_) L.summaries.reset(nb * H * 2 * cfg_.head_dim, false);
     for (StreamStorage* s : {&L.k, &L.v}) {
       for (AlignedBuffer<uint8_t>* b : {&s->codes, &s->scales, &s->zeros}) {
         if (!b->mapped() && b->size()) std::memset(b->data(), 0, b->bytes());
@@ -109,19 +105,17 @@ uint64_t BlockPool::bytes_reserved() const {
   for (const auto& L : layers_) {
     for (const StreamStorage* s : {&L.k, &L.v})
       t += s->codes.bytes() + s->scales.bytes() + s->zeros.bytes();
-    t += L.summaries.bytes();
   }
   return t;
 }
 
-void BlockPool::zero_block(int32_t b, bool data) {
-  const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
+void BlockPool::zero_block(int32_t b) {
+  const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     LayerStorage& L = layers_[l];
     if (L.k.codes.size() == 0) continue;  // stores nothing
     if (b >= layer_blocks_[l]) continue;  // a sliding-window layer's fewer blocks
     for (StreamStorage* s : {&L.k, &L.v}) {
-      if (!data) break;
       const StreamLayout& lay = s->layout;
       const size_t pb = lay.head_block_params * ps;
       for (size_t h = 0; h < H; ++h) {
@@ -136,13 +130,6 @@ void BlockPool::zero_block(int32_t b, bool data) {
       if (lay.shared_params) {
         const size_t base = H * s->param_head_stride + static_cast<size_t>(b) * lay.shared_params;
         std::memset(s->scales.data() + base * ps, 0, lay.shared_params * ps);
-      }
-    }
-    if (summaries_) {
-      float* sm = L.summaries.data() + static_cast<size_t>(b) * H * 2 * D;
-      for (size_t h = 0; h < H; ++h, sm += 2 * D) {
-        std::fill(sm, sm + D, std::numeric_limits<float>::infinity());
-        std::fill(sm + D, sm + 2 * D, -std::numeric_limits<float>::infinity());
       }
     }
   }
@@ -170,7 +157,7 @@ int32_t BlockPool::allocate(bool reserved) {
   const int32_t b = free_.back();
   free_.pop_back();
   refs_[b] = 1;
-  zero_block(b, used_before_[b] != 0);
+  if (used_before_[b]) zero_block(b);
   used_before_[b] = 1;
   return b;
 }

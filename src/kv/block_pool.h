@@ -19,7 +19,7 @@
 // sequence starting with the same tokens then maps its logical block to the published
 // one instead of storing a copy (the contents would be the same bits: the forward pass
 // does not depend on what else is in the batch). Disabled for int8 with one scale per
-// tensor (the scale depends on the whole first prefill) and for block summaries.
+// tensor (the scale depends on the whole first prefill).
 //
 // Not thread-safe: one thread (the scheduler's) allocates and releases.
 #pragma once
@@ -59,7 +59,6 @@ class BlockPool {
   };
   struct LayerStorage {  // empty for a layer that reads another layer's cache
     StreamStorage k, v;
-    AlignedBuffer<float> summaries;  // [n_blocks][H][2][D] key min, max (if enabled)
   };
 
   // `config` gives the shape and formats (its ctx is not used, except with sliding
@@ -67,19 +66,18 @@ class BlockPool {
   // so memory is committed only as blocks are written. A layer with a sliding window
   // (config.layer_window) stores only its first kv::layer_blocks() blocks: block ids past them hold
   // nothing of that layer.
-  BlockPool(const CacheConfig& config, int n_blocks, bool block_summaries = false);
+  BlockPool(const CacheConfig& config, int n_blocks);
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
   // Bytes of one block: every layer, keys and values, codes and parameters.
-  static uint64_t bytes_per_block(const CacheConfig& c, bool block_summaries = false);
+  static uint64_t bytes_per_block(const CacheConfig& c);
 
   const CacheConfig& config() const { return cfg_; }
   int block_tokens() const { return block_; }
   int n_blocks() const { return n_blocks_; }
   // Blocks stored for layer l: n_blocks(), or fewer for a layer with a sliding window.
   int layer_blocks(int l) const { return layer_blocks_[l]; }
-  bool summaries() const { return summaries_; }
   LayerStorage& layer(int l) { return layers_[l]; }
   const LayerStorage& layer(int l) const { return layers_[l]; }
   uint64_t block_bytes() const { return block_bytes_; }
@@ -113,13 +111,12 @@ class BlockPool {
 
  private:
   std::string key(int32_t parent, const int* tokens) const;
-  // Resets block b's summaries and, if `data` (the block held tokens before), zeroes
-  // its codes and parameters.
-  void zero_block(int32_t b, bool data);
+  // Zeroes block b's codes and parameters.
+  void zero_block(int32_t b);
 
   CacheConfig cfg_;
   int block_ = 0, n_blocks_ = 0;
-  bool summaries_ = false, sharing_ = false;
+  bool sharing_ = false;
   uint64_t block_bytes_ = 0;
   std::vector<LayerStorage> layers_;
   std::vector<int> layer_blocks_;     // [n_layers]

@@ -11,10 +11,10 @@
 
 namespace kivi::kv {
 
-KvCache::KvCache(const CacheConfig& config, bool block_summaries) : cfg_(config) {
+KvCache::KvCache(const CacheConfig& config) : cfg_(config) {
   cfg_.validate();
   const int n_blocks = (cfg_.ctx + cfg_.block() - 1) / cfg_.block();
-  own_pool_ = std::make_unique<BlockPool>(cfg_, n_blocks, block_summaries);
+  own_pool_ = std::make_unique<BlockPool>(cfg_, n_blocks);
   pool_ = own_pool_.get();
   init(true);
 }
@@ -39,7 +39,6 @@ void KvCache::init(bool own) {
   cgroup_ = cfg_.channel_group();
   n_blocks_ = pool_->n_blocks();
   n_logical_ = (cfg_.ctx + block_ - 1) / block_;
-  summaries_ = pool_->summaries();
   row_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
   readonly_.assign(n_logical_, 0);
   layers_.resize(cfg_.n_layers);
@@ -53,7 +52,6 @@ void KvCache::init(bool own) {
     L.block_table.assign(L.window > 0 ? L.n_blocks : n_logical_, -1);
     init_stream(L.k, pool_->layer(l).k);
     init_stream(L.v, pool_->layer(l).v);
-    L.summaries = summaries_ ? pool_->layer(l).summaries.data() : nullptr;
   }
   // An own pool holds exactly the context's blocks: map them all, in order, for good.
   if (own) {
@@ -105,16 +103,6 @@ void KvCache::clear() {
       s->tensor_scale = 0.0f;
       s->calibrated = false;
       s->clamped = 0;
-    }
-    if (summaries_ && !shares_pool() && L.summaries) {
-      // A shared pool resets a block's summaries when it hands the block out.
-      const size_t D = cfg_.head_dim;
-      float* sm = L.summaries;
-      const size_t n = static_cast<size_t>(L.n_blocks) * cfg_.n_kv_heads * 2 * D;
-      for (size_t i = 0; i < n; i += 2 * D) {
-        std::fill(sm + i, sm + i + D, std::numeric_limits<float>::infinity());
-        std::fill(sm + i + D, sm + i + 2 * D, -std::numeric_limits<float>::infinity());
-      }
     }
   }
 }
@@ -280,15 +268,6 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
       const size_t pi = s.param_index(h, pb) + static_cast<size_t>(slot / G) * D;
       quantize_keys(src, 1, G, D, G, bits, cfg_.param_type, codes, s.scales + pi * ps,
                     s.zeros + pi * ps);
-      if (summaries_) {
-        float* sm = L.summaries + ((pb * H + h) * 2) * D;
-        for (int t = 0; t < G; ++t) {
-          for (int d = 0; d < D; ++d) {
-            sm[d] = std::min(sm[d], src[t * D + d]);
-            sm[D + d] = std::max(sm[D + d], src[t * D + d]);
-          }
-        }
-      }
     }
   }
   s.n_stored = first + count;
@@ -353,17 +332,6 @@ void KvCache::append(int layer, const float* k, const float* v) {
     }
   } else {
     store_rows(L, L.k, pos, k);
-    if (summaries_ && !readonly(pos)) {
-      const int32_t pb = L.block_table[pos / block_];
-      for (int h = 0; h < H; ++h) {
-        float* sm = L.summaries + ((static_cast<size_t>(pb) * H + h) * 2) * D;
-        const float* kh = k + static_cast<size_t>(h) * D;
-        for (int d = 0; d < D; ++d) {
-          sm[d] = std::min(sm[d], kh[d]);
-          sm[D + d] = std::max(sm[D + d], kh[d]);
-        }
-      }
-    }
   }
 
   // Values.
@@ -433,7 +401,6 @@ LayerView KvCache::view(int layer) const {
   v.k = stream_view(L, L.k, Stream::kKey);
   v.v = stream_view(L, L.v, Stream::kValue);
   v.n_tokens = L.n;
-  v.summaries = summaries_ ? L.summaries : nullptr;
   return v;
 }
 
@@ -496,17 +463,6 @@ void KvCache::drop(int layer, int first, int count) {
   // The dropped blocks move to the end of the table, where the next tokens will go.
   const int b0 = first / block_, nb = count / block_;
   std::rotate(L.block_table.begin() + b0, L.block_table.begin() + b0 + nb, L.block_table.end());
-  if (summaries_) {
-    const size_t D = cfg_.head_dim, per_block = static_cast<size_t>(cfg_.n_kv_heads) * 2 * D;
-    const int table = static_cast<int>(L.block_table.size());
-    for (int b = table - nb; b < table; ++b) {
-      float* sm = L.summaries + static_cast<size_t>(L.block_table[b]) * per_block;
-      for (size_t i = 0; i < per_block; i += 2 * D) {
-        std::fill(sm + i, sm + i + D, std::numeric_limits<float>::infinity());
-        std::fill(sm + i + D, sm + i + 2 * D, -std::numeric_limits<float>::infinity());
-      }
-    }
-  }
   L.n -= count;
   for (StreamStore* s : {&L.k, &L.v}) {
     if (is_kivi(s->lay.fmt.format)) s->n_stored -= count;
@@ -564,7 +520,6 @@ uint64_t KvCache::bytes_reserved(int layer) const {
   uint64_t t = L.block_table.size() * sizeof(int32_t);
   if (!shares_pool()) {
     const BlockPool::LayerStorage& P = pool_->layer(layer);
-    t += P.summaries.bytes();
     for (const BlockPool::StreamStorage* s : {&P.k, &P.v})
       t += s->codes.bytes() + s->scales.bytes() + s->zeros.bytes();
   }
@@ -607,7 +562,7 @@ LayerState KvCache::layer_state(int layer) const {
 void KvCache::for_each_piece(const Layer& L, Stream which, Part p, int nb,
                              const std::function<void(uint8_t*, size_t)>& f) const {
   const StreamStore& s = which == Stream::kKey ? L.k : L.v;
-  const size_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
+  const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
   const StreamLayout& lay = s.lay;
   // Each head's nb blocks, then the padding of its region (kv/snapshot.h).
   auto blocks = [&](uint8_t* base, size_t head_stride, size_t per_head_block) {
@@ -640,15 +595,6 @@ void KvCache::for_each_piece(const Layer& L, Stream which, Part p, int nb,
     case Part::kRing:
       if (s.ring.size())
         f(reinterpret_cast<uint8_t*>(const_cast<float*>(s.ring.data())), s.ring.bytes());
-      break;
-    case Part::kSummaries:
-      if (which == Stream::kKey && summaries_ && L.summaries) {
-        const size_t per = H * 2 * D;
-        for (int b = 0; b < nb; ++b) {
-          f(reinterpret_cast<uint8_t*>(L.summaries + static_cast<size_t>(L.block_table[b]) * per),
-            per * sizeof(float));
-        }
-      }
       break;
   }
 }
@@ -713,14 +659,11 @@ uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const 
                     static_cast<size_t>(nb) * s.lay.shared_params * ps);
       }
     }
-    for (Part p : {Part::kRing, Part::kSummaries}) {
-      const uint8_t* src = parts[w][static_cast<int>(p)];
-      size_t off = 0;
-      for_each_piece(L, which, p, nb, [&](uint8_t* dst, size_t n) {
-        std::memcpy(dst, src + off, n);
-        off += n;
-      });
-    }
+    size_t off = 0;  // the residual window
+    for_each_piece(L, which, Part::kRing, nb, [&](uint8_t* dst, size_t n) {
+      std::memcpy(dst, parts[w][static_cast<int>(Part::kRing)] + off, n);
+      off += n;
+    });
     const StreamState& t = which == Stream::kKey ? st.k : st.v;
     s.n_stored = t.n_stored;
     s.ring_shift = t.ring_shift;

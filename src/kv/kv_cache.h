@@ -28,8 +28,6 @@
 //                byte, so one 32-bit word holds byte j of four consecutive tokens: the
 //                layout integer dot products over tokens want), scale/zero [H][n_blocks][B][D/Gc]
 //   residual:    f32 ring [H][capacity][D], token p in slot p % capacity
-// Block summaries (optional): per block and head, the per-channel min and max of the
-// keys (Quest, Tang et al. 2024), [n_blocks][H][2][D] f32.
 //
 // Blocks come from a kv::BlockPool (block_pool.h). A cache made from a configuration
 // owns a pool of exactly the blocks its context needs, mapped in order (an identity
@@ -137,14 +135,12 @@ struct StreamView {
 struct LayerView {
   StreamView k, v;
   int n_tokens = 0;
-  // Block summaries (null if disabled): [n_blocks][H][2][D], min then max.
-  const float* summaries = nullptr;
 };
 
 class KvCache {
  public:
   // A single-sequence cache with its own pool for config.ctx tokens.
-  explicit KvCache(const CacheConfig& config, bool block_summaries = false);
+  explicit KvCache(const CacheConfig& config);
   // A cache of up to `ctx` tokens drawing blocks from `pool` (which must outlive it).
   KvCache(BlockPool& pool, int ctx);
   ~KvCache();
@@ -243,14 +239,13 @@ class KvCache {
   };
   // Restores a stored layer of an empty cache with its own pool (a session's) from a
   // snapshot: its state (checked by check_layer_state first) and its parts,
-  // parts[stream][part] of part_bytes(config(), stream, part, ceil(st.n / B), summaries)
+  // parts[stream][part] of part_bytes(config(), stream, part, ceil(st.n / B))
   // bytes each. With a file, each head's region of codes, scales and zero points that
   // starts on a page in the file is mapped in place, copy-on-write, in whole pages (the
   // pool's heads start on pages when their regions are large); the rest is copied.
   // Returns the bytes mapped.
   uint64_t restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts],
                    const FileSource* file = nullptr);
-  bool block_summaries() const { return summaries_; }
 
   // Test access: a stored stream's raw storage (for bit-exact state comparison).
   struct RawStream {
@@ -291,10 +286,9 @@ class KvCache {
     std::vector<int32_t>
         block_table;  // [n_logical] physical block of each logical one, -1 unmapped
     StreamStore k, v;
-    float* summaries = nullptr;  // the pool's
-    int n_blocks = 0;            // physical blocks of this layer in the pool
-    int window = 0;              // sliding window (tokens), 0 = none
-    int evicted = 0;             // tokens evicted from the front by the window
+    int n_blocks = 0;  // physical blocks of this layer in the pool
+    int window = 0;    // sliding window (tokens), 0 = none
+    int evicted = 0;   // tokens evicted from the front by the window
   };
 
   void init(bool own);
@@ -319,8 +313,7 @@ class KvCache {
   std::unique_ptr<BlockPool> own_pool_;
   BlockPool* pool_ = nullptr;
   int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;
-  AlignedBuffer<uint8_t> row_tmp_;  // one packed row, for interleaving value codes
-  bool summaries_ = false;
+  AlignedBuffer<uint8_t> row_tmp_;          // one packed row, for interleaving value codes
   std::vector<Layer> layers_;               // [n_layers]; borrowing layers' entries hold no storage
   std::vector<int> owner_;                  // [n_layers] layer_owners(cfg_)
   int first_stored_ = 0, last_stored_ = 0;  // layers that store a cache: the first and the last

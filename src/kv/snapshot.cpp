@@ -19,8 +19,6 @@ const char* part_name(Part p) {
       return "zero points";
     case Part::kRing:
       return "residual window";
-    case Part::kSummaries:
-      return "block summaries";
   }
   return "?";
 }
@@ -76,7 +74,7 @@ size_t part_head_bytes(const CacheConfig& c, Stream s, Part p, int nb) {
   }
 }
 
-size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb, bool block_summaries) {
+size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb) {
   const StreamLayout lay = stream_layout(c, s);
   const size_t H = c.n_kv_heads, D = c.head_dim, n = static_cast<size_t>(nb);
   const size_t ps = param_size(c.param_type);
@@ -89,8 +87,6 @@ size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb, bool block_sum
       return heads + n * lay.shared_params * ps;
     case Part::kRing:
       return static_cast<size_t>(lay.ring_cap) * H * D * sizeof(float);
-    case Part::kSummaries:
-      return block_summaries && s == Stream::kKey ? n * H * 2 * D * sizeof(float) : 0;
   }
   return 0;
 }

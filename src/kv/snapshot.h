@@ -6,7 +6,6 @@
 //              (int8/token), in the parameter type
 //   zeros      like scales (KIVI formats; empty otherwise)
 //   ring       [H][ring_capacity][D] f32, the residual window as stored (KIVI; empty otherwise)
-//   summaries  [nb][H][2][D] f32, the keys' min and max per block (keys part, if enabled)
 // A head's region is kv::head_region_bytes of its data: padded with zeros to whole pages
 // once it is 64 KiB or more, so that a loader can map it into a pool, whose heads'
 // regions start on pages too. A cache restored from these parts has an identity block
@@ -22,8 +21,8 @@
 
 namespace kivi::kv {
 
-enum class Part : uint8_t { kCodes = 0, kScales = 1, kZeros = 2, kRing = 3, kSummaries = 4 };
-inline constexpr int kNumParts = 5;
+enum class Part : uint8_t { kCodes = 0, kScales = 1, kZeros = 2, kRing = 3 };
+inline constexpr int kNumParts = 4;
 const char* part_name(Part p);
 
 // One stream's state beside its blocks.
@@ -47,8 +46,7 @@ LayerState decode_layer_state(const uint8_t* in);
 // the first nb blocks, before padding; 0 for the other parts.
 size_t part_head_bytes(const CacheConfig& c, Stream s, Part p, int nb);
 // Bytes of one part of one stream for the first nb blocks (0: the part is absent).
-// `block_summaries`: the cache keeps per-block key summaries.
-size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb, bool block_summaries);
+size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb);
 
 // Throws kivi::Error (prefixed by `what`) unless `s` is a state the cache's append and
 // drop rules can reach for config c: n within the context, stored tokens in whole key

@@ -15,7 +15,7 @@ namespace kivi::runtime {
 namespace {
 
 const char kMagic[8] = {'K', 'I', 'V', 'I', 'K', 'V', 'C', '\0'};
-constexpr int kConfigFields = 22;
+constexpr int kConfigFields = 21;
 
 // One i32 field of the config section: its name, its value and how to print it.
 struct Field {
@@ -45,7 +45,6 @@ std::string show_overflow(int32_t v) {
   static const char* names[] = {"stop", "shift", "window"};
   return v >= 0 && v < 3 ? names[v] : "?";
 }
-std::string show_bool(int32_t v) { return v ? "on" : "off"; }
 
 // The fields, normalized: options a format does not use are written as 0, so that
 // they never make two equal caches differ.
@@ -72,7 +71,6 @@ std::vector<Field> fields(const KvFileConfig& f) {
       {"block tokens", c.block(), show_int, true},
       {"key RoPE", static_cast<int32_t>(c.key_rope), show_rope, true},
       {"share every", c.share_every, show_int, true},
-      {"cache block summaries", f.block_summaries ? 1 : 0, show_bool, true},
       {"context overflow", f.overflow, show_overflow, true},
       {"sinks", stop ? 0 : f.sinks, show_int, true},
       {"window", f.overflow == 2 ? f.window : 0, show_int, true},
@@ -160,13 +158,12 @@ KvFileConfig decode_config(const uint8_t* p, size_t n, const std::string& name) 
   c.block_tokens = range(12, "block tokens", 1, 1 << 20);
   c.key_rope = static_cast<kv::KeyRope>(range(13, "key RoPE", 0, 1));
   c.share_every = range(14, "share every", 1, c.n_layers);
-  f.block_summaries = range(15, "cache block summaries", 0, 1) != 0;
-  f.overflow = range(16, "context overflow", 0, 2);
-  f.sinks = range(17, "sinks", 0, 1 << 20);
-  f.window = range(18, "window", 0, c.ctx);
-  f.summary_kind = range(19, "sparse summary kind", 0, 3);
-  f.summary_block = range(20, "sparse summary block", 0, 1 << 20);
-  const int pairs = range(21, "share map pairs", 0, c.n_layers);
+  f.overflow = range(15, "context overflow", 0, 2);
+  f.sinks = range(16, "sinks", 0, 1 << 20);
+  f.window = range(17, "window", 0, c.ctx);
+  f.summary_kind = range(18, "sparse summary kind", 0, 3);
+  f.summary_block = range(19, "sparse summary block", 0, 1 << 20);
+  const int pairs = range(20, "share map pairs", 0, c.n_layers);
   if (f.summary_kind != 0 && f.summary_block < 1)
     fail("%s: sparse summaries of blocks of %d tokens", name.c_str(), f.summary_block);
   if (n != static_cast<size_t>(kConfigFields + 2 * pairs) * 4) {
@@ -316,8 +313,8 @@ KvFile parse_kv_file(const uint8_t* data, size_t size, const std::string& name) 
     kv::check_layer_state(c, L.state, strfmt("%s: layer %d", nm, l));
     for (int s = 0; s < 2; ++s) {
       for (int q = 0; q < kv::kNumParts; ++q) {
-        const size_t bytes = kv::part_bytes(c, static_cast<kv::Stream>(s), static_cast<kv::Part>(q),
-                                            nb, f.config.block_summaries);
+        const size_t bytes =
+            kv::part_bytes(c, static_cast<kv::Stream>(s), static_cast<kv::Part>(q), nb);
         if (bytes == 0) continue;
         L.parts[s][q] = expect(static_cast<uint32_t>(KvSection::kPart) + 8 * s + q, l, bytes);
       }

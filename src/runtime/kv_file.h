@@ -51,12 +51,11 @@ enum class KvSection : uint32_t {
 // options that shape it. Written as i32 fields in this order, then the share map's
 // pairs.
 struct KvFileConfig {
-  kv::CacheConfig cache;  // shape, formats, G, R, flush, param type, block, key RoPE, sharing
-  bool block_summaries = false;  // the cache keeps per-block key min/max (f32)
-  int overflow = 0;              // runtime::ContextOverflow
-  int sinks = 0, window = 0;     // shift/window policies only (0 otherwise)
-  int summary_kind = 0;          // sparse::SummaryKind of the block-sparse summaries (0: none)
-  int summary_block = 0;         // their block of tokens
+  kv::CacheConfig cache;      // shape, formats, G, R, flush, param type, block, key RoPE, sharing
+  int overflow = 0;           // runtime::ContextOverflow
+  int sinks = 0, window = 0;  // shift/window policies only (0 otherwise)
+  int summary_kind = 0;       // sparse::SummaryKind of the block-sparse summaries (0: none)
+  int summary_block = 0;      // their block of tokens
 };
 // Named differences between two configurations, file first: "key format: kivi2 in
 // the file, int8 here". The context and the sparse summaries are not compared here.

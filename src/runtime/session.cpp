@@ -102,7 +102,7 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
           ctx_, B);
     }
   }
-  cache_ = std::make_unique<kv::KvCache>(cc, opt.block_summaries);
+  cache_ = std::make_unique<kv::KvCache>(cc);
   if (opt_.sparse.enabled()) {
     if (opt_.overflow != ContextOverflow::kStop) {
       fail(

@@ -38,7 +38,6 @@ struct SessionOptions {
   int threads = 0;        // 0 = all hardware threads
   int max_batch = 64;     // prefill chunk
   kv::CacheConfig cache;  // formats, G, R, ...; shape fields are filled from the model
-  bool block_summaries = false;
   ContextOverflow overflow = ContextOverflow::kStop;
   int sinks = 4;  // shift and window: tokens at the start that are always kept
   model::ForwardOptions forward;

@@ -33,7 +33,6 @@ KvFileConfig session_file_config(const Session& s) {
   const SessionOptions& o = s.options();
   KvFileConfig c;
   c.cache = s.cache().config();
-  c.block_summaries = s.cache().block_summaries();
   c.overflow = static_cast<int>(o.overflow);
   c.sinks = o.sinks;
   c.window = o.overflow == ContextOverflow::kWindow ? o.forward.window : 0;
@@ -93,7 +92,7 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
       for (int q = 0; q < kv::kNumParts; ++q) {
         const auto stream = static_cast<kv::Stream>(w);
         const auto part = static_cast<kv::Part>(q);
-        const size_t bytes = kv::part_bytes(cc, stream, part, nb, fc.block_summaries);
+        const size_t bytes = kv::part_bytes(cc, stream, part, nb);
         if (bytes == 0) continue;
         sec.push_back({static_cast<uint32_t>(KvSection::kPart) + 8 * w + q, l, bytes,
                        [&cache, l, stream, part, nb](const ByteSink& f) {

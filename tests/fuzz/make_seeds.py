@@ -191,7 +191,7 @@ def write_kv(folder):
     H, D, B, G, R, ctx, n = 1, 8, 16, 8, 8, 64, 20
     nb = (n + B - 1) // B
     for name, sparse in (("kivi2.kv", False), ("kivi2_sparse.kv", True)):
-        cfg = [1, H, D, ctx, 3, 0, 3, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0, 0,
+        cfg = [1, H, D, ctx, 3, 0, 3, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0,
                1 if sparse else 0, 16 if sparse else 0, 0]
         sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                     (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
