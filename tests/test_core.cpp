@@ -92,6 +92,30 @@ TEST(AlignedBuffer, MapFileReplacesWholePagesCopyOnWrite) {
   ::close(fd);
 }
 
+// A file that cannot be mapped there (no open file, a file not open for reading, pages
+// past its end, which would fault when read) is refused before the buffer is touched.
+TEST(AlignedBuffer, MapFileRefusesUnusableFilesWithTheBufferUnchanged) {
+  test::TempDir dir;
+  const std::string path = dir.file("short.bin");
+  test::write_file(path, std::vector<uint8_t>(kPageBytes + 100, 7));
+  AlignedBuffer<uint8_t> b(kMappedMin);
+  ASSERT_TRUE(b.mapped());
+  std::memset(b.data(), 0x5A, b.size());
+  EXPECT_FALSE(b.map_file(0, -1, 0, kPageBytes));
+  const int wfd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(wfd, 0);
+  EXPECT_FALSE(b.map_file(0, wfd, 0, kPageBytes));
+  ::close(wfd);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_FALSE(b.map_file(0, fd, 0, 2 * kPageBytes));  // the second page is past the end
+  EXPECT_FALSE(b.map_file(0, fd, kPageBytes, kPageBytes));
+  for (size_t i = 0; i < 2 * kPageBytes; ++i) ASSERT_EQ(b[i], 0x5A) << i;
+  EXPECT_TRUE(b.map_file(0, fd, 0, kPageBytes));
+  EXPECT_EQ(b[0], 7);
+  ::close(fd);
+}
+
 TEST(F16, AllHalvesRoundTripExactly) {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = f16_to_f32(static_cast<uint16_t>(h));

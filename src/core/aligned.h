@@ -2,7 +2,9 @@
 // allocated when the session is created and never resized on the per-token path.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -94,20 +96,31 @@ class AlignedBuffer {
   // of the same number of bytes of the open file `fd` from `file_offset`: reading them
   // reads the file's pages (shared with the page cache and other processes), writing one
   // copies that page. Returns false, with the buffer unchanged, unless the buffer is a
-  // map of its own and offset, file_offset and bytes are whole pages inside it.
+  // map of its own, offset, file_offset and bytes are whole pages inside it and `fd` is a
+  // regular file open for reading that holds all of them (a page past its end would fault
+  // when read). Should the system still fail to map (out of memory or of maps), the range
+  // holds fresh zeroed memory and false is returned: the caller then copies.
   bool map_file(size_t offset, int fd, uint64_t file_offset, size_t bytes) {
     if (!map_ || bytes == 0 || offset % kPageBytes || file_offset % kPageBytes ||
         bytes % kPageBytes || offset > map_bytes_ || bytes > map_bytes_ - offset)
       return false;
     static const long page = sysconf_page();
     if (page <= 0 || kPageBytes % static_cast<size_t>(page) != 0) return false;
+    struct stat st;
+    const int flags = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+    if (flags < 0 || (flags & O_ACCMODE) == O_WRONLY || fstat(fd, &st) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_size < 0 || file_offset > static_cast<uint64_t>(st.st_size) ||
+        bytes > static_cast<uint64_t>(st.st_size) - file_offset)
+      return false;
     char* at = static_cast<char*>(map_) + offset;
     void* m = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
                    static_cast<off_t>(file_offset));
     if (m == MAP_FAILED) {
-      // A failed MAP_FIXED may have unmapped the range: put fresh memory back. The
-      // caller then copies.
-      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      // A failed MAP_FIXED may have unmapped the range: put fresh memory back. Without
+      // it the buffer would have a hole, so that is fatal.
+      if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+          MAP_FAILED)
+        throw std::bad_alloc();
       return false;
     }
     return true;
