@@ -621,17 +621,21 @@ uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const 
   if (L.n != 0) fail("KV cache: layer %d is not empty", layer);
   check_layer_state(cfg_, st, strfmt("KV cache layer %d", layer));
   const int nb = (st.n + block_ - 1) / block_;
+  if (nb > static_cast<int>(L.block_table.size()))
+    fail("KV cache: %d blocks restored into layer %d, which maps %zu", nb, layer,
+         L.block_table.size());
   for (int b = 0; b < nb; ++b) {
     if (L.block_table[b] != b) fail("KV cache: layer %d is not in order for a restore", layer);
   }
   const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
   BlockPool::LayerStorage& P = own_pool_->layer(layer);
   uint64_t mapped = 0;
-  // One head's region: its whole pages mapped where the file allows, the rest copied.
+  // One head's region: if it is page-aligned (64 KiB or more, kv::head_region_bytes), its
+  // whole pages mapped where the file allows; the rest copied.
   auto region = [&](AlignedBuffer<uint8_t>& buf, size_t at, const uint8_t* src, size_t n) {
     size_t done = 0;
     const size_t whole = n / kPageBytes * kPageBytes;
-    if (file && whole > 0 &&
+    if (file && n >= kPagedRegionMin &&
         buf.map_file(at, file->fd, static_cast<uint64_t>(src - file->base), whole)) {
       done = whole;
     }

@@ -17,7 +17,10 @@
 //
 // Storage per layer and stream (B tokens per block, H KV heads, D = head_dim):
 // Every pool is head-major: [H][n_blocks][...], so one head's history is contiguous and
-// an attention task (one KV head, a run of tokens) reads one sequential stream.
+// an attention task (one KV head, a run of tokens) reads one sequential stream. Each
+// head's region starts code_head_stride bytes (parameters: param_head_stride) after the
+// previous one: its blocks, then padding to a page once they take 64 KiB
+// (kv::head_region_bytes), so that a saved cache can be mapped into it.
 //   row formats (f32, f16, int8): codes [H][n_blocks][B][D * bytes]
 //                                 int8 scales: head [H][n_blocks][B], group [H][n_blocks][B][D/Gc],
 //                                 token [n_blocks][B] (shared by the heads); tensor: one per layer
