@@ -56,51 +56,21 @@ void prefetch_lines(const void* p, size_t bytes) {
 }
 
 void prefetch_stream(const kv::StreamView& st, int h, int t0, int t1) {
-  const size_t D = st.head_dim, ps = kv::param_size(st.param_type);
+  const size_t ps = kv::param_size(st.param_type);
   for (int t = t0; t < t1;) {
     if (t >= st.n_stored) {  // residual rows (the ring may wrap)
       const int e = st.ring_run_end(t, t1);
-      prefetch_lines(st.residual_row(t, h), static_cast<size_t>(e - t) * D * sizeof(float));
+      prefetch_lines(st.residual_row(t, h),
+                     static_cast<size_t>(e - t) * st.head_dim * sizeof(float));
       t = e;
       continue;
     }
     const int e = std::min({t1, st.n_stored, (t / st.block + 1) * st.block});
-    size_t first = 0, count = 0;  // parameters
-    if (st.per_channel) {         // KIVI keys: whole groups of codes, [B/G][D] parameters
-      const int G = st.group, gs = t / G * G, ge = (e + G - 1) / G * G;
-      prefetch_lines(st.group_codes(t, h), static_cast<size_t>(ge - gs) * st.code_row_bytes);
-      first = st.group_params(t, h);
-      count = static_cast<size_t>((ge - gs) / G) * D;
-    } else if (st.quad) {  // KIVI values: whole quads, [B][D/Gc] parameters
-      const int q0 = t / 4 * 4;
-      prefetch_lines(st.quad_row(t, h),
-                     static_cast<size_t>((e - q0 + 3) / 4) * 4 * st.code_row_bytes);
-      first = st.param_base(t, h) + static_cast<size_t>(t % st.block) * (D / st.group);
-      count = static_cast<size_t>(e - t) * (D / st.group);
-    } else {
-      prefetch_lines(st.row(t, h), static_cast<size_t>(e - t) * st.token_stride);
-      if (st.fmt.format == kv::Format::kInt8) {
-        switch (st.fmt.granularity) {
-          case kv::Int8Granularity::kGroup:
-            first = st.param_base(t, h) + static_cast<size_t>(t % st.block) * (D / st.group);
-            count = static_cast<size_t>(e - t) * (D / st.group);
-            break;
-          case kv::Int8Granularity::kHead:
-            first = st.param_base(t, h) + static_cast<size_t>(t % st.block);
-            count = static_cast<size_t>(e - t);
-            break;
-          case kv::Int8Granularity::kToken:
-            first = st.token_param_index(t);
-            count = static_cast<size_t>(e - t);
-            break;
-          case kv::Int8Granularity::kTensor:
-            break;
-        }
-      }
-    }
-    if (count) {
-      prefetch_lines(st.scales + first * ps, count * ps);
-      if (st.zeros) prefetch_lines(st.zeros + first * ps, count * ps);
+    const kv::StreamView::Span s = st.span(t, e, h);
+    prefetch_lines(s.codes, s.bytes);
+    if (s.count) {
+      prefetch_lines(st.scales + s.first * ps, s.count * ps);
+      if (st.zeros) prefetch_lines(st.zeros + s.first * ps, s.count * ps);
     }
     t = e;
   }
@@ -111,6 +81,22 @@ void prefetch_stream(const kv::StreamView& st, int h, int t0, int t1) {
 void prefetch_range(const kv::LayerView& kv, int h, int t0, int t1) {
   prefetch_stream(kv.k, h, t0, t1);
   prefetch_stream(kv.v, h, t0, t1);
+}
+
+void merge_partials(const float* partials, size_t stride, int count, int rep, int D, float* out) {
+  assert(count >= 1);
+  for (int r = 0; r < rep; ++r) {
+    float* o = out + static_cast<size_t>(r) * D;
+    const float* first = partials + static_cast<size_t>(r) * (D + 2);
+    std::copy(first, first + D, o);
+    State acc{first[D], first[D + 1], o};
+    for (int c = 1; c < count; ++c) {
+      const float* b = partials + c * stride + static_cast<size_t>(r) * (D + 2);
+      merge(acc, State{b[D], b[D + 1], const_cast<float*>(b)}, D);  // (merge reads b.o)
+    }
+    const float inv = 1.0f / acc.d;
+    for (int i = 0; i < D; ++i) o[i] *= inv;
+  }
 }
 
 void merge(State& a, const State& b, int D) {
@@ -209,25 +195,8 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
       t0 = std::max(start, c * C);
       t1 = std::min(n, (c + 1) * C);
     }
-    float* part = ws.partial(ti);  // [rep][D + 2]: o, then m, d
-    TaskArgs a;
-    a.kv = &kv;
-    a.h = h;
-    a.t0 = t0;
-    a.t1 = t1;
-    a.q = q + static_cast<size_t>(h) * rep * D;
-    a.rep = rep;
-    a.scale = p.scale;
-    a.slopes = p.alibi_slopes ? p.alibi_slopes + h * rep : nullptr;
-    a.q_pos = n - 1;
-    a.out = part;
-    a.out_stride = D + 2;
-    a.scratch = ws.thread_scratch(thread);
-    a.ld = C;
-    a.precision = p.precision;
-    a.rope = p.rope;
-    a.rope_style = p.rope_style;
-    attend_range(a);
+    // ws.partial(ti): [rep][D + 2], o then m, d.
+    attend_range(decode_task(kv, q, p, h, t0, t1, ws.partial(ti), ws.thread_scratch(thread), C));
   };
   // Calls too small to gain from a second thread (a few microseconds: short contexts of
   // small models) run on the caller alone; the result is the same either way.
@@ -240,19 +209,8 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
   assert(ws.scratch_guards_intact());
   // Merge the states in task order (sinks, then chunks), per head.
   for (int h = 0; h < Hkv; ++h) {
-    for (int r = 0; r < rep; ++r) {
-      float* o = out + (static_cast<size_t>(h) * rep + r) * D;
-      const float* first = ws.partial(h * n_chunks) + r * (D + 2);
-      std::copy(first, first + D, o);
-      State acc{first[D], first[D + 1], o};
-      for (int c = 1; c < n_chunks; ++c) {
-        float* b = ws.partial(h * n_chunks + c) + r * (D + 2);
-        merge(acc, State{b[D], b[D + 1], b}, D);
-      }
-      const float d = acc.d;
-      const float inv = 1.0f / d;
-      for (int i = 0; i < D; ++i) o[i] *= inv;
-    }
+    merge_partials(ws.partial(h * n_chunks), ws.task_stride(), n_chunks, rep, D,
+                   out + static_cast<size_t>(h) * rep * D);
   }
 }
 

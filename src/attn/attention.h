@@ -67,6 +67,9 @@ struct State {
 };
 // a <- a (+) b over the same query; exact up to float rounding.
 void merge(State& a, const State& b, int head_dim);
+// The outputs out [rep][D] of `count` (>= 1) partial states of rep query heads, in token
+// order: state c of head r is partials[c * stride + r * (D + 2) ...], o[0..D), then m, d.
+void merge_partials(const float* partials, size_t stride, int count, int rep, int D, float* out);
 
 // Scratch memory, allocated once per session.
 class Workspace {

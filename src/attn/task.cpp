@@ -122,16 +122,8 @@ void ListRanges(const Task& k, const kv::StreamView& st, Prefetcher& pf) {
   for (int t = k.a.t0; t < t_end;) {
     if (t < st.n_stored) {
       const int e = std::min({t_end, st.n_stored, (t / k.B + 1) * k.B});
-      if (st.per_channel) {  // KIVI keys: whole groups (stored groups are always whole)
-        const int G = st.group, gs = t / G * G, ge = (e + G - 1) / G * G;
-        pf.add(st.group_codes(t, k.h), static_cast<size_t>(ge - gs) * st.code_row_bytes,
-               st.code_row_bytes);
-      } else if (st.quad) {  // KIVI values: whole quads
-        const size_t bytes = static_cast<size_t>((e - t / 4 * 4 + 3) / 4) * 4 * st.code_row_bytes;
-        pf.add(st.quad_row(t, k.h), bytes, st.code_row_bytes);
-      } else {
-        pf.add(st.row(t, k.h), static_cast<size_t>(e - t) * st.token_stride, st.token_stride);
-      }
+      const kv::StreamView::Span s = st.span(t, e, k.h);  // whole key groups, value quads
+      pf.add(s.codes, s.bytes, s.row_bytes);
       t = e;
     } else {
       const int e = st.ring_run_end(t, t_end);
@@ -146,27 +138,12 @@ void ListRanges(const Task& k, const kv::StreamView& st, Prefetcher& pf) {
 // live in their own arrays, so they are fetched a tile ahead of their codes.
 void PrefetchParams(const Task& k, const kv::StreamView& st, int t, int end) {
   if (t >= end || t >= st.n_stored) return;
-  if (st.head_block_params == 0 && st.fmt.granularity != kv::Int8Granularity::kToken) return;
-  const int D = k.D, B = k.B;
-  const int n = std::min({end - t, kTile, (t / B + 1) * B - t});
-  size_t first = 0, count = 0;
-  if (st.per_channel) {  // KIVI keys: [B/G][D] per head and block
-    first = st.group_params(t, k.h);
-    count = static_cast<size_t>((n + st.group - 1) / st.group + 1) * D;
-  } else if (kv::is_kivi(st.fmt.format) || st.fmt.granularity == kv::Int8Granularity::kGroup) {
-    first = st.param_base(t, k.h) + static_cast<size_t>(t % B) * (D / st.group);
-    count = static_cast<size_t>(n) * (D / st.group);
-  } else if (st.fmt.granularity == kv::Int8Granularity::kHead) {
-    first = st.param_base(t, k.h) + static_cast<size_t>(t % B);
-    count = static_cast<size_t>(n);
-  } else {
-    first = st.token_param_index(t);
-    count = static_cast<size_t>(n);
-  }
+  const int n = std::min({end - t, kTile, (t / k.B + 1) * k.B - t, st.n_stored - t});
+  const kv::StreamView::Span s = st.span(t, t + n, k.h);
   const size_t ps = kv::param_size(st.param_type);
-  for (size_t b = 0; b < count * ps; b += 64) {
-    hwy::Prefetch(st.scales + first * ps + b);
-    if (st.zeros) hwy::Prefetch(st.zeros + first * ps + b);
+  for (size_t b = 0; b < s.count * ps; b += 64) {
+    hwy::Prefetch(st.scales + s.first * ps + b);
+    if (st.zeros) hwy::Prefetch(st.zeros + s.first * ps + b);
   }
 }
 

@@ -32,6 +32,32 @@ struct TaskArgs {
   Precision precision = Precision::kExact;
 };
 
+// The task of a decode step (query q [n_heads][D] at position kv.n_tokens - 1, with p's
+// scale, ALiBi slopes, RoPE and precision) over tokens [t0, t1) of KV head h: its state
+// goes to out [rep][D + 2], its scores fill rows of ld floats of `scratch`.
+inline TaskArgs decode_task(const kv::LayerView& kv, const float* q, const Params& p, int h, int t0,
+                            int t1, float* out, float* scratch, int ld) {
+  const int D = kv.k.head_dim, rep = p.n_heads / kv.k.n_heads;
+  TaskArgs a;
+  a.kv = &kv;
+  a.h = h;
+  a.t0 = t0;
+  a.t1 = t1;
+  a.q = q + static_cast<size_t>(h) * rep * D;
+  a.rep = rep;
+  a.scale = p.scale;
+  a.slopes = p.alibi_slopes ? p.alibi_slopes + h * rep : nullptr;
+  a.q_pos = kv.n_tokens - 1;
+  a.out = out;
+  a.out_stride = D + 2;
+  a.scratch = scratch;
+  a.ld = ld;
+  a.precision = p.precision;
+  a.rope = p.rope;
+  a.rope_style = p.rope_style;
+  return a;
+}
+
 // A task's scratch memory: offsets in floats from TaskArgs::scratch. The fast paths
 // carve their temporaries from the staging buffers they do not use (task.cpp).
 struct ScratchLayout {

@@ -28,7 +28,8 @@ inline constexpr size_t kHugePage = size_t{2} << 20;
 // a page (4096 bytes) or more: a page-aligned piece of them can then be replaced by a
 // private map of a file (map_file), which is how a saved KV cache is loaded without
 // copying its blocks. Such a buffer starts zeroed even when `zero` is false, and commits
-// memory only as its pages are first written. Smaller buffers come from the heap.
+// memory only as its pages are first written (zeroing it is free). Smaller buffers come
+// from the heap.
 inline constexpr size_t kPageBytes = 4096;
 inline constexpr size_t kMappedMin = size_t{64} << 10;
 
@@ -89,7 +90,8 @@ class AlignedBuffer {
 #ifdef MADV_HUGEPAGE
     if (align == kHugePage) madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);
 #endif
-    if (zero) std::memset(static_cast<void*>(data_), 0, bytes);
+    // A fresh map is zero already: clearing it would only commit its memory.
+    if (zero && !map_) std::memset(static_cast<void*>(data_), 0, bytes);
   }
 
   // Replaces bytes [offset, offset + bytes) of the buffer by a private, copy-on-write map

@@ -77,20 +77,15 @@ BlockPool::BlockPool(const CacheConfig& config, int n_blocks) : cfg_(config), n_
     for (Stream which : {Stream::kKey, Stream::kValue}) {
       StreamStorage& s = which == Stream::kKey ? L.k : L.v;
       s.layout = stream_layout(cfg_, which);
-      // Anonymous maps (buffers of 64 KiB or more) start zeroed and commit memory only
-      // as tokens are written; heap buffers are zeroed here. allocate() zeroes a block
-      // again only when it hands it out a second time.
+      // Zeroed: large buffers are fresh maps (zero, committing memory only as tokens are
+      // written), small ones are cleared. allocate() zeroes a block again only when it
+      // hands it out a second time.
       s.code_head_stride = head_region_bytes(s.layout.head_block_bytes * nb);
       s.param_head_stride = head_region_bytes(s.layout.head_block_params * nb * ps) / ps;
-      s.codes.reset(s.code_head_stride * H, false);
+      s.codes.reset(s.code_head_stride * H);
       const size_t np = s.param_head_stride * H + s.layout.shared_params * nb;
-      s.scales.reset(np * ps, false);
-      if (is_kivi(s.layout.fmt.format)) s.zeros.reset(np * ps, false);
-    }
-    for (StreamStorage* s : {&L.k, &L.v}) {
-      for (AlignedBuffer<uint8_t>* b : {&s->codes, &s->scales, &s->zeros}) {
-        if (!b->mapped() && b->size()) std::memset(b->data(), 0, b->bytes());
-      }
+      s.scales.reset(np * ps);
+      if (is_kivi(s.layout.fmt.format)) s.zeros.reset(np * ps);
     }
   }
   used_before_.assign(n_blocks_, 0);

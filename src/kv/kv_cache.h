@@ -122,6 +122,50 @@ struct StreamView {
   size_t token_param_index(int t) const {
     return static_cast<size_t>(block_table[t / block]) * block + static_cast<size_t>(t % block);
   }
+  // What reading the stored tokens [t, e) of head h (within one block) touches: the
+  // bytes of their codes (whole key groups, whole value quads) in rows of row_bytes, and
+  // the run of `count` parameters from index `first` (each of scale and zero point; none
+  // for int8 with one scale per tensor). For prefetching.
+  struct Span {
+    const uint8_t* codes;
+    size_t bytes, row_bytes, first, count;
+  };
+  Span span(int t, int e, int h) const {
+    Span s{row(t, h), static_cast<size_t>(e - t) * token_stride, token_stride, 0, 0};
+    const size_t n = static_cast<size_t>(e - t), D = static_cast<size_t>(head_dim);
+    if (per_channel) {  // KIVI keys: [B/G][D] parameters per head and block
+      const int gs = t / group * group, ge = (e + group - 1) / group * group;
+      s.codes = group_codes(t, h);
+      s.bytes = static_cast<size_t>(ge - gs) * code_row_bytes;
+      s.row_bytes = code_row_bytes;
+      s.first = group_params(t, h);
+      s.count = static_cast<size_t>((ge - gs) / group) * D;
+    } else if (quad) {  // KIVI values: [B][D/Gc]
+      s.codes = quad_row(t, h);
+      s.bytes = static_cast<size_t>((e - t / 4 * 4 + 3) / 4) * 4 * code_row_bytes;
+      s.row_bytes = code_row_bytes;
+      s.first = param_base(t, h) + static_cast<size_t>(t % block) * (D / group);
+      s.count = n * (D / group);
+    } else if (fmt.format == Format::kInt8) {
+      switch (fmt.granularity) {
+        case Int8Granularity::kGroup:
+          s.first = param_base(t, h) + static_cast<size_t>(t % block) * (D / group);
+          s.count = n * (D / group);
+          break;
+        case Int8Granularity::kHead:
+          s.first = param_base(t, h) + static_cast<size_t>(t % block);
+          s.count = n;
+          break;
+        case Int8Granularity::kToken:
+          s.first = token_param_index(t);
+          s.count = n;
+          break;
+        case Int8Granularity::kTensor:
+          break;
+      }
+    }
+    return s;
+  }
   // Residual row of token t (>= n_stored), head h.
   const float* residual_row(int t, int h) const {
     return ring +

@@ -182,7 +182,7 @@ void SparseAttention::observe(const kv::LayerView& kv, const float* q, const att
   const kv::StreamView& K = kv.k;
   const int G = K.group;
   const bool groups = kv::is_kivi(K.fmt.format) && K.per_channel;
-  const size_t param_bytes = K.param_type == kv::ParamType::kF16 ? 2 : 4;
+  const size_t param_bytes = kv::param_size(K.param_type);
   for (int t = 0; t < n;) {
     if (groups && t % G == 0 && t + G <= std::min(K.n_stored, n)) {
       float* keys = hd.keys.data();
@@ -411,47 +411,18 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
       const Range& rg = pieces[j - base];
       if (j + 1 < end)
         attn::prefetch_range(kv, h, pieces[j + 1 - base].t0, pieces[j + 1 - base].t1);
-      attn::TaskArgs a;
-      a.kv = &kv;
-      a.h = h;
-      a.t0 = rg.t0;
-      a.t1 = rg.t1;
-      a.q = q + static_cast<size_t>(h) * rep * D;
-      a.rep = rep;
-      a.scale = p.scale;
-      a.slopes = p.alibi_slopes ? p.alibi_slopes + h * rep : nullptr;
-      a.q_pos = n - 1;
-      a.out = partial_.data() + static_cast<size_t>(j) * task_stride_;
-      a.out_stride = D + 2;
-      a.scratch = ws.thread_scratch(thread);
-      a.ld = C;
-      a.precision = p.precision;
-      a.rope = p.rope;
-      a.rope_style = p.rope_style;
-      attn::attend_range(a);
+      attn::attend_range(attn::decode_task(kv, q, p, h, rg.t0, rg.t1,
+                                           partial_.data() + static_cast<size_t>(j) * task_stride_,
+                                           ws.thread_scratch(thread), C));
     }
   };
   run_tasks(pool, n_tasks, 2 * attended * rep * D, task);
   // Merge each head's states in token order, as attn::decode does.
+  // (Every head has a piece: the local window holds at least the query's own token.)
   for (int h = 0; h < Hkv; ++h) {
-    const int base = piece_base_[h], count = heads_[h].n_pieces;
-    if (count == 0) {  // (never: the local window holds at least the query's own token)
-      std::fill(out + static_cast<size_t>(h) * rep * D, out + static_cast<size_t>(h + 1) * rep * D,
-                0.0f);
-      continue;
-    }
-    for (int r = 0; r < rep; ++r) {
-      float* o = out + (static_cast<size_t>(h) * rep + r) * D;
-      const float* first = partial_.data() + static_cast<size_t>(base) * task_stride_ + r * (D + 2);
-      std::copy(first, first + D, o);
-      attn::State acc{first[D], first[D + 1], o};
-      for (int c = 1; c < count; ++c) {
-        float* b = partial_.data() + static_cast<size_t>(base + c) * task_stride_ + r * (D + 2);
-        attn::merge(acc, attn::State{b[D], b[D + 1], b}, D);
-      }
-      const float inv = 1.0f / acc.d;
-      for (int i = 0; i < D; ++i) o[i] *= inv;
-    }
+    attn::merge_partials(partial_.data() + static_cast<size_t>(piece_base_[h]) * task_stride_,
+                         task_stride_, heads_[h].n_pieces, rep, D,
+                         out + static_cast<size_t>(h) * rep * D);
   }
   const double t_end = now_seconds();
   stats_.select_seconds += t_selected - t_start;

@@ -126,9 +126,7 @@ BlockSummaries::BlockSummaries(const kv::CacheConfig& c, int block, SummaryKind 
   layers_.resize(layers.size());
   if (vecs_ > 0) {
     for (size_t l = 0; l < layers.size(); ++l) {
-      // Not cleared: a block's summary is written before it is read (done), so a long
-      // context's summaries commit memory only as blocks fill.
-      if (layers[l]) layers_[l].data.reset(static_cast<size_t>(H_) * head_stride(), false);
+      if (layers[l]) layers_[l].data.reset(static_cast<size_t>(H_) * head_stride());
     }
   }
   row_.resize(D_);
