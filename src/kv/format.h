@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/aligned.h"
+
 namespace kivi::kv {
 
 enum class Format : uint8_t {
@@ -128,10 +130,9 @@ uint64_t expected_bytes_reserved(const CacheConfig& c);
 // Bytes between two heads' regions in a pool buffer or a KV file holding `bytes` of one
 // head: regions of at least 64 KiB start on page boundaries (4096 bytes), so that a saved
 // cache's blocks can be mapped into a pool instead of copied; smaller ones are packed.
-inline constexpr uint64_t kPagedRegionMin = uint64_t{64} << 10;
+inline constexpr uint64_t kPagedRegionMin = kMappedMin;  // the pool's maps start here too
 inline uint64_t head_region_bytes(uint64_t bytes) {
-  constexpr uint64_t kPage = 4096;
-  return bytes >= kPagedRegionMin ? (bytes + kPage - 1) / kPage * kPage : bytes;
+  return bytes >= kPagedRegionMin ? (bytes + kPageBytes - 1) / kPageBytes * kPageBytes : bytes;
 }
 
 // Residual sizes after n appended tokens (KIVI formats; 0 otherwise): the number of

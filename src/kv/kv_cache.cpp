@@ -663,11 +663,8 @@ uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const 
                     static_cast<size_t>(nb) * s.lay.shared_params * ps);
       }
     }
-    size_t off = 0;  // the residual window
-    for_each_piece(L, which, Part::kRing, nb, [&](uint8_t* dst, size_t n) {
-      std::memcpy(dst, parts[w][static_cast<int>(Part::kRing)] + off, n);
-      off += n;
-    });
+    if (s.ring.size())  // the residual window
+      std::memcpy(s.ring.data(), parts[w][static_cast<int>(Part::kRing)], s.ring.bytes());
     const StreamState& t = which == Stream::kKey ? st.k : st.v;
     s.n_stored = t.n_stored;
     s.ring_shift = t.ring_shift;

@@ -35,8 +35,8 @@ inline constexpr size_t kKvFileTableEntryBytes = 32;
 inline constexpr size_t kKvFileAlign = 64;
 // Sections of 64 KiB or more start on a page, so that the page-padded head regions in
 // them (kv/snapshot.h) can be mapped into a cache.
-inline constexpr size_t kKvFilePageAlign = 4096;
-inline constexpr size_t kKvFilePagedMin = size_t{64} << 10;
+inline constexpr size_t kKvFilePageAlign = kPageBytes;
+inline constexpr size_t kKvFilePagedMin = kv::kPagedRegionMin;
 
 enum class KvSection : uint32_t {
   kConfig = 1,   // KvFileConfig, i32 fields
