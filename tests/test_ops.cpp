@@ -24,10 +24,12 @@ struct TargetGuard {
 struct Weights {
   std::vector<float> f32;
   std::vector<f16_t> f16;
+  std::vector<uint16_t> bf16;  // the upper halves of f32
   Matrix m(DType t, int64_t rows, int64_t cols) const {
-    return Matrix{t == DType::kF32 ? static_cast<const void*>(f32.data())
-                                   : static_cast<const void*>(f16.data()),
-                  t, rows, cols};
+    const void* p = t == DType::kF32   ? static_cast<const void*>(f32.data())
+                    : t == DType::kF16 ? static_cast<const void*>(f16.data())
+                                       : static_cast<const void*>(bf16.data());
+    return Matrix{p, t, rows, cols};
   }
 };
 
@@ -37,6 +39,9 @@ Weights random_weights(size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) {
     w.f32.push_back(r.normal());
     w.f16.push_back(f32_to_f16(w.f32.back()));
+    uint32_t bits;
+    std::memcpy(&bits, &w.f32.back(), 4);
+    w.bf16.push_back(static_cast<uint16_t>(bits >> 16));
   }
   return w;
 }
@@ -73,18 +78,24 @@ TEST(Ops, MatvecMatchesReferenceOnEveryTarget) {
   }
 }
 
-// Batched matmul gives the same bits as one matvec per token, for any thread count.
+// Batched matmul gives the same bits as one matvec per token, for any thread count. A
+// single token and a batch run different kernels (one row at a time with both
+// accumulator chains live, or tiles that swap chains through memory), so the shapes cover
+// fewer columns than a vector, than a chain block and than two, tails after whole rounds,
+// rows that do not fill a tile, and wide rows (8192 columns and more, four rows side by
+// side for a single token).
 TEST(Ops, MatmulIsBitIdenticalToMatvecAndThreadCount) {
   ThreadPool p1(1), p3(3);
   for (const auto& target : cpu::available_targets()) {
     TargetGuard g(target.bits);
     for (auto [rows, cols, n] :
-         {std::tuple{172, 64, 7}, {64, 172, 5}, {517, 96, 13}, {1024, 512, 4}}) {
+         {std::tuple{172, 64, 7}, {64, 172, 5}, {517, 96, 13}, {1024, 512, 4}, {9, 7, 3},
+          {6, 200, 9}, {13, 8200, 5}, {7, 8192 + 24, 2}}) {
       const auto w = random_weights(static_cast<size_t>(rows) * cols, 99);
       Rng r(1);
       std::vector<float> x(static_cast<size_t>(n) * cols);
       for (auto& v : x) v = r.normal();
-      for (DType t : {DType::kF32, DType::kF16}) {
+      for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
         const Matrix m = w.m(t, rows, cols);
         std::vector<float> y1(static_cast<size_t>(n) * rows), y3(y1.size()), yv(y1.size());
         ops::matmul(m, x.data(), n, y1.data(), &p1);

@@ -5,6 +5,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -52,8 +53,7 @@ HWY_INLINE float ScalarW(const WT* p, size_t i) {
   }
 }
 
-// Finishes one dot product: lane reduction, then the scalar tail in order. Shared by
-// every tile shape so that each (row, token) result has the same bits.
+// Finishes one dot product: lane reduction, then the scalar tail in order.
 template <class WT>
 HWY_INLINE float Finish(DF df, hn::Vec<DF> acc, const WT* HWY_RESTRICT w,
                         const float* HWY_RESTRICT x, size_t i, size_t n) {
@@ -62,77 +62,188 @@ HWY_INLINE float Finish(DF df, hn::Vec<DF> acc, const WT* HWY_RESTRICT w,
   return s;
 }
 
-// R rows x T tokens of dot products; each pair has one accumulator chain over the
-// columns in vector steps. out[t * ldo + r].
+// Each dot product runs two accumulator chains so that its multiply-adds do not all wait
+// on each other: the columns' whole vector steps go in blocks of ChainSteps<WT>() (256
+// bytes of weights), alternately to chain 0 and chain 1, and the result is
+// SumOfLanes(chain 0 + chain 1) plus the scalar tail in order. Every (row, token) result
+// is computed this way whatever the tile, the batch or the task, so results do not depend
+// on them.
+#if HWY_HAVE_SCALABLE
+constexpr int kChains = 1;
+#else
+constexpr int kChains = 2;
+#endif
+
+// A single token runs both chains side by side, so it reads two places a block apart. On
+// Zen 5 (f16, 16 lanes) blocks of 256 bytes read at the probe's rate; blocks of 512 read
+// 1.7x slower, and 1 KiB slower still.
+template <class WT>
+constexpr size_t ChainSteps() {
+  constexpr size_t bytes = hn::MaxLanes(DF()) * sizeof(WT);
+  return bytes >= 256 ? 1 : 256 / bytes;
+}
+
+template <int C>
+using Chain = std::integral_constant<int, C>;
+
+// Calls f(Chain<c>(), i) for every whole vector step of chain c at column i; the chains
+// advance side by side, block by block, so the weights are read in address order. The
+// chain is a type so that accumulator arrays are indexed by constants and stay in
+// registers.
+template <size_t B, class F>
+HWY_INLINE void ForSteps(size_t N, size_t n, F f) {
+  const size_t steps = n / N;
+  const size_t round = kChains * B;
+  size_t b = 0;
+  for (; b + round <= steps; b += round) {
+    HWY_UNROLL(8)
+    for (size_t k = 0; k < B; ++k) {
+      f(Chain<0>(), (b + k) * N);
+      if constexpr (kChains == 2) f(Chain<1>(), (b + B + k) * N);
+    }
+  }
+  const size_t mid = std::min(steps, b + B);
+  for (size_t j = b; j < mid; ++j) f(Chain<0>(), j * N);
+  if constexpr (kChains == 2) {
+    for (size_t j = mid; j < steps; ++j) f(Chain<1>(), j * N);
+  }
+}
+
+// R rows for one token with every chain live (R * kChains accumulators):
+// out[r] = w[r * ldw] . x.
+template <int R, class WT>
+HWY_INLINE void DotRows(const WT* HWY_RESTRICT w, size_t ldw, const float* HWY_RESTRICT x,
+                        size_t n, float* HWY_RESTRICT out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  hn::Vec<DF> acc[kChains][R];
+  HWY_UNROLL(2)
+  for (int c = 0; c < kChains; ++c) {
+    HWY_UNROLL(4)
+    for (int r = 0; r < R; ++r) acc[c][r] = hn::Zero(df);
+  }
+  ForSteps<ChainSteps<WT>()>(N, n, [&](auto chain, size_t i) HWY_ATTR {
+    constexpr int c = decltype(chain)::value;
+    const auto xv = hn::LoadU(df, x + i);
+    HWY_UNROLL(4)
+    for (int r = 0; r < R; ++r) acc[c][r] = hn::MulAdd(LoadW(df, w + r * ldw + i), xv, acc[c][r]);
+  });
+  HWY_UNROLL(4)
+  for (int r = 0; r < R; ++r) {
+    auto sum = acc[0][r];
+    if constexpr (kChains == 2) sum = hn::Add(sum, acc[1][r]);
+    out[r] = Finish(df, sum, w + r * ldw, x, n / N * N, n);
+  }
+}
+
+// R rows x T tokens: out[t * ldo + r] = w[r * ldw] . x[t * ldx], for batches. Only one
+// chain's R x T accumulators fit in the registers, so they go to memory at the end of
+// each block and the other chain's come back; the weights are still read in order.
 template <int R, int T, class WT>
 HWY_INLINE void DotTile(const WT* HWY_RESTRICT w, size_t ldw, const float* HWY_RESTRICT x,
                         size_t ldx, size_t n, float* HWY_RESTRICT out, size_t ldo) {
   const DF df;
   const size_t N = hn::Lanes(df);
-#if HWY_HAVE_SCALABLE
-  static_assert(R == 1 && T == 1, "scalable vectors use 1x1 tiles");
-#endif
-  hn::Vec<DF> acc[R][T];
-  HWY_UNROLL(8)
-  for (int r = 0; r < R; ++r) {
-    HWY_UNROLL(8)
-    for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
-  }
-  size_t i = 0;
-  for (; i + N <= n; i += N) {
-    hn::Vec<DF> xv[T];
-    HWY_UNROLL(8)
-    for (int t = 0; t < T; ++t) xv[t] = hn::LoadU(df, x + t * ldx + i);
-    HWY_UNROLL(8)
+  const size_t steps = n / N;
+  constexpr size_t B = ChainSteps<WT>();
+  HWY_ALIGN float saved[kChains][R * T * hn::MaxLanes(df)];
+  hn::Vec<DF> a[R][T];
+  for (size_t b = 0, c = 0; b < steps; b += B, c = (c + 1) % kChains) {
+    const bool first = b < kChains * B;
+    HWY_UNROLL(4)
     for (int r = 0; r < R; ++r) {
-      const auto wv = LoadW(df, w + r * ldw + i);
-      HWY_UNROLL(8)
-      for (int t = 0; t < T; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
+      HWY_UNROLL(4)
+      for (int t = 0; t < T; ++t)
+        a[r][t] = first ? hn::Zero(df) : hn::Load(df, saved[c] + (r * T + t) * N);
+    }
+    const size_t e = std::min(steps, b + B);
+    for (size_t j = b; j < e; ++j) {
+      hn::Vec<DF> xv[T];
+      HWY_UNROLL(4)
+      for (int t = 0; t < T; ++t) xv[t] = hn::LoadU(df, x + t * ldx + j * N);
+      HWY_UNROLL(4)
+      for (int r = 0; r < R; ++r) {
+        const auto wv = LoadW(df, w + r * ldw + j * N);
+        HWY_UNROLL(4)
+        for (int t = 0; t < T; ++t) a[r][t] = hn::MulAdd(wv, xv[t], a[r][t]);
+      }
+    }
+    HWY_UNROLL(4)
+    for (int r = 0; r < R; ++r) {
+      HWY_UNROLL(4)
+      for (int t = 0; t < T; ++t) hn::Store(a[r][t], df, saved[c] + (r * T + t) * N);
     }
   }
-  HWY_UNROLL(8)
+  // Chains that got no block are zero.
+  for (size_t c = std::min<size_t>(kChains, (steps + B - 1) / B); c < kChains; ++c) {
+    std::fill(saved[c], saved[c] + R * T * N, 0.0f);
+  }
+  HWY_UNROLL(4)
   for (int r = 0; r < R; ++r) {
-    HWY_UNROLL(8)
-    for (int t = 0; t < T; ++t)
-      out[t * ldo + r] = Finish(df, acc[r][t], w + r * ldw, x + t * ldx, i, n);
+    HWY_UNROLL(4)
+    for (int t = 0; t < T; ++t) {
+      auto sum = hn::Load(df, saved[0] + (r * T + t) * N);
+      if constexpr (kChains == 2) sum = hn::Add(sum, hn::Load(df, saved[1] + (r * T + t) * N));
+      out[t * ldo + r] = Finish(df, sum, w + r * ldw, x + t * ldx, steps * N, n);
+    }
   }
 }
 
 #if HWY_HAVE_SCALABLE
-constexpr int kRowTile = 1, kTokTile = 1;
+constexpr int kBatchRows = 1, kTokTile = 1, kWideRowTile = 1;
 #else
-// 4 rows x 4 tokens with 32 vector registers (AVX-512: 16 accumulators, 4 activations,
-// a weight; each converted weight vector feeds 4 multiply-adds), 4 x 3 with 16 (AVX2).
-// A 2 x 8 tile on AVX-512 was 40% slower at batch 8: its 8 activation rows stream from
-// L2 at every step.
-constexpr int kRowTile = 4, kTokTile = HWY_TARGET == HWY_AVX3 ? 4 : 3;
+// Batches: kBatchRows x kTokTile accumulators (4 x 4 of 32 vector registers on AVX-512,
+// 4 x 3 of 16 on AVX2); each weight vector feeds kTokTile multiply-adds and each
+// activation vector kBatchRows.
+constexpr int kBatchRows = 4, kTokTile = HWY_TARGET == HWY_AVX3 ? 4 : 3;
+// Rows side by side for a single token over wide rows (see MatRows).
+constexpr int kWideRowTile = 4;
 #endif
+// Rows of at least this many columns are wide: their activations (32 KiB of f32 at 8192)
+// do not stay in L1 while a whole row streams past them.
+constexpr size_t kWideCols = 8192;
 
-// Rows [r0, r1) for tokens [0, n). Every (row, token) result is one accumulator chain
-// over the columns whatever the tile, so results do not depend on the batch.
+// R rows for every token, in tiles of up to kTokTile tokens.
+template <int R, class WT>
+HWY_INLINE void RowsForTokens(const WT* HWY_RESTRICT w, size_t cols, const float* HWY_RESTRICT x,
+                              int n, float* HWY_RESTRICT y, size_t rows) {
+  int t = 0;
+  for (; t + kTokTile <= n; t += kTokTile)
+    DotTile<R, kTokTile>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
+  switch (n - t) {  // fewer than a tile left: one pass
+    case 3:
+      if constexpr (kTokTile > 3) DotTile<R, 3>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
+      break;
+    case 2:
+      if constexpr (kTokTile > 2) DotTile<R, 2>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
+      break;
+    case 1:
+      DotTile<R, 1>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
+      break;
+    default:
+      break;
+  }
+}
+
+// Rows [r0, r1) for tokens [0, n). A single token reads one row at a time, so the weights
+// stream in address order: four rows side by side (four streams 4 KiB apart) measured
+// ~1.5x slower on Zen 5 at 2048 columns. Wide rows are the exception: one at a time
+// reloads the activations from L2 for every row, and four side by side measured faster.
 template <class WT>
 void MatRows(const WT* HWY_RESTRICT w, size_t cols, const float* HWY_RESTRICT x, int n,
              float* HWY_RESTRICT y, size_t rows, size_t r0, size_t r1) {
   size_t r = r0;
-  for (; r + kRowTile <= r1; r += kRowTile) {
-    const WT* wr = w + r * cols;
-    int t = 0;
-    for (; t + kTokTile <= n; t += kTokTile) {
-      DotTile<kRowTile, kTokTile>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+  if (n == 1) {
+    if (cols >= kWideCols) {
+      for (; r + kWideRowTile <= r1; r += kWideRowTile)
+        DotRows<kWideRowTile>(w + r * cols, cols, x, cols, y + r);
     }
-    if constexpr (kTokTile == 4) {  // 3 left: one pass, not three
-      if (t + 3 <= n) {
-        DotTile<kRowTile, 3>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
-        t += 3;
-      }
-    }
-    for (; t < n; ++t)
-      DotTile<kRowTile, 1>(wr, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
+    for (; r < r1; ++r) DotRows<1>(w + r * cols, cols, x, cols, y + r);
+    return;
   }
-  for (; r < r1; ++r) {
-    for (int t = 0; t < n; ++t)
-      DotTile<1, 1>(w + r * cols, cols, x + t * cols, cols, cols, y + t * rows + r, rows);
-  }
+  for (; r + kBatchRows <= r1; r += kBatchRows)
+    RowsForTokens<kBatchRows>(w + r * cols, cols, x, n, y + r, rows);
+  for (; r < r1; ++r) RowsForTokens<1>(w + r * cols, cols, x, n, y + r, rows);
 }
 
 void MatRowsF32(const float* w, size_t cols, const float* x, int n, float* y, size_t rows,
@@ -150,7 +261,7 @@ void MatRowsBF16(const uint16_t* w, size_t cols, const float* x, int n, float* y
 
 float DotF32(const float* a, const float* b, size_t n) {
   float out;
-  DotTile<1, 1>(a, n, b, n, n, &out, 1);
+  DotRows<1>(a, n, b, n, &out);
   return out;
 }
 
@@ -257,8 +368,8 @@ void matmul(const Matrix& w, const float* x, int n, float* y, ThreadPool* pool) 
     run(0, rows);
     return;
   }
-  // Split rows in multiples of 4 (the float kernels' row tile) so tiles never straddle
-  // tasks; each (row, token) result is computed the same way in any task.
+  // Split rows in groups of 4; each (row, token) result is computed the same way in any
+  // task, so the split does not change the bits.
   const size_t tiles = (rows + 3) / 4;
   const int n_tasks = static_cast<int>(
       std::min<size_t>(tiles, static_cast<size_t>(pool->size()) * kTasksPerThread));

@@ -20,11 +20,15 @@ with the same fake quantization (llama_ref.forward_chunk with a KVSpec). Two che
     An engine that silently kept f32 for a format scores 0; the perplexity tolerance
     (0.5%) is larger than the whole effect of f16, int8, kivi8 and kivi4 with R = 128.
   * for the configurations marked stable (4- and 2-bit KIVI with a 128-token residual
-    window: their codes are far from rounding boundaries), every position's logits within
-    --kv-tol (default 3e-4; measured worst 1.0e-4). The others are chaotic at this level:
-    in the reference alone, rounding K and V through float32 before float16, or a 1e-7
-    relative perturbation, moves the f16 logits by up to 2e-2, because a code that lands
-    on the other side of a rounding boundary changes an element by a whole step.
+    window), the median over positions of max |engine - reference| within --kv-tol
+    (default 3e-5; measured at most 6.4e-6) and every position within --kv-max (default
+    5e-3). The others are chaotic even at the median: in the reference alone, rounding K
+    and V through float32 before float16, or a 1e-7 relative perturbation, moves the f16
+    logits by up to 2e-2, because a code that lands on the other side of a rounding
+    boundary changes an element by a whole step. Stable configurations have few codes
+    near a boundary, but not none: changing only the order of the engine's float32 sums
+    in the weight products flipped one key code of k=kivi4,v=kivi2 at token 383 and moved
+    35 later positions by up to 2.1e-3, hence a bound on the median and a looser maximum.
 Exit status 0 when everything agrees, 1 otherwise.
 """
 
@@ -88,8 +92,9 @@ def check_kv_formats(a, model, tok, prompt, failures):
     ids = tok.encode(prompt, bos=True)
     ref_f32 = ref.forward_logits(model, ids)
     eng_f32 = np.asarray(run_engine(a.kivi, a.model, a.tokenizer, prompt, "stream", ["--threads", "1"])["logits"])
-    print("\n%-44s %10s %10s %8s %12s %9s" % ("KV configuration (stream, %d tokens)" % len(ids), "ref effect",
-                                              "eng effect", "ratio", "max|diff|", "tolerance"))
+    print("\n%-44s %10s %10s %8s %12s %12s %9s" % ("KV configuration (stream, %d tokens)" % len(ids),
+                                                   "ref effect", "eng effect", "ratio", "median|diff|",
+                                                   "max|diff|", "tolerance"))
     for cfg, stable in KV_CONFIGS:
         spec = cp.parse_config(cfg)
         name = cp.canonical(spec)
@@ -109,10 +114,14 @@ def check_kv_formats(a, model, tok, prompt, failures):
         problems = []
         if not abs(ratio - 1.0) <= a.effect_tol:
             problems.append("effect ratio %.3f outside 1 +- %.2f" % (ratio, a.effect_tol))
-        if stable and err[worst] > a.kv_tol:
-            problems.append("max |diff| %.2e at position %d exceeds %.1e" % (err[worst], worst, a.kv_tol))
-        print("%-44s %10.3e %10.3e %8.3f %12.3e %9s%s"
-              % (name, eff_r, eff_e, ratio, err[worst], "%.0e" % a.kv_tol if stable else "chaotic",
+        median = float(np.median(err))
+        if stable and median > a.kv_tol:
+            problems.append("median |diff| %.2e exceeds %.1e" % (median, a.kv_tol))
+        if stable and err[worst] > a.kv_max:
+            problems.append("max |diff| %.2e at position %d exceeds %.1e" % (err[worst], worst, a.kv_max))
+        print("%-44s %10.3e %10.3e %8.3f %12.3e %12.3e %9s%s"
+              % (name, eff_r, eff_e, ratio, median, err[worst],
+                 "%.0e/%.0e" % (a.kv_tol, a.kv_max) if stable else "chaotic",
                  "  FAIL" if problems else ""))
         for p in problems:
             failures.append("%s: %s" % (name, p))
@@ -130,8 +139,11 @@ def main():
     ap.add_argument("--long-no-cache", action="store_true",
                     help="also run the long prompt in no-cache mode (slow)")
     ap.add_argument("--no-kv", action="store_true", help="skip the KV-format checks")
-    ap.add_argument("--kv-tol", type=float, default=3e-4,
-                    help="max |logit difference| for the stable KV configurations (default 3e-4)")
+    ap.add_argument("--kv-tol", type=float, default=3e-5,
+                    help="median over positions of max |logit difference| for the stable KV "
+                         "configurations (default 3e-5)")
+    ap.add_argument("--kv-max", type=float, default=5e-3,
+                    help="max |logit difference| for the stable KV configurations (default 5e-3)")
     ap.add_argument("--effect-tol", type=float, default=0.05,
                     help="allowed |engine effect / reference effect - 1| per KV configuration (default 0.05)")
     a = ref.resolve_paths(ap.parse_args())
