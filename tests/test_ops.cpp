@@ -88,9 +88,14 @@ TEST(Ops, MatmulIsBitIdenticalToMatvecAndThreadCount) {
   ThreadPool p1(1), p3(3);
   for (const auto& target : cpu::available_targets()) {
     TargetGuard g(target.bits);
-    for (auto [rows, cols, n] :
-         {std::tuple{172, 64, 7}, {64, 172, 5}, {517, 96, 13}, {1024, 512, 4}, {9, 7, 3},
-          {6, 200, 9}, {13, 8200, 5}, {7, 8192 + 24, 2}}) {
+    for (auto [rows, cols, n] : {std::tuple{172, 64, 7},
+                                 {64, 172, 5},
+                                 {517, 96, 13},
+                                 {1024, 512, 4},
+                                 {9, 7, 3},
+                                 {6, 200, 9},
+                                 {13, 8200, 5},
+                                 {7, 8192 + 24, 2}}) {
       const auto w = random_weights(static_cast<size_t>(rows) * cols, 99);
       Rng r(1);
       std::vector<float> x(static_cast<size_t>(n) * cols);

@@ -112,8 +112,8 @@ HWY_INLINE void ForSteps(size_t N, size_t n, F f) {
 // R rows for one token with every chain live (R * kChains accumulators):
 // out[r] = w[r * ldw] . x.
 template <int R, class WT>
-HWY_INLINE void DotRows(const WT* HWY_RESTRICT w, size_t ldw, const float* HWY_RESTRICT x,
-                        size_t n, float* HWY_RESTRICT out) {
+HWY_INLINE void DotRows(const WT* HWY_RESTRICT w, size_t ldw, const float* HWY_RESTRICT x, size_t n,
+                        float* HWY_RESTRICT out) {
   const DF df;
   const size_t N = hn::Lanes(df);
   hn::Vec<DF> acc[kChains][R];
@@ -212,10 +212,12 @@ HWY_INLINE void RowsForTokens(const WT* HWY_RESTRICT w, size_t cols, const float
     DotTile<R, kTokTile>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
   switch (n - t) {  // fewer than a tile left: one pass
     case 3:
-      if constexpr (kTokTile > 3) DotTile<R, 3>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
+      if constexpr (kTokTile > 3)
+        DotTile<R, 3>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
       break;
     case 2:
-      if constexpr (kTokTile > 2) DotTile<R, 2>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
+      if constexpr (kTokTile > 2)
+        DotTile<R, 2>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
       break;
     case 1:
       DotTile<R, 1>(w, cols, x + t * cols, cols, cols, y + t * rows, rows);
