@@ -159,6 +159,23 @@ TEST(Cli, ConvertedGgufGeneratesTheSameText) {
   EXPECT_NE(i.out.find("tokenizer.ggml.tokens"), std::string::npos);
 }
 
+// --copy-weights moves the weights into memory at the same addresses: the same text from a
+// llama2.c checkpoint and from a GGUF file.
+TEST(Cli, CopiedWeightsGiveTheSameText) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir t;
+  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() +
+                              "' -o '" + t.file("s.gguf") + "'"));
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  for (const std::string m : {model_args(), "-m '" + t.file("s.gguf") + "'"}) {
+    const auto r =
+        run(kivi_cmd("generate " + m + " -p 'Once upon a time' --temp 0 -n 56 --copy-weights"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, std::string(test::kPublishedText) + "\n") << m;
+    EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+  }
+}
+
 // --- bad input -------------------------------------------------------------------
 
 TEST(CliErrors, MissingFileAndDirectory) {

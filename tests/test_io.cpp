@@ -7,6 +7,7 @@
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
 #include "io/llama2c.h"
+#include "io/mapped_file.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -383,6 +384,29 @@ TEST(Llama2c, TokenizerVocabularySizeMustMatch) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fewer tokens than the model's vocabulary size 600"),
               std::string::npos);
+  }
+}
+
+// copy_to_memory keeps the addresses and the bytes, and leaves the file alone. The map
+// starts on a 2 MiB boundary so that the copy can use 2 MiB pages.
+TEST(MappedFile, CopyToMemoryKeepsAddressesAndBytes) {
+  test::TempDir t;
+  for (size_t size : {size_t{1}, size_t{5000}, (size_t{3} << 20) + 123}) {
+    std::string bytes(size, '\0');
+    for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 131 + size);
+    const std::string path = t.file("f" + std::to_string(size));
+    test::write_text(path, bytes);
+    io::MappedFile f(path);
+    const uint8_t* before = f.data();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(before) % (size_t{2} << 20), 0u) << size;
+    EXPECT_FALSE(f.copied());
+    ASSERT_TRUE(f.copy_to_memory()) << size;
+    EXPECT_TRUE(f.copied());
+    EXPECT_EQ(f.data(), before);
+    EXPECT_EQ(std::memcmp(f.data(), bytes.data(), size), 0) << size;
+    ASSERT_TRUE(f.copy_to_memory());  // a second call changes nothing
+    EXPECT_EQ(std::memcmp(f.data(), bytes.data(), size), 0) << size;
+    EXPECT_EQ(test::read_file(path), std::vector<uint8_t>(bytes.begin(), bytes.end()));
   }
 }
 

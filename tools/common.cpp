@@ -38,6 +38,10 @@ void add_model_options(Args& a, const char* ctx_help) {
   a.add(
       "simd", 0, "TARGET",
       "Force a SIMD target (e.g. avx3, avx2, sse4, scalar). Default: the best this CPU supports.");
+  a.add_flag("copy-weights", 0,
+             "Copy the weights from the file into memory backed by 2 MiB pages at load (about "
+             "0.3 s per GiB; more when the kernel must first compact memory). Float weights "
+             "decode up to ~1.2x faster than from the file's 4 KiB page-cache pages.");
   a.add_flag("check-weights", 0,
              "Scan every weight for NaN and Inf at load and name the first tensor holding one "
              "(reads the whole "
@@ -178,6 +182,10 @@ std::unique_ptr<model::Model> load_model(const Args& a) {
   }
   auto m = model::Model::load(path, a.str("tokenizer"));
   if (a.flag("alibi")) m->mutable_config().alibi = true;
+  if (a.flag("copy-weights") && !m->copy_weights_to_memory())
+    std::fprintf(
+        stderr,
+        "warning: could not copy the weights into memory; reading them from the file's map\n");
   if (a.flag("check-weights")) model::check_finite_weights(*m);
   return m;
 }

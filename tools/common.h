@@ -12,7 +12,8 @@
 
 namespace kivi::tools {
 
-// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd, --check-weights.
+// -m/--model, -t/--tokenizer, --ctx, --threads, --threads-force, --alibi, --simd,
+// --copy-weights, --check-weights.
 // ctx_help replaces the help of --ctx for a command that reads it its own way (eval: a list
 // of prompt lengths).
 void add_model_options(Args& a, const char* ctx_help = nullptr);

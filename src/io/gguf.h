@@ -111,6 +111,8 @@ class GgufFile {
   uint64_t array_size(const std::string& key) const;
 
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
+  // The file's map; null when parsed from memory.
+  MappedFile* mapped() const { return map_.get(); }
   const GgufTensor* find_tensor(const std::string& name) const;
 
   // A short rendering of a value for `kivi info`.

@@ -6,11 +6,33 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.h"
 
 namespace kivi::io {
+namespace {
+
+constexpr size_t kAlign = size_t{2} << 20;
+
+uint8_t* align_up(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + kAlign - 1) & ~(kAlign - 1));
+}
+
+size_t page_round(size_t n) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (n + page - 1) / page * page;
+}
+
+// Unmaps the parts of [base, base + total) outside [keep, keep + keep_len).
+void unmap_outside(uint8_t* base, size_t total, uint8_t* keep, size_t keep_len) {
+  if (keep > base) munmap(base, static_cast<size_t>(keep - base));
+  uint8_t* end = base + total;
+  if (keep + keep_len < end) munmap(keep + keep_len, static_cast<size_t>(end - (keep + keep_len)));
+}
+
+}  // namespace
 
 void check_regular_file(const std::string& path, const char* what) {
   struct stat st;
@@ -37,7 +59,18 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     ::close(fd);
     fail("'%s' is empty (0 bytes)", path.c_str());
   }
-  void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Map at a 2 MiB boundary (reserve a little more, then map over the aligned part), so
+  // that a copy put in its place can use 2 MiB pages from the first byte.
+  void* p = MAP_FAILED;
+  void* reserve = mmap(nullptr, size_ + kAlign, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (reserve != MAP_FAILED) {
+    uint8_t* at = align_up(static_cast<uint8_t*>(reserve));
+    p = mmap(at, size_, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    const int e = errno;
+    unmap_outside(static_cast<uint8_t*>(reserve), size_ + kAlign, at, page_round(size_));
+    if (p == MAP_FAILED) errno = e;
+  }
+  if (p == MAP_FAILED) p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int e = errno;
   if (p == MAP_FAILED) {
     ::close(fd);
@@ -45,6 +78,29 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   }
   data_ = static_cast<const uint8_t*>(p);
   fd_ = fd;
+}
+
+bool MappedFile::copy_to_memory() {
+  if (copied_) return true;
+  const size_t len = page_round(size_);
+  void* reserve = mmap(nullptr, len + kAlign, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserve == MAP_FAILED) return false;
+  uint8_t* tmp = align_up(static_cast<uint8_t*>(reserve));
+  unmap_outside(static_cast<uint8_t*>(reserve), len + kAlign, tmp, len);
+#ifdef MADV_HUGEPAGE
+  madvise(tmp, len, MADV_HUGEPAGE);
+#endif
+  std::memcpy(tmp, data_, size_);
+  mprotect(tmp, len, PROT_READ);
+  // Move the copy over the file's map: same addresses, so pointers into it stay valid.
+  void* q = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, const_cast<uint8_t*>(data_));
+  if (q == MAP_FAILED) {
+    munmap(tmp, len);
+    return false;
+  }
+  copied_ = true;
+  return true;
 }
 
 MappedFile::~MappedFile() {

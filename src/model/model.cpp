@@ -60,6 +60,11 @@ ModelConfig llama2c_config(const io::Llama2cCheckpoint& ck) {
   return c;
 }
 
+bool Model::copy_weights_to_memory() {
+  io::MappedFile* map = gguf_ ? gguf_->mapped() : l2c_ ? l2c_->map.get() : nullptr;
+  return map && map->copy_to_memory();
+}
+
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tok) {
   io::check_regular_file(path, "model");
   if (io::is_gguf_file(path)) return load_gguf(path, tok);

@@ -51,6 +51,10 @@ class Model {
   const io::GgufFile* gguf() const { return gguf_.get(); }
   const io::Llama2cCheckpoint* llama2c() const { return l2c_.get(); }
   size_t weight_bytes() const;
+  // Moves the weights from the file's map into memory backed by 2 MiB pages, at the same
+  // addresses (io::MappedFile::copy_to_memory). False when the memory cannot be had or
+  // the model was not read from a file.
+  bool copy_weights_to_memory();
 
  private:
   static std::unique_ptr<Model> load_llama2c(const std::string& path, const std::string& tok);
