@@ -167,7 +167,7 @@ TEST(Cli, CopiedWeightsGiveTheSameText) {
   const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() +
                               "' -o '" + t.file("s.gguf") + "'"));
   ASSERT_EQ(c.exit_code, 0) << c.err;
-  for (const std::string m : {model_args(), "-m '" + t.file("s.gguf") + "'"}) {
+  for (const std::string& m : {model_args(), "-m '" + t.file("s.gguf") + "'"}) {
     const auto r =
         run(kivi_cmd("generate " + m + " -p 'Once upon a time' --temp 0 -n 56 --copy-weights"));
     ASSERT_EQ(r.exit_code, 0) << r.err;

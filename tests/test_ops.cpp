@@ -81,9 +81,10 @@ TEST(Ops, MatvecMatchesReferenceOnEveryTarget) {
 // Batched matmul gives the same bits as one matvec per token, for any thread count. A
 // single token and a batch run different kernels (one row at a time with both
 // accumulator chains live, or tiles that swap chains through memory), so the shapes cover
-// fewer columns than a vector, than a chain block and than two, tails after whole rounds,
-// rows that do not fill a tile, and wide rows (8192 columns and more, four rows side by
-// side for a single token).
+// fewer columns than a vector, than a chain block and than two, tails after whole rounds
+// (467 columns: whole rounds, then a part of a block for chain 1, on every target and
+// weight size), rows that do not fill a tile, and wide rows (8192 columns and more, two
+// rows side by side for a single token).
 TEST(Ops, MatmulIsBitIdenticalToMatvecAndThreadCount) {
   ThreadPool p1(1), p3(3);
   for (const auto& target : cpu::available_targets()) {
@@ -93,6 +94,8 @@ TEST(Ops, MatmulIsBitIdenticalToMatvecAndThreadCount) {
                                  {517, 96, 13},
                                  {1024, 512, 4},
                                  {9, 7, 3},
+                                 {5, 3, 4},
+                                 {5, 467, 6},
                                  {6, 200, 9},
                                  {13, 8200, 5},
                                  {7, 8192 + 24, 2}}) {
