@@ -10,11 +10,14 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/sysinfo.h"
 
 namespace kivi::io {
 namespace {
 
 constexpr size_t kAlign = size_t{2} << 20;
+// Memory left to the rest of the system beyond a copy of the weights.
+constexpr uint64_t kCopyMargin = uint64_t{256} << 20;
 
 uint8_t* align_up(uint8_t* p) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + kAlign - 1) & ~(kAlign - 1));
@@ -67,8 +70,12 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     uint8_t* at = align_up(static_cast<uint8_t*>(reserve));
     p = mmap(at, size_, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
     const int e = errno;
-    unmap_outside(static_cast<uint8_t*>(reserve), size_ + kAlign, at, page_round(size_));
-    if (p == MAP_FAILED) errno = e;
+    if (p == MAP_FAILED) {
+      munmap(reserve, size_ + kAlign);
+      errno = e;
+    } else {
+      unmap_outside(static_cast<uint8_t*>(reserve), size_ + kAlign, at, page_round(size_));
+    }
   }
   if (p == MAP_FAILED) p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int e = errno;
@@ -83,8 +90,12 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 bool MappedFile::copy_to_memory() {
   if (copied_) return true;
   const size_t len = page_round(size_);
-  void* reserve = mmap(nullptr, len + kAlign, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // The copy is new memory (the file's page cache it replaces is reclaimable, so counted as
+  // available): refuse it rather than meet the kernel's out-of-memory killer halfway.
+  const uint64_t avail = sys::available_memory_bytes();
+  if (avail != 0 && avail < len + kCopyMargin) return false;
+  void* reserve =
+      mmap(nullptr, len + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (reserve == MAP_FAILED) return false;
   uint8_t* tmp = align_up(static_cast<uint8_t*>(reserve));
   unmap_outside(static_cast<uint8_t*>(reserve), len + kAlign, tmp, len);
@@ -92,11 +103,16 @@ bool MappedFile::copy_to_memory() {
   madvise(tmp, len, MADV_HUGEPAGE);
 #endif
   std::memcpy(tmp, data_, size_);
-  mprotect(tmp, len, PROT_READ);
+  mprotect(tmp, len, PROT_READ);  // read-only like the map; a failure leaves it writable
   // Move the copy over the file's map: same addresses, so pointers into it stay valid.
-  void* q = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, const_cast<uint8_t*>(data_));
+  uint8_t* at = const_cast<uint8_t*>(data_);
+  void* q = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at);
   if (q == MAP_FAILED) {
+    // The kernel may have unmapped the destination before failing: map the file there
+    // again so that every pointer into it stays valid.
+    void* again = mmap(at, size_, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd_, 0);
     munmap(tmp, len);
+    if (again == MAP_FAILED) fail("cannot map '%s' again: %s", path_.c_str(), std::strerror(errno));
     return false;
   }
   copied_ = true;

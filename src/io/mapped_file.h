@@ -23,7 +23,8 @@ class MappedFile {
   // memory that the kernel may back with 2 MiB pages (the file's page-cache pages are 4
   // KiB: a TLB miss and a stop of the hardware prefetcher every 4 KiB of a stream). Costs a
   // copy of the file and, while copying, its size again in memory. Returns false, with
-  // the map unchanged, when that memory cannot be had. Idempotent.
+  // the map unchanged, when that memory cannot be had (less available than the file and
+  // 256 MiB). Idempotent.
   bool copy_to_memory();
   bool copied() const { return copied_; }
 

@@ -75,8 +75,8 @@ constexpr int kChains = 2;
 #endif
 
 // A single token runs both chains side by side, so it reads two places a block apart. On
-// Zen 5 (f16, 16 lanes) blocks of 256 bytes read at the probe's rate; blocks of 512 read
-// 1.7x slower, and 1 KiB slower still.
+// Zen 5 (f16, 16 lanes) blocks of 256 bytes read as fast as the bandwidth probe
+// (core/bandwidth.h); blocks of 512 read 1.7x slower, and 1 KiB slower still.
 template <class WT>
 constexpr size_t ChainSteps() {
   constexpr size_t bytes = hn::MaxLanes(DF()) * sizeof(WT);

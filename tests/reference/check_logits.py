@@ -21,14 +21,15 @@ with the same fake quantization (llama_ref.forward_chunk with a KVSpec). Two che
     (0.5%) is larger than the whole effect of f16, int8, kivi8 and kivi4 with R = 128.
   * for the configurations marked stable (4- and 2-bit KIVI with a 128-token residual
     window), the median over positions of max |engine - reference| within --kv-tol
-    (default 3e-5; measured at most 6.4e-6) and every position within --kv-max (default
-    5e-3). The others are chaotic even at the median: in the reference alone, rounding K
+    (default 3e-5; measured at most 6.4e-6), 90% of the positions within --kv-p90
+    (default 3e-4) and every position within --kv-max (default 5e-3). The others are chaotic even at the median: in the reference alone, rounding K
     and V through float32 before float16, or a 1e-7 relative perturbation, moves the f16
     logits by up to 2e-2, because a code that lands on the other side of a rounding
     boundary changes an element by a whole step. Stable configurations have few codes
     near a boundary, but not none: changing only the order of the engine's float32 sums
     in the weight products flipped one key code of k=kivi4,v=kivi2 at token 383 and moved
-    35 later positions by up to 2.1e-3, hence a bound on the median and a looser maximum.
+    35 later positions (7%) by up to 2.1e-3, hence bounds on the median and the 90th
+    percentile and a looser maximum.
 Exit status 0 when everything agrees, 1 otherwise.
 """
 
@@ -117,6 +118,9 @@ def check_kv_formats(a, model, tok, prompt, failures):
         median = float(np.median(err))
         if stable and median > a.kv_tol:
             problems.append("median |diff| %.2e exceeds %.1e" % (median, a.kv_tol))
+        p90 = float(np.quantile(err, 0.9))
+        if stable and p90 > a.kv_p90:
+            problems.append("90th percentile |diff| %.2e exceeds %.1e" % (p90, a.kv_p90))
         if stable and err[worst] > a.kv_max:
             problems.append("max |diff| %.2e at position %d exceeds %.1e" % (err[worst], worst, a.kv_max))
         print("%-44s %10.3e %10.3e %8.3f %12.3e %12.3e %9s%s"
@@ -142,6 +146,9 @@ def main():
     ap.add_argument("--kv-tol", type=float, default=3e-5,
                     help="median over positions of max |logit difference| for the stable KV "
                          "configurations (default 3e-5)")
+    ap.add_argument("--kv-p90", type=float, default=3e-4,
+                    help="90th percentile over positions of max |logit difference| for the stable "
+                         "KV configurations (default 3e-4)")
     ap.add_argument("--kv-max", type=float, default=5e-3,
                     help="max |logit difference| for the stable KV configurations (default 5e-3)")
     ap.add_argument("--effect-tol", type=float, default=0.05,
