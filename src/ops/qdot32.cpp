@@ -202,10 +202,102 @@ HWY_INLINE void Block(const uint8_t* p, int64_t b, const Act32* a, __m256* acc, 
   }
 }
 
+#if HWY_TARGET == HWY_AVX3
+// Q8_0 and Q4_0 with 512-bit vectors: an even block and the odd block after it side by
+// side. The low and high halves are the 256-bit kernel's even and odd accumulators, with
+// the same integers and the same float operations in every lane, so both targets give the
+// same bits and each pair of blocks costs half the instructions.
+constexpr bool HasPairKernel(Type t) { return t == Type::kQ8_0 || t == Type::kQ4_0; }
+
+// The signed codes of blocks b (low half) and b + 1 (high half); p points at block b.
+template <Type kT>
+HWY_INLINE __m512i PairCodes(const uint8_t* p) {
+  constexpr size_t kBytes = BlockBytes(kT);
+  if constexpr (kT == Type::kQ8_0) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBytes + 2)), 1);
+  } else {
+    static_assert(kT == Type::kQ4_0, "pair kernels: Q8_0 and Q4_0");
+    // Each block's 16 nibble bytes in two 128-bit lanes: [b, b, b + 1, b + 1]; the second
+    // lane of each pair takes the high nibbles, as Nibbles() lays them out.
+    const __m512i q = _mm512_inserti64x4(
+        _mm512_castsi256_si512(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2)))),
+        _mm256_broadcastsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kBytes + 2))),
+        1);
+    const __m512i nib = _mm512_mask_blend_epi64(0xCC, q, _mm512_srli_epi16(q, 4));
+    return _mm512_sub_epi8(_mm512_and_si512(nib, _mm512_set1_epi8(0x0F)), _mm512_set1_epi8(8));
+  }
+}
+
+template <bool kVnni>
+HWY_INLINE __m512i DotU8I8x2(__m512i u, __m512i s) {
+#ifdef KIVI_Q32_VNNI
+  if constexpr (kVnni) {
+    __m512i acc = _mm512_setzero_si512();
+    asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "vm"(s));
+    return acc;
+  }
+#endif
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+}
+
+template <Type kT, int T, bool kVnni>
+HWY_INLINE void DotRowPairs(const uint8_t* w, int64_t nb, const Act32* a, float* const* out,
+                            size_t r) {
+  constexpr size_t kBytes = BlockBytes(kT);
+  __m512 acc[T];
+  HWY_UNROLL(8)
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const uint8_t* p = w + b * kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 63), _MM_HINT_T0);
+    const __m512i codes = PairCodes<kT>(p);
+    const __m512i u = _mm512_abs_epi8(codes);
+    const __mmask64 neg = _mm512_movepi8_mask(codes);
+    uint16_t h0, h1;
+    std::memcpy(&h0, p, 2);
+    std::memcpy(&h1, p + kBytes, 2);
+    const float s0 = F16(h0), s1 = F16(h1);
+    HWY_UNROLL(8)
+    for (int t = 0; t < T; ++t) {
+      const __m512i xq = _mm512_loadu_si512(a[t].q + 32 * b);
+      const __m512i s = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
+      const __m512 scale =
+          _mm512_insertf32x8(_mm512_set1_ps(s0 * a[t].d[b]), _mm256_set1_ps(s1 * a[t].d[b + 1]), 1);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DotU8I8x2<kVnni>(u, s)), scale, acc[t]);
+    }
+  }
+  __m256 acc0[T], acc1[T];
+  float accm[T];
+  HWY_UNROLL(8)
+  for (int t = 0; t < T; ++t) {
+    acc0[t] = _mm512_castps512_ps256(acc[t]);
+    acc1[t] = _mm512_extractf32x8_ps(acc[t], 1);
+    accm[t] = 0.0f;
+  }
+  if (b < nb) Block<kT, T, kVnni>(w + b * kBytes, b, a, acc0, accm);
+  HWY_UNROLL(8)
+  for (int t = 0; t < T; ++t) out[t][r] = HSum(_mm256_add_ps(acc0[t], acc1[t])) + (0.0f + 0.0f);
+}
+#else
+constexpr bool HasPairKernel(Type) { return false; }
+#endif
+
 // T tokens' dot products with one row of nb blocks. Even and odd blocks go to two
 // accumulators per token, to shorten the dependency chains.
 template <Type kT, int T, bool kVnni>
 HWY_INLINE void DotRow(const uint8_t* w, int64_t nb, const Act32* a, float* const* out, size_t r) {
+#if HWY_TARGET == HWY_AVX3
+  if constexpr (HasPairKernel(kT)) {
+    DotRowPairs<kT, T, kVnni>(w, nb, a, out, r);
+    return;
+  }
+#endif
   constexpr size_t kBytes = BlockBytes(kT);
   __m256 acc0[T], acc1[T];
   float accm0[T], accm1[T];
