@@ -143,18 +143,23 @@ TEST(Cli, InfoDescribesTheModel) {
   }
 }
 
+// stories260K converted to GGUF in t; its path.
+std::string converted_gguf(const test::TempDir& t) {
+  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() +
+                              "' -o '" + t.file("s.gguf") + "'"));
+  EXPECT_EQ(c.exit_code, 0) << c.err;
+  return t.file("s.gguf");
+}
+
 TEST(Cli, ConvertedGgufGeneratesTheSameText) {
   KIVI_REQUIRE_MODEL();
   test::TempDir t;
-  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() +
-                              "' -o '" + t.file("s.gguf") + "'"));
-  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const std::string gguf = converted_gguf(t);
   const auto a = run(kivi_cmd("generate " + model_args() + " -p 'The cat' --temp 0 -n 100"));
-  const auto b =
-      run(kivi_cmd("generate -m '" + t.file("s.gguf") + "' -p 'The cat' --temp 0 -n 100"));
+  const auto b = run(kivi_cmd("generate -m '" + gguf + "' -p 'The cat' --temp 0 -n 100"));
   ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_EQ(a.out, b.out);
-  const auto i = run(kivi_cmd("info '" + t.file("s.gguf") + "'"));
+  const auto i = run(kivi_cmd("info '" + gguf + "'"));
   EXPECT_NE(i.out.find("blk.4.ffn_up.weight"), std::string::npos);
   EXPECT_NE(i.out.find("tokenizer.ggml.tokens"), std::string::npos);
 }
@@ -164,10 +169,7 @@ TEST(Cli, ConvertedGgufGeneratesTheSameText) {
 TEST(Cli, CopiedWeightsGiveTheSameText) {
   KIVI_REQUIRE_MODEL();
   test::TempDir t;
-  const auto c = run(kivi_cmd("convert '" + test::model_path() + "' -t '" + test::tokenizer_path() +
-                              "' -o '" + t.file("s.gguf") + "'"));
-  ASSERT_EQ(c.exit_code, 0) << c.err;
-  for (const std::string& m : {model_args(), "-m '" + t.file("s.gguf") + "'"}) {
+  for (const std::string& m : {model_args(), "-m '" + converted_gguf(t) + "'"}) {
     const auto r =
         run(kivi_cmd("generate " + m + " -p 'Once upon a time' --temp 0 -n 56 --copy-weights"));
     ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -33,6 +33,21 @@ inline constexpr size_t kHugePage = size_t{2} << 20;
 inline constexpr size_t kPageBytes = 4096;
 inline constexpr size_t kMappedMin = size_t{64} << 10;
 
+// An anonymous private map of `bytes` (a whole number of pages) that starts at a multiple
+// of `align` (a power of two): more is reserved, then the slack is given back. nullptr
+// when the system refuses. Unmap it with munmap(p, bytes).
+inline void* map_aligned(size_t bytes, size_t align, int prot) {
+  const size_t slack = align > kPageBytes ? align : 0;
+  void* m = mmap(nullptr, bytes + slack, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t start = (a + align - 1) / align * align;
+  if (start > a) munmap(m, start - a);
+  const uintptr_t end = start + bytes;
+  if (a + bytes + slack > end) munmap(reinterpret_cast<void*>(end), a + bytes + slack - end);
+  return reinterpret_cast<void*>(start);
+}
+
 template <class T>
 class AlignedBuffer {
  public:
@@ -65,21 +80,12 @@ class AlignedBuffer {
     const size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
     void* p = nullptr;
     if (bytes >= kMappedMin) {
-      // Reserve enough to start at a multiple of `align`, then give back the slack.
       const size_t pages = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
-      const size_t slack = align > kPageBytes ? align : 0;
-      void* m =
-          mmap(nullptr, pages + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (m == MAP_FAILED) {
+      map_ = map_aligned(pages, align, PROT_READ | PROT_WRITE);
+      if (!map_) {
         size_ = 0;
         throw std::bad_alloc();
       }
-      const uintptr_t a = reinterpret_cast<uintptr_t>(m);
-      const uintptr_t start = (a + align - 1) / align * align;
-      if (start > a) munmap(m, start - a);
-      const uintptr_t end = start + pages;
-      if (a + pages + slack > end) munmap(reinterpret_cast<void*>(end), a + pages + slack - end);
-      map_ = reinterpret_cast<void*>(start);
       map_bytes_ = pages;
       p = map_;
     } else if (posix_memalign(&p, align, bytes) != 0) {

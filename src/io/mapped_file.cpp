@@ -9,30 +9,19 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/aligned.h"
 #include "core/error.h"
 #include "core/sysinfo.h"
 
 namespace kivi::io {
 namespace {
 
-constexpr size_t kAlign = size_t{2} << 20;
 // Memory left to the rest of the system beyond a copy of the weights.
 constexpr uint64_t kCopyMargin = uint64_t{256} << 20;
-
-uint8_t* align_up(uint8_t* p) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + kAlign - 1) & ~(kAlign - 1));
-}
 
 size_t page_round(size_t n) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   return (n + page - 1) / page * page;
-}
-
-// Unmaps the parts of [base, base + total) outside [keep, keep + keep_len).
-void unmap_outside(uint8_t* base, size_t total, uint8_t* keep, size_t keep_len) {
-  if (keep > base) munmap(base, static_cast<size_t>(keep - base));
-  uint8_t* end = base + total;
-  if (keep + keep_len < end) munmap(keep + keep_len, static_cast<size_t>(end - (keep + keep_len)));
 }
 
 }  // namespace
@@ -65,16 +54,12 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   // Map at a 2 MiB boundary (reserve a little more, then map over the aligned part), so
   // that a copy put in its place can use 2 MiB pages from the first byte.
   void* p = MAP_FAILED;
-  void* reserve = mmap(nullptr, size_ + kAlign, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (reserve != MAP_FAILED) {
-    uint8_t* at = align_up(static_cast<uint8_t*>(reserve));
+  if (void* at = map_aligned(page_round(size_), kHugePage, PROT_NONE)) {
     p = mmap(at, size_, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
     const int e = errno;
     if (p == MAP_FAILED) {
-      munmap(reserve, size_ + kAlign);
+      munmap(at, page_round(size_));
       errno = e;
-    } else {
-      unmap_outside(static_cast<uint8_t*>(reserve), size_ + kAlign, at, page_round(size_));
     }
   }
   if (p == MAP_FAILED) p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -94,11 +79,8 @@ bool MappedFile::copy_to_memory() {
   // available): refuse it rather than meet the kernel's out-of-memory killer halfway.
   const uint64_t avail = sys::available_memory_bytes();
   if (avail != 0 && avail < len + kCopyMargin) return false;
-  void* reserve =
-      mmap(nullptr, len + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (reserve == MAP_FAILED) return false;
-  uint8_t* tmp = align_up(static_cast<uint8_t*>(reserve));
-  unmap_outside(static_cast<uint8_t*>(reserve), len + kAlign, tmp, len);
+  void* tmp = map_aligned(len, kHugePage, PROT_READ | PROT_WRITE);
+  if (!tmp) return false;
 #ifdef MADV_HUGEPAGE
   madvise(tmp, len, MADV_HUGEPAGE);
 #endif

@@ -139,17 +139,28 @@ HWY_INLINE __m256i HighBits(const uint8_t* qh_bytes) {
                           _mm256_set1_epi8(0x10));
 }
 
-// Sum of u[i] * s[i] (u unsigned, s signed bytes) in 8 int32 lanes.
-template <bool kVnni>
-HWY_INLINE __m256i DotU8I8(__m256i u, __m256i s) {
+// Sums of u[i] * s[i] (u unsigned, s signed bytes) over each 4 bytes, in int32 lanes: 8
+// of them in a 256-bit vector, 16 in a 512-bit one.
+template <bool kVnni, class V>
+HWY_INLINE V DotU8I8(V u, V s) {
+  constexpr bool kWide = sizeof(V) == 64;
 #ifdef KIVI_Q32_VNNI
   if constexpr (kVnni) {
-    __m256i acc = _mm256_setzero_si256();
-    asm("%{evex%} vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "vm"(s));
+    V acc;
+    if constexpr (kWide) {
+      acc = _mm512_setzero_si512();
+      asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "vm"(s));
+    } else {
+      acc = _mm256_setzero_si256();
+      asm("%{evex%} vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "vm"(s));
+    }
     return acc;
   }
 #endif
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#if HWY_TARGET == HWY_AVX3
+  if constexpr (kWide) return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+  if constexpr (!kWide) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
 // A weight block's codes: signed (q - offset; Q8_0, Q4_0, Q5_0) or unsigned with a min
@@ -232,18 +243,6 @@ HWY_INLINE __m512i PairCodes(const uint8_t* p) {
   }
 }
 
-template <bool kVnni>
-HWY_INLINE __m512i DotU8I8x2(__m512i u, __m512i s) {
-#ifdef KIVI_Q32_VNNI
-  if constexpr (kVnni) {
-    __m512i acc = _mm512_setzero_si512();
-    asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "vm"(s));
-    return acc;
-  }
-#endif
-  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
-}
-
 template <Type kT, int T, bool kVnni>
 HWY_INLINE void DotRowPairs(const uint8_t* w, int64_t nb, const Act32* a, float* const* out,
                             size_t r) {
@@ -269,7 +268,7 @@ HWY_INLINE void DotRowPairs(const uint8_t* w, int64_t nb, const Act32* a, float*
       const __m512i s = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
       const __m512 scale =
           _mm512_insertf32x8(_mm512_set1_ps(s0 * a[t].d[b]), _mm256_set1_ps(s1 * a[t].d[b + 1]), 1);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DotU8I8x2<kVnni>(u, s)), scale, acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DotU8I8<kVnni>(u, s)), scale, acc[t]);
     }
   }
   __m256 acc0[T], acc1[T];
@@ -282,7 +281,7 @@ HWY_INLINE void DotRowPairs(const uint8_t* w, int64_t nb, const Act32* a, float*
   }
   if (b < nb) Block<kT, T, kVnni>(w + b * kBytes, b, a, acc0, accm);
   HWY_UNROLL(8)
-  for (int t = 0; t < T; ++t) out[t][r] = HSum(_mm256_add_ps(acc0[t], acc1[t])) + (0.0f + 0.0f);
+  for (int t = 0; t < T; ++t) out[t][r] = HSum(_mm256_add_ps(acc0[t], acc1[t])) + accm[t];
 }
 #else
 constexpr bool HasPairKernel(Type) { return false; }
