@@ -3,10 +3,12 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/suggest.h"
 
 namespace kivi::tools {
 
@@ -21,6 +23,46 @@ void Args::add(const std::string& l, char s, const std::string& mv, const std::s
                const std::string& def) {
   opts_.push_back({l, s, mv, h, def, false, current_section_});
 }
+void Args::replace(const std::string& l, const std::string& mv, const std::string& h,
+                   const std::string& def) {
+  for (auto& o : opts_) {
+    if (o.long_name == l) {
+      o.metavar = mv;
+      o.help = h;
+      o.def = def;
+      return;
+    }
+  }
+  fail("internal: option --%s is not declared for '%s'", l.c_str(), command_.c_str());
+}
+
+void Args::alias(const std::string& spelled, const std::string& l) {
+  for (auto& o : opts_) {
+    if (o.long_name == l) {
+      o.aliases.push_back(spelled);
+      return;
+    }
+  }
+  fail("internal: option --%s is not declared for '%s'", l.c_str(), command_.c_str());
+}
+
+const Args::Opt* Args::find_alias(const std::string& spelled) const {
+  for (const auto& o : opts_) {
+    for (const auto& a : o.aliases)
+      if (a == spelled) return &o;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> Args::spellings() const {
+  std::vector<std::string> out;
+  for (const auto& o : opts_) {
+    out.push_back("--" + o.long_name);
+    for (const auto& a : o.aliases) out.push_back(a);
+  }
+  return out;
+}
+
 void Args::add_flag(const std::string& l, char s, const std::string& h) {
   opts_.push_back({l, s, "", h, "", true, current_section_});
 }
@@ -58,7 +100,27 @@ bool Args::parse(int argc, char** argv, int first) {
     const Opt* o = nullptr;
     std::string value;
     bool has_value = false;
-    if (a.rfind("--", 0) == 0) {
+    const std::string head = a.substr(0, a.find('='));
+    if (head == "-ngl" || head == "--n-gpu-layers" || head == "--gpu-layers") {
+      fail("%s: kivi.cpp runs on the CPU and has no GPU offload; leave it out", head.c_str());
+    }
+    if (head == "-fa" || head == "--flash-attn") {
+      // llama.cpp's fused attention switch: kivi.cpp's attention is always fused.
+      std::fprintf(stderr, "note: %s is accepted and ignored (attention here is always fused)\n",
+                   head.c_str());
+      if (a == head && i + 1 < argc &&
+          (std::string(argv[i + 1]) == "on" || std::string(argv[i + 1]) == "off" ||
+           std::string(argv[i + 1]) == "auto"))
+        ++i;
+      continue;
+    }
+    if (const Opt* al = find_alias(head)) {
+      o = al;
+      if (head.size() < a.size()) {
+        value = a.substr(head.size() + 1);
+        has_value = true;
+      }
+    } else if (a.rfind("--", 0) == 0) {
       std::string name = a.substr(2);
       const auto eq = name.find('=');
       if (eq != std::string::npos) {
@@ -68,11 +130,14 @@ bool Args::parse(int argc, char** argv, int first) {
       }
       o = find_long(name);
       if (!o)
-        fail("unknown option '--%s' for 'kivi %s'%s", name.c_str(), command_.c_str(), see.c_str());
+        fail("unknown option '--%s' for 'kivi %s'%s%s", name.c_str(), command_.c_str(),
+             did_you_mean("--" + name, spellings()).c_str(), see.c_str());
     } else if (a.size() >= 2 && a[0] == '-' &&
                !(std::isdigit(static_cast<unsigned char>(a[1])) || a[1] == '.')) {
       o = find_short(a[1]);
-      if (!o) fail("unknown option '%s' for 'kivi %s'%s", a.c_str(), command_.c_str(), see.c_str());
+      if (!o)
+        fail("unknown option '%s' for 'kivi %s'%s%s", a.c_str(), command_.c_str(),
+             did_you_mean(head, spellings()).c_str(), see.c_str());
       if (a.size() > 2) {
         value = a.substr(2);
         has_value = true;
@@ -119,6 +184,7 @@ std::string Args::help() const {
     std::string left = "  ";
     left += opt.short_name ? std::string("-") + opt.short_name + ", " : "    ";
     left += "--" + opt.long_name;
+    for (const auto& al : opt.aliases) left += ", " + al;
     if (!opt.is_flag) left += " " + opt.metavar;
     o << left;
     if (left.size() < 30) {
@@ -148,6 +214,11 @@ std::string Args::help() const {
     o << "\n";
   }
   return o.str();
+}
+
+bool Args::given(const std::string& name) const {
+  spec(name);
+  return values_.count(name) != 0;
 }
 
 bool Args::flag(const std::string& name) const {

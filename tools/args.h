@@ -16,6 +16,12 @@ class Args {
   // An option taking a value. `def` is shown in --help and returned when absent.
   void add(const std::string& long_name, char short_name, const std::string& metavar,
            const std::string& help, const std::string& def = "");
+  // Replaces the metavar, help and default of a declared option.
+  void replace(const std::string& long_name, const std::string& metavar, const std::string& help,
+               const std::string& def);
+  // Another spelling of a declared option, with its dashes: "-ctk" or "--cache-type-k"
+  // (llama.cpp's names). Listed in --help beside the option.
+  void alias(const std::string& spelled, const std::string& long_name);
   // A boolean flag.
   void add_flag(const std::string& long_name, char short_name, const std::string& help);
   // Positional arguments: names for the synopsis, min/max count.
@@ -27,7 +33,9 @@ class Args {
   bool parse(int argc, char** argv, int first = 2);
 
   std::string help() const;
-  bool given(const std::string& name) const { return values_.count(name) != 0; }
+  // Whether the option was given; the name must be declared (a typo is an internal error).
+  bool given(const std::string& name) const;
+  bool declared(const std::string& name) const { return find_long(name) != nullptr; }
   bool flag(const std::string& name) const;
   std::string str(const std::string& name) const;
   int64_t integer(const std::string& name, int64_t lo, int64_t hi) const;
@@ -44,8 +52,11 @@ class Args {
     std::string metavar, help, def;
     bool is_flag;
     std::string section;
+    std::vector<std::string> aliases;
   };
   const Opt* find_long(const std::string& n) const;
+  const Opt* find_alias(const std::string& spelled) const;
+  std::vector<std::string> spellings() const;  // every --long and alias, for suggestions
   const Opt* find_short(char c) const;
   const Opt& spec(const std::string& name) const;
 

@@ -11,7 +11,8 @@
 #include "core/timer.h"
 #include "io/atomic_file.h"
 #include "runtime/chat.h"
-#include "runtime/sampler.h"
+#include "core/rng.h"
+#include "runtime/generation.h"
 #include "runtime/session_file.h"
 
 namespace kivi::tools {
@@ -56,13 +57,9 @@ int cmd_chat(int argc, char** argv) {
   a.add("system", 0, "TEXT", "System message that opens the conversation.", "");
   a.add("chat-template", 0, "NAME",
         "Chat format: llama3 or chatml (default: detected from the model).", "");
-  a.add("n", 'n', "N", "Most tokens per reply (0 = until the end-of-turn token or a full context).",
-        "0");
-  a.add("temp", 0, "T", "Sampling temperature; 0 = greedy (argmax).", "0.8");
-  a.add("top-k", 0, "K", "Sample from the K most likely tokens (0 = off).", "40");
-  a.add("top-p", 0, "P",
-        "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95");
-  a.add("seed", 's', "S", "Random seed; the same seed and input give the same replies.", "42");
+  a.add("n", 'n', "N",
+        "Most tokens per reply (0 or -1 = until the end-of-turn token or a full context).", "0");
+  add_sampling_options(a);
   a.add_flag(
       "json", 0,
       "Print one JSON object per turn (prompt token ids, cache positions, reply text and ids, "
@@ -79,12 +76,8 @@ int cmd_chat(int argc, char** argv) {
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
-  const int n_max = static_cast<int>(a.integer("n", 0, 1 << 24));
-  runtime::SamplerOptions so;
-  so.temperature = static_cast<float>(a.number("temp", 0.0, 100.0));
-  so.top_k = static_cast<int>(a.integer("top-k", 0, 1 << 24));
-  so.top_p = static_cast<float>(a.number("top-p", 0.0, 1.0));
-  so.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
+  runtime::GenerationOptions go = generation_options(a);
+  if (go.max_tokens == 0) go.max_tokens = -1;  // chat: 0 = no limit per reply
   const std::string system = a.str("system");
   const std::string kv_save = a.str("kv-save"), kv_load = a.str("kv-load");
   if (!kv_load.empty() && a.given("system"))
@@ -105,7 +98,8 @@ int cmd_chat(int argc, char** argv) {
                  m->path().c_str());
   }
   runtime::Session sess(*m, session_options(a, *m));
-  runtime::Sampler sampler(so, m->config().vocab_size);
+  go.end_tokens = chat.end_tokens();
+  Rng rng(go.sampler.seed);  // one random stream through every turn
   const int ctx = sess.ctx();
   // Every token fed to the cache, and the seconds spent computing it (for --kv-save).
   std::vector<int> fed;
@@ -144,50 +138,46 @@ int cmd_chat(int argc, char** argv) {
     // The turn's tokens and at least one reply token must fit.
     if (sess.options().overflow == runtime::ContextOverflow::kStop &&
         pos_before + static_cast<int>(prompt.size()) >= ctx) {
-      context_full = true;
-      break;
+      std::fprintf(stderr,
+                   "[the message takes %zu tokens but the context of %d has %d left: it is "
+                   "skipped; a shorter one may fit]\n",
+                   prompt.size(), ctx, ctx - pos_before);
+      continue;
     }
     ++turn;
     double t0 = now_seconds();
-    const float* logits = sess.prefill(prompt);
+    runtime::Generator gen(sess, go, prompt.back());
+    gen.continuation().sampler().set_rng(rng);
+    gen.prefill(prompt);
     compute_seconds += now_seconds() - t0;
     fed.insert(fed.end(), prompt.begin(), prompt.end());
     const int pos_after_prompt = sess.pos();
-    tok::StreamDecoder stream(tk);
     std::string reply;
     std::vector<int> ids;
-    const char* stop = "end_of_turn";
-    for (;;) {
-      const int next = sampler.sample(logits);
-      if (chat.ends_reply(next))
-        break;  // the next turn's tokens write the end marker into the cache
-      ids.push_back(next);
-      const std::string piece = stream.push(next);
-      reply += piece;
-      if (!json) {
-        std::fputs(piece.c_str(), stdout);
+    t0 = now_seconds();
+    while (!gen.continuation().done()) {
+      const runtime::Continuation::Step st = gen.next();
+      if (st.token >= 0) ids.push_back(st.token);
+      reply += st.text;
+      if (!json && !st.text.empty()) {
+        std::fputs(st.text.c_str(), stdout);
         std::fflush(stdout);
       }
-      if (sess.pos() >= ctx && sess.options().overflow == runtime::ContextOverflow::kStop) {
-        stop = "context";
-        context_full = true;
-        break;
-      }
-      t0 = now_seconds();
-      logits = sess.decode(next);
-      compute_seconds += now_seconds() - t0;
-      fed.push_back(next);
-      if (n_max > 0 && static_cast<int>(ids.size()) >= n_max) {
-        stop = "length";
-        break;
-      }
     }
-    const std::string tail = stream.flush();
-    reply += tail;
+    // The reply's tokens go into the cache; an end marker does not (the next turn's
+    // tokens write it).
+    gen.feed_pending();
+    compute_seconds += now_seconds() - t0;
+    rng = gen.continuation().sampler().rng();
+    fed.insert(fed.end(), ids.begin(), ids.end());
+    const runtime::StopReason why = gen.continuation().reason();
+    const char* stop = why == runtime::StopReason::kEnd       ? "end_of_turn"
+                       : why == runtime::StopReason::kContext ? "context"
+                                                              : "length";
+    if (why == runtime::StopReason::kContext) context_full = true;
     if (json) {
       print_turn_json(turn, prompt, pos_before, pos_after_prompt, reply, ids, sess.pos(), stop);
     } else {
-      std::fputs(tail.c_str(), stdout);
       std::fputs("\n", stdout);
       std::fflush(stdout);
     }
@@ -199,8 +189,9 @@ int cmd_chat(int argc, char** argv) {
   } else if (interactive) {
     std::fputs("\n", stderr);
   }
-  std::fprintf(stderr, "[chat: %d turns, %d tokens in the cache of %d]\n", turn - first_turn,
-               sess.pos(), ctx);
+  const int turns = turn - first_turn;
+  std::fprintf(stderr, "[chat: %d turn%s, %d tokens in the cache of %d]\n", turns,
+               turns == 1 ? "" : "s", sess.pos(), ctx);
   if (!kv_save.empty()) {
     const uint64_t bytes =
         runtime::save_session(sess, fed, fed_before + static_cast<int64_t>(fed.size() - n_loaded),

@@ -8,7 +8,7 @@
 #include "core/timer.h"
 #include "io/atomic_file.h"
 #include "model/forward.h"
-#include "runtime/sampler.h"
+#include "runtime/generation.h"
 #include "runtime/session_file.h"
 
 namespace kivi::tools {
@@ -23,15 +23,11 @@ int cmd_generate(int argc, char** argv) {
       "Compute once, use many: --kv-save FILE keeps the cache after the prompt's prefill;\n"
       "--kv-load FILE -p FOLLOW-UP continues from it, as often as wanted, without the prefill.");
   a.section("Generation");
-  a.add("prompt", 'p', "TEXT", "The prompt.", "");
-  a.add("n", 'n', "N", "Tokens to generate.", "256");
-  a.add("temp", 0, "T", "Sampling temperature; 0 = greedy (argmax).", "0.8");
-  a.add("top-k", 0, "K", "Sample from the K most likely tokens (0 = off).", "40");
-  a.add("top-p", 0, "P",
-        "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95");
-  a.add("seed", 's', "S", "Random seed; the same seed gives the same text.", "42");
-  a.add_flag("ignore-eos", 0,
-             "Go on past end-of-text tokens (sampling another token instead), for long runs.");
+  a.add("prompt", 'p', "TEXT", "The prompt ('-' reads it from standard input).", "");
+  a.add("file", 'f', "FILE", "Read the prompt from FILE (instead of -p).", "");
+  a.add("n", 'n', "N", "Tokens to generate (-1 = until an end token or a full context).", "256");
+  a.alias("--n-predict", "n");
+  add_sampling_options(a, true);
   a.add_flag("no-kv-cache", 0,
              "Recompute every position at every step (the reference path; slow).");
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");
@@ -51,14 +47,7 @@ int cmd_generate(int argc, char** argv) {
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
-  const int n_gen = static_cast<int>(a.integer("n", 0, 1 << 24));
-  runtime::SamplerOptions so;
-  so.temperature = static_cast<float>(a.number("temp", 0.0, 100.0));
-  so.top_k = static_cast<int>(a.integer("top-k", 0, 1 << 24));
-  // Any number parses; the range is checked with the sampler's own words.
-  so.top_p = static_cast<float>(a.number("top-p", -1e30, 1e30));
-  so.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
-  runtime::check_sampler_options(so);
+  const runtime::GenerationOptions go = generation_options(a);
   if (a.flag("no-kv-cache")) {
     refuse_kv_options(a, "--no-kv-cache (it recomputes keys and values, it has no cache)");
     for (const char* o : {"kv-save", "kv-load"}) {
@@ -70,7 +59,9 @@ int cmd_generate(int argc, char** argv) {
     std::vector<std::string> inputs = model_input_paths(a);
     if (!kv_load.empty()) inputs.push_back(kv_load);
     io::check_output_is_not_input(kv_save, inputs, "--kv-save");
+    io::check_output_folder(kv_save, "--kv-save");  // before the prefill, not after it
   }
+  const std::string prompt = prompt_option(a);
 
   auto m = load_model(a);
   const auto& cfg = m->config();
@@ -83,8 +74,6 @@ int cmd_generate(int argc, char** argv) {
   const auto& tk = m->tokenizer();
   runtime::SessionOptions opt = session_options(a, *m);
   const bool no_cache = a.flag("no-kv-cache");
-  const bool ignore_eos = a.flag("ignore-eos");
-  const std::string prompt = a.str("prompt");
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
   const bool bounded =
       opt.overflow != runtime::ContextOverflow::kStop;  // generation goes on past the context
@@ -109,7 +98,6 @@ int cmd_generate(int argc, char** argv) {
         prompt_tokens.size(),
         n_loaded ? strfmt(" after %d loaded ones", loaded.n_tokens).c_str() : "", ctx);
   }
-  runtime::Sampler sampler(so, cfg.vocab_size);
   ThreadPool nc_pool(opt.threads);
 
   std::string text = tk.decode_all(tokens);
@@ -119,13 +107,14 @@ int cmd_generate(int argc, char** argv) {
   }
   const int n_prompt = static_cast<int>(prompt_tokens.size());
   double t0 = now_seconds();
+  const int prev = tokens.empty() ? -1 : tokens.back();
+  std::unique_ptr<runtime::Generator> gen;
   std::vector<float> nc_logits;
-  const float* logits = nullptr;
   if (no_cache) {
     nc_logits = model::forward_no_cache(*m, tokens, &nc_pool);
-    logits = nc_logits.data();
   } else {
-    logits = sess->prefill(prompt_tokens);
+    gen = std::make_unique<runtime::Generator>(*sess, go, prev);
+    gen->prefill(prompt_tokens);
   }
   const double t_prefill = now_seconds() - t0;
   uint64_t kv_saved_bytes = 0;
@@ -139,48 +128,39 @@ int cmd_generate(int argc, char** argv) {
   }
   std::string completion;
   std::vector<int> generated;
-  std::string stop = "length";
+  int n_steps = 0;  // forward passes after the prefill
   t0 = now_seconds();
-  for (int i = 0; i < n_gen; ++i) {
-    int next = sampler.sample(logits);
-    if (next == tk.eos_id() || next == tk.bos_id() || tk.is_end_of_generation(next)) {
-      if (!ignore_eos) {
-        stop = "eos";
-        break;
+  // Without a cache every step recomputes the whole sequence; the decisions are the same.
+  runtime::Continuation nc(tk, go, prev);
+  runtime::Continuation& cont = gen ? gen->continuation() : nc;
+  while (!cont.done()) {
+    runtime::Continuation::Step st;
+    if (gen) {
+      st = gen->next();
+    } else if (static_cast<int>(tokens.size()) > ctx) {
+      st = cont.end(runtime::StopReason::kContext);
+    } else {
+      if (!generated.empty()) {
+        nc_logits = model::forward_no_cache(*m, tokens, &nc_pool);
+        ++n_steps;
       }
-      // The most likely token that does not end the text.
-      next = -1;
-      for (int t = 0; t < cfg.vocab_size; ++t) {
-        if (t == tk.eos_id() || t == tk.bos_id() || tk.is_end_of_generation(t)) continue;
-        if (next < 0 || logits[t] > logits[next]) next = t;
-      }
+      st = cont.next(nc_logits.data());
     }
-    const std::string piece = tk.decode(tokens.back(), next);
-    tokens.push_back(next);
-    generated.push_back(next);
-    completion += piece;
-    if (!json) {
-      std::fputs(piece.c_str(), stdout);
+    if (st.token >= 0) {
+      tokens.push_back(st.token);
+      generated.push_back(st.token);
+    }
+    completion += st.text;
+    if (!json && !st.text.empty()) {
+      std::fputs(st.text.c_str(), stdout);
       std::fflush(stdout);
     }
-    if (i + 1 == n_gen) break;
-    if (!bounded &&
-        static_cast<int>(tokens.size()) > ctx) {  // the new token has no room in the cache
-      stop = "context";
-      break;
-    }
-    if (no_cache) {
-      nc_logits = model::forward_no_cache(*m, tokens, &nc_pool);
-      logits = nc_logits.data();
-    } else {
-      logits = sess->decode(next);
-    }
   }
+  if (gen) n_steps = gen->decode_steps();
+  const std::string stop = runtime::stop_reason_name(cont.reason());
   const double t_decode = now_seconds() - t0;
   const int n_out = static_cast<int>(generated.size());
   const double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0.0;
-  // Decode speed counts the forward passes after the prefill (the last token needs none).
-  const int n_steps = n_out > 0 ? n_out - (stop == "length" || stop == "context" ? 1 : 0) : 0;
   const double decode_tps = t_decode > 0 && n_steps > 0 ? n_steps / t_decode : 0.0;
   const uint64_t kv_used = sess ? sess->kv_bytes_used() : 0;
   const uint64_t kv_reserved = sess ? sess->kv_bytes_reserved() : 0;

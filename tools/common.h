@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "model/model.h"
+#include "runtime/generation.h"
 #include "runtime/session.h"
 
 namespace kivi::tools {
@@ -54,8 +55,8 @@ bool parse_command_line(Args& a, int argc, char** argv);
 kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
 // The whole of a text file (a regular file), or an error naming it.
 std::string read_text_file(const std::string& path);
-// "3:1,5:2" -> {(3, 1), (5, 2)} (--kv-share-map); throws naming a malformed item.
-std::vector<std::pair<int, int>> parse_share_map(const std::string& text);
+// The session options given, parsed by the library (runtime/engine_options.h), with the
+// context resolved and checked against memory (runtime::resolve_context).
 // ctx >= 0 replaces --ctx (0: the default context) for a command whose --ctx means
 // something else; read_sparse = false leaves the session dense (a command that reads the
 // --sparse options its own way).
@@ -65,17 +66,17 @@ runtime::SessionOptions session_options(const Args& a, const model::Model& m,
 // The thread count from --threads and --threads-force: 0 = hardware_threads(); above that,
 // capped with a warning on stderr unless forced.
 int threads_option(const Args& a);
-// The context a session gets without --ctx. A real model: its own, or an error saying how
-// much --ctx fits if a session over it would not fit in the available memory beside the
-// weights (silently shortening it would change its results). A synthetic model (speed
-// tests): min(its nominal context, kSyntheticDefaultCtx), halved until it fits, with a
-// note on stderr when shorter than the nominal one.
-inline constexpr int kSyntheticDefaultCtx = 4096;
-int default_context(const model::Model& m, const runtime::SessionOptions& o);
-
 // A one-line description of the cache configuration: "kivi2 (G=32, R=128, batch flush, f16
 // scales)".
 std::string describe_cache(const kv::CacheConfig& c);
+
+// --temp, --top-k, --top-p, --seed (and --ignore-eos where `ignore_eos`).
+void add_sampling_options(Args& a, bool ignore_eos = false);
+// Generation options from -n (-1 = no limit), --temp, --top-k, --top-p, --seed (-1 = a
+// random seed) and --ignore-eos, each where the command declares it.
+runtime::GenerationOptions generation_options(const Args& a);
+// The prompt: -p TEXT, -p - (standard input) or -f FILE.
+std::string prompt_option(const Args& a);
 
 // Command entry points: return the exit code.
 int cmd_generate(int argc, char** argv);

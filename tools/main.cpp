@@ -3,9 +3,12 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 #include "core/error.h"
+#include "core/suggest.h"
 
 namespace {
 
@@ -58,25 +61,33 @@ int main(int argc, char** argv) {
     std::puts("kivi 0.1.0");
     return 0;
   }
+  using Command = int (*)(int, char**);
+  static const std::pair<const char*, Command> kCommands[] = {
+      {"generate", cmd_generate},
+      {"info", cmd_info},
+      {"convert", cmd_convert},
+      {"logits", cmd_logits},
+      {"perplexity", cmd_perplexity},
+      {"bench-attn", cmd_bench_attn},
+      {"bench", cmd_bench},
+      {"bench-batch", cmd_bench_batch},
+      {"synth", cmd_synth},
+      {"chat", cmd_chat},
+      {"quantize", cmd_quantize},
+      {"bench-matvec", cmd_bench_matvec},
+      {"bench-sparse", cmd_bench_sparse},
+      {"serve", cmd_serve},
+      {"bench-serve", cmd_bench_serve},
+      {"eval", cmd_eval},
+  };
   try {
-    if (cmd == "generate") return cmd_generate(argc, argv);
-    if (cmd == "info") return cmd_info(argc, argv);
-    if (cmd == "convert") return cmd_convert(argc, argv);
-    if (cmd == "logits") return cmd_logits(argc, argv);
-    if (cmd == "perplexity") return cmd_perplexity(argc, argv);
-    if (cmd == "bench-attn") return cmd_bench_attn(argc, argv);
-    if (cmd == "bench") return cmd_bench(argc, argv);
-    if (cmd == "bench-batch") return cmd_bench_batch(argc, argv);
-    if (cmd == "synth") return cmd_synth(argc, argv);
-    if (cmd == "chat") return cmd_chat(argc, argv);
-    if (cmd == "quantize") return cmd_quantize(argc, argv);
-    if (cmd == "bench-matvec") return cmd_bench_matvec(argc, argv);
-    if (cmd == "bench-sparse") return cmd_bench_sparse(argc, argv);
-    if (cmd == "serve") return cmd_serve(argc, argv);
-    if (cmd == "bench-serve") return cmd_bench_serve(argc, argv);
-    if (cmd == "eval") return cmd_eval(argc, argv);
-    std::fprintf(stderr, "kivi: error: unknown command '%s' (run 'kivi --help' for the list)\n",
-                 cmd.c_str());
+    std::vector<std::string> names;
+    for (const auto& [name, fn] : kCommands) {
+      if (cmd == name) return fn(argc, argv);
+      names.push_back(name);
+    }
+    std::fprintf(stderr, "kivi: error: unknown command '%s'%s (run 'kivi --help' for the list)\n",
+                 cmd.c_str(), kivi::did_you_mean(cmd, names).c_str());
     return 2;
   } catch (const kivi::Error& e) {
     std::fprintf(stderr, "kivi: error: %s\n", e.what());

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "bindings.h"
+#include "runtime/engine_options.h"
 #include "core/error.h"
 #include "kv/codec.h"
 #include "kv/kv_cache.h"
@@ -31,25 +32,25 @@ class Cache {
     if (n_heads < 1) fail("Cache: n_heads = %d, expected >= 1", n_heads);
     if (static_cast<int64_t>(batch) * n_heads > (1 << 20))
       fail("Cache: batch * n_heads = %lld is too large", static_cast<long long>(batch) * n_heads);
-    kv::CacheConfig c;
+    // The same parser as sessions and the CLI (runtime/engine_options.h).
+    runtime::OptionValues v{{"kv-cache", kv_cache},
+                            {"group-size", std::to_string(group_size)},
+                            {"residual", std::to_string(residual)},
+                            {"key-flush", key_flush},
+                            {"scale-dtype", scale_dtype}};
+    if (kv_cache_k) v["kv-cache-k"] = *kv_cache_k;
+    if (kv_cache_v) v["kv-cache-v"] = *kv_cache_v;
+    kv::CacheConfig c = runtime::parse_session_options(v, runtime::OptionSpelling::kKeyword).cache;
     c.n_layers = n_layers;
     c.n_kv_heads = batch * n_heads;
     c.head_dim = head_dim;
     c.ctx = max_tokens;
-    c.k.format =
-        kv::parse_format(kv_cache_k.value_or(kv_cache), kv_cache_k ? "kv_cache_k" : "kv_cache");
-    c.v.format =
-        kv::parse_format(kv_cache_v.value_or(kv_cache), kv_cache_v ? "kv_cache_v" : "kv_cache");
     for (const auto* f : {&c.k, &c.v}) {
       if (!kv::is_kivi(f->format)) {
         fail("Cache holds KIVI formats (kivi2, kivi4, kivi8); got %s (sessions take every format)",
              kv::format_name(f->format));
       }
     }
-    c.group_size = group_size;
-    c.residual = residual;
-    c.key_flush = kv::parse_key_flush(key_flush);
-    c.param_type = kv::parse_param_type(scale_dtype);
     cache_ = std::make_unique<kv::KvCache>(c);  // validates
   }
 

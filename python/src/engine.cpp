@@ -3,6 +3,7 @@
 // session serializes its own calls (one sequence, one cache).
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -11,9 +12,12 @@
 
 #include "bindings.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/timer.h"
 #include "io/mapped_file.h"
 #include "model/model.h"
+#include "runtime/engine_options.h"
+#include "runtime/generation.h"
 #include "runtime/perplexity.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -24,74 +28,37 @@ namespace {
 
 using runtime::SessionOptions;
 
-// The session keywords, their defaults (the CLI's) and their parsing, in one place.
-constexpr const char* kSessionKeywords =
-    "kv_cache, kv_cache_k, kv_cache_v, int8_granularity, group_size, residual, key_flush, "
-    "scale_dtype, attn_precision, window, ctx, threads";
-
-template <typename T>
-T keyword(const pb::handle& v, const char* name) {
-  try {
-    return v.cast<T>();
-  } catch (const pb::cast_error&) {
-    fail("%s: expected %s, got %s", name,
-         std::is_same_v<T, std::string> ? "a string" : "an integer",
-         std::string(pb::str(pb::type::handle_of(v).attr("__name__"))).c_str());
-  }
-}
-
-// Session options from keywords (the CLI's KV and model options); an unknown keyword is an error.
-SessionOptions session_options(const pb::kwargs& kw) {
-  SessionOptions o;
-  std::string base = "f32", gran = "head", flush = "batch", scale = "f16", prec = "exact";
-  std::string kfmt, vfmt;
-  int group = 32, residual = 128, window = 0, ctx = 0, threads = 0;
+// Session options from keywords: the CLI's options, named with underscores
+// (kv_cache_k for --kv-cache-k), parsed by the library's one parser, and the context
+// checked against memory as the CLI checks it. An unknown keyword is an error.
+SessionOptions session_options(const model::Model& m, const pb::kwargs& kw) {
+  runtime::OptionValues v;
   for (const auto& item : kw) {
-    const std::string k = pb::str(item.first);
-    const pb::handle v = item.second;
-    if (k == "kv_cache")
-      base = keyword<std::string>(v, "kv_cache");
-    else if (k == "kv_cache_k")
-      kfmt = v.is_none() ? "" : keyword<std::string>(v, "kv_cache_k");
-    else if (k == "kv_cache_v")
-      vfmt = v.is_none() ? "" : keyword<std::string>(v, "kv_cache_v");
-    else if (k == "int8_granularity")
-      gran = keyword<std::string>(v, "int8_granularity");
-    else if (k == "group_size")
-      group = keyword<int>(v, "group_size");
-    else if (k == "residual")
-      residual = keyword<int>(v, "residual");
-    else if (k == "key_flush")
-      flush = keyword<std::string>(v, "key_flush");
-    else if (k == "scale_dtype")
-      scale = keyword<std::string>(v, "scale_dtype");
-    else if (k == "attn_precision")
-      prec = keyword<std::string>(v, "attn_precision");
-    else if (k == "window")
-      window = keyword<int>(v, "window");
-    else if (k == "ctx")
-      ctx = keyword<int>(v, "ctx");
-    else if (k == "threads")
-      threads = keyword<int>(v, "threads");
-    else
-      fail("unknown session option '%s' (valid: %s)", k.c_str(), kSessionKeywords);
+    std::string k = pb::str(item.first);
+    std::replace(k.begin(), k.end(), '_', '-');
+    const pb::handle val = item.second;
+    if (val.is_none()) continue;
+    const runtime::OptionSpec* spec = runtime::find_session_option(k);
+    const std::string name = pb::str(item.first);
+    const std::string type = pb::str(pb::type::handle_of(val).attr("__name__"));
+    if (!spec) {
+      v[k] = "";  // the parser names it and suggests the closest option
+    } else if (spec->is_flag()) {
+      if (!pb::isinstance<pb::bool_>(val))
+        fail("%s: expected True or False, got %s", name.c_str(), type.c_str());
+      v[k] = val.cast<bool>() ? "true" : "false";
+    } else if (spec->takes_integer()) {
+      if (!pb::isinstance<pb::int_>(val) || pb::isinstance<pb::bool_>(val))
+        fail("%s: expected an integer, got %s", name.c_str(), type.c_str());
+      v[k] = pb::str(val);
+    } else {
+      if (!pb::isinstance<pb::str>(val))
+        fail("%s: expected a string, got %s", name.c_str(), type.c_str());
+      v[k] = pb::str(val);
+    }
   }
-  kv::StreamFormat f{kv::parse_format(base, "kv_cache"), kv::parse_granularity(gran)};
-  o.cache.k = f;
-  o.cache.v = f;
-  if (!kfmt.empty()) o.cache.k.format = kv::parse_format(kfmt, "kv_cache_k");
-  if (!vfmt.empty()) o.cache.v.format = kv::parse_format(vfmt, "kv_cache_v");
-  o.cache.group_size = group;
-  o.cache.residual = residual;
-  o.cache.key_flush = kv::parse_key_flush(flush);
-  o.cache.param_type = kv::parse_param_type(scale);
-  o.forward.precision = attn::parse_precision(prec);
-  if (window < 0) fail("window = %d, expected >= 0", window);
-  if (ctx < 0) fail("ctx = %d, expected >= 0 (0 = the model's context)", ctx);
-  if (threads < 0 || threads > 1024) fail("threads = %d, expected 0 (all cores) to 1024", threads);
-  o.forward.window = window;
-  o.ctx = ctx;
-  o.threads = threads;
+  SessionOptions o = runtime::parse_session_options(v, runtime::OptionSpelling::kKeyword);
+  o.ctx = runtime::resolve_context(m, o).ctx;
   return o;
 }
 
@@ -132,32 +99,33 @@ std::vector<int> tokens_of(const Model& m, const pb::object& tokens) {
 
 class Session;
 
-// Generation as an iterator of text pieces; stops at an end-of-text token, after
-// max_tokens, or when the context is full (stop_reason says which).
+// Generation as an iterator of text pieces (whole UTF-8 characters): the library's
+// Generator, so it ends where the CLI and the server end (EOS, BOS, end-of-turn tokens,
+// stop strings, max_tokens, a full context); stop_reason says which.
 class Generator {
  public:
-  Generator(Session& s, std::vector<int> prompt, int max_tokens, const runtime::SamplerOptions& so);
+  Generator(Session& s, std::vector<int> prompt, const runtime::GenerationOptions& o);
   std::string next();
   const std::vector<int>& token_ids() const { return generated_; }
   const std::string& text() const { return text_; }
-  const std::string& stop_reason() const { return stop_; }
+  std::string stop_reason() const {
+    return runtime::stop_reason_name(gen_->continuation().reason());
+  }
   int prompt_tokens() const { return n_prompt_; }
 
  private:
   Session& s_;
   uint64_t epoch_;
-  std::vector<int> tokens_, generated_;
-  int n_prompt_, max_tokens_;
-  runtime::Sampler sampler_;
-  const float* logits_ = nullptr;
-  bool pending_ = false;  // the last generated token still needs its forward pass
-  std::string text_, stop_;
+  std::vector<int> generated_;
+  int n_prompt_;
+  std::unique_ptr<runtime::Generator> gen_;
+  std::string text_;
 };
 
 class Session {
  public:
   Session(const Model& m, const pb::kwargs& kw) : m_(m) {
-    const SessionOptions o = session_options(kw);
+    const SessionOptions o = session_options(m.get(), kw);
     pb::gil_scoped_release nogil;
     s_ = std::make_unique<runtime::Session>(m.get(), o);
   }
@@ -243,14 +211,8 @@ class Session {
   uint64_t epoch_ = 0;
 };
 
-Generator::Generator(Session& s, std::vector<int> prompt, int max_tokens,
-                     const runtime::SamplerOptions& so)
-    : s_(s),
-      tokens_(std::move(prompt)),
-      n_prompt_(static_cast<int>(tokens_.size())),
-      max_tokens_(max_tokens),
-      sampler_(so, s.get().vocab()) {
-  if (max_tokens < 0) fail("generate: max_tokens = %d, expected >= 0", max_tokens);
+Generator::Generator(Session& s, std::vector<int> prompt, const runtime::GenerationOptions& o)
+    : s_(s), n_prompt_(static_cast<int>(prompt.size())) {
   const int ctx = s.get().ctx();
   if (n_prompt_ >= ctx) {
     fail(
@@ -261,46 +223,35 @@ Generator::Generator(Session& s, std::vector<int> prompt, int max_tokens,
   pb::gil_scoped_release nogil;
   std::lock_guard<std::mutex> lock(s.mutex());
   s.get().reset();
-  logits_ = s.get().prefill(tokens_);
+  gen_ = std::make_unique<runtime::Generator>(s.get(), o, prompt.empty() ? -1 : prompt.back());
+  gen_->prefill(prompt);
   epoch_ = s.touch();
-  if (max_tokens_ == 0) stop_ = "length";
 }
 
 std::string Generator::next() {
-  if (!stop_.empty()) throw pb::stop_iteration();
+  if (gen_->continuation().done()) throw pb::stop_iteration();
   if (s_.epoch() != epoch_) {
     fail(
         "generate: the session was used by another call since this generation started; start a new "
         "one");
   }
-  const auto& tk = s_.model().tok();
   std::string piece;
+  bool done = false;
   {
     pb::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(s_.mutex());
-    if (pending_) {
-      logits_ = s_.get().decode(tokens_.back());
-      pending_ = false;
-    }
-    const int next = sampler_.sample(logits_);
-    if (next == tk.eos_id() || next == tk.bos_id()) {
-      stop_ = "eos";
-    } else {
-      piece = tk.decode(tokens_.back(), next);
-      tokens_.push_back(next);
-      generated_.push_back(next);
-      text_ += piece;
-      if (static_cast<int>(generated_.size()) == max_tokens_) {
-        stop_ = "length";
-      } else if (static_cast<int>(tokens_.size()) > s_.get().ctx()) {
-        stop_ = "context";  // the new token has no room in the cache
-      } else {
-        pending_ = true;
-      }
+    // Steps that release no text (a character split across tokens, text held back as a
+    // possible stop string) are not yielded.
+    while (piece.empty() && !done) {
+      const runtime::Continuation::Step st = gen_->next();
+      if (st.token >= 0) generated_.push_back(st.token);
+      piece += st.text;
+      done = st.done;
     }
     epoch_ = s_.touch();
   }
-  if (stop_ == "eos") throw pb::stop_iteration();
+  text_ += piece;
+  if (piece.empty()) throw pb::stop_iteration();
   return piece;
 }
 
@@ -333,7 +284,7 @@ pb::dict perplexity(const pb::object& model_or_path, const std::optional<std::st
   }
   if (file.has_value() == text.has_value()) fail("perplexity: give exactly one of file= and text=");
   const auto mode = runtime::parse_eval_mode(mode_name);
-  const SessionOptions opt = session_options(kw);
+  const SessionOptions opt = session_options(mp->get(), kw);
   const std::string label = file ? *file : std::string("text");
   runtime::PerplexityResult r;
   kv::CacheConfig cc;
@@ -430,18 +381,20 @@ pb::dict config_dict(const model::ModelConfig& c) {
   return d;
 }
 
-constexpr const char* kSessionDoc = R"(Session options (keywords, the CLI's defaults):
-  kv_cache="f32"        f32, f16, int8, kivi2, kivi4, kivi8 (keys and values)
-  kv_cache_k=None, kv_cache_v=None   per-stream formats overriding kv_cache
-  int8_granularity="head"  tensor, token, head, group
-  group_size=32         G: KIVI key groups (tokens), value and int8 groups (channels)
-  residual=128          R: the last R tokens stay in full precision (a multiple of G)
-  key_flush="batch"     batch or group
-  scale_dtype="f16"     f16 or f32 scales and zero points
-  attn_precision="exact"  exact or fast
-  window=0              sliding-window attention over the last N tokens (0 = full)
-  ctx=0                 tokens the cache holds (0 = the model's context)
-  threads=0             worker threads (0 = all cores))";
+// The session keywords, from the library's option table.
+std::string session_doc() {
+  std::string d =
+      "Session options (keywords; the CLI's options with underscores, and its defaults):\n";
+  for (const auto& o : runtime::session_option_specs()) {
+    const std::string name = runtime::spell_option(o.name, runtime::OptionSpelling::kKeyword);
+    std::string left = "  " + name +
+                       (o.is_flag() ? "=False"
+                        : o.def[0]  ? "=" + std::string(o.def)
+                                    : "=None");
+    d += left + "\n      " + o.help + "\n";
+  }
+  return d;
+}
 
 }  // namespace
 
@@ -462,7 +415,7 @@ void bind_engine(pb::module_& m) {
           },
           pb::keep_alive<0, 1>(),
           (std::string("A new session (cache, activations, threads) over this model.\n") +
-           kSessionDoc)
+           session_doc())
               .c_str())
       .def(
           "tokenize",
@@ -517,7 +470,7 @@ void bind_engine(pb::module_& m) {
       m, "Session",
       (std::string(
            "One sequence being generated or scored: the model, a KV cache and worker threads.\n") +
-       kSessionDoc)
+       session_doc())
           .c_str())
       .def(pb::init([](const Model& model, const pb::kwargs& kw) {
              return std::make_unique<Session>(model, kw);
@@ -526,26 +479,38 @@ void bind_engine(pb::module_& m) {
       .def(
           "generate",
           [](Session& self, const std::string& prompt, int max_tokens, double temperature,
-             int top_k, double top_p, uint64_t seed) {
-            if (!(temperature >= 0.0))
-              fail("generate: temperature = %g, expected >= 0", temperature);
+             int top_k, double top_p, int64_t seed, bool ignore_eos,
+             const std::optional<std::vector<std::string>>& stop) {
+            runtime::GenerationOptions go;
+            go.max_tokens = max_tokens;
+            go.sampler.temperature = static_cast<float>(temperature);  // as the CLI parses --temp
+            go.sampler.top_k = top_k;
+            go.sampler.top_p = static_cast<float>(top_p);
+            go.sampler.seed = seed < 0 ? random_seed() : static_cast<uint64_t>(seed);
+            if (!(temperature >= 0.0 && temperature <= 100.0))
+              fail("generate: temperature = %g, expected 0 to 100", temperature);
             if (top_k < 0) fail("generate: top_k = %d, expected >= 0", top_k);
-            if (!(top_p >= 0.0 && top_p <= 1.0))
-              fail("generate: top_p = %g, expected 0 to 1", top_p);
-            runtime::SamplerOptions so;
-            so.temperature = static_cast<float>(temperature);  // as the CLI parses --temp
-            so.top_k = top_k;
-            so.top_p = static_cast<float>(top_p);
-            so.seed = seed;
-            return std::make_unique<Generator>(self, self.model().tok().encode(prompt, true),
-                                               max_tokens, so);
+            if (!(top_p > 0.0 && top_p <= 1.0))
+              fail("generate: top_p = %g, expected greater than 0, up to 1", top_p);
+            if (max_tokens < -1)
+              fail("generate: max_tokens = %d, expected -1 (no limit) or more", max_tokens);
+            go.ignore_eos = ignore_eos;
+            if (stop) go.stop = *stop;
+            const auto& tk = self.model().tok();
+            return std::make_unique<Generator>(self, tk.encode(prompt, tk.add_bos()), go);
           },
           pb::keep_alive<0, 1>(), "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.8,
-          "top_k"_a = 40, "top_p"_a = 0.95, "seed"_a = 42,
-          "Generates from `prompt` (BOS prepended; the cache is emptied first) and returns an "
-          "iterator of\n"
-          "text pieces. temperature 0 is greedy; the defaults are the CLI's. The same seed gives "
-          "the same text.")
+          "top_k"_a = 40, "top_p"_a = 0.95, "seed"_a = 42, "ignore_eos"_a = false,
+          "stop"_a = pb::none(),
+          "Generates from `prompt` (BOS prepended as the vocabulary asks; the cache is emptied "
+          "first) and\n"
+          "returns an iterator of text pieces, each whole UTF-8 characters. temperature 0 is "
+          "greedy; the\n"
+          "defaults are the CLI's. The same seed gives the same text (seed -1: a random one). "
+          "The reply\n"
+          "ends at an end token (EOS, BOS, end of turn), a stop string, max_tokens (-1: no "
+          "limit) or a full\n"
+          "context; ignore_eos never samples the end tokens.")
       .def("logits", &Session::logits, "tokens"_a, "mode"_a = "prefill",
            "Logits float32 [n, vocab] after every position of `tokens` (ids, or a string encoded "
            "with BOS),\n"
@@ -582,7 +547,7 @@ void bind_engine(pb::module_& m) {
                      "kld_p99, kld_max, top1_agree, first_disagree with kld_base=).\n"
                      "model: a kivi.Model or a path (None: the default model). mode: streaming or "
                      "batched.\n") +
-         kSessionDoc)
+         session_doc())
             .c_str());
 }
 

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "bindings.h"
+#include "runtime/engine_options.h"
 #include "core/error.h"
 #include "kv/format.h"
 
@@ -51,17 +52,7 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-std::string describe_cache(const kv::CacheConfig& c) {
-  std::string s =
-      c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
-  if (c.has_residual()) {
-    s += strfmt(" (G=%d, R=%d, %s flush, %s scales)", c.group_size, c.residual,
-                kv::key_flush_name(c.key_flush), kv::param_type_name(c.param_type));
-  } else if (c.k.format == kv::Format::kInt8 || c.v.format == kv::Format::kInt8) {
-    s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
-  }
-  return s;
-}
+std::string describe_cache(const kv::CacheConfig& c) { return runtime::describe_cache(c); }
 
 }  // namespace kivi::py
 

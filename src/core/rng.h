@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 
 namespace kivi {
 
@@ -46,6 +47,19 @@ class Rng {
  private:
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   uint64_t s_[4];
+
+ public:
+  // The state, for saving a generator and resuming it exactly.
+  const uint64_t* state() const { return s_; }
+  void set_state(const uint64_t st[4]) {
+    for (int i = 0; i < 4; ++i) s_[i] = st[i];
+  }
 };
+
+// A seed from the system's entropy (--seed -1: a different text every run).
+inline uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
 
 }  // namespace kivi

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
-#include "runtime/sampler.h"
+#include "runtime/generation.h"
 #include "runtime/session.h"
 
 namespace kivi::eval {
@@ -13,7 +13,6 @@ Outcome run_prompt(runtime::Session& s, const Prompt& p, int max_tokens) {
     fail("a %s prompt of %d tokens and %d answer tokens do not fit the context of %d tokens",
          p.task.c_str(), n, max_tokens, s.ctx());
   }
-  const tok::Tokenizer& t = s.model().tokenizer();
   Outcome o;
   o.task = p.task;
   o.ctx = p.ctx;
@@ -21,16 +20,17 @@ Outcome run_prompt(runtime::Session& s, const Prompt& p, int max_tokens) {
   o.prompt_tokens = n;
   const double t0 = now_seconds();
   s.reset();
-  const float* logits = s.prefill(p.tokens);
-  int prev = p.tokens.back();
-  for (int i = 0; i < max_tokens; ++i) {
-    const int token = runtime::argmax(logits, s.vocab());
-    if (t.is_end_of_generation(token)) break;
-    o.generated += t.decode(prev, token);
-    ++o.generated_tokens;
-    prev = token;
-    if (exact_match(o.generated, p.expected) || i + 1 == max_tokens) break;
-    logits = s.decode(token);
+  // Greedy, with the stop rule every front end uses; it ends early once the answer is there.
+  runtime::GenerationOptions go;
+  go.max_tokens = max_tokens;
+  go.sampler.temperature = 0.0f;
+  runtime::Generator gen(s, go, p.tokens.empty() ? -1 : p.tokens.back());
+  gen.prefill(p.tokens);
+  while (!gen.continuation().done()) {
+    const runtime::Continuation::Step st = gen.next();
+    o.generated += st.text;
+    if (st.token >= 0) ++o.generated_tokens;
+    if (exact_match(o.generated, p.expected)) break;
   }
   o.seconds = now_seconds() - t0;
   o.correct = exact_match(o.generated, p.expected);

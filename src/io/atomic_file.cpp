@@ -170,4 +170,16 @@ void check_output_is_not_input(const std::string& output, const std::vector<std:
   }
 }
 
+void check_output_folder(const std::string& output, const char* option) {
+  const size_t slash = output.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : output.substr(0, slash);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0)
+    fail("%s %s: the folder '%s' does not exist", option, output.c_str(), dir.c_str());
+  if (!S_ISDIR(st.st_mode))
+    fail("%s %s: '%s' is not a folder", option, output.c_str(), dir.c_str());
+}
+
 }  // namespace kivi::io

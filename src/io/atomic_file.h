@@ -55,5 +55,8 @@ class AtomicFile {
 // e.g. "-o" or "--save-logits".
 void check_output_is_not_input(const std::string& output, const std::vector<std::string>& inputs,
                                const char* option);
+// Throws kivi::Error if the folder `output` would be written into does not exist or is not
+// a folder, so a long computation does not end in a failed write.
+void check_output_folder(const std::string& output, const char* option);
 
 }  // namespace kivi::io

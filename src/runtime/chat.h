@@ -44,6 +44,8 @@ class ChatPrompt {
   std::vector<int> user_turn(const std::string& text, const std::string& system, bool first) const;
   // Whether `token` ends the assistant's reply (the format's end marker, EOS, EOT).
   bool ends_reply(int token) const;
+  // The format's end marker, for the stop rule (runtime/generation.h).
+  std::vector<int> end_tokens() const { return {end_id_}; }
 
  private:
   const tok::Tokenizer& tk_;

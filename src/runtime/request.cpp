@@ -69,4 +69,14 @@ bool RequestHandle::finished() const {
   return state_.finished;
 }
 
+GenerationOptions GenerationRequest::options() const {
+  GenerationOptions o;
+  o.max_tokens = max_tokens;
+  o.sampler = sampling;
+  o.ignore_eos = ignore_eos;
+  o.stop = stop;
+  o.end_tokens = end_tokens;
+  return o;
+}
+
 }  // namespace kivi::runtime

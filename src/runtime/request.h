@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/generation.h"
 #include "runtime/sampler.h"
 
 namespace kivi::runtime {
@@ -22,7 +23,9 @@ struct GenerationRequest {
   SamplerOptions sampling;
   std::vector<std::string> stop;  // stop strings
   std::vector<int> end_tokens;    // tokens that end the reply besides EOS/BOS (a chat format's)
-  bool ignore_eos = false;        // generate max_tokens whatever comes (load tests, benchmarks)
+  bool ignore_eos = false;        // never sample an end token (load tests, benchmarks)
+  // The same, as the generation options every front end uses (runtime/generation.h).
+  GenerationOptions options() const;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };

@@ -30,15 +30,39 @@ Sampler::Sampler(const SamplerOptions& o, int vocab) : o_(o), rng_(o.seed) {
   probs_.resize(vocab);
 }
 
+void Sampler::ban(const std::vector<int>& tokens) {
+  const int n = static_cast<int>(cand_.size());
+  banned_.assign(n, 0);
+  int left = n;
+  for (int t : tokens) {
+    if (t >= 0 && t < n && !banned_[t]) {
+      banned_[t] = 1;
+      --left;
+    }
+  }
+  if (left == 0) fail("every token of the vocabulary is banned; nothing can be sampled");
+}
+
 int Sampler::sample(const float* logits) {
   const int n = static_cast<int>(cand_.size());
-  if (o_.temperature == 0.0f) return argmax(logits, n);
+  int first = 0;
+  while (!allowed(first)) ++first;
+  if (o_.temperature == 0.0f) {
+    if (banned_.empty()) return argmax(logits, n);
+    int best = first;
+    for (int i = first + 1; i < n; ++i) {
+      if (allowed(i) && logits[i] > logits[best]) best = i;
+    }
+    return best;
+  }
   // Softmax with temperature.
-  float mx = logits[0];
-  for (int i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  float mx = logits[first];
+  for (int i = first + 1; i < n; ++i) {
+    if (allowed(i)) mx = std::max(mx, logits[i]);
+  }
   double sum = 0.0;
   for (int i = 0; i < n; ++i) {
-    const float p = std::exp((logits[i] - mx) / o_.temperature);
+    const float p = allowed(i) ? std::exp((logits[i] - mx) / o_.temperature) : 0.0f;
     cand_[i] = {p, i};
     sum += p;
   }
@@ -76,7 +100,11 @@ int Sampler::sample(const float* logits) {
     cum += cand_[i].first;
     if (r < cum) return cand_[i].second;
   }
-  return cand_[keep - 1].second;
+  // Rounding left r at the end: the last candidate with any probability.
+  for (int i = keep - 1; i > 0; --i) {
+    if (cand_[i].first > 0.0f) return cand_[i].second;
+  }
+  return cand_[0].second;
 }
 
 }  // namespace kivi::runtime

@@ -25,9 +25,17 @@ class Sampler {
   explicit Sampler(const SamplerOptions& o, int vocab);
   // Picks a token from logits[vocab] (not modified).
   int sample(const float* logits);
+  // Tokens never picked (as a logit of -inf): `ignore_eos` bans the end tokens, as
+  // llama.cpp does. At least one token must stay allowed.
+  void ban(const std::vector<int>& tokens);
+  // The generator's state, for saving a sampled conversation and resuming it exactly.
+  const Rng& rng() const { return rng_; }
+  void set_rng(const Rng& r) { rng_ = r; }
 
  private:
+  bool allowed(int t) const { return banned_.empty() || !banned_[t]; }
   SamplerOptions o_;
+  std::vector<char> banned_;  // [vocab] when any token is banned
   Rng rng_;
   std::vector<std::pair<float, int>> cand_;  // allocated once
   std::vector<float> probs_;

@@ -212,9 +212,8 @@ bool Scheduler::admit_locked() {
     s.n_prompt = n;
     s.n_generated = 0;
     s.order = next_order_++;
-    s.sampler = std::make_unique<Sampler>(s.params.sampling, m_.config().vocab_size);
-    s.decoder = std::make_unique<tok::StreamDecoder>(m_.tokenizer(), s.params.prompt.back());
-    s.text = std::make_unique<TextStream>(s.params.stop);
+    s.gen =
+        std::make_unique<Continuation>(m_.tokenizer(), s.params.options(), s.params.prompt.back());
     s.req->admitted(shared * plan_.block_tokens);
     ++stats_.admitted;
     stats_.prompt_tokens += n;
@@ -225,15 +224,14 @@ bool Scheduler::admit_locked() {
 
 void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
   if (r == FinishReason::kStop || r == FinishReason::kLength) {
-    const std::string rest = s.text->push(s.decoder->flush()) + s.text->finish();
+    // What the generation still held (a split character, a possible stop string).
+    const std::string rest = s.gen->end(StopReason::kLength).text;
     if (!rest.empty()) s.req->push(rest, -1, s.n_generated);
   }
   s.req->finish(r, s.n_generated, error);
   s.req.reset();
   s.cache->clear();
-  s.sampler.reset();
-  s.text.reset();
-  s.decoder.reset();
+  s.gen.reset();
   std::lock_guard<std::mutex> lock(mu_);
   if (r == FinishReason::kCancelled) {
     ++stats_.cancelled;
@@ -245,23 +243,14 @@ void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
 }
 
 void Scheduler::sample(Slot& s) {
-  const tok::Tokenizer& tk = m_.tokenizer();
-  const int next = s.sampler->sample(s.logits.data());
-  const bool ends = next == tk.eos_id() || next == tk.bos_id() || tk.is_end_of_generation(next) ||
-                    std::find(s.params.end_tokens.begin(), s.params.end_tokens.end(), next) !=
-                        s.params.end_tokens.end();
-  if (ends && !s.params.ignore_eos) {
-    end(s, FinishReason::kStop);
-    return;
+  const Continuation::Step st = s.gen->next(s.logits.data());
+  if (st.token >= 0) {
+    s.tokens.push_back(st.token);
+    ++s.n_generated;
   }
-  const std::string piece = s.decoder->push(next);
-  s.tokens.push_back(next);
-  ++s.n_generated;
-  s.req->push(s.text->push(piece), next, s.n_generated);
-  if (s.text->stopped()) {
-    end(s, FinishReason::kStop);
-  } else if (s.n_generated >= s.params.max_tokens) {
-    end(s, FinishReason::kLength);
+  if (st.token >= 0 || !st.text.empty()) s.req->push(st.text, st.token, s.n_generated);
+  if (st.done) {
+    end(s, st.reason == StopReason::kLength ? FinishReason::kLength : FinishReason::kStop);
   }
 }
 

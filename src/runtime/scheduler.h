@@ -30,8 +30,7 @@
 #include "model/forward_batch.h"
 #include "model/model.h"
 #include "runtime/request.h"
-#include "runtime/sampler.h"
-#include "runtime/text_stream.h"
+#include "runtime/generation.h"
 
 namespace kivi::runtime {
 
@@ -109,10 +108,8 @@ class Scheduler {
     std::vector<int> tokens;  // prompt, then generated tokens
     int fed = 0;              // tokens in the cache
     int n_prompt = 0, n_generated = 0;
-    uint64_t order = 0;  // admission order (prefill goes first come, first served)
-    std::unique_ptr<Sampler> sampler;
-    std::unique_ptr<tok::StreamDecoder> decoder;
-    std::unique_ptr<TextStream> text;
+    uint64_t order = 0;                 // admission order (prefill goes first come, first served)
+    std::unique_ptr<Continuation> gen;  // sampling, stop rule, text
     bool active() const { return req != nullptr; }
     bool prefilling() const { return fed < n_prompt; }
   };

@@ -1,0 +1,124 @@
+#include "runtime/generation.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace kivi::runtime {
+
+StopRule::StopRule(const tok::Tokenizer& tk, std::vector<int> extra)
+    : tk_(tk), extra_(std::move(extra)) {}
+
+bool StopRule::ends(int token) const {
+  return token == tk_.eos_id() || token == tk_.bos_id() || tk_.is_end_of_generation(token) ||
+         std::find(extra_.begin(), extra_.end(), token) != extra_.end();
+}
+
+std::vector<int> StopRule::all(int vocab) const {
+  std::vector<int> out;
+  for (int t = 0; t < vocab; ++t) {
+    if (ends(t)) out.push_back(t);
+  }
+  return out;
+}
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::kNone:
+      return "";
+    case StopReason::kEnd:
+      return "eos";
+    case StopReason::kStopString:
+      return "stop";
+    case StopReason::kLength:
+      return "length";
+    case StopReason::kContext:
+      return "context";
+  }
+  return "";
+}
+
+Continuation::Continuation(const tok::Tokenizer& tk, const GenerationOptions& o, int prev)
+    : tk_(tk),
+      o_(o),
+      rule_(tk, o.end_tokens),
+      sampler_(o.sampler, tk.vocab_size()),
+      decoder_(tk, prev),
+      text_(o.stop) {
+  if (o.max_tokens < -1) fail("max_tokens = %d, expected -1 (no limit) or more", o.max_tokens);
+  if (o.ignore_eos) sampler_.ban(rule_.all(tk.vocab_size()));
+  if (o.max_tokens == 0) reason_ = StopReason::kLength;
+}
+
+Continuation::Step Continuation::end(StopReason r) {
+  Step s;
+  if (done()) return s;
+  s.text = text_.push(decoder_.flush()) + text_.finish();
+  s.done = true;
+  s.reason = reason_ = r;
+  return s;
+}
+
+Continuation::Step Continuation::next(const float* logits) {
+  if (done()) fail("internal: generation continued after it ended");
+  const int token = sampler_.sample(logits);
+  if (rule_.ends(token)) return end(StopReason::kEnd);
+  Step s;
+  s.token = token;
+  ++n_generated_;
+  s.text = text_.push(decoder_.push(token));
+  if (text_.stopped()) {
+    s.done = true;
+    s.reason = reason_ = StopReason::kStopString;
+  } else if (o_.max_tokens >= 0 && n_generated_ >= o_.max_tokens) {
+    const Step rest = end(StopReason::kLength);
+    s.text += rest.text;
+    s.done = true;
+    s.reason = rest.reason;
+  }
+  return s;
+}
+
+Generator::Generator(Session& s, const GenerationOptions& o, int prev_token)
+    : s_(s),
+      cont_(s.model().tokenizer(), o, prev_token),
+      bounded_(s.options().overflow != ContextOverflow::kStop) {}
+
+void Generator::prefill(const std::vector<int>& prompt) {
+  if (prompt.empty()) {
+    if (!logits_) fail("internal: generation without a prompt or logits");
+    return;
+  }
+  if (!bounded_ && s_.pos() + static_cast<int>(prompt.size()) > s_.ctx()) {
+    fail("the prompt of %zu tokens does not fit the %d tokens left in the context of %d",
+         prompt.size(), s_.ctx() - s_.pos(), s_.ctx());
+  }
+  logits_ = s_.prefill(prompt);
+}
+
+Continuation::Step Generator::next() {
+  if (cont_.done()) {
+    Continuation::Step s;
+    s.done = true;
+    s.reason = cont_.reason();
+    return s;
+  }
+  if (pending_ >= 0) {
+    if (!bounded_ && s_.pos() >= s_.ctx()) return cont_.end(StopReason::kContext);
+    logits_ = s_.decode(pending_);
+    ++decode_steps_;
+    pending_ = -1;
+  }
+  Continuation::Step step = cont_.next(logits_);
+  pending_ = step.token;
+  return step;
+}
+
+void Generator::feed_pending() {
+  if (pending_ < 0 || (!bounded_ && s_.pos() >= s_.ctx())) return;
+  logits_ = s_.decode(pending_);
+  ++decode_steps_;
+  pending_ = -1;
+}
+
+}  // namespace kivi::runtime

@@ -1,0 +1,114 @@
+// Generation, once for every front end: which tokens end a reply (the stop rule), what
+// `ignore_eos` means, sampling, streaming UTF-8 decoding and stop strings. `generate`,
+// `chat`, the server's scheduler, Python and eval all go through it, so a reply ends
+// the same way whoever asked for it.
+//
+//   StopRule      the end tokens: EOS, BOS, the vocabulary's end-of-generation set
+//                 (<|eot_id|>, <|im_end|>, ...) and a chat format's end marker;
+//   Continuation  one sequence's decisions, whatever computes its logits (one session,
+//                 a batched step, a no-cache forward): sample, stop or go on, and the
+//                 text that can be released now;
+//   Generator     a Continuation driving a Session: prefill, then decode step by step.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "runtime/text_stream.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kivi::runtime {
+
+struct GenerationOptions {
+  int max_tokens = 256;  // generated tokens at most (the end token not counted); -1 = no limit
+  SamplerOptions sampler;
+  // The end tokens are never sampled: generation runs to max_tokens (or the context),
+  // as llama.cpp's ignore_eos (their logits are -inf).
+  bool ignore_eos = false;
+  std::vector<std::string> stop;  // stop strings (the text ends before the first one)
+  std::vector<int> end_tokens;    // tokens that end the reply besides the vocabulary's own
+};
+
+class StopRule {
+ public:
+  StopRule(const tok::Tokenizer& tk, std::vector<int> extra = {});
+  bool ends(int token) const;
+  // Every end token of the vocabulary, in increasing order.
+  std::vector<int> all(int vocab) const;
+
+ private:
+  const tok::Tokenizer& tk_;
+  std::vector<int> extra_;
+};
+
+enum class StopReason { kNone, kEnd, kStopString, kLength, kContext };
+// "" (running), "eos", "stop", "length", "context".
+const char* stop_reason_name(StopReason r);
+
+class Continuation {
+ public:
+  struct Step {
+    int token = -1;    // the token chosen (-1 when an end token stopped the reply)
+    std::string text;  // text released by this step (possibly empty)
+    bool done = false;
+    StopReason reason = StopReason::kNone;
+  };
+
+  // `prev` is the token before the first generated one (for SentencePiece's leading space).
+  Continuation(const tok::Tokenizer& tk, const GenerationOptions& o, int prev);
+
+  // Chooses the next token from logits[vocab]. After a step with done = true, no more.
+  Step next(const float* logits);
+  // Ends the reply from outside (the context is full): releases what is held.
+  Step end(StopReason r);
+  bool done() const { return reason_ != StopReason::kNone; }
+  StopReason reason() const { return reason_; }
+  int generated() const { return n_generated_; }
+  const std::string& text() const { return text_.text(); }
+  const GenerationOptions& options() const { return o_; }
+  Sampler& sampler() { return sampler_; }
+
+ private:
+  const tok::Tokenizer& tk_;
+  GenerationOptions o_;
+  StopRule rule_;
+  Sampler sampler_;
+  tok::StreamDecoder decoder_;
+  TextStream text_;
+  int n_generated_ = 0;
+  StopReason reason_ = StopReason::kNone;
+};
+
+// A Continuation over a Session. The session's cache may already hold tokens (a loaded
+// KV file, earlier chat turns); the prompt is appended after them.
+class Generator {
+ public:
+  // `bounded`: the session's overflow policy makes room when the context is full;
+  // otherwise the reply ends with StopReason::kContext when the next token has no room.
+  Generator(Session& s, const GenerationOptions& o, int prev_token);
+  // Feeds the prompt (may be empty when the cache already holds the tokens whose logits
+  // are passed as `logits`).
+  void prefill(const std::vector<int>& prompt);
+  void set_logits(const float* logits) { logits_ = logits; }
+  // One token: decodes the previous one if needed, then chooses the next.
+  Continuation::Step next();
+  // Feeds the last chosen token when the reply ended with it unfed (max_tokens, a stop
+  // string), so the cache holds the whole reply (chat turns); nothing when there is no room.
+  void feed_pending();
+  Continuation& continuation() { return cont_; }
+  // Decode steps run (forward passes after the prefill).
+  int decode_steps() const { return decode_steps_; }
+
+ private:
+  Session& s_;
+  Continuation cont_;
+  const float* logits_ = nullptr;
+  int pending_ = -1;  // a chosen token not yet fed
+  int decode_steps_ = 0;
+  bool bounded_;
+};
+
+}  // namespace kivi::runtime
