@@ -34,7 +34,7 @@ struct Case {
   kv::Int8Granularity gran = kv::Int8Granularity::kHead;
   kv::KeyRope rope = kv::KeyRope::kPost;
   kv::KeyFlush flush = kv::KeyFlush::kBatch;
-  bool sparse = false;
+  sparse::Kind sparse = sparse::Kind::kOff;
   int ctx = 256;  // 128: the prompt overflows it (window policy)
 };
 
@@ -54,8 +54,8 @@ SessionOptions options(const Case& c, int ctx = 0) {
   o.cache.residual = c.residual;
   o.cache.key_rope = c.rope;
   o.cache.key_flush = c.flush;
-  if (c.sparse) {
-    o.sparse.kind = sparse::Kind::kQuest;
+  if (c.sparse != sparse::Kind::kOff) {
+    o.sparse.kind = c.sparse;
     o.sparse.block = 32;
     o.sparse.budget = 32;
     o.sparse.sinks = 4;
@@ -118,7 +118,7 @@ TEST_P(KvFileContinue, LoadedCacheContinuesBitForBit) {
     ASSERT_LT(st.n - st.k.n_stored, 32);
   }
   const std::vector<float> want1 = continue_greedy(a, follow1, 6);
-  if (c.sparse) {
+  if (c.sparse != sparse::Kind::kOff) {
     // Block selection skipped some of the context.
     const auto& st = a.sparse()->stats();
     EXPECT_LT(st.tokens_attended, st.tokens_context);
@@ -160,14 +160,24 @@ INSTANTIATE_TEST_SUITE_P(
                            kv::Int8Granularity::kHead, kv::KeyRope::kPost, kv::KeyFlush::kGroup},
                       Case{"kivi2_pre_rope", "kivi2", "kivi2", 32, 32, kv::Int8Granularity::kHead,
                            kv::KeyRope::kPre},
-                      Case{"f16_sparse", "f16", "f16", 32, 32, kv::Int8Granularity::kHead,
-                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, true},
-                      Case{"kivi2_sparse", "kivi2", "kivi2", 32, 32, kv::Int8Granularity::kHead,
-                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, true},
+                      // Every selection kind, so that every summary kind is written and read.
+                      Case{"f16_sparse_quest", "f16", "f16", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kQuest},
+                      Case{"kivi2_sparse_quest", "kivi2", "kivi2", 32, 32,
+                           kv::Int8Granularity::kHead, kv::KeyRope::kPost, kv::KeyFlush::kBatch,
+                           sparse::Kind::kQuest},
+                      Case{"kivi2_sparse_max", "kivi2", "kivi2", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kMax},
+                      Case{"f16_sparse_mean", "f16", "f16", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kMean},
+                      Case{"kivi2_sparse_fix", "kivi2", "kivi2", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kFix},
+                      Case{"f16_sparse_random", "f16", "f16", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kRandom},
                       Case{"kivi2_window", "kivi2", "kivi2", 32, 32, kv::Int8Granularity::kHead,
-                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, false, 128},
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kOff, 128},
                       Case{"f16_pre_rope_window", "f16", "f16", 32, 32, kv::Int8Granularity::kHead,
-                           kv::KeyRope::kPre, kv::KeyFlush::kBatch, false, 128}),
+                           kv::KeyRope::kPre, kv::KeyFlush::kBatch, sparse::Kind::kOff, 128}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // Recomputes every checksum of a KV file (after a test edits it on purpose), so that

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common.h"
+#include "runtime/engine_options.h"
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/json.h"
@@ -200,12 +201,7 @@ int cmd_bench(int argc, char** argv) {
     uint64_t total = 0;
     for (size_t i = 0; i < caches.size(); ++i) {
       const kv::CacheConfig& c = caches[i];
-      kv::CacheConfig cc = c;
-      cc.n_layers = mc.n_layers;
-      cc.n_kv_heads = mc.n_kv_heads;
-      cc.head_dim = mc.head_dim();
-      cc.ctx = bc.ctx;
-      cc.validate();
+      runtime::cache_shape_for(mc, c, bc.ctx);  // validates
       total += runtime::session_bytes(mc, c, bc.ctx, 64,
                                       i > 0 || bc.sparse_reference ? bc.sparse : sparse::Options{});
     }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common.h"
+#include "io/atomic_file.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/progress.h"
@@ -40,7 +41,9 @@ int cmd_quantize(int argc, char** argv) {
   const bool json = a.flag("json");
   const std::string in = a.positional()[0], out = a.positional()[1];
   const quant::FileType& ft = quant::parse_file_type(a.positional()[2]);
-  if (in == out) fail("quantize: the output must differ from the input ('%s')", in.c_str());
+  // The same file by any name (./t.gguf, an absolute path, a link) is refused, before
+  // anything is written or removed.
+  io::check_output_is_not_input(out, {in}, "quantize: the output");
   struct stat st;
   if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     fail("quantize: %s is a directory; give a file path", out.c_str());

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "core/error.h"
 #include "core/sysinfo.h"
+#include "runtime/engine_options.h"
 
 namespace kivi::tools {
 
@@ -95,6 +96,15 @@ static std::string model_id(const model::Model& m) {
 ServeConfig serve_config(const Args& a, const model::Model& m) {
   ServeConfig c;
   const runtime::SessionOptions so = session_options(a, m);
+  // What the shared block pool does not do is refused, not ignored.
+  if (so.overflow != runtime::ContextOverflow::kStop) {
+    fail(
+        "--context-overflow %s is not supported by the server (each request ends at its "
+        "context); leave it out",
+        runtime::context_overflow_name(so.overflow));
+  }
+  if (a.given("sinks"))
+    fail("--sinks has no effect in the server (no context overflow); leave it out");
   runtime::SchedulerOptions& s = c.sched;
   s.ctx = so.ctx;
   s.cache = so.cache;
@@ -110,11 +120,7 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   } else {
     // Every slot can hold a whole context, unless that is more than the memory
     // beside the weights: then most of that memory.
-    kv::CacheConfig shaped = s.cache;
-    shaped.n_layers = m.config().n_layers;
-    shaped.n_kv_heads = m.config().n_kv_heads;
-    shaped.head_dim = m.config().head_dim();
-    shaped.ctx = s.ctx;
+    const kv::CacheConfig shaped = runtime::cache_shape_for(m.config(), s.cache, s.ctx);
     const runtime::PoolPlan plan = runtime::plan_pool(shaped, s);
     const uint64_t need =
         static_cast<uint64_t>(plan.blocks) * plan.block_bytes + plan.slot_bytes * s.parallel;
@@ -152,11 +158,10 @@ void print_serve_summary(const runtime::Scheduler& s, const server::ServerOption
   const auto st = s.stats();
   const uint64_t pool = static_cast<uint64_t>(st.blocks_total) * st.block_bytes;
   std::fprintf(stderr,
-               "kivi serve: model '%s', KV cache %s, %d slots of %d tokens, pool of %d blocks x %d "
-               "tokens = %lld "
-               "tokens in %s (+ %s of residual windows), queue %d\n",
-               o.model_id.c_str(), describe_cache(s.cache_config()).c_str(), st.parallel, st.ctx,
-               st.blocks_total, st.block_tokens,
+               "kivi serve: model '%s', KV cache %s, %d slot%s of %d tokens, pool of %d blocks x "
+               "%d tokens = %lld tokens in %s (+ %s of residual windows), queue %d\n",
+               o.model_id.c_str(), describe_cache(s.cache_config()).c_str(), st.parallel,
+               st.parallel == 1 ? "" : "s", st.ctx, st.blocks_total, st.block_tokens,
                static_cast<long long>(st.blocks_total) * st.block_tokens,
                sys::human_bytes(static_cast<double>(pool)).c_str(),
                sys::human_bytes(static_cast<double>(st.slot_bytes * st.parallel)).c_str(),

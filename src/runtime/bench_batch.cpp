@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "runtime/engine_options.h"
 #include "core/aligned.h"
 #include "core/bandwidth.h"
 #include "core/error.h"
@@ -22,13 +23,7 @@ namespace kivi::runtime {
 namespace {
 
 kv::CacheConfig shaped(const model::Model& m, const kv::CacheConfig& c, int ctx) {
-  kv::CacheConfig s = c;
-  s.n_layers = m.config().n_layers;
-  s.n_kv_heads = m.config().n_kv_heads;
-  s.head_dim = m.config().head_dim();
-  s.ctx = ctx;
-  s.validate();
-  return s;
+  return cache_shape_for(m.config(), c, ctx);
 }
 
 int blocks_per_sequence(const kv::CacheConfig& s) { return (s.ctx + s.block() - 1) / s.block(); }

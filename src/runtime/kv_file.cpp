@@ -161,7 +161,8 @@ KvFileConfig decode_config(const uint8_t* p, size_t n, const std::string& name) 
   f.overflow = range(15, "context overflow", 0, 2);
   f.sinks = range(16, "sinks", 0, 1 << 20);
   f.window = range(17, "window", 0, c.ctx);
-  f.summary_kind = range(18, "sparse summary kind", 0, 3);
+  f.summary_kind =
+      range(18, "sparse summary kind", 0, static_cast<int>(sparse::SummaryKind::kFixed));
   f.summary_block = range(19, "sparse summary block", 0, 1 << 20);
   const int pairs = range(20, "share map pairs", 0, c.n_layers);
   if (f.summary_kind != 0 && f.summary_block < 1)

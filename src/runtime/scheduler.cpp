@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "runtime/engine_options.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -53,18 +54,13 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   if (opt_.queue < 0) fail("--queue = %d, expected >= 0", opt_.queue);
   if (opt_.prefill_chunk < 1) fail("--prefill-chunk = %d, expected >= 1", opt_.prefill_chunk);
   if (opt_.ctx < 2) fail("--ctx = %d, expected >= 2", opt_.ctx);
-  shaped_ = opt_.cache;
-  shaped_.n_layers = c.n_layers;
-  shaped_.n_kv_heads = c.n_kv_heads;
-  shaped_.head_dim = c.head_dim();
-  shaped_.ctx = opt_.ctx;
-  shaped_.validate();
   if (c.sliding_window > 0) {
     fail(
         "%s: sliding-window attention (attention.sliding_window = %d) is not supported when "
         "serving (the shared block pool); use kivi run/generate",
         c.name.c_str(), c.sliding_window);
   }
+  shaped_ = cache_shape_for(c, opt_.cache, opt_.ctx);
   auto tensor_scaled = [](const kv::StreamFormat& f) {
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
   };

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/engine_options.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -29,13 +30,7 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
   const int threads = opt.pool          ? opt.pool->size()
                       : opt.threads > 0 ? opt.threads
                                         : hardware_threads();
-  kv::CacheConfig cc = opt.cache;
-  cc.n_layers = c.n_layers;
-  cc.n_kv_heads = c.n_kv_heads;
-  cc.head_dim = c.head_dim();
-  cc.ctx = ctx_;
-  cc.layer_window = c.layer_windows();
-  cc.validate();
+  kv::CacheConfig cc = cache_shape_for(c, opt.cache, ctx_);
   opt_.cache = cc;
   if (cc.has_window()) {
     // The model's sliding window evicts blocks as it goes; the overflow policies and
@@ -227,12 +222,7 @@ uint64_t Session::kv_bytes_reserved() const {
 
 uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx,
                        int max_batch, const sparse::Options& sparse) {
-  kv::CacheConfig cc = cache;
-  cc.n_layers = c.n_layers;
-  cc.n_kv_heads = c.n_kv_heads;
-  cc.head_dim = c.head_dim();
-  cc.ctx = ctx;
-  cc.layer_window = c.layer_windows();
+  const kv::CacheConfig cc = cache_shape_for(c, cache, ctx);
   const bool tensor_scaled =
       (cc.k.format == kv::Format::kInt8 && cc.k.granularity == kv::Int8Granularity::kTensor) ||
       (cc.v.format == kv::Format::kInt8 && cc.v.granularity == kv::Int8Granularity::kTensor);
