@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "model/model.h"
 #include "runtime/scheduler.h"
 #include "server/http_server.h"
@@ -67,6 +68,7 @@ class TestServer {
     return c;
   }
   void pause() { sched_->pause(); }
+  void stop_http() { http_->stop(); }
   void resume() { sched_->resume(); }
   // Waits (bounded) until `done(stats)` holds; false on the deadline (generous: the
   // suite also runs under sanitizers on 2 busy cores).
@@ -269,8 +271,106 @@ TEST(Server, ApiKeyIsRequiredWhereSet) {
   EXPECT_EQ(c.Get("/health")->status, 200);
   const httplib::Headers auth{{"Authorization", "Bearer sekrit"}};
   EXPECT_EQ(c.Post("/v1/completions", auth, body, "application/json")->status, 200);
+  // The scheme's case does not matter (RFC 7235); the key's does.
+  const httplib::Headers lower{{"Authorization", "bearer sekrit"}};
+  EXPECT_EQ(c.Post("/v1/completions", lower, body, "application/json")->status, 200);
+  const httplib::Headers upper_key{{"Authorization", "bearer SEKRIT"}};
+  EXPECT_EQ(c.Post("/v1/completions", upper_key, body, "application/json")->status, 401);
   EXPECT_EQ(c.Get("/v1/models", auth)->status, 200);
   EXPECT_EQ(c.Get("/metrics", auth)->status, 200);
+}
+
+TEST(Server, UnimplementedFieldsAreRefusedByName) {
+  KIVI_REQUIRE_MODEL();
+  TestServer srv(kivi2_options(1, 2));
+  auto c = srv.client();
+  for (const char* f : {"\"grammar\": \"root ::= \\\"a\\\"\"", "\"json_schema\": {}",
+                        "\"min_p\": 0.05", "\"repeat_penalty\": 1.1", "\"n_predict\": 8",
+                        "\"mirostat\": 2", "\"tool_choice\": \"auto\""}) {
+    const std::string body = std::string("{\"prompt\": \"Once\", \"max_tokens\": 2, ") + f + "}";
+    const auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r) << f;
+    EXPECT_EQ(r->status, 400) << f;
+    const std::string name = std::string(f).substr(1, std::string(f).find('"', 1) - 1);
+    EXPECT_EQ(error_of(r)["param"], name) << r->body;
+  }
+  // Their neutral values change nothing and are accepted.
+  const auto ok = c.Post("/v1/completions",
+                         "{\"prompt\": \"Once\", \"max_tokens\": 2, \"min_p\": 0, "
+                         "\"repeat_penalty\": 1, \"tool_choice\": \"none\"}",
+                         "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST(Server, ContentLengthIsJudgedBeforeTheBody) {
+  KIVI_REQUIRE_MODEL();
+  TestServer srv(kivi2_options(1, 2));
+  // Headers only: the answer must come at once, not after the read timeout (10 s).
+  const std::pair<const char*, const char*> cases[] = {
+      {"Content-Length: 5\r\nContent-Length: 6\r\n", "HTTP/1.1 400"},
+      {"Content-Length: -5\r\n", "HTTP/1.1 400"},
+      {"Content-Length: 99999999999\r\n", "HTTP/1.1 413"},
+  };
+  for (const auto& [headers, status] : cases) {
+    const int fd = connect_to(srv.port());
+    ASSERT_GE(fd, 0);
+    const auto t0 = Clock::now();
+    send_all(fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             "Content-Type: application/json\r\n") +
+                     headers + "\r\n");
+    const std::string got = read_until(fd, "}}");
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    close(fd);
+    EXPECT_EQ(got.rfind(status, 0), 0u) << headers << ": " << got;
+    EXPECT_NE(got.find("\"error\""), std::string::npos) << got;
+    EXPECT_LT(secs, 5.0) << headers;
+  }
+}
+
+TEST(Server, ASecondServerOnATakenPortIsRefused) {
+  KIVI_REQUIRE_MODEL();
+  TestServer first(kivi2_options(1, 2));
+  runtime::Scheduler sched(stories(), kivi2_options(1, 2));
+  server::ServerOptions o;
+  o.port = first.port();
+  server::HttpServer second(sched, o);
+  try {
+    second.bind();
+    ADD_FAILURE() << "a second server bound port " << o.port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("port " + std::to_string(o.port) + " is in use"),
+              std::string::npos)
+        << e.what();
+  }
+  sched.stop();
+}
+
+TEST(Server, ShutdownEndsStreamsAndWaitingRequestsWithAnError) {
+  KIVI_REQUIRE_MODEL();
+  TestServer srv(kivi2_options(1, 2));
+  const std::string stream =
+      "{\"prompt\": \"Once\", \"max_tokens\": 400, \"ignore_eos\": true, \"stream\": true}";
+  const int a = connect_to(srv.port());
+  send_all(a, post_text("/v1/completions", stream));
+  ASSERT_TRUE(srv.wait_for([](const runtime::SchedulerStats& s) { return s.active == 1; }));
+  srv.pause();
+  const int b = connect_to(srv.port());
+  send_all(b, post_text("/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 4}"));
+  ASSERT_TRUE(srv.wait_for([](const runtime::SchedulerStats& s) { return s.queued == 1; }));
+  std::thread stopper([&] { srv.stop_http(); });
+  const std::string sa = read_until(a, "[DONE]");
+  const std::string sb = read_until(b, "shutting down");
+  stopper.join();
+  srv.resume();
+  close(a);
+  close(b);
+  // The stream ends with an error event, then [DONE]; the waiting request gets a 503 body.
+  EXPECT_NE(sa.find("The server is shutting down"), std::string::npos) << sa;
+  EXPECT_NE(sa.find("data: [DONE]"), std::string::npos) << sa;
+  EXPECT_NE(sb.find("HTTP/1.1 503"), std::string::npos) << sb;
+  EXPECT_NE(sb.find("The server is shutting down"), std::string::npos) << sb;
+  EXPECT_TRUE(srv.drained());
 }
 
 TEST(Server, FullQueueAnswers503WithRetryAfter) {

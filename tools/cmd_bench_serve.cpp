@@ -16,7 +16,7 @@
 #include "runtime/scheduler.h"
 #include "serve_options.h"
 #include "server/http_server.h"
-#include "server/load_client.h"
+#include "load_client.h"
 
 namespace kivi::tools {
 
@@ -43,7 +43,7 @@ void parse_url(const std::string& url, std::string* host, int* port) {
   if (host->empty()) fail("--url '%s': no host", url.c_str());
 }
 
-void write_percentiles(JsonWriter& j, const char* name, const server::Percentiles& p) {
+void write_percentiles(JsonWriter& j, const char* name, const Percentiles& p) {
   j.key(name).begin_object();
   j.kv("count", static_cast<uint64_t>(p.count))
       .kv("p50", p.p50)
@@ -53,15 +53,15 @@ void write_percentiles(JsonWriter& j, const char* name, const server::Percentile
   j.end_object();
 }
 
-const char* outcome_name(server::RequestResult::Outcome o) {
+const char* outcome_name(RequestResult::Outcome o) {
   switch (o) {
-    case server::RequestResult::Outcome::kCompleted:
+    case RequestResult::Outcome::kCompleted:
       return "completed";
-    case server::RequestResult::Outcome::kRejected:
+    case RequestResult::Outcome::kRejected:
       return "rejected";
-    case server::RequestResult::Outcome::kCut:
+    case RequestResult::Outcome::kCut:
       return "cut";
-    case server::RequestResult::Outcome::kError:
+    case RequestResult::Outcome::kError:
       break;
   }
   return "error";
@@ -110,7 +110,7 @@ int cmd_bench_serve(int argc, char** argv) {
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   const bool json = a.flag("json");
 
-  server::LoadOptions lo;
+  LoadOptions lo;
   lo.clients = static_cast<int>(a.integer("clients", 1, 4096));
   lo.requests = static_cast<int>(a.integer("requests", 1, 10000000));
   lo.seconds = a.number("seconds", 0.1, 86400);
@@ -164,7 +164,7 @@ int cmd_bench_serve(int argc, char** argv) {
     std::lock_guard<std::mutex> lock(bar_mu);
     bar.update(finished);
   };
-  server::LoadReport r = server::run_load(lo);
+  LoadReport r = run_load(lo);
   bar.finish();
   if (http) {
     http->stop();

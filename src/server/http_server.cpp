@@ -3,8 +3,16 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <thread>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -53,6 +61,25 @@ std::string route_of(const httplib::Request& req) {
   return "other";
 }
 
+// Why the Content-Length headers cannot be trusted, or null: two that differ, one that
+// is not a decimal number, or a length over `max`.
+const char* bad_content_length(const httplib::Request& req, size_t max) {
+  const auto range = req.headers.equal_range("Content-Length");
+  std::string first;
+  for (auto it = range.first; it != range.second; ++it) {
+    const std::string& v = it->second;
+    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
+      return "not a length in bytes";
+    if (first.empty()) {
+      first = v;
+    } else if (std::stoull(v) != std::stoull(first)) {
+      return "two different lengths";
+    }
+  }
+  if (!first.empty() && std::stoull(first) > max) return "too large";
+  return nullptr;
+}
+
 const char* finish_name(FinishReason r) { return r == FinishReason::kLength ? "length" : "stop"; }
 
 // A streamed response's state, shared by the content provider and its releaser.
@@ -85,7 +112,13 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   impl_ = std::make_unique<Impl>();
   httplib::Server& h = impl_->http;
   const auto& so = sched.options();
-  const int threads = opt_.http_threads > 0 ? opt_.http_threads : so.parallel + so.queue + 8;
+  // A handler holds its thread while its request waits or runs: one per slot and per
+  // queued request, up to kMaxQueueThreads of the queue (--queue 5000 does not start 5000
+  // threads; later connections wait for a thread before their request is queued).
+  constexpr int kMaxQueueThreads = 256;
+  const int threads = opt_.http_threads > 0
+                          ? opt_.http_threads
+                          : so.parallel + std::min(so.queue, kMaxQueueThreads) + 8;
   h.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   h.set_payload_max_length(opt_.max_body_bytes);
   h.set_read_timeout(opt_.read_timeout_s, 0);
@@ -93,6 +126,12 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   h.set_keep_alive_timeout(opt_.keep_alive_s);
   h.set_keep_alive_max_count(1000);
   h.set_tcp_nodelay(true);  // each token's event leaves at once
+  // The library's default also sets SO_REUSEPORT, which lets a second server bind the
+  // same port and take half of the requests; only SO_REUSEADDR is set here.
+  h.set_socket_options([](int sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
 
   ApiContext ctx;
   ctx.tokenizer = &sched.model().tokenizer();
@@ -101,13 +140,25 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   ctx.ctx = so.ctx;
 
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // The body's length, judged from the headers before any of the body is read: a
+    // request whose length is ambiguous, malformed or over the limit is answered at
+    // once (not after the read timeout), and the connection closes.
+    if (const char* why = bad_content_length(req, opt_.max_body_bytes)) {
+      const bool too_large = std::string(why) == "too large";
+      send_error(
+          res, ApiError(too_large ? 413 : 400, too_large ? "The request body is too large"
+                                                         : std::string("Content-Length: ") + why));
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (opt_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (req.path.rfind("/v1/", 0) != 0 && req.path != "/metrics")
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    const bool ok =
-        auth.rfind(prefix, 0) == 0 && same_secret(auth.substr(prefix.size()), opt_.api_key);
+    // The scheme is case-insensitive (RFC 7235): "bearer KEY" is accepted too.
+    std::string scheme = auth.substr(0, 7);
+    for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool ok = scheme == "bearer " && same_secret(auth.substr(7), opt_.api_key);
     if (!ok) {
       send_error(
           res,
@@ -184,6 +235,15 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
         send_error(res, ApiError(503, "The server is shutting down"));
         return;
     }
+    // Counted until the response ends, so that stop() lets it finish with a final event.
+    in_flight_.fetch_add(1);
+    struct Done {
+      std::atomic<int>& n;
+      bool armed = true;
+      ~Done() {
+        if (armed) n.fetch_sub(1);
+      }
+    } done_guard{in_flight_};
     ResponseInfo info{e, new_response_id(e), unix_now(), opt_.model_id};
     const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
     const int n_prompt = static_cast<int>(p.gen.prompt.size());
@@ -194,7 +254,12 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
         u = handle->wait(kPoll);
         text += u.text;
         if (u.finished) break;
-        if (stopping_ || peer_closed(fd)) {
+        if (stopping_) {
+          handle->cancel();
+          send_error(res, ApiError(503, "The server is shutting down"));
+          return;
+        }
+        if (peer_closed(fd)) {
           handle->cancel();
           res.status = 499;  // the client closed the request (no one reads this)
           return;
@@ -217,6 +282,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
     st->include_usage = p.include_usage;
     st->fd = fd;
     res.set_header("Cache-Control", "no-cache");
+    done_guard.armed = false;  // the releaser below ends the count
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, st, n_prompt](size_t, httplib::DataSink& sink) {
@@ -241,13 +307,24 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
               if (ok) sink.done();
               return ok;
             }
-            if (stopping_ || peer_closed(st->fd)) return false;
+            if (stopping_) {
+              // Shutdown: the client learns why its stream ends, and the stream is whole.
+              st->handle->cancel();
+              st->done = true;
+              const bool ok =
+                  write(sse_error(ApiError(503, "The server is shutting down").json())) &&
+                  write(sse_done());
+              if (ok) sink.done();
+              return ok;
+            }
+            if (peer_closed(st->fd)) return false;
           }
         },
         // Runs when the response ends, also when writing failed: a stream that did not
         // finish is cancelled so its blocks return to the pool.
-        [st](bool) {
+        [this, st](bool) {
           if (!st->done) st->handle->cancel();
+          in_flight_.fetch_sub(1);
         });
   };
   h.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
@@ -298,8 +375,32 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
 
 HttpServer::~HttpServer() { stop(); }
 
+namespace {
+
+// Whether another process listens on host:port (IPv4 addresses; others are left to the
+// library's own bind).
+bool port_in_use(const std::string& host, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const std::string h = host == "localhost" ? "127.0.0.1" : host;
+  if (inet_pton(AF_INET, h.c_str(), &a.sin_addr) != 1) return false;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  const int yes = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  const bool in_use =
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
+
+}  // namespace
+
 int HttpServer::bind() {
   httplib::Server& h = impl_->http;
+  if (opt_.port != 0 && port_in_use(opt_.host, opt_.port))
+    fail("cannot listen on %s:%d: port %d is in use", opt_.host.c_str(), opt_.port, opt_.port);
   if (opt_.port == 0) {
     port_ = h.bind_to_any_port(opt_.host);
   } else {
@@ -320,6 +421,11 @@ void HttpServer::run() {
 
 void HttpServer::stop() {
   stopping_ = true;
+  // Requests in flight end with a 503 or a final error event and [DONE] (each handler
+  // notices within one poll); then the listener and the connections close.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (impl_) impl_->http.stop();
 }
 

@@ -33,7 +33,7 @@ struct ServerOptions {
   int read_timeout_s = 10;   // receiving a request
   int write_timeout_s = 10;  // a client that stops reading
   int keep_alive_s = 5;      // an idle connection between requests
-  int http_threads = 0;      // 0: slots + queue + 8
+  int http_threads = 0;      // 0: slots + min(queue, 256) + 8
 };
 
 class HttpServer {
@@ -61,6 +61,7 @@ class HttpServer {
   std::unique_ptr<ChatFormatter> chat_;
   HttpCounters counters_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int> in_flight_{0};  // generation requests whose responses have not ended
   int port_ = -1;
   std::unique_ptr<Impl> impl_;
 };

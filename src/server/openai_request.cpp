@@ -221,6 +221,22 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   unsupported(body, "response_format", [](const json& v) {
     return v.is_object() && v.contains("type") && v["type"] == "text";
   });
+  // Fields llama.cpp's server and other clients send that this server does not implement.
+  auto is_value = [](double x) {
+    return [x](const json& v) { return v.is_number() && v.get<double>() == x; };
+  };
+  auto never = [](const json&) { return false; };
+  unsupported(body, "grammar", never);
+  unsupported(body, "json_schema", never);
+  unsupported(body, "n_predict", never);
+  unsupported(body, "min_p", is_zero);
+  unsupported(body, "repeat_penalty", is_value(1.0));
+  unsupported(body, "repeat_last_n", is_zero);
+  unsupported(body, "typical_p", is_value(1.0));
+  unsupported(body, "tfs_z", is_value(1.0));
+  unsupported(body, "mirostat", is_zero);
+  unsupported(body, "n_probs", is_zero);
+  unsupported(body, "tool_choice", [](const json& v) { return v.is_string() && v == "none"; });
 
   if (const json* s = field(body, "stream")) r.stream = boolean(*s, "stream");
   if (const json* so = field(body, "stream_options")) {

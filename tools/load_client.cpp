@@ -1,4 +1,4 @@
-#include "server/load_client.h"
+#include "load_client.h"
 
 #include <httplib.h>
 
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-namespace kivi::server {
+namespace kivi::tools {
 
 namespace {
 
@@ -340,4 +340,4 @@ LoadReport run_load(const LoadOptions& o) {
   return rep;
 }
 
-}  // namespace kivi::server
+}  // namespace kivi::tools

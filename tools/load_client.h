@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace kivi::server {
+namespace kivi::tools {
 
 struct LoadOptions {
   std::string host = "127.0.0.1";
@@ -85,4 +85,4 @@ std::string load_prompt(const LoadOptions& o, int i, int* words = nullptr);
 
 LoadReport run_load(const LoadOptions& o);
 
-}  // namespace kivi::server
+}  // namespace kivi::tools
