@@ -100,7 +100,7 @@ TEST(EngineOptions, ErrorsNameTheOptionAsTheFrontEndSpellsIt) {
                 .find("residual: 'x' is not an integer"),
             std::string::npos);
   EXPECT_NE(error_of({{"sparse-block", "99999999"}}, OptionSpelling::kKeyword)
-                .find("sparse_block needs sparse KIND"),
+                .find("sparse_block needs sparse=KIND"),
             std::string::npos);
   EXPECT_NE(error_of({{"ctx", "0"}}).find("--ctx = 0 is out of range (valid: 1 to"),
             std::string::npos);

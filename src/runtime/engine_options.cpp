@@ -125,6 +125,10 @@ class Reader {
   Reader(const OptionValues& v, OptionSpelling s) : v_(v), s_(s) {}
   bool given(const char* n) const { return v_.count(n) != 0; }
   std::string name(const char* n) const { return spell_option(n, s_); }
+  // "--sparse KIND" or "sparse=KIND": how the user gives the option a value.
+  std::string with_value(const char* n, const char* value) const {
+    return name(n) + (s_ == OptionSpelling::kFlag ? " " : "=") + value;
+  }
   std::string str(const char* n) const {
     auto it = v_.find(n);
     return it != v_.end() ? it->second : find_session_option(n)->def;
@@ -216,8 +220,8 @@ sparse::Options parse_sparse(const Reader& r) {
                           "sparse-dense-layers", "sparse-heads", "sparse-reselect",
                           "sparse-reuse-layers", "sparse-preselect", "sparse-candidates"}) {
       if (r.given(n))
-        fail("%s needs %s KIND (quest, max, mean, fix or random)", r.name(n).c_str(),
-             r.name("sparse").c_str());
+        fail("%s needs %s (quest, max, mean, fix or random)", r.name(n).c_str(),
+             r.with_value("sparse", "KIND").c_str());
     }
     return o;
   }
@@ -233,7 +237,8 @@ sparse::Options parse_sparse(const Reader& r) {
   o.preselect = r.integer("sparse-preselect", 0, model::kMaxContext);
   o.candidates = r.integer("sparse-candidates", 0, model::kMaxContext);
   if (r.given("sparse-candidates") && o.preselect == 0)
-    fail("%s needs %s W", r.name("sparse-candidates").c_str(), r.name("sparse-preselect").c_str());
+    fail("%s needs %s", r.name("sparse-candidates").c_str(),
+         r.with_value("sparse-preselect", "W").c_str());
   o.validate();
   return o;
 }

@@ -4,6 +4,7 @@ the same numbers, errors the same messages."""
 
 import json
 import os
+import re
 import struct
 import subprocess
 import tempfile
@@ -222,6 +223,143 @@ class Errors(unittest.TestCase):
         g2 = s.generate("Once", max_tokens=3, temperature=0)
         self.assertEqual(len(list(g2)), 3)
         self.assertEqual(list(s.generate("Once", max_tokens=0)), [])
+
+
+def gpt2_alphabet():
+    """Byte -> character of GPT-2's byte-level alphabet, written out here."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def byte_level_model(directory):
+    """A random-weight model (kivi synth) with a byte-level BPE vocabulary: the 256 bytes,
+    merges that make multi-byte characters (e, a and o with accents, the euro sign) whole
+    tokens, and the end tokens <|eot_id|> and <|im_end|>."""
+    alpha = gpt2_alphabet()
+    enc = lambda s: "".join(alpha[b] for b in s.encode("utf-8"))
+    vocab = {alpha[b]: b for b in range(256)}
+    merges = []
+    for ch in ["\u00e9", "\u00e0", "\u00f6", "\u20ac"]:
+        units = [alpha[b] for b in ch.encode("utf-8")]
+        left = units[0]
+        for u in units[1:]:
+            merges.append(left + " " + u)
+            left += u
+            vocab.setdefault(left, len(vocab))
+    added = []
+    for t in ["<|begin_of_text|>", "<|eot_id|>", "<|im_end|>"]:
+        added.append({"id": len(vocab) + len(added), "content": t, "special": True})
+    tj = {"version": "1.0", "added_tokens": added,
+          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+          "model": {"type": "BPE", "vocab": vocab, "merges": merges}}
+    path_tj = os.path.join(directory, "tokenizer.json")
+    with open(path_tj, "w") as f:
+        json.dump(tj, f)
+    model = os.path.join(directory, "bpe.gguf")
+    subprocess.run([common.CLI, "synth", "--layers", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2",
+                    "--ffn", "128", "--ctx", "1024", "--tokenizer-json", path_tj, "-o", model],
+                   check=True, capture_output=True)
+    ends = [a["id"] for a in added if a["content"] != "<|begin_of_text|>"]
+    return model, ends
+
+
+class ByteLevelGeneration(unittest.TestCase):
+    """The stop rule and the streaming UTF-8 decoding are the CLI's and the server's."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.path, cls.ends = byte_level_model(cls.tmp.name)
+        cls.model = kivi.Model(cls.path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_pieces_are_whole_characters_and_end_tokens_end_the_reply(self):
+        s = self.model.session(ctx=512, threads=1)
+        reasons = []
+        for seed in range(8):
+            g = s.generate("h\u00e9llo", max_tokens=300, temperature=1.5, top_k=0, top_p=1.0, seed=seed)
+            pieces = list(g)  # raised UnicodeDecodeError when a piece ended inside a character
+            self.assertEqual("".join(pieces), g.text)
+            self.assertTrue(all(p for p in pieces))
+            for t in self.ends:
+                self.assertNotIn(t, g.token_ids)
+            reasons.append(g.stop_reason)
+            self.assertIn(g.stop_reason, ("eos", "length"))
+            if g.stop_reason == "length":
+                self.assertEqual(len(g.token_ids), 300)
+        # The end-of-turn tokens (not EOS for this vocabulary) end some of these replies.
+        self.assertIn("eos", reasons)
+
+    def test_ignore_eos_and_stop_strings(self):
+        s = self.model.session(ctx=512, threads=1)
+        g = s.generate("h\u00e9llo", max_tokens=200, temperature=1.5, top_k=0, top_p=1.0, seed=3,
+                       ignore_eos=True)
+        list(g)
+        self.assertEqual(g.stop_reason, "length")
+        self.assertEqual(len(g.token_ids), 200)
+        for t in self.ends:
+            self.assertNotIn(t, g.token_ids)
+        # A stop string cuts the text before it, as the server's `stop` does.
+        full = s.generate("h\u00e9llo", max_tokens=40, temperature=0, ignore_eos=True)
+        text = "".join(full)
+        if len(text) > 3:
+            stop = text[2:4]
+            cut = s.generate("h\u00e9llo", max_tokens=40, temperature=0, ignore_eos=True, stop=[stop])
+            self.assertEqual("".join(cut), text[:text.index(stop)])
+            self.assertEqual(cut.stop_reason, "stop")
+
+
+# The same option cases through the CLI and the Python keywords: one parser, so the same
+# cache or the same error.
+OPTION_CASES = [
+    {"kv_cache": "kivi2", "residual": 64},
+    {"kv_cache": "kivi4", "kv_cache_v": "kivi2", "key_rope": "pre"},
+    {"kv_cache": "int8", "int8_granularity": "token", "scale_dtype": "f32"},
+    {"kv_cache": "f16", "kv_share": 2},
+    {"kv_cache": "kivi2", "key_flush": "group", "group_size": 16, "residual": 32},
+    {"kv_cache": "kivi3"},
+    {"kv_cache": "kivi2", "residual": 40},
+    {"kv_share_map": "3-1"},
+    {"sparse_block": 32},
+    {"kv_cache": "f16", "context_overflow": "shift", "sinks": 8},
+    {"sparse": "quest", "sparse_budget": 64, "sparse_block": 32},
+]
+
+
+class OneOptionTable(unittest.TestCase):
+    def test_cli_and_python_agree(self):
+        m = kivi.Model(common.MODEL)
+        for case in OPTION_CASES:
+            args = []
+            for k, v in case.items():
+                args += ["--" + k.replace("_", "-"), str(v)]
+            r = subprocess.run([common.CLI, "generate", "-m", common.MODEL, "-p", "x", "-n", "1", "--json",
+                                "--threads", "1", *args], capture_output=True, text=True)
+            try:
+                s = m.session(threads=1, **case)
+            except kivi.Error as e:
+                self.assertNotEqual(r.returncode, 0, case)
+                # The same words, with the option spelled as each front end spells it.
+                cli_msg = r.stderr.strip().replace("kivi: error: ", "")
+                py_msg = str(e)
+                # Options are spelled --kv-cache X on the command line and kv_cache=X here.
+                norm = lambda t: re.sub(r"--([a-z0-9-]+)", lambda m: m.group(1).replace("-", "_"),
+                                        t).replace("=", " ")
+                cli_msg, py_msg = norm(cli_msg), norm(py_msg)
+                self.assertEqual(py_msg, cli_msg, case)
+                continue
+            self.assertEqual(r.returncode, 0, (case, r.stderr))
+            self.assertEqual(s.kv_cache, json.loads(r.stdout)["kv_cache"], case)
 
 
 if __name__ == "__main__":
