@@ -141,8 +141,23 @@ TEST(Chat, FormatFromTheOptionAndErrors) {
   EXPECT_NE(none.err.find("--chat-template llama3|chatml"), std::string::npos) << none.err;
   const auto bad = plain.chat("hi\n", "--chat-template vicuna");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.err.find("unknown format 'vicuna' (known: llama3, chatml)"), std::string::npos)
+  EXPECT_NE(bad.err.find("unknown format 'vicuna' (known: llama3, chatml, plain)"),
+            std::string::npos)
       << bad.err;
+  // plain works with any vocabulary: User:/Assistant: lines, as the server writes them.
+  const auto p = plain.chat("hi\nagain\n", "--chat-template plain --json -n 3 --temp 0");
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const auto pt = json_lines(p.out);
+  ASSERT_EQ(pt.size(), 2u);
+  {
+    const auto tk0 = plain.tokenizer();
+    std::vector<int> want0;
+    if (tk0.add_bos() && tk0.bos_id() >= 0) want0.push_back(tk0.bos_id());
+    const auto b0 = tk0.encode_segments({{"User: hi\nAssistant:", false}});
+    want0.insert(want0.end(), b0.begin(), b0.end());
+    EXPECT_EQ(ids(pt[0]["prompt_token_ids"]), want0);
+    EXPECT_EQ(pt[1]["pos_before"], pt[0]["pos_after"]);
+  }
   const auto tk = plain.tokenizer();
   const auto r = plain.chat("hi\n", "--chat-template llama3 --json -n 2 --temp 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -195,9 +210,45 @@ TEST(Chat, ASavedConversationResumesWhereItEnded) {
   EXPECT_EQ(ids(r[0]["prompt_token_ids"]), ids(turns[1]["prompt_token_ids"]));
   EXPECT_EQ(r[0]["pos_before"], turns[1]["pos_before"]);
   EXPECT_EQ(ids(r[0]["reply_token_ids"]), ids(turns[1]["reply_token_ids"]));
+  // The turn numbers go on from the saved conversation.
+  EXPECT_EQ(r[0]["turn"], turns[1]["turn"]);
   const auto refused = m.chat("again\n", opts + "--system x --kv-load '" + kv + "'");
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_NE(refused.err.find("--system"), std::string::npos) << refused.err;
+}
+
+TEST(Chat, ASampledConversationResumesAsTheUninterruptedOne) {
+  ChatModel m(kChatMlConfig);
+  const std::string opts = "--json -n 8 --temp 1 --top-k 0 --seed 11 ";
+  const auto whole = m.chat("hello\nagain\nonce more\n", opts);
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const auto turns = json_lines(whole.out);
+  ASSERT_EQ(turns.size(), 3u);
+  // Saved after one turn, then loaded and saved over itself (in place) after the second.
+  const std::string kv = m.dir.file("sampled.kv");
+  ASSERT_EQ(m.chat("hello\n", opts + "--kv-save '" + kv + "'").exit_code, 0);
+  const auto second = m.chat("again\n", opts + "--kv-load '" + kv + "' --kv-save '" + kv + "'");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const auto third = m.chat("once more\n", opts + "--kv-load '" + kv + "'");
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  const auto t2 = json_lines(second.out), t3 = json_lines(third.out);
+  ASSERT_EQ(t2.size(), 1u);
+  ASSERT_EQ(t3.size(), 1u);
+  EXPECT_EQ(ids(t2[0]["reply_token_ids"]), ids(turns[1]["reply_token_ids"]));
+  EXPECT_EQ(ids(t3[0]["reply_token_ids"]), ids(turns[2]["reply_token_ids"]));
+  EXPECT_EQ(t3[0]["turn"], 3);
+  EXPECT_EQ(t3[0]["pos_before"], turns[2]["pos_before"]);
+}
+
+TEST(Chat, AFileSavedByGenerateIsNotAConversation) {
+  ChatModel m(kChatMlConfig);
+  const std::string kv = m.dir.file("gen.kv");
+  const auto g = test::run(
+      test::kivi_cmd("generate -m '" + m.path + "' -p hello -n 2 --kv-save '" + kv + "'"));
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  const auto r = m.chat("again\n", "--json -n 2 --kv-load '" + kv + "'");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("saved by kivi generate"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -397,7 +397,7 @@ TEST(Chat, FormatsDetectAndEncodeMarkupOnly) {
   EXPECT_EQ(runtime::detect_chat_format("{{ '<|im_start|>' }}"), runtime::ChatFormat::kChatMl);
   EXPECT_FALSE(runtime::detect_chat_format("[INST] {{ m }} [/INST]").has_value());
   EXPECT_ERROR(runtime::parse_chat_format("vicuna"),
-               "unknown format 'vicuna' (known: llama3, chatml)");
+               "unknown format 'vicuna' (known: llama3, chatml, plain)");
 
   auto tk = tiny(test::chat_tokenizer_json(), R"({"bos_token": "<|begin_of_text|>"})");
   EXPECT_ERROR(runtime::ChatPrompt(tk, ""), "the model has no chat template");

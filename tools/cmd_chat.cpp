@@ -1,7 +1,9 @@
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,45 @@
 namespace kivi::tools {
 
 namespace {
+
+// Ctrl-C: the first stops the reply being written, a second one (or one while waiting
+// for input) ends the chat; the conversation is still saved (--kv-save).
+std::atomic<int> g_interrupts{0};
+extern "C" void on_interrupt(int) { g_interrupts.fetch_add(1); }
+
+void catch_interrupts() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a read waiting for input returns
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// The next line of standard input (without its newline); false at the end of input or
+// when Ctrl-C interrupts the wait. `pending` keeps what was read past the line.
+bool read_line(std::string& line, std::string& pending) {
+  for (;;) {
+    const size_t nl = pending.find('\n');
+    if (nl != std::string::npos) {
+      line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      return true;
+    }
+    if (g_interrupts.load() > 0) return false;
+    char buf[4096];
+    const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+    if (n > 0) {
+      pending.append(buf, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;  // the loop looks at the interrupt count
+    } else {
+      if (pending.empty()) return false;  // end of input
+      line.swap(pending);                 // a last line without a newline
+      pending.clear();
+      return true;
+    }
+  }
+}
 
 // One line of --json output per turn: the mechanics a test checks.
 void print_turn_json(int turn, const std::vector<int>& prompt, int pos_before, int pos_after_prompt,
@@ -44,19 +85,23 @@ void print_turn_json(int turn, const std::vector<int>& prompt, int pos_before, i
 
 int cmd_chat(int argc, char** argv) {
   Args a(
-      "chat", "-m MODEL [--system TEXT] [--chat-template llama3|chatml] [options]",
+      "chat", "-m MODEL [--system TEXT] [--chat-template llama3|chatml|plain] [options]",
       "Interactive chat: each line read from stdin is a user message, and the model's reply\n"
       "streams to stdout. The conversation uses the model's chat format, detected from its\n"
       "tokenizer.chat_template (Llama 3 headers or ChatML), or the one --chat-template names.\n"
       "Every turn appends to the same KV cache: the history is never processed again. A reply\n"
-      "ends at the model's end-of-turn token (or after -n tokens); end of input (Ctrl-D) ends\n"
-      "the chat, and so does a full context, with a message.\n"
+      "ends at the model's end-of-turn token (or after -n tokens); Ctrl-C stops a reply and\n"
+      "returns to the prompt. End of input (Ctrl-D), Ctrl-C at the prompt or twice during a\n"
+      "reply, or a full context end the chat; a message too long for the context left is\n"
+      "skipped with a note.\n"
       "--kv-save FILE keeps the conversation's cache when the chat ends; --kv-load FILE resumes\n"
       "it later without processing the history again.");
   a.section("Chat");
   a.add("system", 0, "TEXT", "System message that opens the conversation.", "");
   a.add("chat-template", 0, "NAME",
-        "Chat format: llama3 or chatml (default: detected from the model).", "");
+        "Chat format: llama3, chatml or plain ('User: ...' / 'Assistant: ...' lines, for any "
+        "model). Default: detected from the model's template.",
+        "");
   a.add("n", 'n', "N",
         "Most tokens per reply (0 or -1 = until the end-of-turn token or a full context).", "0");
   add_sampling_options(a);
@@ -66,10 +111,13 @@ int cmd_chat(int argc, char** argv) {
       "stop reason) instead of streaming.");
   a.section("KV cache files");
   a.add("kv-save", 0, "FILE",
-        "When the chat ends, save the conversation's KV cache to FILE (written atomically).", "");
+        "When the chat ends, save the conversation's KV cache, its turn count and the sampler's\n"
+        "state to FILE (written atomically; FILE may be the --kv-load file, updated in place).",
+        "");
   a.add("kv-load", 0, "FILE",
-        "Resume a conversation saved by --kv-save (its system message included): the model and\n"
-        "the cache options must match.",
+        "Resume a conversation saved by kivi chat --kv-save (its system message included): the\n"
+        "model and the cache options must match, and a sampled chat goes on with its saved\n"
+        "random stream, as the uninterrupted one would (--seed starts new conversations).",
         "");
   add_model_options(a);
   add_kv_options(a);
@@ -83,9 +131,10 @@ int cmd_chat(int argc, char** argv) {
   if (!kv_load.empty() && a.given("system"))
     fail("--system: the conversation loaded by --kv-load has its system message already");
   if (!kv_save.empty()) {
-    std::vector<std::string> inputs = model_input_paths(a);
-    if (!kv_load.empty()) inputs.push_back(kv_load);
-    io::check_output_is_not_input(kv_save, inputs, "--kv-save");
+    // The loaded conversation may be saved over itself: the new file replaces it by a
+    // rename, and the cache maps the old file's pages, which live on until it is done.
+    io::check_output_is_not_input(kv_save, model_input_paths(a), "--kv-save");
+    io::check_output_folder(kv_save, "--kv-save");
   }
 
   auto m = load_model(a);
@@ -99,6 +148,7 @@ int cmd_chat(int argc, char** argv) {
   }
   runtime::Session sess(*m, session_options(a, *m));
   go.end_tokens = chat.end_tokens();
+  go.stop = chat.stop_strings();
   Rng rng(go.sampler.seed);  // one random stream through every turn
   const int ctx = sess.ctx();
   // Every token fed to the cache, and the seconds spent computing it (for --kv-save).
@@ -109,11 +159,18 @@ int cmd_chat(int argc, char** argv) {
   int turn = 0;
   if (!kv_load.empty()) {
     const runtime::LoadedSession loaded = runtime::load_session(sess, kv_load);
+    if (!loaded.is_chat) {
+      fail(
+          "%s was saved by kivi generate (a prompt, not a conversation); continue it with 'kivi "
+          "generate --kv-load', or start a new chat",
+          kv_load.c_str());
+    }
     fed = loaded.tokens;
     n_loaded = fed.size();
     fed_before = loaded.prefill_tokens;
     compute_seconds = loaded.prefill_seconds;
-    turn = 1;  // the system message and the first turn's markup are in the cache
+    turn = loaded.chat.turns;        // the turns go on counting
+    rng.set_state(loaded.chat.rng);  // --seed starts a conversation; this one goes on
     if (!json) {
       std::fprintf(stderr, "[conversation loaded from %s: %d tokens in %.1f ms]\n", kv_load.c_str(),
                    loaded.n_tokens, 1e3 * loaded.load_seconds);
@@ -127,13 +184,18 @@ int cmd_chat(int argc, char** argv) {
                  describe_cache(sess.options().cache).c_str());
   }
 
-  std::string line;
-  bool context_full = false;
+  catch_interrupts();
+  std::string line, pending;
+  bool context_full = false, interrupted = false;
+  bool after_marker = false;  // plain: the last reply ended by writing "\nUser:"
   for (;;) {
     if (interactive) std::fputs("> ", stderr);
-    if (!std::getline(std::cin, line)) break;  // end of input
+    if (!read_line(line, pending)) {  // end of input, or Ctrl-C at the prompt
+      interrupted = g_interrupts.load() > 0;
+      break;
+    }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::vector<int> prompt = chat.user_turn(line, system, turn == 0);
+    const std::vector<int> prompt = chat.user_turn(line, system, turn == 0, after_marker);
     const int pos_before = sess.pos();
     // The turn's tokens and at least one reply token must fit.
     if (sess.options().overflow == runtime::ContextOverflow::kStop &&
@@ -156,7 +218,9 @@ int cmd_chat(int argc, char** argv) {
     std::vector<int> ids;
     t0 = now_seconds();
     while (!gen.continuation().done()) {
-      const runtime::Continuation::Step st = gen.next();
+      const runtime::Continuation::Step st =
+          g_interrupts.load() > 0 ? gen.continuation().end(runtime::StopReason::kInterrupted)
+                                  : gen.next();
       if (st.token >= 0) ids.push_back(st.token);
       reply += st.text;
       if (!json && !st.text.empty()) {
@@ -170,32 +234,45 @@ int cmd_chat(int argc, char** argv) {
     compute_seconds += now_seconds() - t0;
     rng = gen.continuation().sampler().rng();
     fed.insert(fed.end(), ids.begin(), ids.end());
+    if (gen.pending() >= 0) fed.pop_back();  // no room for it in the cache
     const runtime::StopReason why = gen.continuation().reason();
-    const char* stop = why == runtime::StopReason::kEnd       ? "end_of_turn"
-                       : why == runtime::StopReason::kContext ? "context"
-                                                              : "length";
+    const char* stop = why == runtime::StopReason::kEnd           ? "end_of_turn"
+                       : why == runtime::StopReason::kStopString  ? "end_of_turn"
+                       : why == runtime::StopReason::kContext     ? "context"
+                       : why == runtime::StopReason::kInterrupted ? "interrupted"
+                                                                  : "length";
+    after_marker = why == runtime::StopReason::kStopString;
     if (why == runtime::StopReason::kContext) context_full = true;
+    // One Ctrl-C stopped the reply; a second one ends the chat.
+    if (g_interrupts.exchange(0) > 1) interrupted = true;
     if (json) {
       print_turn_json(turn, prompt, pos_before, pos_after_prompt, reply, ids, sess.pos(), stop);
     } else {
       std::fputs("\n", stdout);
       std::fflush(stdout);
     }
-    if (context_full) break;
+    if (context_full || interrupted) break;
   }
   if (context_full) {
     std::fprintf(stderr, "[the context of %d tokens is full (%d used): the chat ends]\n", ctx,
                  sess.pos());
+  } else if (interrupted) {
+    std::fputs("\n[interrupted: the chat ends]\n", stderr);
   } else if (interactive) {
     std::fputs("\n", stderr);
   }
   const int turns = turn - first_turn;
   std::fprintf(stderr, "[chat: %d turn%s, %d tokens in the cache of %d]\n", turns,
                turns == 1 ? "" : "s", sess.pos(), ctx);
-  if (!kv_save.empty()) {
+  if (!kv_save.empty() && turn == 0)
+    std::fprintf(stderr, "[no turn: nothing saved to %s]\n", kv_save.c_str());
+  if (!kv_save.empty() && turn > 0) {
+    runtime::ChatRecord record;
+    record.turns = turn;
+    for (int i = 0; i < 4; ++i) record.rng[i] = rng.state()[i];
     const uint64_t bytes =
         runtime::save_session(sess, fed, fed_before + static_cast<int64_t>(fed.size() - n_loaded),
-                              compute_seconds, kv_save);
+                              compute_seconds, kv_save, &record);
     std::fprintf(stderr, "[conversation saved to %s: %d tokens, %llu bytes]\n", kv_save.c_str(),
                  sess.pos(), static_cast<unsigned long long>(bytes));
   }

@@ -16,13 +16,14 @@ std::string trim(const std::string& s) {
 }  // namespace
 
 const char* chat_format_name(ChatFormat f) {
-  return f == ChatFormat::kLlama3 ? "llama3" : "chatml";
+  return f == ChatFormat::kLlama3 ? "llama3" : f == ChatFormat::kChatMl ? "chatml" : "plain";
 }
 
 ChatFormat parse_chat_format(const std::string& name) {
   if (name == "llama3") return ChatFormat::kLlama3;
   if (name == "chatml") return ChatFormat::kChatMl;
-  fail("--chat-template: unknown format '%s' (known: llama3, chatml)", name.c_str());
+  if (name == "plain") return ChatFormat::kPlain;
+  fail("--chat-template: unknown format '%s' (known: llama3, chatml, plain)", name.c_str());
 }
 
 std::optional<ChatFormat> detect_chat_format(const std::string& t) {
@@ -40,7 +41,7 @@ ChatPrompt::ChatPrompt(const tok::Tokenizer& tk, const std::string& override_nam
   } else if (tk.chat_template().empty()) {
     fail(
         "the model has no chat template (tokenizer.chat_template); give one with --chat-template "
-        "llama3|chatml");
+        "llama3|chatml (plain: User:/Assistant: lines, for any model)");
   } else if (auto f = detect_chat_format(tk.chat_template())) {
     format_ = *f;
   } else {
@@ -49,6 +50,7 @@ ChatPrompt::ChatPrompt(const tok::Tokenizer& tk, const std::string& override_nam
         "with "
         "--chat-template llama3|chatml");
   }
+  if (format_ == ChatFormat::kPlain) return;
   const std::vector<const char*> needed =
       format_ == ChatFormat::kLlama3
           ? std::vector<const char*>{"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
@@ -62,8 +64,13 @@ ChatPrompt::ChatPrompt(const tok::Tokenizer& tk, const std::string& override_nam
   end_id_ = tk.find_special(needed.back());
 }
 
+std::vector<std::string> ChatPrompt::stop_strings() const {
+  if (format_ == ChatFormat::kPlain) return {"\nUser:"};
+  return {};
+}
+
 std::vector<int> ChatPrompt::user_turn(const std::string& text, const std::string& system,
-                                       bool first) const {
+                                       bool first, bool after_marker) const {
   // Markup strings live here so the segments' views stay valid until encoding.
   std::vector<std::string> keep;
   keep.reserve(16);
@@ -77,7 +84,14 @@ std::vector<int> ChatPrompt::user_turn(const std::string& text, const std::strin
     seg.push_back({keep.back(), false});
   };
   std::vector<int> out;
-  if (format_ == ChatFormat::kLlama3) {
+  if (format_ == ChatFormat::kPlain) {
+    // As the server writes a plain conversation (server/messages.cpp); no markup tokens.
+    if (first && tk_.add_bos() && tk_.bos_id() >= 0) out.push_back(tk_.bos_id());
+    std::string s = first          ? (system.empty() ? "" : system + "\n\n") + "User: "
+                    : after_marker ? " "
+                                   : "\nUser: ";
+    message(s + text + "\nAssistant:");
+  } else if (format_ == ChatFormat::kLlama3) {
     if (first && tk_.bos_id() >= 0)
       out.push_back(tk_.bos_id());  // the template writes bos_token itself
     if (!first) markup("<|eot_id|>");

@@ -7,6 +7,8 @@
 //           (message text trimmed of surrounding whitespace, as Meta's template does)
 //   chatml  <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n
 //           <|im_start|>assistant\n{reply}<|im_end|>\n...   (Qwen2, Qwen2.5, Qwen3)
+//   plain   {system}\n\nUser: {user}\nAssistant: {reply}\nUser: ...   (any model, chosen by
+//           name only; the reply ends at "\nUser:" or an end token)
 //
 // The markup is encoded with special tokens recognized, the messages without: text a
 // user types that looks like "<|eot_id|>" stays text. A conversation grows by turns:
@@ -22,7 +24,7 @@
 
 namespace kivi::runtime {
 
-enum class ChatFormat { kLlama3, kChatMl };
+enum class ChatFormat { kLlama3, kChatMl, kPlain };
 
 const char* chat_format_name(ChatFormat f);
 // "llama3" or "chatml"; anything else is a kivi::Error listing them.
@@ -41,16 +43,23 @@ class ChatPrompt {
   // Tokens of the next user turn, up to the assistant's header. The first turn starts
   // the conversation (BOS as the format or vocabulary wants, then the system message
   // if `system` is not empty); later turns first close the previous reply.
-  std::vector<int> user_turn(const std::string& text, const std::string& system, bool first) const;
+  // plain: `after_marker` says the previous reply ended by writing "\nUser:" itself, so
+  // the turn goes on after it.
+  std::vector<int> user_turn(const std::string& text, const std::string& system, bool first,
+                             bool after_marker = false) const;
+  // Stop strings that end a reply ("\nUser:" for plain; none for the others).
+  std::vector<std::string> stop_strings() const;
   // Whether `token` ends the assistant's reply (the format's end marker, EOS, EOT).
   bool ends_reply(int token) const;
   // The format's end marker, for the stop rule (runtime/generation.h).
-  std::vector<int> end_tokens() const { return {end_id_}; }
+  std::vector<int> end_tokens() const {
+    return end_id_ >= 0 ? std::vector<int>{end_id_} : std::vector<int>{};
+  }
 
  private:
   const tok::Tokenizer& tk_;
   ChatFormat format_;
-  int end_id_;  // <|eot_id|> or <|im_end|>
+  int end_id_ = -1;  // <|eot_id|> or <|im_end|>; -1 for plain
 };
 
 }  // namespace kivi::runtime

@@ -34,6 +34,8 @@ const char* stop_reason_name(StopReason r) {
       return "length";
     case StopReason::kContext:
       return "context";
+    case StopReason::kInterrupted:
+      return "interrupted";
   }
   return "";
 }

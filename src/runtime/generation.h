@@ -44,8 +44,8 @@ class StopRule {
   std::vector<int> extra_;
 };
 
-enum class StopReason { kNone, kEnd, kStopString, kLength, kContext };
-// "" (running), "eos", "stop", "length", "context".
+enum class StopReason { kNone, kEnd, kStopString, kLength, kContext, kInterrupted };
+// "" (running), "eos", "stop", "length", "context", "interrupted".
 const char* stop_reason_name(StopReason r);
 
 class Continuation {
@@ -99,6 +99,8 @@ class Generator {
   // string), so the cache holds the whole reply (chat turns); nothing when there is no room.
   void feed_pending();
   Continuation& continuation() { return cont_; }
+  // The last chosen token when it is not in the cache yet, else -1.
+  int pending() const { return pending_; }
   // Decode steps run (forward passes after the prefill).
   int decode_steps() const { return decode_steps_; }
 

@@ -109,6 +109,8 @@ std::string section_name(uint32_t kind, int32_t layer) {
     s = "session";
   } else if (kind == static_cast<uint32_t>(KvSection::kTokens)) {
     s = "tokens";
+  } else if (kind == static_cast<uint32_t>(KvSection::kChat)) {
+    s = "chat";
   } else if (kind == static_cast<uint32_t>(KvSection::kLayer)) {
     s = "layer state";
   } else if (kind >= 16 && kind < 16 + 8 * 2 && (kind - 16) % 8 < kv::kNumParts) {
@@ -299,6 +301,16 @@ KvFile parse_kv_file(const uint8_t* data, size_t size, const std::string& name) 
   if (tb % 4 != 0) fail("%s: the tokens section has %" PRIu64 " bytes, not whole i32", nm, tb);
   f.tokens.resize(tb / 4);
   for (size_t i = 0; i < f.tokens.size(); ++i) f.tokens[i] = get_i32(p + 4 * i);
+
+  if (cur < n_sections && e[cur].kind == static_cast<uint32_t>(KvSection::kChat)) {
+    p = expect(static_cast<uint32_t>(KvSection::kChat), -1, 40);
+    f.chat = true;
+    f.chat_turns = get_i32(p);
+    if (f.chat_turns < 1 || f.chat_turns > f.n_tokens)
+      fail("%s: a conversation of %d turns in %d tokens is not valid", nm, f.chat_turns,
+           f.n_tokens);
+    for (int i = 0; i < 4; ++i) f.chat_rng[i] = get_u64(p + 8 + 8 * i);
+  }
 
   const std::vector<int> owners = kv::layer_owners(c);
   const int B = c.block(), nb = (f.n_tokens + B - 1) / B;

@@ -8,7 +8,8 @@
 //            u64 bytes, u64 checksum (core/checksum.h) of the section's bytes
 //   sections at offsets aligned to 64 bytes (4096 for sections of 64 KiB or more), in
 //            the table's order, disjoint:
-//            config, session, tokens, then per stored layer: its state, the parts of
+//            config, session, tokens, chat (only in a conversation's file), then per
+//            stored layer: its state, the parts of
 //            its keys and values (kv/snapshot.h) that are not empty, and optionally
 //            its block-sparse summaries.
 // The reader trusts nothing: every offset, size and checksum is checked before a byte
@@ -42,6 +43,7 @@ enum class KvSection : uint32_t {
   kConfig = 1,   // KvFileConfig, i32 fields
   kSession = 2,  // i64 position_offset, i64 dropped, i32 overflows, i32 0
   kTokens = 3,   // i32 token ids fed so far (the text the cache holds)
+  kChat = 5,     // i32 turns, i32 0, u64 sampler state [4]: written by kivi chat only
   kLayer = 4,    // kv::LayerState (kv::kLayerStateBytes)
   kPart = 16,    // + 8 * stream + part: one part of one stream (kv/snapshot.h)
   kSparse = 32,  // i32 summarized tokens, i32 0, then f16 [H][summarized / block][V][D]
@@ -81,6 +83,9 @@ struct KvFile {
   int64_t position_offset = 0, dropped = 0;
   int overflows = 0;
   std::vector<int> tokens;
+  bool chat = false;  // a conversation (kivi chat), with its turns and sampler state
+  int chat_turns = 0;
+  uint64_t chat_rng[4] = {};
   std::vector<KvFileLayer> layers;  // the stored layers, ascending
   uint64_t bytes = 0;
 };

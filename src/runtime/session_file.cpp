@@ -57,7 +57,7 @@ static void refuse_sliding_windows(const Session& s, const char* option) {
 }
 
 uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t prefill_tokens,
-                      double prefill_seconds, const std::string& path) {
+                      double prefill_seconds, const std::string& path, const ChatRecord* chat) {
   refuse_sliding_windows(s, "--kv-save");
   const kv::KvCache& cache = s.cache();
   const kv::CacheConfig& cc = cache.config();
@@ -81,6 +81,13 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
   std::vector<uint8_t> tok(tokens.size() * 4);
   if (!tokens.empty()) std::memcpy(tok.data(), tokens.data(), tok.size());
   bytes_section(KvSection::kTokens, -1, std::move(tok));
+  if (chat) {
+    std::vector<uint8_t> c(40, 0);
+    const int32_t turns = chat->turns;
+    std::memcpy(c.data(), &turns, 4);
+    std::memcpy(c.data() + 8, chat->rng, 32);
+    bytes_section(KvSection::kChat, -1, std::move(c));
+  }
 
   const sparse::BlockSummaries* summ = s.sparse() ? &s.sparse()->summaries() : nullptr;
   for (int l = 0; l < cc.n_layers; ++l) {
@@ -152,6 +159,9 @@ LoadedSession load_session(Session& s, const std::string& path) {
   r.prefill_seconds = f.prefill_seconds;
   r.bytes = f.bytes;
   r.mapped_bytes = mapped;
+  r.is_chat = f.chat;
+  r.chat.turns = f.chat_turns;
+  for (int i = 0; i < 4; ++i) r.chat.rng[i] = f.chat_rng[i];
   r.load_seconds = now_seconds() - t0;
   return r;
 }

@@ -33,8 +33,15 @@ KvFileConfig session_file_config(const Session& s);
 // to `path`, atomically. `tokens`: the token ids fed so far (kept for the text);
 // prefill_tokens and prefill_seconds: what producing the cache cost, reported by
 // loaders. Returns the bytes written.
+// A conversation's state beside its cache (kivi chat): the turns so far and the
+// sampler's random state, so that a resumed chat replies as the uninterrupted one would.
+struct ChatRecord {
+  int turns = 0;
+  uint64_t rng[4] = {};
+};
 uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t prefill_tokens,
-                      double prefill_seconds, const std::string& path);
+                      double prefill_seconds, const std::string& path,
+                      const ChatRecord* chat = nullptr);
 
 struct LoadedSession {
   std::vector<int> tokens;  // the token ids the saved session had fed
@@ -44,6 +51,8 @@ struct LoadedSession {
   double load_seconds = 0.0;     // map, check and restore
   uint64_t bytes = 0;
   uint64_t mapped_bytes = 0;  // of the file's bytes, mapped in place rather than copied
+  bool is_chat = false;       // saved by kivi chat: `chat` holds its record
+  ChatRecord chat;
 };
 
 // Resets the session and loads the cache saved in `path`. Throws kivi::Error with one
