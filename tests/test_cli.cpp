@@ -296,5 +296,96 @@ TEST(CliErrors, UnknownOptionsAndBadValues) {
   expect_error(run(kivi_cmd("generate " + model_args() + " -p")), "needs a value");
 }
 
+TEST(CliErrors, SuggestionsAndLlamaCppSpellings) {
+  expect_error(run(kivi_cmd("generate --kv-cach f16")), "did you mean '--kv-cache'?");
+  expect_error(run(kivi_cmd("generat -p hi")), "did you mean 'generate'?");
+  expect_error(run(kivi_cmd("generate -ngl 99")), "no GPU offload");
+  KIVI_REQUIRE_MODEL();
+  // llama.cpp's names for the cache types and the context; -fa is accepted with a note.
+  const auto r = run(kivi_cmd("generate " + model_args() +
+                              " -p hi -n 2 --temp 0 --json -ctk f16 -ctv int8 --ctx-size 128 -fa"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"kv_cache\":\"K f16 / V int8"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("-fa is accepted and ignored"), std::string::npos) << r.err;
+  const auto same = run(kivi_cmd("generate " + model_args() +
+                                 " -p hi -n 2 --temp 0 --json --cache-type-k f16 "
+                                 "--cache-type-v=int8 --ctx 128"));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.out.substr(0, same.out.find("prefill_tps")),
+            r.out.substr(0, r.out.find("prefill_tps")));
+  // -n -1: until an end token or the context; --seed -1: a random seed.
+  const auto unlimited =
+      run(kivi_cmd("generate " + model_args() + " -p hi -n -1 --seed -1 --ctx 64 --json"));
+  ASSERT_EQ(unlimited.exit_code, 0) << unlimited.err;
+  EXPECT_TRUE(unlimited.out.find("\"stop\":\"eos\"") != std::string::npos ||
+              unlimited.out.find("\"stop\":\"context\"") != std::string::npos)
+      << unlimited.out;
+}
+
+TEST(Cli, PromptFromAFileOrStandardInput) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir t;
+  test::write_text(t.file("p.txt"), "Once upon a time");
+  const std::string base = "generate " + model_args() + " -n 3 --temp 0 --json ";
+  const auto p = run(kivi_cmd(base + "-p 'Once upon a time'"));
+  const auto f = run(kivi_cmd(base + "-f '" + t.file("p.txt") + "'"));
+  const auto in = run("printf 'Once upon a time' | " + kivi_cmd(base + "-p -"));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  ASSERT_EQ(in.exit_code, 0) << in.err;
+  auto ids = [](const std::string& out) { return out.substr(0, out.find("\"prompt_tokens\"")); };
+  EXPECT_EQ(ids(f.out), ids(p.out));
+  EXPECT_EQ(ids(in.out), ids(p.out));
+  expect_error(run(kivi_cmd(base + "-p x -f '" + t.file("p.txt") + "'")), "not both");
+}
+
+TEST(Cli, KvLoadFollowUpsContinueAfterOneSpace) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir t;
+  const std::string kv = t.file("a.kv");
+  ASSERT_EQ(run(kivi_cmd("generate " + model_args() + " -p 'Once upon a time' -n 0 --kv-save '" +
+                         kv + "'"))
+                .exit_code,
+            0);
+  const auto whole =
+      run(kivi_cmd("generate " + model_args() + " -p 'Once upon a time there was' -n 0 --json"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  // SentencePiece begins every text at a word: written with or without its leading space,
+  // the follow-up continues with the tokens the whole text has.
+  for (const char* follow : {"' there was'", "'there was'"}) {
+    const auto r = run(kivi_cmd("generate " + model_args() + " --kv-load '" + kv + "' -p " +
+                                follow + " -n 0 --json"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto ids = [](const std::string& out) {
+      const size_t a = out.find("\"prompt_token_ids\":[") + 20;
+      return out.substr(a, out.find(']', a) - a);
+    };
+    const std::string w = ids(whole.out), got = ids(r.out);
+    EXPECT_EQ(w.substr(w.size() - got.size()), got) << follow;
+    EXPECT_EQ(got, "383,286") << follow;
+  }
+}
+
+TEST(CliErrors, AContextThatDoesNotFitInMemoryIsRefused) {
+  test::TempDir t;
+  const std::string m = t.file("tiny.gguf");
+  ASSERT_EQ(run(kivi_cmd("synth --preset tiny -o '" + m + "'")).exit_code, 0);
+  // 16M tokens of a synthetic model's f32 cache: tens of GiB, more than any test machine.
+  const auto r = run(kivi_cmd("generate -m '" + m + "' -c 16000000 -p hi -n 1"));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("a session of 16000000 tokens needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("pass a smaller --ctx"), std::string::npos) << r.err;
+}
+
+TEST(Cli, EvalFindsItsTextBesideTheBinary) {
+  KIVI_REQUIRE_MODEL();
+  // From a folder with no data/ nor ../shared/data/: the text is found from the binary.
+  test::TempDir t;
+  const auto r = run(
+      "cd '" + t.path() + "' && " +
+      kivi_cmd("eval --task needle --ctx 256 --depths 0.5 --trials 1 " + model_args() + " --json"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 }  // namespace
 }  // namespace kivi

@@ -25,16 +25,16 @@ namespace kivi::tools {
 
 namespace {
 
-// The default text: data/tinytales.txt, then ../shared/data/tinytales.txt (as the
-// default model is found).
+// The default text: tinytales.txt where data_file_candidates() looks.
 std::string default_text_path() {
-  for (const char* p : {"data/tinytales.txt", "../shared/data/tinytales.txt"}) {
+  const std::vector<std::string> c = data_file_candidates("tinytales.txt");
+  for (const auto& p : c) {
     struct stat st;
-    if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) return p;
+    if (stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return p;
   }
-  fail(
-      "no text given and none found: pass -f FILE (looked for data/tinytales.txt and "
-      "../shared/data/tinytales.txt)");
+  std::string looked;
+  for (const auto& p : c) looked += (looked.empty() ? "" : ", ") + p;
+  fail("no text given and none found: pass -f FILE (looked for %s)", looked.c_str());
 }
 
 std::vector<double> depth_list(const Args& a) {
@@ -347,7 +347,8 @@ int cmd_eval(int argc, char** argv) {
   a.add("seed", 0, "N", "Seed of the prompts (the same seed gives the same prompts).", "1");
   a.add("file", 'f', "FILE",
         "needle: the haystack ('filler': the passkey filler); attn-recall: the text run. "
-        "Default: data/tinytales.txt, then ../shared/data/tinytales.txt.");
+        "Default: tinytales.txt from data/ or ../shared/data/, else beside the binary "
+        "(../share/kivi/ when installed).");
   a.add("max-tokens", 0, "N",
         "Tokens generated per prompt at most (default: the answer's tokens + 8); generation "
         "stops early once the answer appears.");

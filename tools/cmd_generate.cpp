@@ -88,7 +88,9 @@ int cmd_generate(int argc, char** argv) {
   }
   const int n_loaded = static_cast<int>(loaded.tokens.size());
   std::vector<int> tokens = loaded.tokens;
-  const std::vector<int> prompt_tokens = tk.encode(prompt, kv_load.empty() && tk.add_bos());
+  // A follow-up continues the saved text (tokenizer.h: encode_continuation).
+  const std::vector<int> prompt_tokens =
+      kv_load.empty() ? tk.encode(prompt, tk.add_bos()) : tk.encode_continuation(prompt);
   tokens.insert(tokens.end(), prompt_tokens.begin(), prompt_tokens.end());
   const int in_cache = loaded.n_tokens + static_cast<int>(prompt_tokens.size());
   if (!bounded && in_cache >= ctx) {

@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -264,6 +266,19 @@ runtime::GenerationOptions generation_options(const Args& a) {
   runtime::check_sampler_options(so);
   if (a.declared("ignore-eos")) g.ignore_eos = a.flag("ignore-eos");
   return g;
+}
+
+std::vector<std::string> data_file_candidates(const std::string& name) {
+  std::vector<std::string> c = {"data/" + name, "../shared/data/" + name};
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.find_last_of('/'));
+    c.push_back(dir + "/../share/kivi/" + name);
+    c.push_back(dir + "/../../../shared/data/" + name);
+  }
+  return c;
 }
 
 std::string prompt_option(const Args& a) {

@@ -75,6 +75,10 @@ void add_sampling_options(Args& a, bool ignore_eos = false);
 // Generation options from -n (-1 = no limit), --temp, --top-k, --top-p, --seed (-1 = a
 // random seed) and --ignore-eos, each where the command declares it.
 runtime::GenerationOptions generation_options(const Args& a);
+// Where a data file that ships beside kivi (e.g. tinytales.txt) is looked for, in order:
+// data/ and ../shared/data/ from the working directory, then relative to the binary:
+// ../share/kivi/ (installed) and ../../../shared/data/ (build/bin/kivi in a checkout).
+std::vector<std::string> data_file_candidates(const std::string& name);
 // The prompt: -p TEXT, -p - (standard input) or -f FILE.
 std::string prompt_option(const Args& a);
 

@@ -367,6 +367,11 @@ std::vector<int> Tokenizer::encode_segments(const std::vector<TextSegment>& segm
   return out;
 }
 
+std::vector<int> Tokenizer::encode_continuation(std::string_view text) const {
+  if (!bpe_ && add_dummy_prefix_ && !text.empty() && text[0] == ' ') text.remove_prefix(1);
+  return encode(text, false);
+}
+
 void Tokenizer::encode_text(std::string_view text, bool first, std::vector<int>& out) const {
   if (bpe_) {
     bpe_->encode(text, out);

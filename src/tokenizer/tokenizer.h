@@ -76,6 +76,12 @@ class Tokenizer {
   // parse_special recognizes control tokens written in the text.
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos = false,
                           bool parse_special = false) const;
+  // Encodes text that continues an earlier one (a follow-up after a saved cache; no
+  // BOS). SentencePiece starts every text with a word boundary (its dummy prefix), which
+  // stands for a space the follow-up already begins with: " there was" and "there was"
+  // both continue with "▁there▁was", as in the whole text. Byte-level BPE encodes the
+  // text as written.
+  std::vector<int> encode_continuation(std::string_view text) const;
   // Encodes the concatenation of the segments (no BOS/EOS): control tokens are
   // recognized only inside segments that allow it, and the text between special tokens
   // is encoded as one run even when it spans segments, exactly as encoding the joined
