@@ -16,9 +16,11 @@
 #include "core/rng.h"
 #include "eval/attn_recall.h"
 #include "eval/prompt.h"
+#include "eval/run.h"
 #include "eval/score.h"
 #include "eval/tasks.h"
 #include "kv/kv_cache.h"
+#include "runtime/session.h"
 #include "sparse/sparse_attention.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -45,6 +47,37 @@ const tok::Tokenizer& tokenizer() {
 const eval::Haystack& tales() {
   static const eval::Haystack h(tokenizer(), read_text(test::text_path()));
   return h;
+}
+
+// run_prompt against answers known in advance: stories260K's published greedy text
+// continues "Once upon a time" with ", there was a little girl named Lily".
+TEST(Eval, RunPromptFindsAPlantedAnswerAndStopsThere) {
+  KIVI_REQUIRE_MODEL();
+  runtime::SessionOptions so;
+  so.threads = 1;
+  so.ctx = 128;
+  runtime::Session s(test::stories(), so);
+  eval::Prompt p;
+  p.task = "passkey";
+  p.tokens = test::stories().tokenizer().encode("Once upon a time", true);
+  p.expected = "little girl";
+  const eval::Outcome o = eval::run_prompt(s, p, 40);
+  EXPECT_TRUE(o.correct) << o.generated;
+  EXPECT_EQ(o.generated, ", there was a little girl") << o.generated;
+  // It stops as soon as the answer is there: ", there was a little girl" is 8 tokens
+  // (`kivi generate -p "Once upon a time" -n 8 --temp 0` writes exactly it).
+  EXPECT_EQ(o.generated_tokens, 8);
+  EXPECT_EQ(o.prompt_tokens, 5);
+  // An answer the model does not give is wrong after max_tokens.
+  p.expected = "dragon";
+  const eval::Outcome w = eval::run_prompt(s, p, 12);
+  EXPECT_FALSE(w.correct);
+  EXPECT_EQ(w.generated_tokens, 12);
+  // No answer tokens at all: nothing generated, and nothing can be correct.
+  const eval::Outcome z = eval::run_prompt(s, p, 0);
+  EXPECT_EQ(z.generated_tokens, 0);
+  EXPECT_EQ(z.generated, "");
+  EXPECT_FALSE(z.correct);
 }
 
 TEST(Eval, ScorerIsExactContainment) {

@@ -218,6 +218,46 @@ TEST(BlockPool, IdenticalPrefixesAreStoredOnce) {
   }
 }
 
+// A block's contents depend on every token before it, so it is published under its
+// parent block too: the same 16 tokens after a different first block are not shared,
+// and the chain stops at the first block that differs.
+TEST(BlockPool, ABlockRecursOnlyAfterTheSamePrefix) {
+  const CacheConfig c = config(Format::kKivi2);
+  kv::BlockPool pool(c, 60);
+  const std::vector<int> x = random_tokens(1, 16), y = random_tokens(2, 16),
+                         z = random_tokens(3, 16);
+  auto cat = [](std::initializer_list<const std::vector<int>*> parts) {
+    std::vector<int> t;
+    for (const auto* p : parts) t.insert(t.end(), p->begin(), p->end());
+    return t;
+  };
+  const std::vector<int> ta = cat({&x, &y, &z}), tb = cat({&z, &y, &z}), tc = cat({&x, &y, &y});
+  kv::KvCache a(pool, c.ctx), b(pool, c.ctx), cc(pool, c.ctx), rb(c), rc(c);
+  ASSERT_TRUE(a.reserve(48));
+  feed(a, ta, 0, 48);
+  a.publish(ta.data());
+  const int published = pool.published_blocks();
+  EXPECT_GE(published, 2);
+  // b's second and third blocks hold y and z as a's do, after another first block.
+  EXPECT_EQ(b.share_prefix(tb.data(), 48), 0);
+  ASSERT_TRUE(b.reserve(48));
+  feed(b, tb, 0, 48);
+  feed(rb, tb, 0, 48);
+  EXPECT_EQ(b.blocks_shared(), 0);
+  EXPECT_TRUE(same_bits(attend(b), attend(rb)));
+  // c shares x and y, then differs.
+  EXPECT_EQ(cc.share_prefix(tc.data(), 48), 2);
+  ASSERT_TRUE(cc.reserve(48));
+  feed(cc, tc, 0, 48);
+  feed(rc, tc, 0, 48);
+  EXPECT_EQ(cc.blocks_shared(), 2);
+  EXPECT_TRUE(same_bits(attend(cc), attend(rc)));
+  a.clear();
+  b.clear();
+  cc.clear();
+  EXPECT_EQ(pool.used_blocks(), 0);
+}
+
 // Two sequences with the same prompt fed side by side: neither can map the other's
 // blocks at the start, but once complete blocks are published the copies are
 // replaced by one block.

@@ -184,7 +184,8 @@ int cmd_bench_serve(int argc, char** argv) {
           .kv("ctx", st.ctx)
           .kv("kv_pool_blocks", st.blocks_total)
           .kv("kv_block_tokens", st.block_tokens)
-          .kv("kv_block_bytes", st.block_bytes);
+          .kv("kv_block_bytes", st.block_bytes)
+          .kv("kv_slot_bytes", st.slot_bytes);
     }
     j.kv("clients", lo.clients)
         .kv("requests", lo.requests)
