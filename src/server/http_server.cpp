@@ -102,14 +102,24 @@ class HttpServer::Impl {
    public:
     void raise_backlog() { ::listen(svr_sock_, SOMAXCONN); }
   };
+  explicit Impl(HttpServer& s) : s_(s) {}
   Server http;
+
+  // The routes, in the order requests meet them.
+  void add_checks();       // the body's length and the API key, from the headers
+  void add_info_routes();  // /health, /metrics, /v1/models
+  void add_generation_routes(const ApiContext& ctx);  // completions and chat completions
+  void add_error_handlers();  // error objects for the library's own statuses; counters
+
+ private:
+  HttpServer& s_;
 };
 
 HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched), opt_(o) {
   // A client that closes its connection must not kill the process on the next write.
   std::signal(SIGPIPE, SIG_IGN);
   chat_ = std::make_unique<ChatFormatter>(sched.model().tokenizer(), opt_.chat_template);
-  impl_ = std::make_unique<Impl>();
+  impl_ = std::make_unique<Impl>(*this);
   httplib::Server& h = impl_->http;
   const auto& so = sched.options();
   // A handler holds its thread while its request waits or runs: one per slot and per
@@ -139,11 +149,19 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   ctx.model_id = opt_.model_id;
   ctx.ctx = so.ctx;
 
+  impl_->add_checks();
+  impl_->add_info_routes();
+  impl_->add_generation_routes(ctx);
+  impl_->add_error_handlers();
+}
+
+void HttpServer::Impl::add_checks() {
+  httplib::Server& h = http;
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     // The body's length, judged from the headers before any of the body is read: a
     // request whose length is ambiguous, malformed or over the limit is answered at
     // once (not after the read timeout), and the connection closes.
-    if (const char* why = bad_content_length(req, opt_.max_body_bytes)) {
+    if (const char* why = bad_content_length(req, s_.opt_.max_body_bytes)) {
       const bool too_large = std::string(why) == "too large";
       send_error(
           res, ApiError(too_large ? 413 : 400, too_large ? "The request body is too large"
@@ -151,14 +169,14 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
       res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (opt_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (s_.opt_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (req.path.rfind("/v1/", 0) != 0 && req.path != "/metrics")
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     // The scheme is case-insensitive (RFC 7235): "bearer KEY" is accepted too.
     std::string scheme = auth.substr(0, 7);
     for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    const bool ok = scheme == "bearer " && same_secret(auth.substr(7), opt_.api_key);
+    const bool ok = scheme == "bearer " && same_secret(auth.substr(7), s_.opt_.api_key);
     if (!ok) {
       send_error(
           res,
@@ -172,31 +190,37 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
+}
 
+void HttpServer::Impl::add_info_routes() {
+  httplib::Server& h = http;
   h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const auto s = sched_.stats();
+    const auto s = s_.sched_.stats();
     res.set_content(strfmt("{\"status\":\"ok\",\"slots\":%d,\"active\":%d,\"queued\":%d}",
                            s.parallel, s.active, s.queued),
                     "application/json");
   });
   h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus_text(sched_.stats(), counters_.snapshot(), opt_.model_id),
+    res.set_content(prometheus_text(s_.sched_.stats(), s_.counters_.snapshot(), s_.opt_.model_id),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
   const int64_t started = unix_now();
   h.Get("/v1/models", [this, started](const httplib::Request&, httplib::Response& res) {
-    res.set_content(models_body(opt_.model_id, started), "application/json");
+    res.set_content(models_body(s_.opt_.model_id, started), "application/json");
   });
   h.Get(R"(/v1/models/(.+))", [this, started](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
-    if (id != opt_.model_id) {
+    if (id != s_.opt_.model_id) {
       send_error(
           res, ApiError(404, "The model '" + id + "' does not exist", "model", "model_not_found"));
       return;
     }
-    res.set_content(model_body(opt_.model_id, started), "application/json");
+    res.set_content(model_body(s_.opt_.model_id, started), "application/json");
   });
+}
 
+void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
+  httplib::Server& h = http;
   auto generate = [this, ctx](Endpoint e, const httplib::Request& req, httplib::Response& res) {
     ParsedRequest p;
     try {
@@ -206,7 +230,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
       return;
     }
     std::shared_ptr<RequestHandle> handle;
-    switch (sched_.submit(p.gen, &handle)) {
+    switch (s_.sched_.submit(p.gen, &handle)) {
       case Scheduler::Submit::kQueued:
         break;
       case Scheduler::Submit::kQueueFull:
@@ -236,15 +260,15 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
         return;
     }
     // Counted until the response ends, so that stop() lets it finish with a final event.
-    in_flight_.fetch_add(1);
+    s_.in_flight_.fetch_add(1);
     struct Done {
       std::atomic<int>& n;
       bool armed = true;
       ~Done() {
         if (armed) n.fetch_sub(1);
       }
-    } done_guard{in_flight_};
-    ResponseInfo info{e, new_response_id(e), unix_now(), opt_.model_id};
+    } done_guard{s_.in_flight_};
+    ResponseInfo info{e, new_response_id(e), unix_now(), s_.opt_.model_id};
     const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
     const int n_prompt = static_cast<int>(p.gen.prompt.size());
     if (!p.stream) {
@@ -254,7 +278,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
         u = handle->wait(kPoll);
         text += u.text;
         if (u.finished) break;
-        if (stopping_) {
+        if (s_.stopping_) {
           handle->cancel();
           send_error(res, ApiError(503, "The server is shutting down"));
           return;
@@ -307,7 +331,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
               if (ok) sink.done();
               return ok;
             }
-            if (stopping_) {
+            if (s_.stopping_) {
               // Shutdown: the client learns why its stream ends, and the stream is whole.
               st->handle->cancel();
               st->done = true;
@@ -324,7 +348,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
         // finish is cancelled so its blocks return to the pool.
         [this, st](bool) {
           if (!st->done) st->handle->cancel();
-          in_flight_.fetch_sub(1);
+          s_.in_flight_.fetch_sub(1);
         });
   };
   h.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
@@ -333,7 +357,10 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   h.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
     generate(Endpoint::kChat, req, res);
   });
+}
 
+void HttpServer::Impl::add_error_handlers() {
+  httplib::Server& h = http;
   // Statuses the library sets itself (404 unknown route, 413 body too large, 400
   // unreadable request, ...) get an error object too.
   h.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
@@ -369,7 +396,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
         send_error(res, ApiError(500, "internal error: " + what));
       });
   h.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    counters_.add(route_of(req), res.status);
+    s_.counters_.add(route_of(req), res.status);
   });
 }
 
