@@ -187,15 +187,21 @@ def checksum(data):
 def write_kv(folder):
     """fuzz_kv_file seeds (byte 0: 0 as is, 1 resealed): one layer, one KV head, head_dim 8,
     KIVI 2-bit keys and values, G = R = 8, blocks of 16, 20 tokens (16 keys quantized, 4 in the
-    window; 12 values quantized, 8 in the window); then the same with sparse summaries."""
+    window; 12 values quantized, 8 in the window); then the same with sparse summaries (Quest's
+    min/max and the fixed representatives' mean), and as a conversation (a chat section)."""
     H, D, B, G, R, ctx, n = 1, 8, 16, 8, 8, 64, 20
     nb = (n + B - 1) // B
-    for name, sparse in (("kivi2.kv", False), ("kivi2_sparse.kv", True)):
+    # (file, summary kind (0 none, 1 min/max, 4 fixed), chat section)
+    for name, kind, chat in (("kivi2.kv", 0, False), ("kivi2_sparse.kv", 1, False),
+                             ("kivi2_sparse_fix.kv", 4, False), ("kivi2_chat.kv", 0, True)):
+        sparse = kind != 0
         cfg = [1, H, D, ctx, 3, 0, 3, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0,
-               1 if sparse else 0, 16 if sparse else 0, 0]
+               kind, 16 if sparse else 0, 0]
         sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                     (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
                     (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
+        if chat:  # turns, 0, the sampler's four state words
+            sections.append((5, -1, struct.pack("<iiQQQQ", 2, 0, 1, 2, 3, 4)))
         state = struct.pack("<i", n) + struct.pack("<iifiq", 16, 0, 0.0, 0, 0) + \
             struct.pack("<iifiq", 12, 0, 0.0, 0, 0)
         sections.append((4, 0, state))
@@ -205,7 +211,8 @@ def write_kv(folder):
                 sections.append((16 + 8 * stream + part, 0, bytes((i * 29 + part) % 251 for i in range(size))))
         if sparse:
             done = 16
-            sections.append((32, 0, struct.pack("<ii", done, 0) + bytes(H * (done // 16) * 2 * D * 2)))
+            vecs = 2 if kind == 1 else 1
+            sections.append((32, 0, struct.pack("<ii", done, 0) + bytes(H * (done // 16) * vecs * D * 2)))
         table_end = 64 + 32 * len(sections)
         offsets, off = [], table_end
         for _, _, body in sections:
