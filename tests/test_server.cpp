@@ -328,6 +328,42 @@ TEST(Server, ContentLengthIsJudgedBeforeTheBody) {
   }
 }
 
+TEST(Server, CorsIsOffByDefaultAndOnForItsOrigin) {
+  KIVI_REQUIRE_MODEL();
+  {
+    TestServer srv(kivi2_options(1, 2));
+    auto c = srv.client();
+    const auto pre = c.Options("/v1/completions");
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 405);
+    EXPECT_FALSE(pre->has_header("Access-Control-Allow-Origin"));
+    const auto get = c.Get("/v1/models");
+    ASSERT_TRUE(get);
+    EXPECT_FALSE(get->has_header("Access-Control-Allow-Origin"));
+  }
+  server::ServerOptions o;
+  o.cors_origin = "http://localhost:3000";
+  o.api_key = "sekrit";
+  TestServer srv(kivi2_options(1, 2), o);
+  auto c = srv.client();
+  // The preflight needs no key; the request itself does, and both name the origin.
+  const auto pre = c.Options("/v1/chat/completions");
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Headers").find("Authorization"),
+            std::string::npos);
+  const auto post = c.Post("/v1/completions", httplib::Headers{{"Authorization", "Bearer sekrit"}},
+                           "{\"prompt\": \"Once\", \"max_tokens\": 2}", "application/json");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 200);
+  EXPECT_EQ(post->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  const auto denied = c.Post("/v1/completions", "{\"prompt\": \"Once\"}", "application/json");
+  ASSERT_TRUE(denied);
+  EXPECT_EQ(denied->status, 401);
+  EXPECT_EQ(denied->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+}
+
 TEST(Server, ASecondServerOnATakenPortIsRefused) {
   KIVI_REQUIRE_MODEL();
   TestServer first(kivi2_options(1, 2));

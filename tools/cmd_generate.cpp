@@ -13,6 +13,115 @@
 
 namespace kivi::tools {
 
+namespace {
+
+// What a generate run did, for its report.
+struct Report {
+  const model::Model* m = nullptr;
+  const runtime::Session* sess = nullptr;  // null with --no-kv-cache
+  runtime::SessionOptions opt;
+  std::string prompt, text, completion, stop, kv_load, kv_save;
+  std::vector<int> prompt_tokens, generated;
+  runtime::LoadedSession loaded;
+  int n_prompt = 0, n_out = 0, n_saved = 0, ctx = 0;
+  bool no_cache = false;
+  double t_prefill = 0, t_save = 0, prefill_tps = 0, decode_tps = 0;
+  uint64_t kv_saved_bytes = 0, kv_used = 0, kv_reserved = 0;
+};
+
+void print_json(const Report& r) {
+  JsonWriter j;
+  j.begin_object();
+  j.kv("model", r.m->path());
+  j.kv("prompt", r.prompt);
+  j.kv("completion", r.completion);
+  j.kv("text", r.text + r.completion);
+  j.key("prompt_token_ids").begin_array();
+  for (int t : r.prompt_tokens) j.value(t);
+  j.end_array();
+  j.key("token_ids").begin_array();
+  for (int t : r.generated) j.value(t);
+  j.end_array();
+  j.kv("prompt_tokens", r.n_prompt);
+  j.kv("generated_tokens", r.n_out);
+  j.kv("prefill_tps", r.prefill_tps);
+  j.kv("decode_tps", r.decode_tps);
+  j.kv("prefill_ms", 1e3 * r.t_prefill);
+  if (!r.kv_load.empty()) {
+    j.kv("kv_load", r.kv_load)
+        .kv("kv_load_ms", 1e3 * r.loaded.load_seconds)
+        .kv("kv_loaded_tokens", r.loaded.n_tokens)
+        .kv("kv_file_bytes", r.loaded.bytes)
+        .kv("kv_mapped_bytes", r.loaded.mapped_bytes);
+    // What the file saves: the prefill that produced it.
+    j.kv("kv_saved_prefill_tokens", r.loaded.prefill_tokens)
+        .kv("kv_saved_prefill_ms", 1e3 * r.loaded.prefill_seconds);
+  }
+  if (!r.kv_save.empty()) {
+    j.kv("kv_save", r.kv_save)
+        .kv("kv_save_ms", 1e3 * r.t_save)
+        .kv("kv_save_bytes", r.kv_saved_bytes);
+  }
+  j.kv("kv_cache", r.no_cache ? std::string("none") : describe_cache(r.sess->options().cache));
+  j.kv("kv_cache_bytes", r.kv_used);
+  j.kv("kv_cache_reserved_bytes", r.kv_reserved);
+  j.kv("sparse", r.sess ? sparse::describe(r.sess->options().sparse) : std::string());
+  if (r.sess && r.sess->sparse()) {
+    const auto& ss = r.sess->sparse()->stats();
+    j.kv("sparse_select_seconds", ss.select_seconds).kv("sparse_attend_seconds", ss.attend_seconds);
+    j.kv("sparse_attended_fraction",
+         ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
+  }
+  j.kv("stop", r.stop);
+  j.kv("context_overflow", runtime::context_overflow_name(r.opt.overflow));
+  j.kv("dropped_tokens", r.sess ? r.sess->dropped() : int64_t{0});
+  j.kv("overflows", r.sess ? r.sess->overflows() : 0);
+  j.kv("overflow_ms_mean", r.sess && r.sess->overflows() > 0
+                               ? 1e3 * r.sess->overflow_seconds() / r.sess->overflows()
+                               : 0.0);
+  j.end_object();
+  std::printf("%s\n", j.str().c_str());
+}
+
+// The stats lines on stderr after the streamed text.
+void print_stats(const Report& r) {
+  std::printf("\n");
+  std::fflush(stdout);
+  if (r.stop == "context")
+    std::fprintf(stderr, "[stopped: the context of %d tokens is full]\n", r.ctx);
+  std::fprintf(
+      stderr,
+      "[prompt %d tokens, generated %d tokens | prefill %.1f tok/s, decode %.1f tok/s | "
+      "KV cache %s: %llu bytes used, %llu reserved]\n",
+      r.n_prompt, r.n_out, r.prefill_tps, r.decode_tps,
+      r.no_cache ? "none (--no-kv-cache)" : describe_cache(r.sess->options().cache).c_str(),
+      static_cast<unsigned long long>(r.kv_used), static_cast<unsigned long long>(r.kv_reserved));
+  if (!r.kv_load.empty()) {
+    std::fprintf(stderr,
+                 "[KV cache loaded from %s: %d tokens in %.1f ms (%.1f of %.1f MiB mapped in "
+                 "place); their prefill took %.1f ms]\n",
+                 r.kv_load.c_str(), r.loaded.n_tokens, 1e3 * r.loaded.load_seconds,
+                 r.loaded.mapped_bytes / 1048576.0, r.loaded.bytes / 1048576.0,
+                 1e3 * r.loaded.prefill_seconds);
+  }
+  if (!r.kv_save.empty()) {
+    std::fprintf(stderr, "[KV cache saved to %s: %d tokens, %llu bytes in %.1f ms]\n",
+                 r.kv_save.c_str(), r.n_saved, static_cast<unsigned long long>(r.kv_saved_bytes),
+                 1e3 * r.t_save);
+  }
+  if (r.sess && r.sess->sparse()) {
+    const auto& ss = r.sess->sparse()->stats();
+    std::fprintf(
+        stderr,
+        "[sparse attention %s: %.1f%% of the tokens attended | select %.1f ms, attend %.1f ms]\n",
+        sparse::describe(r.sess->options().sparse).c_str(),
+        ss.tokens_context ? 100.0 * ss.tokens_attended / ss.tokens_context : 0.0,
+        1e3 * ss.select_seconds, 1e3 * ss.attend_seconds);
+  }
+}
+
+}  // namespace
+
 int cmd_generate(int argc, char** argv) {
   Args a(
       "generate", "[-m MODEL] [-t TOKENIZER] [-p PROMPT] [-n N] [options]",
@@ -166,90 +275,35 @@ int cmd_generate(int argc, char** argv) {
   const double decode_tps = t_decode > 0 && n_steps > 0 ? n_steps / t_decode : 0.0;
   const uint64_t kv_used = sess ? sess->kv_bytes_used() : 0;
   const uint64_t kv_reserved = sess ? sess->kv_bytes_reserved() : 0;
+  Report r;
+  r.m = m.get();
+  r.sess = sess.get();
+  r.opt = opt;
+  r.prompt = prompt;
+  r.text = text;
+  r.completion = completion;
+  r.stop = stop;
+  r.kv_load = kv_load;
+  r.kv_save = kv_save;
+  r.prompt_tokens = prompt_tokens;
+  r.generated = generated;
+  r.loaded = loaded;
+  r.n_prompt = n_prompt;
+  r.n_out = n_out;
+  r.n_saved = n_saved;
+  r.ctx = ctx;
+  r.no_cache = no_cache;
+  r.t_prefill = t_prefill;
+  r.t_save = t_save;
+  r.prefill_tps = prefill_tps;
+  r.decode_tps = decode_tps;
+  r.kv_saved_bytes = kv_saved_bytes;
+  r.kv_used = kv_used;
+  r.kv_reserved = kv_reserved;
   if (json) {
-    JsonWriter j;
-    j.begin_object();
-    j.kv("model", m->path());
-    j.kv("prompt", prompt);
-    j.kv("completion", completion);
-    j.kv("text", text + completion);
-    j.key("prompt_token_ids").begin_array();
-    for (int t : prompt_tokens) j.value(t);
-    j.end_array();
-    j.key("token_ids").begin_array();
-    for (int t : generated) j.value(t);
-    j.end_array();
-    j.kv("prompt_tokens", n_prompt);
-    j.kv("generated_tokens", n_out);
-    j.kv("prefill_tps", prefill_tps);
-    j.kv("decode_tps", decode_tps);
-    j.kv("prefill_ms", 1e3 * t_prefill);
-    if (!kv_load.empty()) {
-      j.kv("kv_load", kv_load)
-          .kv("kv_load_ms", 1e3 * loaded.load_seconds)
-          .kv("kv_loaded_tokens", loaded.n_tokens)
-          .kv("kv_file_bytes", loaded.bytes)
-          .kv("kv_mapped_bytes", loaded.mapped_bytes);
-      // What the file saves: the prefill that produced it.
-      j.kv("kv_saved_prefill_tokens", loaded.prefill_tokens)
-          .kv("kv_saved_prefill_ms", 1e3 * loaded.prefill_seconds);
-    }
-    if (!kv_save.empty()) {
-      j.kv("kv_save", kv_save).kv("kv_save_ms", 1e3 * t_save).kv("kv_save_bytes", kv_saved_bytes);
-    }
-    j.kv("kv_cache", no_cache ? std::string("none") : describe_cache(sess->options().cache));
-    j.kv("kv_cache_bytes", kv_used);
-    j.kv("kv_cache_reserved_bytes", kv_reserved);
-    j.kv("sparse", sess ? sparse::describe(sess->options().sparse) : std::string());
-    if (sess && sess->sparse()) {
-      const auto& ss = sess->sparse()->stats();
-      j.kv("sparse_select_seconds", ss.select_seconds)
-          .kv("sparse_attend_seconds", ss.attend_seconds);
-      j.kv("sparse_attended_fraction",
-           ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
-    }
-    j.kv("stop", stop);
-    j.kv("context_overflow", runtime::context_overflow_name(opt.overflow));
-    j.kv("dropped_tokens", sess ? sess->dropped() : int64_t{0});
-    j.kv("overflows", sess ? sess->overflows() : 0);
-    j.kv("overflow_ms_mean",
-         sess && sess->overflows() > 0 ? 1e3 * sess->overflow_seconds() / sess->overflows() : 0.0);
-    j.end_object();
-    std::printf("%s\n", j.str().c_str());
+    print_json(r);
   } else {
-    std::printf("\n");
-    std::fflush(stdout);
-    if (stop == "context")
-      std::fprintf(stderr, "[stopped: the context of %d tokens is full]\n", ctx);
-    std::fprintf(stderr,
-                 "[prompt %d tokens, generated %d tokens | prefill %.1f tok/s, decode %.1f tok/s | "
-                 "KV cache %s: %llu bytes used, %llu reserved]\n",
-                 n_prompt, n_out, prefill_tps, decode_tps,
-                 no_cache ? "none (--no-kv-cache)" : describe_cache(sess->options().cache).c_str(),
-                 static_cast<unsigned long long>(kv_used),
-                 static_cast<unsigned long long>(kv_reserved));
-    if (!kv_load.empty()) {
-      std::fprintf(stderr,
-                   "[KV cache loaded from %s: %d tokens in %.1f ms (%.1f of %.1f MiB mapped in "
-                   "place); their prefill took %.1f ms]\n",
-                   kv_load.c_str(), loaded.n_tokens, 1e3 * loaded.load_seconds,
-                   loaded.mapped_bytes / 1048576.0, loaded.bytes / 1048576.0,
-                   1e3 * loaded.prefill_seconds);
-    }
-    if (!kv_save.empty()) {
-      std::fprintf(stderr, "[KV cache saved to %s: %d tokens, %llu bytes in %.1f ms]\n",
-                   kv_save.c_str(), n_saved, static_cast<unsigned long long>(kv_saved_bytes),
-                   1e3 * t_save);
-    }
-    if (sess && sess->sparse()) {
-      const auto& ss = sess->sparse()->stats();
-      std::fprintf(
-          stderr,
-          "[sparse attention %s: %.1f%% of the tokens attended | select %.1f ms, attend %.1f ms]\n",
-          sparse::describe(sess->options().sparse).c_str(),
-          ss.tokens_context ? 100.0 * ss.tokens_attended / ss.tokens_context : 0.0,
-          1e3 * ss.select_seconds, 1e3 * ss.attend_seconds);
-    }
+    print_stats(r);
   }
   return 0;
 }

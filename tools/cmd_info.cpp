@@ -8,6 +8,7 @@
 #include "core/sysinfo.h"
 #include "kv/format.h"
 #include "model/presets.h"
+#include "runtime/engine_options.h"
 
 namespace kivi::tools {
 
@@ -82,138 +83,112 @@ std::vector<TypeBytes> bytes_per_type(const model::Model& m) {
   return out;
 }
 
-}  // namespace
-
-int cmd_info(int argc, char** argv) {
-  Args a(
-      "info", "[MODEL] [--preset NAME] [--kv-cache LIST] [--ctx N] [--tensors] [--json]",
-      "Describes a model: file format, architecture, tensors (each one's type and bytes, and the\n"
-      "bytes per type) and tokenizer, and the KV cache memory it needs at N tokens for each\n"
-      "format (bytes per token and total, residual window included). With --preset, describes a\n"
-      "named shape without a model file.");
-  a.add("preset", 0, "NAME",
-        "A named shape instead of a model: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
-  a.add_flag("tensors", 0, "List every tensor.");
-  a.add_flag("json", 0, "Print one JSON object (with bytes_per_type: [{type, tensors, bytes}]).");
-  add_model_options(a);
-  add_kv_options(a, true);
-  a.positionals("MODEL", 0, 1);
-  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
-  const bool json = a.flag("json");
-  std::unique_ptr<model::Model> m;
+// What info reports, computed once for both outputs.
+struct Report {
+  const model::Model* m = nullptr;  // null for a preset
   model::ModelConfig c;
   std::string source;
-  if (a.given("preset")) {
-    const auto& p = model::find_preset(a.str("preset"));
-    c = p.config;
-    source = "preset " + p.name;
-  } else {
-    if (!a.positional().empty() && a.given("model"))
-      fail("give the model either as MODEL or with -m, not both");
-    const std::string path =
-        model::default_model_path(a.positional().empty() ? a.str("model") : a.positional()[0]);
-    if (path.empty())
-      fail("no model given and none found (pass MODEL or -m FILE, or --preset NAME)");
-    m = model::Model::load(path, a.str("tokenizer"));
-    c = m->config();
-    source = m->path();
-  }
-  const int ctx =
-      a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : c.ctx;
-  const auto rows = memory_rows(a, c, ctx);
-  if (rows.size() == 1 && !rows[0].invalid.empty()) fail("%s", rows[0].invalid.c_str());
-  kv::CacheConfig f16 = rows.front().cfg;
-  f16.k = f16.v = {kv::Format::kF16, kv::Int8Granularity::kHead};
-  kv::CacheConfig f32 = f16;
-  f32.k = f32.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
-  const double f16_bpt = kv::layer_bytes_per_token(f16) * c.n_layers;
-  const double f32_bpt = kv::layer_bytes_per_token(f32) * c.n_layers;
+  int ctx = 0;
+  std::vector<MemRow> rows;
+  double f16_bpt = 0, f32_bpt = 0;  // bytes per token of f16 and f32 caches
+  bool tensors = false;             // --tensors
+};
 
-  if (json) {
-    JsonWriter j;
-    j.begin_object();
-    j.kv("source", source);
-    if (m) j.kv("format", m->format());
-    j.kv("arch", c.arch);
-    j.kv("name", c.name);
-    j.kv("dim", c.dim).kv("hidden_dim", c.hidden_dim).kv("n_layers", c.n_layers);
-    j.kv("n_heads", c.n_heads).kv("n_kv_heads", c.n_kv_heads).kv("head_dim", c.head_dim());
-    j.kv("vocab_size", c.vocab_size).kv("context_length", c.ctx).kv("rope_theta", c.rope_theta);
-    j.kv("norm_eps", c.norm_eps)
-        .kv("shared_classifier", c.shared_classifier)
-        .kv("synthetic", c.synthetic);
-    j.kv("rope_style", c.rope_style == attn::RopeStyle::kNeox ? "neox" : "adjacent");
-    j.kv("rope_scaling", !c.rope_freq_factors.empty() ? "divisors"
-                         : c.rope_freq_scale != 1.0f  ? "linear"
-                                                      : "none");
-    j.kv("attn_bias", c.attn_bias).kv("qk_norm", c.qk_norm);
-    j.kv("sliding_window", c.sliding_window);
-    if (c.sliding_window > 0) {
-      j.key("sliding_window_layers").begin_array();
-      for (int l = 0; l < c.n_layers; ++l) j.value(c.layer_window(l) > 0);
-      j.end_array();
-    }
-    j.kv("params", c.n_params());
-    if (m) j.kv("weight_bytes", static_cast<uint64_t>(m->weight_bytes()));
-    if (m) {
-      j.key("bytes_per_type").begin_array();
-      for (const auto& t : bytes_per_type(*m)) {
-        j.begin_object()
-            .kv("type", t.type)
-            .kv("tensors", t.tensors)
-            .kv("bytes", t.bytes)
-            .end_object();
-      }
-      j.end_array();
-    }
-    if (m) {
-      const auto& tk = m->tokenizer();
-      j.key("tokenizer").begin_object();
-      j.kv("model", std::string(tk.model_name()))
-          .kv("vocab_size", tk.vocab_size())
-          .kv("bos_id", tk.bos_id())
-          .kv("eos_id", tk.eos_id());
-      j.kv("byte_pieces", tk.n_byte_pieces());
-      j.end_object();
-    }
-    j.kv("kv_ctx", ctx);
-    j.key("kv_memory").begin_array();
-    for (const auto& r : rows) {
-      const double bpt = kv::layer_bytes_per_token(r.cfg) * c.n_layers;
-      j.begin_object();
-      j.kv("format", r.name);
-      if (!r.invalid.empty()) {
-        j.kv("invalid", r.invalid).end_object();
-        continue;
-      }
-      j.kv("bytes_per_token", bpt);
-      j.kv("bits_per_element_k", kv::bits_per_element(r.cfg, kv::Stream::kKey));
-      j.kv("bits_per_element_v", kv::bits_per_element(r.cfg, kv::Stream::kValue));
-      j.kv("bytes_at_ctx", kv::expected_bytes_used(r.cfg, ctx));
-      j.kv("bytes_reserved", kv::expected_bytes_reserved(r.cfg));
-      j.kv("compression_vs_f32", f32_bpt / bpt);
-      j.kv("compression_vs_f16", f16_bpt / bpt);
-      j.end_object();
+void print_json(const Report& r) {
+  const model::Model* m = r.m;
+  const model::ModelConfig& c = r.c;
+  const auto& source = r.source;
+  const int ctx = r.ctx;
+  const auto& rows = r.rows;
+  const double f16_bpt = r.f16_bpt, f32_bpt = r.f32_bpt;
+  JsonWriter j;
+  j.begin_object();
+  j.kv("source", source);
+  if (m) j.kv("format", m->format());
+  j.kv("arch", c.arch);
+  j.kv("name", c.name);
+  j.kv("dim", c.dim).kv("hidden_dim", c.hidden_dim).kv("n_layers", c.n_layers);
+  j.kv("n_heads", c.n_heads).kv("n_kv_heads", c.n_kv_heads).kv("head_dim", c.head_dim());
+  j.kv("vocab_size", c.vocab_size).kv("context_length", c.ctx).kv("rope_theta", c.rope_theta);
+  j.kv("norm_eps", c.norm_eps)
+      .kv("shared_classifier", c.shared_classifier)
+      .kv("synthetic", c.synthetic);
+  j.kv("rope_style", c.rope_style == attn::RopeStyle::kNeox ? "neox" : "adjacent");
+  j.kv("rope_scaling", !c.rope_freq_factors.empty() ? "divisors"
+                       : c.rope_freq_scale != 1.0f  ? "linear"
+                                                    : "none");
+  j.kv("attn_bias", c.attn_bias).kv("qk_norm", c.qk_norm);
+  j.kv("sliding_window", c.sliding_window);
+  if (c.sliding_window > 0) {
+    j.key("sliding_window_layers").begin_array();
+    for (int l = 0; l < c.n_layers; ++l) j.value(c.layer_window(l) > 0);
+    j.end_array();
+  }
+  j.kv("params", c.n_params());
+  if (m) j.kv("weight_bytes", static_cast<uint64_t>(m->weight_bytes()));
+  if (m) {
+    j.key("bytes_per_type").begin_array();
+    for (const auto& t : bytes_per_type(*m)) {
+      j.begin_object()
+          .kv("type", t.type)
+          .kv("tensors", t.tensors)
+          .kv("bytes", t.bytes)
+          .end_object();
     }
     j.end_array();
-    if (m && a.flag("tensors") && m->gguf()) {
-      j.key("tensors").begin_array();
-      for (const auto& t : m->gguf()->tensors()) {
-        j.begin_object()
-            .kv("name", t.name)
-            .kv("type", io::ggml_type_name(t.type))
-            .kv("bytes", t.n_bytes);
-        j.key("dims").begin_array();
-        for (auto d : t.dims) j.value(static_cast<uint64_t>(d));
-        j.end_array().end_object();
-      }
-      j.end_array();
-    }
-    j.end_object();
-    std::printf("%s\n", j.str().c_str());
-    return 0;
   }
+  if (m) {
+    const auto& tk = m->tokenizer();
+    j.key("tokenizer").begin_object();
+    j.kv("model", std::string(tk.model_name()))
+        .kv("vocab_size", tk.vocab_size())
+        .kv("bos_id", tk.bos_id())
+        .kv("eos_id", tk.eos_id());
+    j.kv("byte_pieces", tk.n_byte_pieces());
+    j.end_object();
+  }
+  j.kv("kv_ctx", ctx);
+  j.key("kv_memory").begin_array();
+  for (const auto& row : rows) {
+    const double bpt = kv::layer_bytes_per_token(row.cfg) * c.n_layers;
+    j.begin_object();
+    j.kv("format", row.name);
+    if (!row.invalid.empty()) {
+      j.kv("invalid", row.invalid).end_object();
+      continue;
+    }
+    j.kv("bytes_per_token", bpt);
+    j.kv("bits_per_element_k", kv::bits_per_element(row.cfg, kv::Stream::kKey));
+    j.kv("bits_per_element_v", kv::bits_per_element(row.cfg, kv::Stream::kValue));
+    j.kv("bytes_at_ctx", kv::expected_bytes_used(row.cfg, ctx));
+    j.kv("bytes_reserved", kv::expected_bytes_reserved(row.cfg));
+    j.kv("compression_vs_f32", f32_bpt / bpt);
+    j.kv("compression_vs_f16", f16_bpt / bpt);
+    j.end_object();
+  }
+  j.end_array();
+  if (m && r.tensors && m->gguf()) {
+    j.key("tensors").begin_array();
+    for (const auto& t : m->gguf()->tensors()) {
+      j.begin_object()
+          .kv("name", t.name)
+          .kv("type", io::ggml_type_name(t.type))
+          .kv("bytes", t.n_bytes);
+      j.key("dims").begin_array();
+      for (auto d : t.dims) j.value(static_cast<uint64_t>(d));
+      j.end_array().end_object();
+    }
+    j.end_array();
+  }
+  j.end_object();
+  std::printf("%s\n", j.str().c_str());
+}
 
+// The model: shape, architecture switches, weights per type, tokenizer, GGUF metadata.
+void print_model(const Report& r) {
+  const model::Model* m = r.m;
+  const model::ModelConfig& c = r.c;
+  const auto& source = r.source;
   std::printf("%s\n", source.c_str());
   if (m) std::printf("  format           %s\n", m->format().c_str());
   std::printf("  architecture     %s%s\n", c.arch.c_str(),
@@ -275,58 +250,127 @@ int cmd_info(int argc, char** argv) {
                   g.keys().size(), g.tensors().size(), g.alignment());
       for (const auto& k : g.keys()) std::printf("  %-40s %s\n", k.c_str(), g.describe(k).c_str());
     }
-    if (a.flag("tensors") || 9 * c.n_layers + 3 <= 64) {
-      std::printf("tensors:\n");
-      if (m->gguf()) {
-        for (const auto& t : m->gguf()->tensors()) {
-          std::string dims;
-          for (auto d : t.dims) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
-          std::printf("  %-32s %-6s [%s] %llu bytes\n", t.name.c_str(),
-                      io::ggml_type_name(t.type).c_str(), dims.c_str(),
-                      static_cast<unsigned long long>(t.n_bytes));
-        }
-      } else {
-        const auto& w = m->weights();
-        auto line = [](const char* n, const ops::Matrix& x) {
-          std::printf("  %-32s %-4s [%lld x %lld]\n", n, ops::dtype_name(x.dtype),
-                      static_cast<long long>(x.rows), static_cast<long long>(x.cols));
-        };
-        line("token_embedding", w.token_embd);
-        for (size_t l = 0; l < w.layers.size(); ++l) {
-          const auto& L = w.layers[l];
-          const std::string p = "layer" + std::to_string(l) + ".";
-          line((p + "wq").c_str(), L.wq);
-          line((p + "wk").c_str(), L.wk);
-          line((p + "wv").c_str(), L.wv);
-          line((p + "wo").c_str(), L.wo);
-          line((p + "w1 (gate)").c_str(), L.w_gate);
-          line((p + "w2 (down)").c_str(), L.w_down);
-          line((p + "w3 (up)").c_str(), L.w_up);
-        }
-        line(c.shared_classifier ? "classifier (tied)" : "classifier", w.output);
+  }
+}
+
+// Every tensor (always for small models, with --tensors for large ones).
+void print_tensors(const Report& r) {
+  const model::Model* m = r.m;
+  const model::ModelConfig& c = r.c;
+  if (!m) return;
+  if (r.tensors || 9 * c.n_layers + 3 <= 64) {
+    std::printf("tensors:\n");
+    if (m->gguf()) {
+      for (const auto& t : m->gguf()->tensors()) {
+        std::string dims;
+        for (auto d : t.dims) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
+        std::printf("  %-32s %-6s [%s] %llu bytes\n", t.name.c_str(),
+                    io::ggml_type_name(t.type).c_str(), dims.c_str(),
+                    static_cast<unsigned long long>(t.n_bytes));
       }
+    } else {
+      const auto& w = m->weights();
+      auto line = [](const char* n, const ops::Matrix& x) {
+        std::printf("  %-32s %-4s [%lld x %lld]\n", n, ops::dtype_name(x.dtype),
+                    static_cast<long long>(x.rows), static_cast<long long>(x.cols));
+      };
+      line("token_embedding", w.token_embd);
+      for (size_t l = 0; l < w.layers.size(); ++l) {
+        const auto& L = w.layers[l];
+        const std::string p = "layer" + std::to_string(l) + ".";
+        line((p + "wq").c_str(), L.wq);
+        line((p + "wk").c_str(), L.wk);
+        line((p + "wv").c_str(), L.wv);
+        line((p + "wo").c_str(), L.wo);
+        line((p + "w1 (gate)").c_str(), L.w_gate);
+        line((p + "w2 (down)").c_str(), L.w_down);
+        line((p + "w3 (up)").c_str(), L.w_up);
+      }
+      line(c.shared_classifier ? "classifier (tied)" : "classifier", w.output);
     }
   }
+}
+
+// KV cache memory per format at the context.
+void print_kv_memory(const Report& r) {
+  const model::ModelConfig& c = r.c;
+  const int ctx = r.ctx;
+  const double f16_bpt = r.f16_bpt, f32_bpt = r.f32_bpt;
   std::printf("KV cache memory at %d tokens (%d layers x %d KV heads x head_dim %d):\n", ctx,
               c.n_layers, c.n_kv_heads, c.head_dim());
   std::printf("  %-44s %12s %8s %8s %14s %8s %8s\n", "format", "bytes/token", "bits K", "bits V",
               "total", "vs f32", "vs f16");
-  for (const auto& r : rows) {
-    if (!r.invalid.empty()) {
-      std::printf("  %-44s n/a: %s\n", r.name.c_str(), r.invalid.c_str());
+  for (const auto& row : r.rows) {
+    if (!row.invalid.empty()) {
+      std::printf("  %-44s n/a: %s\n", row.name.c_str(), row.invalid.c_str());
       continue;
     }
-    const double bpt = kv::layer_bytes_per_token(r.cfg) * c.n_layers;
-    std::printf("  %-44s %12.1f %8.3f %8.3f %14s %7.2fx %7.2fx\n", r.name.c_str(), bpt,
-                kv::bits_per_element(r.cfg, kv::Stream::kKey),
-                kv::bits_per_element(r.cfg, kv::Stream::kValue),
-                sys::human_bytes(static_cast<double>(kv::expected_bytes_used(r.cfg, ctx))).c_str(),
-                f32_bpt / bpt, f16_bpt / bpt);
+    const double bpt = kv::layer_bytes_per_token(row.cfg) * c.n_layers;
+    std::printf(
+        "  %-44s %12.1f %8.3f %8.3f %14s %7.2fx %7.2fx\n", row.name.c_str(), bpt,
+        kv::bits_per_element(row.cfg, kv::Stream::kKey),
+        kv::bits_per_element(row.cfg, kv::Stream::kValue),
+        sys::human_bytes(static_cast<double>(kv::expected_bytes_used(row.cfg, ctx))).c_str(),
+        f32_bpt / bpt, f16_bpt / bpt);
   }
   if (c.sliding_window > 0) {
     std::printf(
         "  bytes/token counts every layer; a layer with a sliding window holds at most its\n"
         "  window's blocks, so the totals grow by fewer bytes per token past the window.\n");
+  }
+}
+
+}  // namespace
+
+int cmd_info(int argc, char** argv) {
+  Args a(
+      "info", "[MODEL] [--preset NAME] [--kv-cache LIST] [--ctx N] [--tensors] [--json]",
+      "Describes a model: file format, architecture, tensors (each one's type and bytes, and the\n"
+      "bytes per type) and tokenizer, and the KV cache memory it needs at N tokens for each\n"
+      "format (bytes per token and total, residual window included). With --preset, describes a\n"
+      "named shape without a model file.");
+  a.add("preset", 0, "NAME",
+        "A named shape instead of a model: llama-3.2-1b, llama-2-7b, llama-3-8b, tiny.");
+  a.add_flag("tensors", 0, "List every tensor.");
+  a.add_flag("json", 0, "Print one JSON object (with bytes_per_type: [{type, tensors, bytes}]).");
+  add_model_options(a);
+  add_kv_options(a, true);
+  a.positionals("MODEL", 0, 1);
+  if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
+  std::unique_ptr<model::Model> m;
+  Report r;
+  if (a.given("preset")) {
+    const auto& p = model::find_preset(a.str("preset"));
+    r.c = p.config;
+    r.source = "preset " + p.name;
+  } else {
+    if (!a.positional().empty() && a.given("model"))
+      fail("give the model either as MODEL or with -m, not both");
+    const std::string path =
+        model::default_model_path(a.positional().empty() ? a.str("model") : a.positional()[0]);
+    if (path.empty())
+      fail("no model given and none found (pass MODEL or -m FILE, or --preset NAME)");
+    m = model::Model::load(path, a.str("tokenizer"));
+    r.m = m.get();
+    r.c = m->config();
+    r.source = m->path();
+  }
+  r.ctx = a.given("ctx") ? static_cast<int>(a.integer("ctx", 1, model::kMaxContext)) : r.c.ctx;
+  r.rows = memory_rows(a, r.c, r.ctx);
+  if (r.rows.size() == 1 && !r.rows[0].invalid.empty()) fail("%s", r.rows[0].invalid.c_str());
+  kv::CacheConfig f16 = r.rows.front().cfg;
+  f16.k = f16.v = {kv::Format::kF16, kv::Int8Granularity::kHead};
+  kv::CacheConfig f32 = f16;
+  f32.k = f32.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
+  r.f16_bpt = kv::layer_bytes_per_token(f16) * r.c.n_layers;
+  r.f32_bpt = kv::layer_bytes_per_token(f32) * r.c.n_layers;
+  r.tensors = a.flag("tensors");
+  if (a.flag("json")) {
+    print_json(r);
+  } else {
+    print_model(r);
+    print_tensors(r);
+    print_kv_memory(r);
   }
   return 0;
 }

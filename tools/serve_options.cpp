@@ -79,6 +79,9 @@ void add_serve_options(Args& a) {
         "Chat format for /v1/chat/completions: llama3, chatml or plain. Default: the model's "
         "template, else plain.");
   a.add("max-body", 0, "BYTES", "Largest request body accepted (413 beyond).", "4194304");
+  a.add("cors", 0, "ORIGIN",
+        "Let web pages from ORIGIN ('*' for any, or e.g. http://localhost:3000) call the API: "
+        "CORS headers on every response and answers to preflight requests. Default: off.");
   a.add("timeout", 0, "S",
         "Seconds a client may take to send a request or to read a response before it is dropped.",
         "10");
@@ -150,6 +153,9 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
     fail("--chat-template '%s': expected llama3, chatml or plain", o.chat_template.c_str());
   }
   o.max_body_bytes = static_cast<size_t>(a.integer("max-body", 1024, int64_t{1} << 32));
+  o.cors_origin = a.str("cors");
+  if (o.cors_origin.find_first_of("\r\n") != std::string::npos)
+    fail("--cors '%s': an origin is one line", o.cors_origin.c_str());
   o.read_timeout_s = o.write_timeout_s = static_cast<int>(a.integer("timeout", 1, 3600));
   return c;
 }

@@ -157,7 +157,25 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
 
 void HttpServer::Impl::add_checks() {
   httplib::Server& h = http;
+  if (!s_.opt_.cors_origin.empty()) {
+    // Every response names the allowed origin; preflights are answered below.
+    h.set_default_headers(
+        {{"Access-Control-Allow-Origin", s_.opt_.cors_origin}, {"Vary", "Origin"}});
+  }
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "OPTIONS") {
+      // A browser's CORS preflight (it carries no API key): allowed with --cors, else 405.
+      if (s_.opt_.cors_origin.empty()) {
+        send_error(res, ApiError(405, "Method not allowed: OPTIONS " + req.path +
+                                          " (CORS is off; kivi serve --cors ORIGIN turns it on)"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // The body's length, judged from the headers before any of the body is read: a
     // request whose length is ambiguous, malformed or over the limit is answered at
     // once (not after the read timeout), and the connection closes.

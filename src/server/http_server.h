@@ -30,6 +30,9 @@ struct ServerOptions {
   std::string model_id;       // the name clients pass as `model`
   std::string chat_template;  // "", "llama3", "chatml" or "plain" (messages.h)
   size_t max_body_bytes = 4u << 20;
+  // CORS: "" (default) sends no CORS headers and answers no preflight; "*" or an origin
+  // ("http://localhost:3000") lets web pages of that origin call the API.
+  std::string cors_origin;
   int read_timeout_s = 10;   // receiving a request
   int write_timeout_s = 10;  // a client that stops reading
   int keep_alive_s = 5;      // an idle connection between requests

@@ -108,6 +108,7 @@ class SparseAttention {
   BlockSummaries& summaries() { return summ_; }
   uint64_t bytes_reserved() const { return summ_.bytes_reserved(); }
   Stats& stats() { return stats_; }
+  const Stats& stats() const { return stats_; }
   // Forgets every summary, selection and candidate (the cache was cleared).
   void reset();
 
