@@ -278,7 +278,7 @@ TEST(CliErrors, UnknownOptionsAndBadValues) {
   expect_error(run(kivi_cmd("nonsense")), "unknown command 'nonsense'");
   KIVI_REQUIRE_MODEL();
   expect_error(run(kivi_cmd("generate " + model_args() + " -p hi -n abc")),
-               "--n: 'abc' is not an integer");
+               "--max-tokens: 'abc' is not an integer");
   expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --temp -1")),
                "--temp = -1 is out of range");
   expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --kv-cache q3")),

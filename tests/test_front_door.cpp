@@ -138,6 +138,45 @@ TEST(EngineOptions, ContextIsCheckedAgainstMemory) {
   EXPECT_THROW(runtime::resolve_context(test::stories(), o), Error);  // past the model's context
 }
 
+TEST(EngineOptions, GenerationOptionsHaveOneParserAndOneWording) {
+  const runtime::GenerationOptions d = runtime::parse_generation_options({});
+  EXPECT_EQ(d.max_tokens, 256);
+  EXPECT_FLOAT_EQ(d.sampler.temperature, 0.8f);
+  EXPECT_EQ(d.sampler.top_k, 40);
+  EXPECT_FLOAT_EQ(d.sampler.top_p, 0.95f);
+  EXPECT_EQ(d.sampler.seed, 42u);
+  EXPECT_FALSE(d.ignore_eos);
+  const runtime::GenerationOptions g = runtime::parse_generation_options(
+      {{"max-tokens", "-1"}, {"temp", "0"}, {"top-k", "5"}, {"seed", "7"}, {"ignore-eos", "1"}});
+  EXPECT_EQ(g.max_tokens, -1);
+  EXPECT_EQ(g.sampler.temperature, 0.0f);
+  EXPECT_EQ(g.sampler.top_k, 5);
+  EXPECT_EQ(g.sampler.seed, 7u);
+  EXPECT_TRUE(g.ignore_eos);
+  auto err = [](const OptionValues& v, OptionSpelling s) -> std::string {
+    try {
+      runtime::parse_generation_options(v, s);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // The command line's and Python's names, the same words after them.
+  EXPECT_EQ(err({{"temp", "-1"}}, OptionSpelling::kFlag),
+            "--temp = -1 is out of range (valid: 0 to 100)");
+  EXPECT_EQ(err({{"temp", "-1"}}, OptionSpelling::kKeyword),
+            "temperature = -1 is out of range (valid: 0 to 100)");
+  EXPECT_EQ(err({{"top-p", "0"}}, OptionSpelling::kKeyword),
+            "top_p = 0 is out of range (valid: greater than 0, up to 1)");
+  EXPECT_NE(err({{"max-tokens", "-2"}}, OptionSpelling::kKeyword).find("max_tokens = -2"),
+            std::string::npos);
+  EXPECT_NE(err({{"temprature", "1"}}, OptionSpelling::kKeyword).find("did you mean 'temperature'"),
+            std::string::npos);
+  // seed -1: a random seed, different between calls (a 2^-64 chance of a false failure).
+  EXPECT_NE(runtime::parse_generation_options({{"seed", "-1"}}).sampler.seed,
+            runtime::parse_generation_options({{"seed", "-1"}}).sampler.seed);
+}
+
 TEST(Suggest, ClosestNames) {
   EXPECT_EQ(edit_distance("kv-cach", "kv-cache"), 1);
   EXPECT_EQ(edit_distance("geneate", "generate"), 1);

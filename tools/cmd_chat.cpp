@@ -102,9 +102,10 @@ int cmd_chat(int argc, char** argv) {
         "Chat format: llama3, chatml or plain ('User: ...' / 'Assistant: ...' lines, for any "
         "model). Default: detected from the model's template.",
         "");
-  a.add("n", 'n', "N",
-        "Most tokens per reply (0 or -1 = until the end-of-turn token or a full context).", "0");
-  add_sampling_options(a);
+  add_generation_options(a, false);
+  a.replace("max-tokens", "N",
+            "Most tokens per reply (0 or -1 = until the end-of-turn token or a full context).",
+            "0");
   a.add_flag(
       "json", 0,
       "Print one JSON object per turn (prompt token ids, cache positions, reply text and ids, "

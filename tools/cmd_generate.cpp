@@ -134,9 +134,7 @@ int cmd_generate(int argc, char** argv) {
   a.section("Generation");
   a.add("prompt", 'p', "TEXT", "The prompt ('-' reads it from standard input).", "");
   a.add("file", 'f', "FILE", "Read the prompt from FILE (instead of -p).", "");
-  a.add("n", 'n', "N", "Tokens to generate (-1 = until an end token or a full context).", "256");
-  a.alias("--n-predict", "n");
-  add_sampling_options(a, true);
+  add_generation_options(a, true);
   a.add_flag("no-kv-cache", 0,
              "Recompute every position at every step (the reference path; slow).");
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");

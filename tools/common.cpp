@@ -238,34 +238,31 @@ runtime::SessionOptions session_options(const Args& a, const model::Model& m,
 
 std::string describe_cache(const kv::CacheConfig& c) { return runtime::describe_cache(c); }
 
-void add_sampling_options(Args& a, bool ignore_eos) {
-  a.add("temp", 0, "T", "Sampling temperature; 0 = greedy (argmax).", "0.8");
-  a.alias("--temperature", "temp");
-  a.add("top-k", 0, "K", "Sample from the K most likely tokens (0 = off).", "40");
-  a.add("top-p", 0, "P",
-        "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95");
-  a.add("seed", 's', "S", "Random seed; the same seed gives the same text (-1 = a random one).",
-        "42");
-  if (ignore_eos) {
-    a.add_flag("ignore-eos", 0,
-               "Never sample an end token (EOS, BOS, end of turn): generate N tokens, for long "
-               "runs and benchmarks (as llama.cpp's --ignore-eos).");
+void add_generation_options(Args& a, bool ignore_eos) {
+  for (const auto& s : runtime::generation_option_specs()) {
+    if (!ignore_eos && std::string(s.name) == "ignore-eos") continue;
+    if (s.is_flag()) {
+      a.add_flag(s.name, s.short_name, s.help);
+    } else {
+      a.add(s.name, s.short_name, s.metavar, s.help, s.def);
+    }
   }
+  a.alias("--n-predict", "max-tokens");
+  a.alias("--n", "max-tokens");
+  a.alias("--temperature", "temp");
 }
 
 runtime::GenerationOptions generation_options(const Args& a) {
-  runtime::GenerationOptions g;
-  if (a.declared("n")) g.max_tokens = static_cast<int>(a.integer("n", -1, 1 << 24));
-  runtime::SamplerOptions& so = g.sampler;
-  // Any number parses; the ranges are checked with the sampler's own words.
-  so.temperature = static_cast<float>(a.number("temp", -1e30, 1e30));
-  so.top_k = static_cast<int>(a.integer("top-k", 0, 1 << 24));
-  so.top_p = static_cast<float>(a.number("top-p", -1e30, 1e30));
-  const int64_t seed = a.integer("seed", -1, INT64_MAX);
-  so.seed = seed < 0 ? random_seed() : static_cast<uint64_t>(seed);
-  runtime::check_sampler_options(so);
-  if (a.declared("ignore-eos")) g.ignore_eos = a.flag("ignore-eos");
-  return g;
+  runtime::OptionValues v;
+  for (const auto& s : runtime::generation_option_specs()) {
+    if (!a.declared(s.name)) continue;
+    if (s.is_flag()) {
+      if (a.given(s.name)) v[s.name] = "1";
+    } else {
+      v[s.name] = a.str(s.name);  // the command's default where it has its own (chat's -n)
+    }
+  }
+  return runtime::parse_generation_options(v);
 }
 
 std::vector<std::string> data_file_candidates(const std::string& name) {

@@ -70,10 +70,10 @@ int threads_option(const Args& a);
 // scales)".
 std::string describe_cache(const kv::CacheConfig& c);
 
-// --temp, --top-k, --top-p, --seed (and --ignore-eos where `ignore_eos`).
-void add_sampling_options(Args& a, bool ignore_eos = false);
-// Generation options from -n (-1 = no limit), --temp, --top-k, --top-p, --seed (-1 = a
-// random seed) and --ignore-eos, each where the command declares it.
+// The generation options of the library's table (runtime/engine_options.h): -n/--max-tokens,
+// --temp, --top-k, --top-p, --seed, and --ignore-eos where `ignore_eos`.
+void add_generation_options(Args& a, bool ignore_eos);
+// The generation options given, parsed by the library.
 runtime::GenerationOptions generation_options(const Args& a);
 // Where a data file that ships beside kivi (e.g. tinytales.txt) is looked for, in order:
 // data/ and ../shared/data/ from the working directory, then relative to the binary:

@@ -481,20 +481,15 @@ void bind_engine(pb::module_& m) {
           [](Session& self, const std::string& prompt, int max_tokens, double temperature,
              int top_k, double top_p, int64_t seed, bool ignore_eos,
              const std::optional<std::vector<std::string>>& stop) {
-            runtime::GenerationOptions go;
-            go.max_tokens = max_tokens;
-            go.sampler.temperature = static_cast<float>(temperature);  // as the CLI parses --temp
-            go.sampler.top_k = top_k;
-            go.sampler.top_p = static_cast<float>(top_p);
-            go.sampler.seed = seed < 0 ? random_seed() : static_cast<uint64_t>(seed);
-            if (!(temperature >= 0.0 && temperature <= 100.0))
-              fail("generate: temperature = %g, expected 0 to 100", temperature);
-            if (top_k < 0) fail("generate: top_k = %d, expected >= 0", top_k);
-            if (!(top_p > 0.0 && top_p <= 1.0))
-              fail("generate: top_p = %g, expected greater than 0, up to 1", top_p);
-            if (max_tokens < -1)
-              fail("generate: max_tokens = %d, expected -1 (no limit) or more", max_tokens);
-            go.ignore_eos = ignore_eos;
+            // The CLI's parser and ranges (runtime/engine_options.h), keywords spelled here.
+            const runtime::OptionValues v{{"max-tokens", std::to_string(max_tokens)},
+                                          {"temp", strfmt("%.17g", temperature)},
+                                          {"top-k", std::to_string(top_k)},
+                                          {"top-p", strfmt("%.17g", top_p)},
+                                          {"seed", std::to_string(seed)},
+                                          {"ignore-eos", ignore_eos ? "true" : "false"}};
+            runtime::GenerationOptions go =
+                runtime::parse_generation_options(v, runtime::OptionSpelling::kKeyword);
             if (stop) go.stop = *stop;
             const auto& tk = self.model().tok();
             return std::make_unique<Generator>(self, tk.encode(prompt, tk.add_bos()), go);

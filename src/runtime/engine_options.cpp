@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/suggest.h"
 #include "core/sysinfo.h"
 #include "core/threadpool.h"
@@ -119,19 +120,47 @@ const std::vector<OptionSpec> kSpecs = {
      "Tokens of candidate blocks per KV head kept by --sparse-preselect.", "16384", kSparse},
 };
 
+constexpr const char* kGen = "Generation";
+
+const std::vector<OptionSpec> kGenSpecs = {
+    {"max-tokens", 'n', "N", "Tokens to generate (-1 = until an end token or a full context).",
+     "256", kGen},
+    {"temp", 0, "T", "Sampling temperature; 0 = greedy (argmax).", "0.8", kGen, "temperature"},
+    {"top-k", 0, "K", "Sample from the K most likely tokens (0 = off).", "40", kGen},
+    {"top-p", 0, "P",
+     "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95", kGen},
+    {"seed", 's', "S", "Random seed; the same seed gives the same text (-1 = a random one).", "42",
+     kGen},
+    {"ignore-eos", 0, "",
+     "Never sample an end token (EOS, BOS, end of turn): generate N tokens, for long runs and "
+     "benchmarks (as llama.cpp's --ignore-eos).",
+     "", kGen},
+};
+
+const OptionSpec* find_in(const std::vector<OptionSpec>& specs, const std::string& name) {
+  for (const auto& s : specs)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
 // Reads given values with the table's defaults, naming options as the front end spells them.
 class Reader {
  public:
-  Reader(const OptionValues& v, OptionSpelling s) : v_(v), s_(s) {}
+  Reader(const OptionValues& v, OptionSpelling s, const std::vector<OptionSpec>& specs = kSpecs)
+      : v_(v), s_(s), specs_(specs) {}
   bool given(const char* n) const { return v_.count(n) != 0; }
-  std::string name(const char* n) const { return spell_option(n, s_); }
+  std::string name(const char* n) const {
+    const OptionSpec* sp = find_in(specs_, n);
+    if (s_ == OptionSpelling::kKeyword && sp && sp->keyword) return sp->keyword;
+    return spell_option(n, s_);
+  }
   // "--sparse KIND" or "sparse=KIND": how the user gives the option a value.
   std::string with_value(const char* n, const char* value) const {
     return name(n) + (s_ == OptionSpelling::kFlag ? " " : "=") + value;
   }
   std::string str(const char* n) const {
     auto it = v_.find(n);
-    return it != v_.end() ? it->second : find_session_option(n)->def;
+    return it != v_.end() ? it->second : find_in(specs_, n)->def;
   }
   bool flag(const char* n) const {
     auto it = v_.find(n);
@@ -154,10 +183,32 @@ class Reader {
     }
     return static_cast<int>(v);
   }
+  int64_t integer64(const char* n, int64_t lo, int64_t hi) const {
+    const std::string s = str(n);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || errno == ERANGE)
+      fail("%s: '%s' is not an integer", name(n).c_str(), s.c_str());
+    if (v < lo || v > hi) {
+      fail("%s = %lld is out of range (valid: %lld to %lld)", name(n).c_str(), v,
+           static_cast<long long>(lo), static_cast<long long>(hi));
+    }
+    return v;
+  }
+  double number(const char* n) const {
+    const std::string s = str(n);
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end != '\0' || !std::isfinite(v))
+      fail("%s: '%s' is not a number", name(n).c_str(), s.c_str());
+    return v;
+  }
 
  private:
   const OptionValues& v_;
   OptionSpelling s_;
+  const std::vector<OptionSpec>& specs_;
 };
 
 std::vector<std::pair<int, int>> parse_share_map(const std::string& text, const std::string& opt) {
@@ -262,10 +313,43 @@ bool OptionSpec::takes_integer() const {
   return true;
 }
 
-const OptionSpec* find_session_option(const std::string& name) {
-  for (const auto& s : kSpecs)
-    if (name == s.name) return &s;
-  return nullptr;
+const OptionSpec* find_session_option(const std::string& name) { return find_in(kSpecs, name); }
+
+const std::vector<OptionSpec>& generation_option_specs() { return kGenSpecs; }
+
+const OptionSpec* find_generation_option(const std::string& name) {
+  return find_in(kGenSpecs, name);
+}
+
+GenerationOptions parse_generation_options(const OptionValues& given, OptionSpelling spelling) {
+  const Reader r(given, spelling, kGenSpecs);
+  for (const auto& [name, value] : given) {
+    if (!find_generation_option(name)) {
+      std::vector<std::string> known;
+      for (const auto& s : kGenSpecs) known.push_back(r.name(s.name));
+      const std::string spelled = spell_option(name, spelling);
+      fail("unknown generation option '%s'%s", spelled.c_str(),
+           did_you_mean(spelled, known).c_str());
+    }
+  }
+  GenerationOptions g;
+  g.max_tokens = r.integer("max-tokens", -1, 1 << 24);
+  SamplerOptions& so = g.sampler;
+  const double temp = r.number("temp"), top_p = r.number("top-p");
+  // One wording for each range, whichever front end and value.
+  if (!(temp >= 0.0 && temp <= 100.0))
+    fail("%s = %g is out of range (valid: 0 to 100)", r.name("temp").c_str(), temp);
+  if (!(top_p > 0.0 && top_p <= 1.0)) {
+    fail("%s = %g is out of range (valid: greater than 0, up to 1)", r.name("top-p").c_str(),
+         top_p);
+  }
+  so.temperature = static_cast<float>(temp);
+  so.top_p = static_cast<float>(top_p);
+  so.top_k = r.integer("top-k", 0, 1 << 24);
+  const int64_t seed = r.integer64("seed", -1, INT64_MAX);
+  so.seed = seed < 0 ? random_seed() : static_cast<uint64_t>(seed);
+  g.ignore_eos = r.flag("ignore-eos");
+  return g;
 }
 
 std::string spell_option(const std::string& name, OptionSpelling s) {

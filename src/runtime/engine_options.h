@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/generation.h"
 #include "runtime/session.h"
 
 namespace kivi::runtime {
@@ -23,7 +24,9 @@ struct OptionSpec {
   const char* metavar;  // "" for a flag
   const char* help;
   const char* def;      // shown in help and used when absent; "" = none
-  const char* section;  // "Model", "KV cache", "Sparse attention"
+  const char* section;  // "Model", "KV cache", "Sparse attention", "Generation"
+  // The Python keyword when it is not the name with underscores (temperature for temp).
+  const char* keyword = nullptr;
   bool is_flag() const { return metavar[0] == '\0'; }
   // Whether the value is an integer (its default is one; the context has none).
   bool takes_integer() const;
@@ -34,6 +37,10 @@ struct OptionSpec {
 const std::vector<OptionSpec>& session_option_specs();
 // The spec named `name`, or null.
 const OptionSpec* find_session_option(const std::string& name);
+
+// The generation options: max-tokens (-n), temp, top-k, top-p, seed, ignore-eos.
+const std::vector<OptionSpec>& generation_option_specs();
+const OptionSpec* find_generation_option(const std::string& name);
 
 // How errors spell an option: "--kv-cache-k" (command line) or "kv_cache_k" (keywords).
 enum class OptionSpelling { kFlag, kKeyword };
@@ -46,6 +53,11 @@ using OptionValues = std::map<std::string, std::string>;
 // suggests the closest known one. ctx stays 0 when not given (see resolve_context()).
 SessionOptions parse_session_options(const OptionValues& given,
                                      OptionSpelling spelling = OptionSpelling::kFlag);
+
+// Parses and validates the given generation options (the sampler's ranges; seed -1 picks
+// a random seed); stop strings and end tokens are the caller's to add.
+GenerationOptions parse_generation_options(const OptionValues& given,
+                                           OptionSpelling spelling = OptionSpelling::kFlag);
 
 // The names of the session options that set up a KV cache (formats, policies, sparse
 // attention): a front end without a cache refuses them.
