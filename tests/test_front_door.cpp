@@ -247,7 +247,9 @@ TEST(Generation, IgnoreEosNeverSamplesAnEndToken) {
       EXPECT_NE(s.token, tk.eos_id());
       EXPECT_NE(s.token, tk.bos_id());
       EXPECT_NE(s.token, 300);
-      if (temp == 0.0f) EXPECT_EQ(s.token, 301);
+      if (temp == 0.0f) {
+        EXPECT_EQ(s.token, 301);
+      }
       EXPECT_EQ(s.done, i == 2);
     }
     EXPECT_EQ(c.reason(), runtime::StopReason::kLength);

@@ -21,7 +21,7 @@ Args::Args(std::string command, std::string synopsis, std::string description)
 
 void Args::add(const std::string& l, char s, const std::string& mv, const std::string& h,
                const std::string& def) {
-  opts_.push_back({l, s, mv, h, def, false, current_section_});
+  opts_.push_back({l, s, mv, h, def, false, current_section_, {}});
 }
 void Args::replace(const std::string& l, const std::string& mv, const std::string& h,
                    const std::string& def) {
@@ -64,7 +64,7 @@ std::vector<std::string> Args::spellings() const {
 }
 
 void Args::add_flag(const std::string& l, char s, const std::string& h) {
-  opts_.push_back({l, s, "", h, "", true, current_section_});
+  opts_.push_back({l, s, "", h, "", true, current_section_, {}});
 }
 void Args::positionals(const std::string& names, int mn, int mx) {
   pos_names_ = names;
