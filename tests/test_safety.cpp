@@ -135,7 +135,7 @@ TEST(FileSafety, QuantizeRefusesToOverwriteItsInput) {
   ASSERT_EQ(link(w.t.file("s.gguf").c_str(), w.t.file("hard.gguf").c_str()), 0);
   ASSERT_EQ(symlink("s.gguf", w.t.file("soft.gguf").c_str()), 0);
   for (const std::string& out : {std::string("s.gguf"), std::string("./s.gguf"), w.t.file("s.gguf"),
-                                std::string("hard.gguf"), std::string("soft.gguf")}) {
+                                 std::string("hard.gguf"), std::string("soft.gguf")}) {
     expect_error(w.kivi("quantize s.gguf " + out + " q8_0"), "is the same file as the input");
     EXPECT_EQ(test::read_file(w.t.file("s.gguf")), gguf) << out;
   }
