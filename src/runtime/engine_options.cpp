@@ -171,17 +171,7 @@ class Reader {
     fail("%s: '%s' is not true or false", name(n).c_str(), s.c_str());
   }
   int integer(const char* n, int64_t lo, int64_t hi) const {
-    const std::string s = str(n);
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || errno == ERANGE)
-      fail("%s: '%s' is not an integer", name(n).c_str(), s.c_str());
-    if (v < lo || v > hi) {
-      fail("%s = %lld is out of range (valid: %lld to %lld)", name(n).c_str(), v,
-           static_cast<long long>(lo), static_cast<long long>(hi));
-    }
-    return static_cast<int>(v);
+    return static_cast<int>(integer64(n, lo, std::min<int64_t>(hi, INT32_MAX)));
   }
   int64_t integer64(const char* n, int64_t lo, int64_t hi) const {
     const std::string s = str(n);
