@@ -92,8 +92,14 @@ class Model:
     def __init__(self, path: Optional[str] = None, tokenizer: Optional[str] = None) -> None: ...
     def session(self, *, kv_cache: str = "f32", kv_cache_k: Optional[str] = None,
                 kv_cache_v: Optional[str] = None, int8_granularity: str = "head", group_size: int = 32,
-                residual: int = 128, key_flush: str = "batch", scale_dtype: str = "f16",
-                attn_precision: str = "exact", window: int = 0, ctx: int = 0, threads: int = 0) -> "Session": ...
+                residual: int = 128, key_flush: str = "batch", key_rope: str = "post", kv_share: int = 1,
+                kv_share_map: Optional[str] = None, scale_dtype: str = "f16", attn_precision: str = "exact",
+                window: int = 0, context_overflow: str = "stop", sinks: int = 4, sparse: str = "off",
+                sparse_block: int = 64, sparse_budget: int = 4096, sparse_sinks: int = 4,
+                sparse_local: int = 256, sparse_dense_layers: int = 0, sparse_heads: str = "per",
+                sparse_reselect: int = 1, sparse_reuse_layers: int = 1, sparse_preselect: int = 0,
+                sparse_candidates: int = 16384, ctx: int = 0, threads: int = 0,
+                threads_force: bool = False) -> "Session": ...
     def tokenize(self, text: str, bos: bool = True) -> List[int]: ...
     def detokenize(self, tokens: Sequence[int]) -> str: ...
     @property
@@ -113,7 +119,8 @@ class Model:
 
 
 class Generator(Iterator[str]):
-    """Text pieces of a generation; stop_reason is 'eos', 'length', 'context', or '' while running."""
+    """Text pieces (whole UTF-8 characters) of a generation; stop_reason is 'eos', 'stop', 'length',
+    'context', or '' while running."""
 
     def __iter__(self) -> "Generator": ...
     def __next__(self) -> str: ...
@@ -130,12 +137,11 @@ class Generator(Iterator[str]):
 class Session:
     """One sequence: a model, its KV cache and worker threads."""
 
-    def __init__(self, model: Model, *, kv_cache: str = "f32", kv_cache_k: Optional[str] = None,
-                 kv_cache_v: Optional[str] = None, int8_granularity: str = "head", group_size: int = 32,
-                 residual: int = 128, key_flush: str = "batch", scale_dtype: str = "f16",
-                 attn_precision: str = "exact", window: int = 0, ctx: int = 0, threads: int = 0) -> None: ...
+    def __init__(self, model: Model, **options: Any) -> None:
+        """The session options of Model.session (the CLI's, with underscores)."""
     def generate(self, prompt: str, max_tokens: int = 256, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 0.95, seed: int = 42) -> Generator: ...
+                 top_p: float = 0.95, seed: int = 42, ignore_eos: bool = False,
+                 stop: Optional[Sequence[str]] = None) -> Generator: ...
     def logits(self, tokens: Union[str, Sequence[int]], mode: str = "prefill") -> F32:
         """[n, vocab] after every position, from an empty cache ('prefill' or 'stream')."""
     def prefill(self, tokens: Union[str, Sequence[int]]) -> F32: ...
@@ -154,10 +160,8 @@ class Session:
 
 def perplexity(model: Union[Model, str, None] = None, *, file: Optional[str] = None, text: Optional[str] = None,
                mode: str = "streaming", save_logits: Optional[str] = None, kld_base: Optional[str] = None,
-               kv_cache: str = "f32", kv_cache_k: Optional[str] = None, kv_cache_v: Optional[str] = None,
-               int8_granularity: str = "head", group_size: int = 32, residual: int = 128,
-               key_flush: str = "batch", scale_dtype: str = "f16", attn_precision: str = "exact",
-               window: int = 0, ctx: int = 0, threads: int = 0) -> Dict[str, Any]:
+               **session_options: Any) -> Dict[str, Any]:
     """The fields of `kivi perplexity --json`: ppl, mean_nll, nll_stderr, tokens, mode, ctx, chunks,
     kv_cache, bits_per_element_k, bits_per_element_v, int8_clamped, seconds, tokens_per_second
-    (and the kld_* fields, top1_agree, first_disagree with kld_base)."""
+    (and the kld_* fields, top1_agree, first_disagree with kld_base). session_options: those of
+    Model.session."""
