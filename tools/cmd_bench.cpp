@@ -411,12 +411,7 @@ int cmd_bench(int argc, char** argv) {
         n_fill, bc.prompt.size(), n_gen, bc.ctx, mc.ctx);
   }
   check_memory(*m, bc);
-  if (mc.synthetic && !json) {
-    std::fprintf(
-        stderr,
-        "note: %s has random weights (written by 'kivi synth'): speeds are real, tokens are not\n",
-        m->path().c_str());
-  }
+  if (!json) note_if_synthetic(*m, "speeds are real, tokens are not");
 
   Progress bar("bench", 1, "tok", !json);
   const auto r = runtime::run_bench(*m, bc, [&](int64_t done, int64_t total) {

@@ -120,12 +120,7 @@ int cmd_bench_batch(int argc, char** argv) {
           sys::human_bytes(static_cast<double>(avail)).c_str());
     }
   }
-  if (mc.synthetic && !json) {
-    std::fprintf(
-        stderr,
-        "note: %s has random weights (written by 'kivi synth'): speeds are real, tokens are not\n",
-        m->path().c_str());
-  }
+  if (!json) note_if_synthetic(*m, "speeds are real, tokens are not");
 
   // The decode bar starts with the first step, so its rate and ETA leave the fill out.
   Progress fill_bar("fill", 1, "pos", !json);

@@ -141,12 +141,7 @@ int cmd_chat(int argc, char** argv) {
   auto m = load_model(a);
   const auto& tk = m->tokenizer();
   const runtime::ChatPrompt chat(tk, a.str("chat-template"));
-  if (m->config().synthetic) {
-    std::fprintf(stderr,
-                 "note: %s has random weights (written by 'kivi synth' for speed measurement); "
-                 "its replies are meaningless\n",
-                 m->path().c_str());
-  }
+  note_if_synthetic(*m, "its replies are meaningless");
   runtime::Session sess(*m, session_options(a, *m));
   go.end_tokens = chat.end_tokens();
   go.stop = chat.stop_strings();

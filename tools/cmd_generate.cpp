@@ -172,12 +172,7 @@ int cmd_generate(int argc, char** argv) {
 
   auto m = load_model(a);
   const auto& cfg = m->config();
-  if (cfg.synthetic) {
-    std::fprintf(stderr,
-                 "note: %s has random weights (written by 'kivi synth' for speed measurement); "
-                 "its text is meaningless\n",
-                 m->path().c_str());
-  }
+  note_if_synthetic(*m, "its text is meaningless");
   const auto& tk = m->tokenizer();
   runtime::SessionOptions opt = session_options(a, *m);
   const bool no_cache = a.flag("no-kv-cache");

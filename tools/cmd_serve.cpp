@@ -37,12 +37,7 @@ int cmd_serve(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   auto m = load_model(a);
-  if (m->config().synthetic) {
-    std::fprintf(stderr,
-                 "note: %s has random weights (written by 'kivi synth' for speed measurement); "
-                 "its text is meaningless\n",
-                 m->path().c_str());
-  }
+  note_if_synthetic(*m, "its text is meaningless");
   const ServeConfig cfg = serve_config(a, *m);
   runtime::Scheduler sched(*m, cfg.sched);
   server::HttpServer http(sched, cfg.server);

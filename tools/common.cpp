@@ -141,6 +141,12 @@ std::unique_ptr<model::Model> load_model(const Args& a) {
   return m;
 }
 
+void note_if_synthetic(const model::Model& m, const char* what) {
+  if (!m.config().synthetic) return;
+  std::fprintf(stderr, "note: %s has random weights (written by 'kivi synth'); %s\n",
+               m.path().c_str(), what);
+}
+
 std::vector<std::string> model_input_paths(const Args& a) {
   const std::string path = model::default_model_path(a.str("model"));
   return {path, a.given("tokenizer") ? a.str("tokenizer") : model::default_tokenizer_path(path)};

@@ -36,6 +36,8 @@ sparse::Options sparse_options(const Args& a, sparse::Kind default_kind = sparse
 // Resolves the model path (-m, $KIVI_MODEL, models/stories260K.bin,
 // ../shared/models/stories260K.bin) and loads it, applying --alibi.
 std::unique_ptr<model::Model> load_model(const Args& a);
+// "note: M has random weights ...; <what>" on stderr for a synthetic model (kivi synth).
+void note_if_synthetic(const model::Model& m, const char* what);
 // The files a model run reads: the model (resolved as load_model does) and its tokenizer
 // (given, or the default beside a llama2.c model; "" when there is none). For refusing an
 // output that is one of them (io/atomic_file.h).
