@@ -16,6 +16,7 @@ packages=(
   python3 python3-numpy python3-matplotlib   # independent references and plots (/usr/bin/python3)
   python3-dev pybind11-dev   # the Python module kivi (python/)
   python3-torch libopenblas0-pthread   # quantization-aware training (scripts/qat.py) and its tests
+  libopenmpi-dev openmpi-bin   # one model and cache over several processes or machines (--dist)
 )
 
 missing=()

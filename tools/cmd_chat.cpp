@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.h"
+#include "dist/dist.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/timer.h"
@@ -58,6 +59,17 @@ bool read_line(std::string& line, std::string& pending) {
       return true;
     }
   }
+}
+
+// read_line on rank 0, whose line every rank then gets (mpirun gives standard input to
+// rank 0 only).
+bool read_line_everywhere(std::string& line, std::string& pending) {
+  if (dist::size() == 1) return read_line(line, pending);
+  uint64_t got = 0;
+  if (dist::is_root()) got = read_line(line, pending) ? 1 : 0;
+  dist::broadcast(got);
+  if (got) dist::broadcast(line);
+  return got != 0;
 }
 
 // One line of --json output per turn: the mechanics a test checks.
@@ -124,6 +136,7 @@ int cmd_chat(int argc, char** argv) {
   add_kv_options(a);
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
+  refuse_distributed(a, {"kv-save", "kv-load"});
   const bool json = a.flag("json");
   runtime::GenerationOptions go = generation_options(a);
   if (go.max_tokens == 0) go.max_tokens = -1;  // chat: 0 = no limit per reply
@@ -186,7 +199,7 @@ int cmd_chat(int argc, char** argv) {
   bool after_marker = false;  // plain: the last reply ended by writing "\nUser:"
   for (;;) {
     if (interactive) std::fputs("> ", stderr);
-    if (!read_line(line, pending)) {  // end of input, or Ctrl-C at the prompt
+    if (!read_line_everywhere(line, pending)) {  // end of input, or Ctrl-C at the prompt
       interrupted = g_interrupts.load() > 0;
       break;
     }

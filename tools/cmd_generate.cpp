@@ -153,6 +153,7 @@ int cmd_generate(int argc, char** argv) {
   add_kv_options(a);
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
+  refuse_distributed(a, {"kv-save", "kv-load", "no-kv-cache"});
   const bool json = a.flag("json");
   const runtime::GenerationOptions go = generation_options(a);
   if (a.flag("no-kv-cache")) {

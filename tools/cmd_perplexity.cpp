@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.h"
+#include "dist/dist.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/progress.h"
@@ -69,7 +70,7 @@ int cmd_perplexity(int argc, char** argv) {
   const int prompt = static_cast<int>(a.integer("prompt", 0, model::kMaxContext));
   if (prompt > 0 && mode != runtime::EvalMode::kStreaming)
     fail("--prompt %d: only with --mode streaming (batched prefills whole chunks)", prompt);
-  const std::string text = read_text_file(a.str("file"));
+  const std::string text = text_everywhere(a.str("file"));
   if (a.given("save-logits")) {
     std::vector<std::string> inputs = model_input_paths(a);
     inputs.push_back(a.str("file"));
@@ -89,11 +90,12 @@ int cmd_perplexity(int argc, char** argv) {
   std::unique_ptr<runtime::LogprobWriter> writer;
   std::unique_ptr<runtime::LogprobReader> reader;
   // Open both before the (possibly long) run so bad paths fail at once.
-  if (a.given("save-logits")) {
+  // Rank 0 alone writes and compares (the others compute the same logits).
+  if (a.given("save-logits") && dist::is_root()) {
     writer = std::make_unique<runtime::LogprobWriter>(
         a.str("save-logits"), V, s.ctx(), static_cast<int64_t>(tokens.size()), hash, model_hash);
   }
-  if (a.given("kld-base")) {
+  if (a.given("kld-base") && dist::is_root()) {
     reader = std::make_unique<runtime::LogprobReader>(
         a.str("kld-base"), V, s.ctx(), static_cast<int64_t>(tokens.size()), hash, model_hash);
   }

@@ -16,9 +16,11 @@
 #include "core/rng.h"
 #include "core/sysinfo.h"
 #include "core/threadpool.h"
+#include "dist/dist.h"
 #include "io/mapped_file.h"
 #include "kv/format.h"
 #include "model/finite.h"
+#include "model/tensor_parallel.h"
 #include "runtime/engine_options.h"
 
 namespace kivi::tools {
@@ -85,6 +87,12 @@ void add_model_options(Args& a, const char* ctx_help) {
              "Copy the weights from the file into memory backed by 2 MiB pages at load (about "
              "0.3 s per GiB; more when the kernel must first compact memory). Float weights "
              "decode up to ~1.2x faster than from the file's 4 KiB page-cache pages.");
+  a.add("dist", 0, "LAYOUT",
+        "Under mpirun (generate, chat, perplexity): how the ranks share the job. 'tp' splits "
+        "every layer over the ranks (attention heads, FFN channels, vocabulary: each rank holds "
+        "1/N of the weights and of the KV cache); 'tp=N'. Required with more than one rank. See "
+        "docs/DISTRIBUTED.md.",
+        "");
   a.add_flag("check-weights", 0,
              "Scan every weight for NaN and Inf at load and name the first tensor holding one "
              "(reads the whole file once). Without it, non-finite values are still an error, at "
@@ -124,6 +132,59 @@ sparse::Options sparse_options(const Args& a, sparse::Kind default_kind) {
   return runtime::parse_session_options(v).sparse;
 }
 
+namespace {
+
+// A fingerprint of a model file: its size and its first and last MiB (header, tokenizer,
+// the first and last tensors), enough to tell two different files apart.
+uint64_t file_fingerprint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return 0;
+  const uint64_t size = static_cast<uint64_t>(f.tellg());
+  uint64_t h = 1469598103934665603ull ^ size;
+  std::vector<char> buf(1 << 20);
+  for (uint64_t at : {uint64_t{0}, size > buf.size() ? size - buf.size() : uint64_t{0}}) {
+    f.seekg(static_cast<std::streamoff>(at));
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    for (std::streamsize i = 0; i < f.gcount(); ++i)
+      h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
+    f.clear();
+  }
+  return h;
+}
+
+}  // namespace
+
+// Under mpirun: every rank loads the model and keeps its slice; a failure on any rank
+// (a missing file, a split that does not fit) ends every rank with one message.
+static std::unique_ptr<model::Model> load_model_distributed(const Args& a,
+                                                            const std::string& path) {
+  const std::string layout_text = a.given("dist") ? a.str("dist") : "";
+  if (dist::size() > 1 && layout_text.empty()) {
+    throw dist::CollectiveError(
+        strfmt("started on %d ranks without --dist: pass --dist tp to split the model over them",
+               dist::size()));
+  }
+  std::string error;
+  dist::Layout layout;
+  try {
+    layout = dist::parse_layout(layout_text, dist::size());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  dist::agree(error);
+  dist::setup(layout);
+  dist::check_same(file_fingerprint(path), "model files");
+  std::unique_ptr<model::Model> m;
+  try {
+    m = model::Model::load(path, a.str("tokenizer"));
+    model::shard_tensor_parallel(*m, dist::tp_comm());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  dist::agree(error);
+  return m;
+}
+
 std::unique_ptr<model::Model> load_model(const Args& a) {
   const std::string path = model::default_model_path(a.str("model"));
   if (path.empty()) {
@@ -131,7 +192,9 @@ std::unique_ptr<model::Model> load_model(const Args& a) {
         "no model given and none found: pass -m FILE, set $KIVI_MODEL, or run scripts/get-model.sh "
         "(looked for models/stories260K.bin and ../shared/models/stories260K.bin)");
   }
-  auto m = model::Model::load(path, a.str("tokenizer"));
+  std::unique_ptr<model::Model> m = dist::size() > 1 || a.given("dist")
+                                        ? load_model_distributed(a, path)
+                                        : model::Model::load(path, a.str("tokenizer"));
   if (a.flag("alibi")) m->mutable_config().alibi = true;
   if (a.flag("copy-weights") && !m->copy_weights_to_memory())
     std::fprintf(
@@ -268,7 +331,10 @@ runtime::GenerationOptions generation_options(const Args& a) {
       v[s.name] = a.str(s.name);  // the command's default where it has its own (chat's -n)
     }
   }
-  return runtime::parse_generation_options(v);
+  runtime::GenerationOptions go = runtime::parse_generation_options(v);
+  // Every rank samples with rank 0's seed (a random one differs between processes).
+  dist::broadcast(go.sampler.seed);
+  return go;
 }
 
 std::vector<std::string> data_file_candidates(const std::string& name) {
@@ -284,16 +350,56 @@ std::vector<std::string> data_file_candidates(const std::string& name) {
   return c;
 }
 
-std::string prompt_option(const Args& a) {
-  if (a.declared("file") && a.given("file")) {
-    if (a.given("prompt")) fail("give the prompt with -p or -f, not both");
-    return read_text_file(a.str("file"));
+std::string text_everywhere(const std::string& path) {
+  std::string text, error;
+  if (dist::is_root()) {
+    try {
+      text = read_text_file(path);
+    } catch (const Error& e) {
+      error = e.what();
+    }
   }
-  const std::string p = a.str("prompt");
-  if (p != "-") return p;
-  std::stringstream ss;
-  ss << std::cin.rdbuf();
-  return ss.str();
+  if (dist::size() == 1 && !error.empty()) throw Error(error);
+  dist::agree(error);
+  dist::broadcast(text);
+  return text;
+}
+
+void refuse_distributed(const Args& a, std::initializer_list<const char*> options) {
+  if (dist::size() == 1) return;
+  for (const char* o : options) {
+    if (a.declared(o) && a.given(o)) {
+      throw dist::CollectiveError(
+          strfmt("--%s runs in one process only; leave it out under mpirun --dist", o));
+    }
+  }
+}
+
+std::string prompt_option(const Args& a) {
+  // Rank 0 alone reads the prompt (mpirun gives standard input to rank 0 only; a file
+  // need not exist on every machine) and sends it to the others.
+  std::string p, error;
+  if (dist::is_root()) {
+    try {
+      if (a.declared("file") && a.given("file")) {
+        if (a.given("prompt")) fail("give the prompt with -p or -f, not both");
+        p = read_text_file(a.str("file"));
+      } else {
+        p = a.str("prompt");
+        if (p == "-") {
+          std::stringstream ss;
+          ss << std::cin.rdbuf();
+          p = ss.str();
+        }
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  if (dist::size() == 1 && !error.empty()) throw Error(error);
+  dist::agree(error);
+  dist::broadcast(p);
+  return p;
 }
 
 }  // namespace kivi::tools

@@ -1,6 +1,7 @@
 // Options and helpers shared by the `kivi` commands.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -57,6 +58,12 @@ bool parse_command_line(Args& a, int argc, char** argv);
 kv::CacheConfig cache_config(const Args& a, const std::string& format = "");
 // The whole of a text file (a regular file), or an error naming it.
 std::string read_text_file(const std::string& path);
+// read_text_file on rank 0, whose text every rank gets (under mpirun the file need exist
+// on rank 0's machine only).
+std::string text_everywhere(const std::string& path);
+// Under mpirun: a collective error naming the first of `options` given (what does not
+// run over several processes yet).
+void refuse_distributed(const Args& a, std::initializer_list<const char*> options);
 // The session options given, parsed by the library (runtime/engine_options.h), with the
 // context resolved and checked against memory (runtime::resolve_context).
 // ctx >= 0 replaces --ctx (0: the default context) for a command whose --ctx means

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "core/error.h"
 #include "core/suggest.h"
+#include "dist/dist.h"
 
 namespace {
 
@@ -44,9 +45,34 @@ const char* kUsage =
     "\n"
     "Run 'kivi COMMAND --help' for a command's options. Docs: docs/README.md.\n";
 
-}  // namespace
+// The commands that run as one job over the ranks of mpirun (--dist).
+bool runs_distributed(const std::string& cmd) {
+  return cmd == "generate" || cmd == "chat" || cmd == "perplexity";
+}
 
-int main(int argc, char** argv) {
+// Under mpirun: every rank must run the same distributed command with the same
+// arguments; ranks other than 0 then print nothing.
+void start_ranks(int argc, char** argv) {
+  namespace dist = kivi::dist;
+  if (dist::size() == 1) return;
+  const std::string cmd = argc > 1 ? argv[1] : "";
+  if (!runs_distributed(cmd)) {
+    throw dist::CollectiveError(kivi::strfmt(
+        "'kivi %s' runs in one process; under mpirun only generate, chat and perplexity run "
+        "(with --dist)",
+        cmd.c_str()));
+  }
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the arguments
+  for (int i = 1; i < argc; ++i) {
+    for (const char* p = argv[i]; *p; ++p)
+      h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+  }
+  dist::check_same(h, "command lines");
+  dist::silence_other_ranks();
+}
+
+int run(int argc, char** argv) {
   using namespace kivi::tools;
   if (argc < 2) {
     std::fputs(kUsage, stderr);
@@ -81,6 +107,7 @@ int main(int argc, char** argv) {
       {"eval", cmd_eval},
   };
   try {
+    start_ranks(argc, argv);
     std::vector<std::string> names;
     for (const auto& [name, fn] : kCommands) {
       if (cmd == name) return fn(argc, argv);
@@ -89,14 +116,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kivi: error: unknown command '%s'%s (run 'kivi --help' for the list)\n",
                  cmd.c_str(), kivi::did_you_mean(cmd, names).c_str());
     return 2;
+  } catch (const kivi::dist::CollectiveError& e) {
+    kivi::dist::exit_on_error(e.what(), true, 1);
   } catch (const kivi::Error& e) {
-    std::fprintf(stderr, "kivi: error: %s\n", e.what());
-    return 1;
+    kivi::dist::exit_on_error(e.what(), false, 1);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "kivi: error: out of memory\n");
-    return 1;
+    kivi::dist::exit_on_error("out of memory", false, 1);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kivi: error: %s\n", e.what());
-    return 1;
+    kivi::dist::exit_on_error(e.what(), false, 1);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kivi::dist::init(&argc, &argv);
+  const int rc = run(argc, argv);
+  kivi::dist::finalize();
+  return rc;
 }

@@ -182,6 +182,7 @@ void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
       return;
     float m = 0.0f;
     for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(x[i]));
+    if (absmax_reduce_) m = absmax_reduce_(m);
     s.tensor_scale = int8_scale(m, cfg_.param_type);
     s.calibrated = true;
   };
@@ -209,10 +210,11 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
     case Format::kInt8: {
       const ParamType pt = cfg_.param_type;
       const size_t ps = param_size(pt);
-      auto absmax = [](const float* p, int n) {
+      // Over every head of the model (set_absmax_reduce) when the scale spans them.
+      auto absmax = [this](const float* p, int n) {
         float m = 0.0f;
         for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(p[i]));
-        return m;
+        return absmax_reduce_ ? absmax_reduce_(m) : m;
       };
       if (s.lay.fmt.granularity == Int8Granularity::kTensor && !s.calibrated) {
         // Decoding into an empty cache: the first token calibrates.

@@ -212,6 +212,10 @@ class KvCache {
   // n tokens (k, v: [n, H, D]). Called by prefill on an empty cache; a no-op for
   // other formats or once calibrated.
   void calibrate(int layer, const float* k, const float* v, int n);
+  // Int8 scales that span every KV head (per tensor, per token) see only the heads this
+  // cache holds; under tensor parallelism `f` turns such a local absmax into the largest
+  // over every process, so each one picks the whole model's scale. Null: local.
+  void set_absmax_reduce(std::function<float(float)> f) { absmax_reduce_ = std::move(f); }
 
   // Appends one token: k, v are [H, D] (keys rotated by RoPE, or not: CacheConfig::key_rope).
   // Throws if the cache is full. A layer with a window then evicts the blocks before it.
@@ -357,6 +361,7 @@ class KvCache {
                       const std::function<void(uint8_t*, size_t)>& f) const;
 
   CacheConfig cfg_;
+  std::function<float(float)> absmax_reduce_;
   std::unique_ptr<BlockPool> own_pool_;
   BlockPool* pool_ = nullptr;
   int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;

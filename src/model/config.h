@@ -20,6 +20,19 @@ namespace kivi::model {
 // bench-attn --ctx): 2^24 tokens. Memory checks refuse what does not fit long before.
 inline constexpr int kMaxContext = 1 << 24;
 
+// This process's part of a model split by tensor parallelism (model/tensor_parallel.h):
+// query heads [head0, head0 + n_heads) of n_heads_total, KV heads from kv_head0, FFN
+// channels [ffn0, ffn0 + hidden_dim) of hidden_total and classifier rows [vocab0, vocab1).
+// size == 1: the whole model.
+struct TpSlice {
+  int rank = 0, size = 1;
+  int head0 = 0, n_heads_total = 0;
+  int kv_head0 = 0, n_kv_heads_total = 0;
+  int ffn0 = 0, hidden_total = 0;
+  int vocab0 = 0, vocab1 = 0;
+  std::vector<int> vocab_counts;  // [size] classifier rows of each rank
+};
+
 struct ModelConfig {
   std::string arch = "llama";
   std::string name;
@@ -50,6 +63,8 @@ struct ModelConfig {
   // otherwise). 0: every layer attends the whole context.
   int sliding_window = 0;
   std::vector<uint8_t> swa_layers;
+  // Tensor parallelism: n_heads, n_kv_heads and hidden_dim above are this process's share.
+  TpSlice tp;
 
   int head_dim() const { return key_length > 0 ? key_length : dim / n_heads; }
   int q_dim() const { return n_heads * head_dim(); }

@@ -8,6 +8,7 @@
 #include "core/threadpool.h"
 #include "core/timer.h"
 #include "model/finite.h"
+#include "model/tensor_parallel.h"
 #include "ops/ops.h"
 #include "sparse/sparse_attention.h"
 
@@ -87,7 +88,12 @@ ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads,
       rope_ptrs(mb),
       ws(n_threads, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx) {
   fill_rope_table(rope.data(), ctx, c);
-  if (c.alibi) slopes = attn::alibi_slopes(c.n_heads);
+  if (c.alibi) {
+    // Under tensor parallelism the slopes of this process's heads among all of them.
+    const bool tp = c.tp.size > 1;
+    slopes = attn::alibi_slopes(tp ? c.tp.n_heads_total : c.n_heads);
+    if (tp) slopes.assign(slopes.begin() + c.tp.head0, slopes.begin() + c.tp.head0 + c.n_heads);
+  }
 }
 
 void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* tokens, int n,
@@ -198,6 +204,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       if (opt.observer) opt.observer->attended(l, cache.owner(l), view, qi, ap);
     }
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
+    tp_reduce(m, st.xb2.data(), static_cast<size_t>(n) * dim);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     for (int i = 0; i < n; ++i) {
       ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
@@ -207,6 +214,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     ops::matmul(L.w_up, st.xb.data(), n, st.hb2.data(), pool);
     ops::silu_mul(st.hb.data(), st.hb2.data(), n * hid);
     ops::matmul(L.w_down, st.hb.data(), n, st.xb2.data(), pool);
+    tp_reduce(m, st.xb2.data(), static_cast<size_t>(n) * dim);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     check_finite_activations(m, st.x.data(), n, dim, l, pos0, tokens);
   }
@@ -216,7 +224,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
                  st.x.data() + static_cast<size_t>(i) * dim, w.output_norm.data(), dim, c.norm_eps);
   }
-  ops::matmul(w.output, st.xb.data() + static_cast<size_t>(first) * dim, n - first, logits, pool);
+  classify(m, st.xb.data() + static_cast<size_t>(first) * dim, n - first, logits, pool);
   check_finite_activations(m, logits, n - first, c.vocab_size, c.n_layers, pos0 + first,
                            tokens + first);
 }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
+#include "model/tensor_parallel.h"
 #include "ops/ops.h"
 
 namespace kivi::model {
@@ -150,6 +151,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     attend(m, l, seqs, n_seqs, pool, ap, per_sequence);
     if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     ops::matmul(L.wo, st_.att.data(), rows, st_.xb2.data(), pool);
+    tp_reduce(m, st_.xb2.data(), static_cast<size_t>(rows) * dim);
     ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
     for (int r = 0; r < rows; ++r) {
       ops::rmsnorm(st_.xb.data() + static_cast<size_t>(r) * dim,
@@ -159,6 +161,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     ops::matmul(L.w_up, st_.xb.data(), rows, st_.hb2.data(), pool);
     ops::silu_mul(st_.hb.data(), st_.hb2.data(), rows * hid);
     ops::matmul(L.w_down, st_.hb.data(), rows, st_.xb2.data(), pool);
+    tp_reduce(m, st_.xb2.data(), static_cast<size_t>(rows) * dim);
     ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
   }
 
@@ -173,7 +176,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     ++n_out;
   }
   if (n_out == 0) return;
-  ops::matmul(w.output, last_.data(), n_out, logits_.data(), pool);
+  classify(m, last_.data(), n_out, logits_.data(), pool);
   int i = 0;
   for (int s = 0; s < n_seqs; ++s) {
     if (!seqs[s].logits) continue;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned.h"
 #include "io/gguf.h"
 #include "io/llama2c.h"
 #include "model/config.h"
@@ -12,6 +13,8 @@
 #include "tokenizer/tokenizer.h"
 
 namespace kivi::model {
+
+class TpComm;
 
 struct LayerWeights {
   std::vector<float> attn_norm;   // [dim]
@@ -55,8 +58,12 @@ class Model {
   // addresses (io::MappedFile::copy_to_memory). False when the memory cannot be had or
   // the model was not read from a file.
   bool copy_weights_to_memory();
+  // Tensor parallelism (model/tensor_parallel.h): the collectives of this process's group,
+  // or null for a whole model.
+  TpComm* tp_comm() const { return tp_comm_; }
 
  private:
+  friend void shard_tensor_parallel(Model& m, TpComm* comm);
   static std::unique_ptr<Model> load_llama2c(const std::string& path, const std::string& tok);
   static std::unique_ptr<Model> load_gguf(const std::string& path, const std::string& tok);
 
@@ -66,6 +73,8 @@ class Model {
   std::unique_ptr<io::GgufFile> gguf_;
   std::unique_ptr<io::Llama2cCheckpoint> l2c_;
   std::string path_, format_;
+  TpComm* tp_comm_ = nullptr;
+  std::vector<AlignedBuffer<uint8_t>> owned_;  // column slices copied out of the file
 };
 
 // The configuration a llama2.c header describes (RMS eps 1e-5 and RoPE theta 10000, the

@@ -131,8 +131,16 @@ uint64_t model_fingerprint(const model::Model& m) {
       h *= 1099511628211ull;
     }
   };
-  const int32_t shape[] = {c.n_layers,   c.dim,        c.hidden_dim, c.n_heads,
-                           c.n_kv_heads, c.vocab_size, c.ctx,        c.alibi ? 1 : 0};
+  // The whole model's shape also when this process holds a tensor-parallel slice.
+  const bool tp = c.tp.size > 1;
+  const int32_t shape[] = {c.n_layers,
+                           c.dim,
+                           tp ? c.tp.hidden_total : c.hidden_dim,
+                           tp ? c.tp.n_heads_total : c.n_heads,
+                           tp ? c.tp.n_kv_heads_total : c.n_kv_heads,
+                           c.vocab_size,
+                           c.ctx,
+                           c.alibi ? 1 : 0};
   mix(shape, sizeof shape);
   const auto& w = m.weights();
   if (!w.layers.empty())

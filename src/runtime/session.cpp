@@ -7,6 +7,7 @@
 #include "runtime/engine_options.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "model/tensor_parallel.h"
 
 namespace kivi::runtime {
 
@@ -98,6 +99,10 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
     }
   }
   cache_ = std::make_unique<kv::KvCache>(cc);
+  if (m.tp_comm()) {
+    const model::Model* mp = &m;
+    cache_->set_absmax_reduce([mp](float x) { return model::tp_max(*mp, x); });
+  }
   if (opt_.sparse.enabled()) {
     if (opt_.overflow != ContextOverflow::kStop) {
       fail(

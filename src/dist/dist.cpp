@@ -1,0 +1,285 @@
+#include "dist/dist.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "model/tensor_parallel.h"
+
+#ifdef KIVI_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace kivi::dist {
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+bool g_started = false;
+int g_stderr = 2;  // the stderr the process started with
+std::unique_ptr<model::TpComm> g_tp;
+
+// Reads "N" from s[pos...] up to a comma or the end.
+int parse_count(const std::string& s, const std::string& item, size_t eq) {
+  const std::string n = item.substr(eq + 1);
+  char* end = nullptr;
+  const long v = std::strtol(n.c_str(), &end, 10);
+  if (n.empty() || *end != '\0' || v < 1 || v > 65536)
+    fail("--dist %s: '%s' needs a rank count from 1 to 65536", s.c_str(), item.c_str());
+  return static_cast<int>(v);
+}
+
+#ifdef KIVI_HAVE_MPI
+// Tensor-parallel collectives over an MPI communicator.
+class MpiTpComm final : public model::TpComm {
+ public:
+  explicit MpiTpComm(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiTpComm() override {
+    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void sum(float* x, size_t n) override {
+    // Gathering every part and adding them in rank order on every rank gives the same
+    // bits everywhere and every time (an MPI_Allreduce may add in any order).
+    buf_.resize(n * static_cast<size_t>(size_));
+    MPI_Allgather(x, static_cast<int>(n), MPI_FLOAT, buf_.data(), static_cast<int>(n), MPI_FLOAT,
+                  comm_);
+    std::memcpy(x, buf_.data(), n * sizeof(float));
+    for (int r = 1; r < size_; ++r) {
+      const float* p = buf_.data() + static_cast<size_t>(r) * n;
+      for (size_t i = 0; i < n; ++i) x[i] += p[i];
+    }
+  }
+  void gather(const float* part, const std::vector<int>& counts, float* out) override {
+    std::vector<int> displs(counts.size());
+    for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+    MPI_Allgatherv(part, counts[rank_], MPI_FLOAT, out, counts.data(), displs.data(), MPI_FLOAT,
+                   comm_);
+  }
+  float max(float x) override {
+    float out = x;
+    MPI_Allreduce(&x, &out, 1, MPI_FLOAT, MPI_MAX, comm_);
+    return out;
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::vector<float> buf_;
+};
+#endif
+
+}  // namespace
+
+Layout parse_layout(const std::string& s, int world) {
+  Layout l;
+  bool tp_all = false, cp_all = false, seen_tp = false, seen_cp = false;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const std::string item =
+        s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (key != "tp" && key != "cp") {
+      fail("--dist %s: unknown part '%s' (expected tp, cp, tp=N, cp=N or tp=A,cp=B)", s.c_str(),
+           item.c_str());
+    }
+    bool& seen = key == "tp" ? seen_tp : seen_cp;
+    if (seen) fail("--dist %s: '%s' given twice", s.c_str(), key.c_str());
+    seen = true;
+    int& n = key == "tp" ? l.tp : l.cp;
+    if (eq == std::string::npos) {
+      (key == "tp" ? tp_all : cp_all) = true;
+    } else {
+      n = parse_count(s, item, eq);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (tp_all && cp_all)
+    fail("--dist %s: give the count of one of them (tp=A,cp=B or tp=A,cp)", s.c_str());
+  if (tp_all) {
+    if (world % l.cp != 0)
+      fail("--dist %s: %d ranks do not split into cp=%d groups", s.c_str(), world, l.cp);
+    l.tp = world / l.cp;
+  }
+  if (cp_all) {
+    if (world % l.tp != 0)
+      fail("--dist %s: %d ranks do not split into tp=%d groups", s.c_str(), world, l.tp);
+    l.cp = world / l.tp;
+  }
+  if (l.tp * l.cp != world) {
+    fail("--dist %s: tp=%d x cp=%d = %d ranks, but the job has %d (mpirun -np %d)", s.c_str(),
+         l.tp, l.cp, l.tp * l.cp, world, l.tp * l.cp);
+  }
+  return l;
+}
+
+std::string layout_name(const Layout& l) {
+  if (l.cp == 1) return "tp=" + std::to_string(l.tp);
+  if (l.tp == 1) return "cp=" + std::to_string(l.cp);
+  return "tp=" + std::to_string(l.tp) + ",cp=" + std::to_string(l.cp);
+}
+
+bool built_with_mpi() {
+#ifdef KIVI_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+void init(int* argc, char*** argv) {
+#ifdef KIVI_HAVE_MPI
+  // Launched by Open MPI's mpirun (or another PMIx launcher): start MPI. A plain run
+  // stays one process without touching MPI at all.
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
+                        std::getenv("PMI_SIZE");
+  if (!launched) return;
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  g_started = true;
+#else
+  (void)argc;
+  (void)argv;
+#endif
+}
+
+void finalize() {
+  g_tp.reset();
+#ifdef KIVI_HAVE_MPI
+  if (g_started) MPI_Finalize();
+#endif
+  g_started = false;
+}
+
+int rank() { return g_rank; }
+int size() { return g_size; }
+bool is_root() { return g_rank == 0; }
+
+void silence_other_ranks() {
+  if (g_rank == 0) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  g_stderr = dup(2);
+  const int null = open("/dev/null", O_WRONLY);
+  if (null >= 0) {
+    dup2(null, 1);
+    dup2(null, 2);
+    close(null);
+  }
+}
+
+void agree(const std::string& error) {
+#ifdef KIVI_HAVE_MPI
+  if (!g_started) {
+    if (!error.empty()) throw CollectiveError(error);
+    return;
+  }
+  int failed = error.empty() ? g_size : g_rank;  // the lowest failing rank, or size
+  int first = g_size;
+  MPI_Allreduce(&failed, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == g_size) return;
+  std::string msg = first == g_rank ? error : std::string();
+  uint64_t len = msg.size();
+  MPI_Bcast(&len, 1, MPI_UINT64_T, first, MPI_COMM_WORLD);
+  msg.resize(len);
+  MPI_Bcast(msg.data(), static_cast<int>(len), MPI_CHAR, first, MPI_COMM_WORLD);
+  if (first != 0) msg = "rank " + std::to_string(first) + ": " + msg;
+  throw CollectiveError(msg);
+#else
+  if (!error.empty()) throw CollectiveError(error);
+#endif
+}
+
+void check_same(uint64_t value, const char* what) {
+#ifdef KIVI_HAVE_MPI
+  if (!g_started) return;
+  std::vector<uint64_t> all(g_size);
+  MPI_Allgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (int r = 1; r < g_size; ++r) {
+    if (all[r] != all[0]) {
+      throw CollectiveError(strfmt(
+          "the ranks were started with different %s: rank %d differs from rank 0 (every rank "
+          "must run the same command on the same model)",
+          what, r));
+    }
+  }
+#else
+  (void)value;
+  (void)what;
+#endif
+}
+
+void broadcast(std::string& s) {
+#ifdef KIVI_HAVE_MPI
+  if (!g_started) return;
+  uint64_t len = s.size();
+  MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  s.resize(len);
+  MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+#else
+  (void)s;
+#endif
+}
+
+void broadcast(uint64_t& v) {
+#ifdef KIVI_HAVE_MPI
+  if (g_started) MPI_Bcast(&v, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+#else
+  (void)v;
+#endif
+}
+
+void setup(const Layout& layout) {
+  if (layout.tp * layout.cp != g_size) {
+    throw CollectiveError(strfmt("--dist %s needs %d ranks; the job has %d",
+                                 layout_name(layout).c_str(), layout.tp * layout.cp, g_size));
+  }
+  if (layout.cp > 1) {
+    throw CollectiveError(strfmt(
+        "--dist %s: context parallelism (cp) is not available yet; use --dist tp",
+        layout_name(layout).c_str()));
+  }
+#ifdef KIVI_HAVE_MPI
+  if (layout.tp > 1) g_tp = std::make_unique<MpiTpComm>(MPI_COMM_WORLD);
+#endif
+}
+
+model::TpComm* tp_comm() { return g_tp.get(); }
+
+void exit_on_error(const char* message, bool collective, int code) {
+  if (g_rank == 0) {
+    std::fprintf(stderr, "kivi: error: %s\n", message);
+    std::fflush(stderr);
+  }
+  if (!g_started || collective) {
+    finalize();
+    std::exit(code);
+  }
+#ifdef KIVI_HAVE_MPI
+  // An error this rank may meet alone: the others may be waiting for it in a collective.
+  // Rank 0 ends the job at once; another rank leaves rank 0 a moment to do so (when it
+  // met the same error), then says what happened and ends the job itself.
+  if (g_rank != 0) {
+    usleep(500 * 1000);
+    dprintf(g_stderr, "kivi: error (rank %d): %s\n", g_rank, message);
+  }
+  MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+  std::exit(code);
+}
+
+}  // namespace kivi::dist
