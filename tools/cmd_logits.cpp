@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common.h"
+#include "dist/dist.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "io/atomic_file.h"
@@ -33,11 +34,13 @@ int cmd_logits(int argc, char** argv) {
   if (mode != "prefill" && mode != "stream" && mode != "no-cache") {
     fail("--mode: unknown value '%s' (valid: prefill, stream, no-cache)", mode.c_str());
   }
+  if (mode == "no-cache" && dist::size() > 1)
+    throw dist::CollectiveError("--mode no-cache runs in one process only");
   if (mode == "no-cache")
     refuse_kv_options(a, "--mode no-cache (it recomputes keys and values, it has no cache)");
   // The output is written through a temporary file renamed into place at the end.
   std::unique_ptr<io::AtomicFile> out;
-  if (a.given("output")) {
+  if (a.given("output") && dist::is_root()) {  // rank 0 alone writes
     io::check_output_is_not_input(a.str("output"), model_input_paths(a), "-o");
     out = std::make_unique<io::AtomicFile>(a.str("output"));
   }
@@ -67,7 +70,8 @@ int cmd_logits(int argc, char** argv) {
       }
     }
   }
-  if (out) {
+  if (a.given("output")) {
+    if (!out) return 0;
     const uint32_t head[3] = {0x474C564Bu, static_cast<uint32_t>(n), static_cast<uint32_t>(V)};
     out->write(head, sizeof head);
     out->write(logits.data(), logits.size() * sizeof(float));

@@ -87,12 +87,13 @@ void add_model_options(Args& a, const char* ctx_help) {
              "Copy the weights from the file into memory backed by 2 MiB pages at load (about "
              "0.3 s per GiB; more when the kernel must first compact memory). Float weights "
              "decode up to ~1.2x faster than from the file's 4 KiB page-cache pages.");
-  a.add("dist", 0, "LAYOUT",
-        "Under mpirun (generate, chat, perplexity): how the ranks share the job. 'tp' splits "
-        "every layer over the ranks (attention heads, FFN channels, vocabulary: each rank holds "
-        "1/N of the weights and of the KV cache); 'tp=N'. Required with more than one rank. See "
-        "docs/DISTRIBUTED.md.",
-        "");
+  a.add(
+      "dist", 0, "LAYOUT",
+      "Under mpirun (generate, chat, perplexity, logits): how the ranks share the job. 'tp' splits "
+      "every layer over the ranks (attention heads, FFN channels, vocabulary: each rank holds "
+      "1/N of the weights and of the KV cache); 'tp=N'. Required with more than one rank. See "
+      "docs/DISTRIBUTED.md.",
+      "");
   a.add_flag("check-weights", 0,
              "Scan every weight for NaN and Inf at load and name the first tensor holding one "
              "(reads the whole file once). Without it, non-finite values are still an error, at "

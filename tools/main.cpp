@@ -47,7 +47,7 @@ const char* kUsage =
 
 // The commands that run as one job over the ranks of mpirun (--dist).
 bool runs_distributed(const std::string& cmd) {
-  return cmd == "generate" || cmd == "chat" || cmd == "perplexity";
+  return cmd == "generate" || cmd == "chat" || cmd == "perplexity" || cmd == "logits";
 }
 
 // Under mpirun: every rank must run the same distributed command with the same
@@ -57,10 +57,11 @@ void start_ranks(int argc, char** argv) {
   if (dist::size() == 1) return;
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (!runs_distributed(cmd)) {
-    throw dist::CollectiveError(kivi::strfmt(
-        "'kivi %s' runs in one process; under mpirun only generate, chat and perplexity run "
-        "(with --dist)",
-        cmd.c_str()));
+    throw dist::CollectiveError(
+        kivi::strfmt("'kivi %s' runs in one process; under mpirun only generate, chat, perplexity "
+                     "and logits run "
+                     "(with --dist)",
+                     cmd.c_str()));
   }
   uint64_t h = 1469598103934665603ull;  // FNV-1a of the arguments
   for (int i = 1; i < argc; ++i) {
@@ -84,7 +85,8 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (cmd == "--version") {
-    std::puts("kivi 0.1.0");
+    std::printf("kivi 0.1.0 (%s)\n",
+                kivi::dist::built_with_mpi() ? "with MPI: --dist" : "without MPI");
     return 0;
   }
   using Command = int (*)(int, char**);

@@ -119,8 +119,8 @@ Layout parse_layout(const std::string& s, int world) {
     l.cp = world / l.tp;
   }
   if (l.tp * l.cp != world) {
-    fail("--dist %s: tp=%d x cp=%d = %d ranks, but the job has %d (mpirun -np %d)", s.c_str(),
-         l.tp, l.cp, l.tp * l.cp, world, l.tp * l.cp);
+    fail("--dist %s: tp=%d x cp=%d = %d ranks, but the job has %d (mpirun -np %d)", s.c_str(), l.tp,
+         l.cp, l.tp * l.cp, world, l.tp * l.cp);
   }
   return l;
 }
@@ -143,8 +143,8 @@ void init(int* argc, char*** argv) {
 #ifdef KIVI_HAVE_MPI
   // Launched by Open MPI's mpirun (or another PMIx launcher): start MPI. A plain run
   // stays one process without touching MPI at all.
-  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
-                        std::getenv("PMI_SIZE");
+  const bool launched =
+      std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_SIZE");
   if (!launched) return;
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
@@ -249,9 +249,9 @@ void setup(const Layout& layout) {
                                  layout_name(layout).c_str(), layout.tp * layout.cp, g_size));
   }
   if (layout.cp > 1) {
-    throw CollectiveError(strfmt(
-        "--dist %s: context parallelism (cp) is not available yet; use --dist tp",
-        layout_name(layout).c_str()));
+    throw CollectiveError(
+        strfmt("--dist %s: context parallelism (cp) is not available yet; use --dist tp",
+               layout_name(layout).c_str()));
   }
 #ifdef KIVI_HAVE_MPI
   if (layout.tp > 1) g_tp = std::make_unique<MpiTpComm>(MPI_COMM_WORLD);

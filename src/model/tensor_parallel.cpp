@@ -84,7 +84,8 @@ void shard_tensor_parallel(Model& m, TpComm* comm) {
   const int kvh = c.n_kv_heads / N, qh = c.n_heads / N;
   // FFN channels split on the largest block of any w_down (their columns).
   int64_t align = 1;
-  for (const auto& L : m.w_.layers) align = std::max<int64_t>(align, quant::info(L.w_down.dtype).block);
+  for (const auto& L : m.w_.layers)
+    align = std::max<int64_t>(align, quant::info(L.w_down.dtype).block);
   const int64_t f0 = split_point(c.hidden_dim, r, N, align),
                 f1 = split_point(c.hidden_dim, r + 1, N, align);
   for (int k = 0; k < N; ++k) {

@@ -110,6 +110,11 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
           "stale summaries)");
     }
     if (opt_.forward.window > 0) fail("--sparse: block selection and --window do not combine");
+    if (c.tp.size > 1 && opt_.sparse.heads == sparse::Heads::kShared) {
+      fail(
+          "--sparse-heads shared sums the scores of every KV head, and under --dist tp each rank "
+          "holds only some of them; use --sparse-heads per");
+    }
     if (opt_.sparse.dense_layers > c.n_layers) {
       fail("--sparse-dense-layers %d: the model has %d layers", opt_.sparse.dense_layers,
            c.n_layers);

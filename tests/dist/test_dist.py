@@ -1,0 +1,308 @@
+#!/usr/bin/python3
+"""Several processes over MPI (mpirun ... --dist tp) against one process.
+
+Tensor parallelism changes only the order in which the partial sums of wo and w_down
+are added, so on every model here greedy text equals the single-process text, logits
+agree within 1e-5 of their spread, and two runs on the same ranks give the same bits.
+Faults end the whole job with one line from rank 0: a rank count that does not divide
+the KV heads, ranks started on different models, options that run in one process
+only, a rank killed mid-run.
+
+    tests/dist/test_dist.py --kivi build/bin/kivi --shared ../shared [--quick]
+
+--quick (the sanitizer build) runs one case of each kind. Exits 77 (skipped) when
+mpirun is missing or the build has no MPI.
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+# Sanitizer builds: Open MPI keeps allocations alive past exit by design.
+ENV["ASAN_OPTIONS"] = ENV.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+FAILED = []
+
+
+def check(cond, what):
+    print(("ok:     " if cond else "FAILED: ") + what, flush=True)
+    if not cond:
+        FAILED.append(what)
+
+
+def run(kivi, args, np_=0, stdin=None, timeout=300):
+    cmd = [kivi, *args]
+    if np_:
+        cmd = ["mpirun", "-q", "--oversubscribe", "-np", str(np_), *cmd]
+    p = subprocess.run(cmd, input=stdin, capture_output=True, env=ENV, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def logits(kivi, model, prompt, np_, extra, d):
+    out = os.path.join(d, "logits.bin")
+    rc, _, err = run(kivi, ["logits", "-m", model, "-p", prompt, "--threads", "1", "-o", out, *extra]
+                     + (["--dist", "tp"] if np_ else []), np_)
+    if rc != 0:
+        print(err)
+        return None
+    with open(out, "rb") as f:
+        magic, n, v = struct.unpack("<III", f.read(12))
+        return np.frombuffer(f.read(), dtype=np.float32).reshape(n, v)
+
+
+def generate(kivi, model, np_, extra, prompt="Once upon a time", n=48):
+    rc, out, err = run(kivi, ["generate", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0",
+                              "--threads", "1", *extra] + (["--dist", "tp"] if np_ else []), np_)
+    return rc, out, err
+
+
+def same_text(kivi, model, extra, ranks, what, n=48):
+    rc, one, err = generate(kivi, model, 0, extra, n=n)
+    if rc != 0:
+        check(False, f"{what}: single process runs ({err.strip()})")
+        return
+    for np_ in ranks:
+        rc, many, err = generate(kivi, model, np_, extra, n=n)
+        check(rc == 0 and many == one, f"{what}: -np {np_} greedy text equals one process"
+              + ("" if rc == 0 and many == one else f"\n  one:  {one!r}\n  many: {many!r}\n  {err}"))
+
+
+def close_logits(kivi, model, prompt, extra, ranks, what, d, float_model=None):
+    """Float weights: every logit within 1e-5 of the spread. Block-quantized weights
+    (float_model: the same model in F16) quantize each activation row to int8 per
+    block: the last bit of a partial sum can move a code by one step, and the cache
+    carries that to later positions, so the logits differ by up to ~1e-2 of the
+    spread; that must stay a fifth or less of what the weight quantization itself
+    changes (its difference to float_model), and the greedy choice holds wherever the
+    top two are further apart than the difference."""
+    one = logits(kivi, model, prompt, 0, extra, d)
+    base = logits(kivi, float_model, prompt, 0, extra, d) if float_model else None
+    for np_ in ranks:
+        many = logits(kivi, model, prompt, np_, extra, d)
+        if one is None or many is None:
+            check(False, f"{what}: -np {np_} logits computed")
+            continue
+        spread = max(float((one.max(axis=1) - one.min(axis=1)).min()), 1e-30)
+        err = float(np.abs(many - one).max()) / spread
+        if base is None:
+            check(err <= 1e-5, f"{what}: -np {np_} logits within 1e-5 of one process "
+                  f"(max error {err:.2e} of the spread)")
+            check(np.array_equal(one.argmax(axis=1), many.argmax(axis=1)),
+                  f"{what}: -np {np_} greedy choice at every position equals one process")
+            continue
+        quant = float(np.abs(base - one).max()) / spread
+        check(err <= 0.2 * quant,
+              f"{what}: -np {np_} logits within {err:.1e} of the spread, a fifth or less of "
+              f"the quantization's own {quant:.1e}")
+        top2 = np.sort(one, axis=1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(many - one).max(axis=1)
+        check(np.array_equal(one.argmax(axis=1)[clear], many.argmax(axis=1)[clear]),
+              f"{what}: -np {np_} greedy choice equals one process wherever it is clear "
+              f"({int(clear.sum())} of {len(clear)} positions)")
+
+
+def faults(kivi, story, d):
+    def one_line(err):
+        return len([l for l in err.splitlines() if l.strip()]) == 1
+
+    rc, out, err = generate(kivi, story, 3, [])
+    check(rc != 0 and one_line(err) and "4 KV heads" in err and "2, 4" in err,
+          f"-np 3 on 4 KV heads: one line naming the rank counts that fit ({err.strip()!r})")
+    rc, out, err = run(kivi, ["generate", "-m", story, "-p", "x", "-n", "4", "--threads", "1"], 2)
+    check(rc != 0 and one_line(err) and "without --dist" in err,
+          f"-np 2 without --dist: one line ({err.strip()!r})")
+    rc, out, err = run(kivi, ["info", "-m", story], 2)
+    check(rc != 0 and one_line(err) and "runs in one process" in err,
+          f"info under mpirun: one line ({err.strip()!r})")
+    rc, out, err = generate(kivi, story, 2, ["--kv-save", os.path.join(d, "x.kv")])
+    check(rc != 0 and one_line(err) and "--kv-save" in err and not os.path.exists(os.path.join(d, "x.kv")),
+          f"--kv-save under --dist: refused ({err.strip()!r})")
+    rc, out, err = run(kivi, ["generate", "-m", story, "-p", "x", "--threads", "1", "--dist", "tp=3"], 2)
+    check(rc != 0 and one_line(err) and "tp=3" in err, f"--dist tp=3 on 2 ranks: one line ({err.strip()!r})")
+    rc, out, err = run(kivi, ["generate", "-m", story, "-p", "x", "--threads", "1", "--dist", "pp"], 2)
+    check(rc != 0 and one_line(err) and "'pp'" in err, f"--dist pp: one line ({err.strip()!r})")
+    # Different models behind the same command line: the model fingerprint differs.
+    other = os.path.join(d, "other.bin")
+    with open(story, "rb") as f:
+        data = bytearray(f.read())
+    data[-4:] = b"\0\0\0\0"
+    with open(other, "wb") as f:
+        f.write(data)
+    shutil.copy(os.path.join(os.path.dirname(story), "tok512.bin"), os.path.join(d, "tok512.bin"))
+    cmd = ["mpirun", "-q", "--oversubscribe",
+           "-np", "1", "-x", f"KIVI_MODEL={story}", kivi, "generate", "-p", "x", "--threads", "1", "--dist", "tp", ":",
+           "-np", "1", "-x", f"KIVI_MODEL={other}", kivi, "generate", "-p", "x", "--threads", "1", "--dist", "tp"]
+    p = subprocess.run(cmd, capture_output=True, env=ENV, timeout=120)
+    err = p.stderr.decode()
+    check(p.returncode != 0 and one_line(err) and "different model files" in err and "rank 1" in err,
+          f"ranks on different models: one line naming rank 1 ({err.strip()!r})")
+    cmd = ["mpirun", "-q", "--oversubscribe", "-np", "1", kivi, "generate", "-m", story, "-p", "x", "--dist", "tp", ":",
+           "-np", "1", kivi, "generate", "-m", story, "-p", "y", "--dist", "tp"]
+    p = subprocess.run(cmd, capture_output=True, env=ENV, timeout=120)
+    err = p.stderr.decode()
+    check(p.returncode != 0 and one_line(err) and "different command lines" in err,
+          f"ranks with different options: one line ({err.strip()!r})")
+
+    # A rank killed mid-run ends the job within seconds, leaving no process behind.
+    p = subprocess.Popen(["mpirun", "-q", "--oversubscribe", "-np", "2", kivi, "generate", "-m", story,
+                          "-p", "Once", "-n", "-1", "--ignore-eos", "--context-overflow", "shift",
+                          "--threads", "1", "--dist", "tp"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    time.sleep(0.2)
+    victim = None
+    for _ in range(100):
+        kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True).stdout.split()
+        if len(kids) >= 2:
+            victim = int(kids[-1])
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)  # decoding by now
+    check(victim is not None, "both ranks started")
+    if victim is None:
+        p.kill()
+        return
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    try:
+        p.wait(timeout=20)
+        ended = time.time() - t0
+    except subprocess.TimeoutExpired:
+        p.kill()
+        ended = None
+    check(ended is not None and ended < 10 and p.returncode != 0,
+          f"a killed rank ends the job (after {ended} s, exit {p.returncode})")
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", f"{kivi} generate -m {story} -p Once -n -1"],
+                          capture_output=True).stdout.split()
+    check(not left, f"no rank left running ({left})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kivi", required=True)
+    ap.add_argument("--shared", required=True)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    kivi = os.path.abspath(a.kivi)
+    if not shutil.which("mpirun"):
+        print("skipped: mpirun not found (scripts/setup.sh installs Open MPI)")
+        return 77
+    version = subprocess.run([kivi, "--version"], capture_output=True, text=True).stdout
+    if "MPI" not in version or "without MPI" in version:
+        print(f"skipped: this build has no MPI ({version.strip()})")
+        return 77
+    story = os.path.join(os.path.abspath(a.shared), "models", "stories260K.bin")
+    quick = a.quick
+    ranks = [2] if quick else [2, 4]
+    with tempfile.TemporaryDirectory() as d:
+        # The real model (llama2.c, f32 weights, 8 query and 4 KV heads): text.
+        caches = [[]] if quick else [[], ["--kv-cache", "f16"], ["--kv-cache", "int8"],
+                                     ["--kv-cache", "kivi2", "-R", "32"], ["--kv-cache", "kivi4", "--key-rope", "pre", "-R", "32"]]
+        for extra in caches:
+            same_text(kivi, story, extra, ranks, "stories260K " + (" ".join(extra) or "f32 cache"))
+        if not quick:
+            for g in ["tensor", "token"]:
+                same_text(kivi, story, ["--kv-cache", "int8", "--int8-granularity", g], [2],
+                          f"stories260K int8 per {g} (scales over every rank's heads)")
+            same_text(kivi, story, ["--kv-cache", "kivi2", "-R", "32", "--ctx", "256", "--context-overflow", "window"],
+                      [2], "stories260K kivi2, window policy past the context", n=400)
+            same_text(kivi, story, ["--kv-cache", "f16", "--ctx", "256", "--context-overflow", "shift"],
+                      [2], "stories260K f16, context shift", n=400)
+            same_text(kivi, story, ["--kv-share", "2"], [2], "stories260K cross-layer sharing")
+            same_text(kivi, story, ["--kv-cache", "kivi2", "-R", "32", "--sparse", "quest", "--sparse-block", "32",
+                                    "--sparse-budget", "64", "--sparse-local", "64"], [2, 4],
+                      "stories260K kivi2 with block-sparse attention", n=300)
+        close_logits(kivi, story, "Once upon a time there was a little dog", [], ranks, "stories260K", d)
+        # Standard input reaches every rank through rank 0.
+        rc, one, _ = run(kivi, ["generate", "-m", story, "-p", "-", "-n", "32", "--temp", "0", "--threads", "1"],
+                         0, stdin=b"The dog")
+        rc2, many, err = run(kivi, ["generate", "-m", story, "-p", "-", "-n", "32", "--temp", "0", "--threads", "1",
+                                    "--dist", "tp"], 2, stdin=b"The dog")
+        check(rc == 0 and rc2 == 0 and one == many and one.startswith("The dog"),
+              "a prompt on standard input: -np 2 equals one process")
+        # Chat: rank 0 reads the lines.
+        lines = b"Hello there\nTell me a story\n"
+        chat = ["chat", "-m", story, "--chat-template", "plain", "-n", "24", "--temp", "0", "--threads", "1"]
+        rc, one, _ = run(kivi, chat, 0, stdin=lines)
+        rc2, many, err = run(kivi, chat + ["--dist", "tp"], 2, stdin=lines)
+        check(rc == 0 and rc2 == 0 and one == many and len(one) > 20, "chat of two turns: -np 2 equals one process")
+        # Sampling with a random seed: every rank draws rank 0's tokens (the text is whole).
+        rc, out, err = run(kivi, ["generate", "-m", story, "-p", "Once", "-n", "40", "--seed", "-1", "--threads", "1",
+                                  "--dist", "tp", "--json"], 2)
+        check(rc == 0 and '"generated_tokens": 40' in out.replace(":40", ": 40"),
+              f"random seed under -np 2 runs to the end ({err.strip()[-200:]})")
+        # Perplexity: the same value, and the KL divergence to one process's logits ~ 0.
+        text = os.path.join(a.shared, "data", "tinytales.txt")
+        short = os.path.join(d, "short.txt")
+        with open(text, encoding="utf-8") as f:
+            open(short, "w", encoding="utf-8").write(f.read()[:3000])
+        base = os.path.join(d, "base.lp")
+        rc, one, err = run(kivi, ["perplexity", "-m", story, "-f", short, "--threads", "1", "--json",
+                                  "--save-logits", base])
+        rc2, many, err2 = run(kivi, ["perplexity", "-m", story, "-f", short, "--threads", "1", "--json",
+                                     "--kld-base", base, "--dist", "tp"], 2)
+        import json
+        ok = rc == 0 and rc2 == 0
+        if ok:
+            o, m = json.loads(one), json.loads(many)
+            ok = abs(o["ppl"] - m["ppl"]) <= 1e-5 * o["ppl"] and m["kld_max"] < 1e-6 and m["top1_agree"] >= 99.99
+            print(f"        ppl {o['ppl']:.6f} vs {m['ppl']:.6f}, kld max {m['kld_max']:.2e}")
+        check(ok, f"perplexity: -np 2 equals one process, KL to its logits ~ 0 ({err2.strip()[-300:]})")
+
+        # Random-weight models of each architecture, F16 and Q4_K, at a shape whose
+        # column slices hold whole 256-value blocks at 4 ranks.
+        models = []
+        for arch, shape in [("llama", ["--dim", "1024", "--heads", "16"]),
+                            ("qwen2", ["--dim", "1024", "--heads", "16"]),
+                            ("qwen3", ["--dim", "512", "--heads", "16", "--head-dim", "64"])]:
+            path = os.path.join(d, f"{arch}.gguf")
+            subprocess.run([kivi, "synth", "--arch", arch, "--layers", "2", *shape, "--kv-heads", "4",
+                            "--ffn", "1024", "--vocab", "512", "--ctx", "512", "-o", path],
+                           check=True, capture_output=True)
+            models.append((arch + " F16", path, None))
+            if arch == "llama" or not quick:
+                q = os.path.join(d, f"{arch}-q4k.gguf")
+                subprocess.run([kivi, "quantize", path, q, "q4_k_m"], check=True, capture_output=True)
+                models.append((arch + " Q4_K_M", q, path))
+            if quick:
+                break
+        swa = os.path.join(d, "swa.gguf")
+        subprocess.run([kivi, "synth", "--layers", "2", "--dim", "256", "--heads", "8", "--kv-heads", "4",
+                        "--ffn", "512", "--vocab", "512", "--ctx", "512", "--sliding-window", "16",
+                        "--sliding-window-pattern", "2", "-o", swa], check=True, capture_output=True)
+        models.append(("llama F16 sliding-window layers", swa, None))
+        prompt = "the quick brown fox jumps over the lazy dog " * 3
+        for what, path, float_model in models:
+            for extra in ([[]] if quick else [[], ["--kv-cache", "kivi2", "-R", "32"]]):
+                name = what + (" " + " ".join(extra) if extra else "")
+                close_logits(kivi, path, prompt, extra, ranks, name, d, float_model)
+                same_text(kivi, path, extra, ranks, name, n=40)
+        # The same bits every run.
+        l1 = logits(kivi, models[0][1], prompt, ranks[-1], [], d)
+        l2 = logits(kivi, models[0][1], prompt, ranks[-1], [], d)
+        check(l1 is not None and l2 is not None and np.array_equal(l1, l2),
+              f"-np {ranks[-1]}: two runs give the same bits")
+        # Q4_K column slices need whole blocks: 8 ranks would cut them.
+        if not quick:
+            rc, out, err = run(kivi, ["generate", "-m", os.path.join(d, "qwen3-q4k.gguf"), "-p", "x", "--threads", "1",
+                                      "--dist", "tp"], 4)
+            check(rc == 0, f"qwen3 Q4_K_M at 4 ranks runs ({err.strip()[-200:]})")
+        faults(kivi, story, d)
+    if FAILED:
+        print(f"{len(FAILED)} check(s) failed")
+        return 1
+    print("all distributed checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
