@@ -300,6 +300,7 @@ runtime::SessionOptions session_options(const Args& a, const model::Model& m,
   }
   runtime::SessionOptions o = runtime::parse_session_options(v);
   o.threads = threads_option(a);  // with its warning when capped
+  o.cp = dist::cp_comm();         // --dist cp: this rank's shard of the positions
   const runtime::ContextChoice c = runtime::resolve_context(m, o);
   if (!c.note.empty()) std::fprintf(stderr, "note: %s\n", c.note.c_str());
   o.ctx = c.ctx;

@@ -37,6 +37,7 @@ const char* kUsage =
     "  bench-matvec Matrix-vector speed per weight type, against the memory-bandwidth probe.\n"
     "  bench-serve  Load generator for the server: concurrent streaming clients, tokens/s, "
     "latency.\n"
+    "  bench-comm   Under mpirun: the time of --dist tp's collectives between the ranks.\n"
     "  bench-sparse Decode attention per token, dense against block-sparse, selection timed "
     "apart.\n"
     "  eval         Long-context retrieval (passkey, needle, kv-retrieval) and the attention "
@@ -47,7 +48,8 @@ const char* kUsage =
 
 // The commands that run as one job over the ranks of mpirun (--dist).
 bool runs_distributed(const std::string& cmd) {
-  return cmd == "generate" || cmd == "chat" || cmd == "perplexity" || cmd == "logits";
+  return cmd == "generate" || cmd == "chat" || cmd == "perplexity" || cmd == "logits" ||
+         cmd == "bench-comm";
 }
 
 // Under mpirun: every rank must run the same distributed command with the same
@@ -106,6 +108,7 @@ int run(int argc, char** argv) {
       {"bench-sparse", cmd_bench_sparse},
       {"serve", cmd_serve},
       {"bench-serve", cmd_bench_serve},
+      {"bench-comm", cmd_bench_comm},
       {"eval", cmd_eval},
   };
   try {

@@ -99,6 +99,23 @@ void merge_partials(const float* partials, size_t stride, int count, int rep, in
   }
 }
 
+void merge_partial_states(const float* partials, size_t stride, int count, int rep, int D,
+                          float* out) {
+  assert(count >= 1);
+  for (int r = 0; r < rep; ++r) {
+    float* o = out + static_cast<size_t>(r) * (D + 2);
+    const float* first = partials + static_cast<size_t>(r) * (D + 2);
+    std::copy(first, first + D + 2, o);
+    State acc{first[D], first[D + 1], o};
+    for (int c = 1; c < count; ++c) {
+      const float* b = partials + c * stride + static_cast<size_t>(r) * (D + 2);
+      merge(acc, State{b[D], b[D + 1], const_cast<float*>(b)}, D);
+    }
+    o[D] = acc.m;
+    o[D + 1] = acc.d;
+  }
+}
+
 void merge(State& a, const State& b, int D) {
   if (b.d == 0.0f) return;
   if (a.d == 0.0f) {
@@ -170,12 +187,25 @@ bool Workspace::scratch_guards_intact() const {
   return true;
 }
 
-void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
-            Workspace& ws) {
+namespace {
+
+// decode() and decode_state(): `states` false writes out [n_heads][D] normalized, true
+// writes out [n_heads][D + 2] as (o unnormalized, m, d).
+void decode_impl(const kv::LayerView& kv, const float* q, float* out, const Params& p,
+                 ThreadPool* pool, Workspace& ws, bool states) {
   const int n = kv.n_tokens, D = kv.k.head_dim, Hkv = kv.k.n_heads;
   const int rep = p.n_heads / Hkv;
   if (n == 0) {
-    std::fill(out, out + static_cast<size_t>(p.n_heads) * D, 0.0f);
+    if (!states) {
+      std::fill(out, out + static_cast<size_t>(p.n_heads) * D, 0.0f);
+      return;
+    }
+    for (int h = 0; h < p.n_heads; ++h) {
+      float* s = out + static_cast<size_t>(h) * (D + 2);
+      std::fill(s, s + D, 0.0f);
+      s[D] = -INFINITY;
+      s[D + 1] = 0.0f;
+    }
     return;
   }
   const int start = p.window > 0 ? std::max(0, n - p.window) : 0;
@@ -209,9 +239,26 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
   assert(ws.scratch_guards_intact());
   // Merge the states in task order (sinks, then chunks), per head.
   for (int h = 0; h < Hkv; ++h) {
-    merge_partials(ws.partial(h * n_chunks), ws.task_stride(), n_chunks, rep, D,
-                   out + static_cast<size_t>(h) * rep * D);
+    if (states) {
+      merge_partial_states(ws.partial(h * n_chunks), ws.task_stride(), n_chunks, rep, D,
+                           out + static_cast<size_t>(h) * rep * (D + 2));
+    } else {
+      merge_partials(ws.partial(h * n_chunks), ws.task_stride(), n_chunks, rep, D,
+                     out + static_cast<size_t>(h) * rep * D);
+    }
   }
+}
+
+}  // namespace
+
+void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
+            Workspace& ws) {
+  decode_impl(kv, q, out, p, pool, ws, false);
+}
+
+void decode_state(const kv::LayerView& kv, const float* q, float* states, const Params& p,
+                  ThreadPool* pool, Workspace& ws) {
+  decode_impl(kv, q, states, p, pool, ws, true);
 }
 
 }  // namespace kivi::attn

@@ -70,6 +70,10 @@ void merge(State& a, const State& b, int head_dim);
 // The outputs out [rep][D] of `count` (>= 1) partial states of rep query heads, in token
 // order: state c of head r is partials[c * stride + r * (D + 2) ...], o[0..D), then m, d.
 void merge_partials(const float* partials, size_t stride, int count, int rep, int D, float* out);
+// The same without the final division: out [rep][D + 2] holds each head's merged state
+// (o unnormalized, then m, d), for merging with states computed elsewhere.
+void merge_partial_states(const float* partials, size_t stride, int count, int rep, int D,
+                          float* out);
 
 // Scratch memory, allocated once per session.
 class Workspace {
@@ -110,6 +114,12 @@ void prefetch_range(const kv::LayerView& kv, int h, int t0, int t1);
 // q: [n_heads, D]. The query sits at position kv.n_tokens - 1.
 void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
             Workspace& ws);
+
+// decode() without the final normalization: states [n_heads][D + 2] hold each query
+// head's merged state (o unnormalized, m, d); an empty cache gives m = -inf, d = 0. Context
+// parallelism merges the states of every rank's shard of the tokens (model/context_parallel.h).
+void decode_state(const kv::LayerView& kv, const float* q, float* states, const Params& p,
+                  ThreadPool* pool, Workspace& ws);
 
 // Reference: dequantizes every token with kv/codec.h, then attends in double.
 void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/context_parallel.h"
 #include "model/tensor_parallel.h"
 
 #ifdef KIVI_HAVE_MPI
@@ -23,6 +24,7 @@ int g_rank = 0, g_size = 1;
 bool g_started = false;
 int g_stderr = 2;  // the stderr the process started with
 std::unique_ptr<model::TpComm> g_tp;
+std::unique_ptr<model::CpComm> g_cp;
 
 // Reads "N" from s[pos...] up to a comma or the end.
 int parse_count(const std::string& s, const std::string& item, size_t eq) {
@@ -75,6 +77,27 @@ class MpiTpComm final : public model::TpComm {
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::vector<float> buf_;
+};
+
+// Context-parallel collectives over an MPI communicator.
+class MpiCpComm final : public model::CpComm {
+ public:
+  explicit MpiCpComm(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCpComm() override {
+    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void gather(const float* mine, size_t n, float* out) override {
+    MPI_Allgather(mine, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT, comm_);
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
 };
 #endif
 
@@ -159,6 +182,7 @@ void init(int* argc, char*** argv) {
 
 void finalize() {
   g_tp.reset();
+  g_cp.reset();
 #ifdef KIVI_HAVE_MPI
   if (g_started) MPI_Finalize();
 #endif
@@ -248,17 +272,22 @@ void setup(const Layout& layout) {
     throw CollectiveError(strfmt("--dist %s needs %d ranks; the job has %d",
                                  layout_name(layout).c_str(), layout.tp * layout.cp, g_size));
   }
-  if (layout.cp > 1) {
-    throw CollectiveError(
-        strfmt("--dist %s: context parallelism (cp) is not available yet; use --dist tp",
-               layout_name(layout).c_str()));
-  }
 #ifdef KIVI_HAVE_MPI
-  if (layout.tp > 1) g_tp = std::make_unique<MpiTpComm>(MPI_COMM_WORLD);
+  if (g_size == 1) return;
+  // World rank w is tensor-parallel rank w % tp of context shard w / tp: a TP group holds
+  // one shard's ranks, a CP group the same slice of the model on every shard.
+  auto split = [](int color) {
+    MPI_Comm c;
+    MPI_Comm_split(MPI_COMM_WORLD, color, g_rank, &c);
+    return c;
+  };
+  if (layout.tp > 1) g_tp = std::make_unique<MpiTpComm>(split(g_rank / layout.tp));
+  if (layout.cp > 1) g_cp = std::make_unique<MpiCpComm>(split(g_rank % layout.tp));
 #endif
 }
 
 model::TpComm* tp_comm() { return g_tp.get(); }
+model::CpComm* cp_comm() { return g_cp.get(); }
 
 void exit_on_error(const char* message, bool collective, int code) {
   if (g_rank == 0) {

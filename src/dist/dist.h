@@ -18,12 +18,14 @@
 
 namespace kivi::model {
 class TpComm;
-}
+class CpComm;
+}  // namespace kivi::model
 
 namespace kivi::dist {
 
 // How the ranks share the work (--dist): tp ranks split each layer (tensor parallelism,
-// model/tensor_parallel.h). tp * cp == the number of ranks.
+// model/tensor_parallel.h), cp groups of them split the context's positions (context
+// parallelism, model/context_parallel.h). tp * cp == the number of ranks.
 struct Layout {
   int tp = 1, cp = 1;
 };
@@ -71,6 +73,8 @@ void broadcast(uint64_t& v);
 void setup(const Layout& layout);
 // This process's tensor-parallel group, or null without one (tp == 1).
 model::TpComm* tp_comm();
+// This process's context-parallel group, or null without one (cp == 1).
+model::CpComm* cp_comm();
 
 // Prints an error as the command's last word and ends the process with `code`: rank 0
 // prints, other ranks print (with their rank) only what rank 0 cannot know; an error

@@ -171,6 +171,30 @@ int KvCache::blocks_shared() const {
   return n;
 }
 
+void KvCache::pass(int layer, int pos) {
+  if (borrows(layer)) return;
+  Layer& L = layers_.at(layer);
+  if (pos < L.n) fail("KV cache: pass(%d) in layer %d, which holds %d tokens", pos, layer, L.n);
+  const int G = cfg_.group_size, R = cfg_.residual;
+  // The flushes append() makes, on the tokens held here only (groups of G never straddle
+  // the end of a shard: shards are whole blocks).
+  if (is_kivi(L.k.lay.fmt.format)) {
+    StreamStore& s = L.k;
+    const int n_res = pos + 1 - s.n_stored, held = L.n - s.n_stored;
+    if (held > 0) {
+      if (cfg_.key_flush == KeyFlush::kBatch) {
+        if (n_res == std::max(R, G)) flush_keys(L, s.n_stored, held);
+      } else if (n_res == std::max(R + 1, G)) {
+        flush_keys(L, s.n_stored, std::min(G, held));
+      }
+    }
+  }
+  if (is_kivi(L.v.lay.fmt.format) && R > 0) {
+    StreamStore& s = L.v;
+    if (pos - s.n_stored == R && s.n_stored < L.n) flush_value(L, s.n_stored);
+  }
+}
+
 void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
   if (borrows(layer))
     fail("KV cache: layer %d reads layer %d's cache and stores none", layer, owner_[layer]);

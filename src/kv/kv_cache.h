@@ -212,6 +212,10 @@ class KvCache {
   // n tokens (k, v: [n, H, D]). Called by prefill on an empty cache; a no-op for
   // other formats or once calibrated.
   void calibrate(int layer, const float* k, const float* v, int n);
+  // Context parallelism: position `pos` (>= n_tokens, in this cache's numbering) went to
+  // another rank's cache. Quantizes what appending it here would have quantized (KIVI's
+  // residual flushes), so a full shard ends with the codes one process would hold.
+  void pass(int layer, int pos);
   // Int8 scales that span every KV head (per tensor, per token) see only the heads this
   // cache holds; under tensor parallelism `f` turns such a local absmax into the largest
   // over every process, so each one picks the whole model's scale. Null: local.

@@ -102,11 +102,14 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   const Weights& w = m.weights();
   const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
   if (n < 1 || n > st.max_batch) fail("forward: batch of %d tokens (max %d)", n, st.max_batch);
-  // Absolute position of the first token (layers with a sliding window hold fewer).
-  const int pos0 = cache.position(0);
-  if (pos0 + n > cache.capacity()) {
+  // Absolute position of the first token (layers with a sliding window hold fewer; a
+  // context-parallel shard holds only its own positions).
+  const CpShard& cp = opt.cp;
+  const int pos0 = cp.comm ? static_cast<int>(st.cp_pos) : cache.position(0);
+  const int capacity = cp.comm ? cp.ctx : cache.capacity();
+  if (pos0 + n > capacity) {
     fail("context full: %d tokens in the cache + %d new exceed the context of %d", pos0, n,
-         cache.capacity());
+         capacity);
   }
   // A layer that reads another layer's cache attends, for token i of the batch, over
   // the owner's cache as it was after token i. Row formats keep that state (a prefix);
@@ -156,6 +159,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     }
   }
 
+  if (cp.comm) st.cp_states.resize(static_cast<size_t>(n) * c.n_heads * (hd + 2));
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     for (int i = 0; i < n; ++i) {
@@ -185,17 +189,28 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     const int lw = cache.window(l);
     ap.window = lw > 0 && opt.window > 0 ? std::min(lw, opt.window) : std::max(lw, opt.window);
     for (int i = 0; i < n; ++i) {
-      if (!borrows) {
+      // Under context parallelism only the shard holding the position stores the token.
+      if (!borrows && (!cp.comm || cp.owns(pos0 + i))) {
         cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd,
                      st.v.data() + static_cast<size_t>(i) * kvd);
+      } else if (!borrows && pos0 + i >= cp.start + cp.size) {
+        cache.pass(l, pos0 + i - cp.start);  // a full shard flushes as one process would
       }
-      // Keys before RoPE: cache index t holds position t + evicted (the append may evict).
-      if (pre_rope) ap.rope = st.rope.data() + static_cast<size_t>(cache.evicted(l)) * hd;
+      // Keys before RoPE: cache index t holds position t + evicted (the append may evict)
+      // + the shard's first position.
+      if (pre_rope)
+        ap.rope = st.rope.data() + static_cast<size_t>(cache.evicted(l) + cp.start) * hd;
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
-      const kv::LayerView view = borrows ? cache.view_prefix(l, pos0 + i + 1) : cache.view(l);
+      const int seen = cp.comm ? cp.local_count(pos0 + i + 1) : pos0 + i + 1;
+      const kv::LayerView view = borrows ? cache.view_prefix(l, seen) : cache.view(l);
       const float* qi = st.q.data() + static_cast<size_t>(i) * qd;
       float* oi = st.att.data() + static_cast<size_t>(i) * qd;
-      if (opt.sparse && opt.sparse->sparse_layer(l)) {
+      if (cp.comm) {
+        // This shard's softmax state; merged with the other shards' after the batch.
+        attn::decode_state(view, qi,
+                           st.cp_states.data() + static_cast<size_t>(i) * c.n_heads * (hd + 2), ap,
+                           pool, st.ws);
+      } else if (opt.sparse && opt.sparse->sparse_layer(l)) {
         opt.sparse->decode(l, cache.owner(l), view, qi, oi, ap, pool, st.ws);
       } else {
         attn::decode(view, qi, oi, ap, pool, st.ws);
@@ -203,6 +218,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
       if (opt.observer) opt.observer->attended(l, cache.owner(l), view, qi, ap);
     }
+    if (cp.comm) cp_merge(cp, st.cp_states.data(), n, c.n_heads, hd, st.att.data(), st.cp_buf);
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
     tp_reduce(m, st.xb2.data(), static_cast<size_t>(n) * dim);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
@@ -218,6 +234,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     check_finite_activations(m, st.x.data(), n, dim, l, pos0, tokens);
   }
+  if (cp.comm) st.cp_pos += n;
   if (!logits) return;
   const int first = all_logits ? 0 : n - 1;
   for (int i = first; i < n; ++i) {

@@ -14,6 +14,7 @@
 #include "attn/attention.h"
 #include "core/aligned.h"
 #include "kv/kv_cache.h"
+#include "model/context_parallel.h"
 #include "model/model.h"
 
 namespace kivi {
@@ -47,6 +48,10 @@ struct ForwardState {
   int64_t position_offset = 0;
   std::vector<float> slopes;  // [n_heads] ALiBi slopes (when enabled)
   attn::Workspace ws;
+  // Context parallelism (ForwardOptions::cp): the positions fed so far over every shard,
+  // and the attention states of a batch [max_batch][n_heads][head_dim + 2] with scratch.
+  int64_t cp_pos = 0;
+  std::vector<float> cp_states, cp_buf;
 };
 
 // Sees every token's attention input in every layer (evaluation probes such as
@@ -68,6 +73,9 @@ struct ForwardOptions {
   sparse::SparseAttention* sparse =
       nullptr;  // block-sparse attention for the layers it selects in, or null
   AttentionObserver* observer = nullptr;  // or null
+  // Context parallelism (model/context_parallel.h): the cache holds only this rank's
+  // shard of the positions; cp.comm null: the whole context.
+  CpShard cp;
 };
 
 // Runs tokens[0..n) at positions pos, pos+1, ... (pos == cache.n_tokens(l) for all l),

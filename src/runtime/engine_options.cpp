@@ -11,6 +11,7 @@
 #include "core/sysinfo.h"
 #include "core/threadpool.h"
 #include "kv/format.h"
+#include "model/context_parallel.h"
 
 namespace kivi::runtime {
 
@@ -416,7 +417,12 @@ ContextChoice resolve_context(const model::Model& m, const SessionOptions& o) {
   // The mapped weights stay resident while the model runs; the rest is the session's.
   const uint64_t weights = m.weight_bytes();
   const uint64_t budget = avail == 0 ? UINT64_MAX : avail > weights ? avail - weights : 0;
-  auto bytes = [&](int n) { return session_bytes(c, o.cache, n, o.max_batch, o.sparse); };
+  // Under context parallelism this process holds one shard of the positions.
+  const int cp = o.cp ? o.cp->size() : 1;
+  auto bytes = [&](int n) {
+    const int held = cp > 1 ? (n + cp - 1) / cp : n;
+    return session_bytes(c, o.cache, held, o.max_batch, o.sparse);
+  };
   auto fits = [&](int n) { return bytes(n) <= budget; };
   auto need = [&](int n) { return sys::human_bytes(static_cast<double>(bytes(n))); };
   const std::string have = sys::human_bytes(static_cast<double>(budget));

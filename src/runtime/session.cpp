@@ -32,6 +32,25 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
                       : opt.threads > 0 ? opt.threads
                                         : hardware_threads();
   kv::CacheConfig cc = cache_shape_for(c, opt.cache, ctx_);
+  if (opt.cp && opt.cp->size() > 1) {
+    // Context parallelism: this rank's cache holds its shard of the positions.
+    const int N = opt.cp->size();
+    const char* no = c.alibi                                  ? "--alibi"
+                     : cc.has_window()                        ? "the model's sliding window"
+                     : opt.overflow != ContextOverflow::kStop ? "--context-overflow"
+                     : opt.forward.window > 0                 ? "--window"
+                     : opt.sparse.enabled()                   ? "--sparse"
+                                                              : nullptr;
+    if (no) {
+      fail(
+          "--dist cp=%d: context parallelism does not run with %s yet (every shard would have to "
+          "drop, window or select its own tokens)",
+          N, no);
+    }
+    const int S = model::cp_shard_tokens(ctx_, N, cc.block());
+    cc = cache_shape_for(c, opt.cache, S);
+    opt_.forward.cp = model::CpShard{opt.cp, opt.cp->rank() * S, S, ctx_};
+  }
   opt_.cache = cc;
   if (cc.has_window()) {
     // The model's sliding window evicts blocks as it goes; the overflow policies and
@@ -207,6 +226,7 @@ const float* Session::decode(int token) {
 
 void Session::reset() {
   cache_->clear();
+  st_->cp_pos = 0;
   if (sparse_) sparse_->reset();
   st_->position_offset = 0;
   dropped_ = 0;

@@ -44,6 +44,9 @@ struct SessionOptions {
   sparse::Options sparse;  // block-sparse decode attention (off by default)
   ThreadPool* pool =
       nullptr;  // shared worker threads (sessions run one at a time); null = own pool of `threads`
+  // Context parallelism (model/context_parallel.h): this rank's group; the cache then
+  // holds ctx / size positions (null or one rank: the whole context).
+  model::CpComm* cp = nullptr;
 };
 
 // Bytes a session allocates for `ctx` tokens: the KV cache reservation, the activations
@@ -68,7 +71,10 @@ class Session {
   uint64_t kv_bytes_reserved() const;
   ThreadPool& pool() { return *pool_; }
   int ctx() const { return ctx_; }
-  int pos() const { return cache_->position(0); }  // tokens fed (evicted ones included)
+  // Tokens fed (evicted ones included; over every shard under context parallelism).
+  int pos() const {
+    return opt_.forward.cp.comm ? static_cast<int>(st_->cp_pos) : cache_->position(0);
+  }
   int vocab() const { return m_.config().vocab_size; }
   const SessionOptions& options() const { return opt_; }
 

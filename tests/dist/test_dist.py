@@ -15,6 +15,7 @@ mpirun is missing or the build has no MPI.
 """
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -47,10 +48,10 @@ def run(kivi, args, np_=0, stdin=None, timeout=300):
     return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
 
 
-def logits(kivi, model, prompt, np_, extra, d):
+def logits(kivi, model, prompt, np_, extra, d, dist="tp"):
     out = os.path.join(d, "logits.bin")
     rc, _, err = run(kivi, ["logits", "-m", model, "-p", prompt, "--threads", "1", "-o", out, *extra]
-                     + (["--dist", "tp"] if np_ else []), np_)
+                     + (["--dist", dist] if np_ else []), np_)
     if rc != 0:
         print(err)
         return None
@@ -59,24 +60,25 @@ def logits(kivi, model, prompt, np_, extra, d):
         return np.frombuffer(f.read(), dtype=np.float32).reshape(n, v)
 
 
-def generate(kivi, model, np_, extra, prompt="Once upon a time", n=48):
+def generate(kivi, model, np_, extra, prompt="Once upon a time", n=48, dist="tp"):
     rc, out, err = run(kivi, ["generate", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0",
-                              "--threads", "1", *extra] + (["--dist", "tp"] if np_ else []), np_)
+                              "--threads", "1", *extra] + (["--dist", dist] if np_ else []), np_)
     return rc, out, err
 
 
-def same_text(kivi, model, extra, ranks, what, n=48):
-    rc, one, err = generate(kivi, model, 0, extra, n=n)
+def same_text(kivi, model, extra, ranks, what, n=48, dist="tp", prompt="Once upon a time"):
+    rc, one, err = generate(kivi, model, 0, extra, n=n, prompt=prompt)
     if rc != 0:
         check(False, f"{what}: single process runs ({err.strip()})")
         return
     for np_ in ranks:
-        rc, many, err = generate(kivi, model, np_, extra, n=n)
-        check(rc == 0 and many == one, f"{what}: -np {np_} greedy text equals one process"
+        rc, many, err = generate(kivi, model, np_, extra, n=n, dist=dist, prompt=prompt)
+        check(rc == 0 and many == one, f"{what}: -np {np_} --dist {dist} greedy text equals one process"
               + ("" if rc == 0 and many == one else f"\n  one:  {one!r}\n  many: {many!r}\n  {err}"))
 
 
-def close_logits(kivi, model, prompt, extra, ranks, what, d, float_model=None):
+def close_logits(kivi, model, prompt, extra, ranks, what, d, float_model=None, dist="tp",
+                 float_extra=None):
     """Float weights: every logit within 1e-5 of the spread. Block-quantized weights
     (float_model: the same model in F16) quantize each activation row to int8 per
     block: the last bit of a partial sum can move a code by one step, and the cache
@@ -85,28 +87,32 @@ def close_logits(kivi, model, prompt, extra, ranks, what, d, float_model=None):
     changes (its difference to float_model), and the greedy choice holds wherever the
     top two are further apart than the difference."""
     one = logits(kivi, model, prompt, 0, extra, d)
-    base = logits(kivi, float_model, prompt, 0, extra, d) if float_model else None
+    base = None
+    if float_model or float_extra is not None:
+        base = logits(kivi, float_model or model, prompt, 0,
+                      extra if float_extra is None else float_extra, d)
     for np_ in ranks:
-        many = logits(kivi, model, prompt, np_, extra, d)
+        many = logits(kivi, model, prompt, np_, extra, d, dist)
+        what_np = f"{what} --dist {dist}"
         if one is None or many is None:
-            check(False, f"{what}: -np {np_} logits computed")
+            check(False, f"{what_np}: -np {np_} logits computed")
             continue
         spread = max(float((one.max(axis=1) - one.min(axis=1)).min()), 1e-30)
         err = float(np.abs(many - one).max()) / spread
         if base is None:
-            check(err <= 1e-5, f"{what}: -np {np_} logits within 1e-5 of one process "
+            check(err <= 1e-5, f"{what_np}: -np {np_} logits within 1e-5 of one process "
                   f"(max error {err:.2e} of the spread)")
             check(np.array_equal(one.argmax(axis=1), many.argmax(axis=1)),
-                  f"{what}: -np {np_} greedy choice at every position equals one process")
+                  f"{what_np}: -np {np_} greedy choice at every position equals one process")
             continue
         quant = float(np.abs(base - one).max()) / spread
         check(err <= 0.2 * quant,
-              f"{what}: -np {np_} logits within {err:.1e} of the spread, a fifth or less of "
+              f"{what_np}: -np {np_} logits within {err:.1e} of the spread, a fifth or less of "
               f"the quantization's own {quant:.1e}")
         top2 = np.sort(one, axis=1)[:, -2:]
         clear = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(many - one).max(axis=1)
         check(np.array_equal(one.argmax(axis=1)[clear], many.argmax(axis=1)[clear]),
-              f"{what}: -np {np_} greedy choice equals one process wherever it is clear "
+              f"{what_np}: -np {np_} greedy choice equals one process wherever it is clear "
               f"({int(clear.sum())} of {len(clear)} positions)")
 
 
@@ -130,6 +136,12 @@ def faults(kivi, story, d):
     check(rc != 0 and one_line(err) and "tp=3" in err, f"--dist tp=3 on 2 ranks: one line ({err.strip()!r})")
     rc, out, err = run(kivi, ["generate", "-m", story, "-p", "x", "--threads", "1", "--dist", "pp"], 2)
     check(rc != 0 and one_line(err) and "'pp'" in err, f"--dist pp: one line ({err.strip()!r})")
+    rc, out, err = generate(kivi, story, 4, ["--ctx", "64"], dist="cp")
+    check(rc != 0 and one_line(err) and "fewer than the ranks" in err,
+          f"--dist cp=4 on a context of one block: one line ({err.strip()!r})")
+    rc, out, err = generate(kivi, story, 2, ["--context-overflow", "shift"], dist="cp")
+    check(rc != 0 and one_line(err) and "--context-overflow" in err,
+          f"--dist cp with a context overflow policy: refused ({err.strip()!r})")
     # Different models behind the same command line: the model fingerprint differs.
     other = os.path.join(d, "other.bin")
     with open(story, "rb") as f:
@@ -250,13 +262,42 @@ def main():
                                   "--save-logits", base])
         rc2, many, err2 = run(kivi, ["perplexity", "-m", story, "-f", short, "--threads", "1", "--json",
                                      "--kld-base", base, "--dist", "tp"], 2)
-        import json
         ok = rc == 0 and rc2 == 0
         if ok:
             o, m = json.loads(one), json.loads(many)
             ok = abs(o["ppl"] - m["ppl"]) <= 1e-5 * o["ppl"] and m["kld_max"] < 1e-6 and m["top1_agree"] >= 99.99
             print(f"        ppl {o['ppl']:.6f} vs {m['ppl']:.6f}, kld max {m['kld_max']:.2e}")
         check(ok, f"perplexity: -np 2 equals one process, KL to its logits ~ 0 ({err2.strip()[-300:]})")
+
+        # Context parallelism: each rank holds a shard of the positions (stories260K's 512
+        # over 4 ranks: 128 each), so prompts and generations cross shard boundaries, and
+        # a prefill batch straddles them.
+        long_prompt = "Once upon a time there was a little girl named Lily who loved to play. " * 12
+        cp_caches = [[]] if quick else [[], ["--kv-cache", "f16"], ["--kv-cache", "int8", "--int8-granularity", "tensor"],
+                                        ["--kv-cache", "kivi2", "-R", "32"], ["--kv-cache", "kivi4", "--key-rope", "pre", "-R", "32"],
+                                        ["--kv-share", "2"]]
+        for extra in cp_caches:
+            name = "stories260K " + (" ".join(extra) or "f32 cache")
+            same_text(kivi, story, extra, ranks, name, n=300, dist="cp")
+            if not quick:
+                # f16, int8 and KIVI codes move with the last bit of a key (the shards'
+                # merge rounds differently): compared with what the format itself changes.
+                stored = "--kv-cache" in extra
+                close_logits(kivi, story, long_prompt, extra, [4], name + ", a prompt over 2 shards", d,
+                             dist="cp", float_extra=[] if stored else None)
+        close_logits(kivi, story, long_prompt, [], ranks, "stories260K", d, dist="cp")
+        if not quick:
+            same_text(kivi, story, ["--kv-cache", "kivi2", "-R", "32"], [4], "stories260K kivi2", n=300,
+                      dist="tp=2,cp=2")
+            close_logits(kivi, story, long_prompt, [], [4], "stories260K", d, dist="tp=2,cp=2")
+        rc2, many, err2 = run(kivi, ["perplexity", "-m", story, "-f", short, "--threads", "1", "--json",
+                                     "--kld-base", base, "--dist", "cp"], 2)
+        ok = rc == 0 and rc2 == 0
+        if ok:
+            o, m = json.loads(one), json.loads(many)
+            ok = abs(o["ppl"] - m["ppl"]) <= 1e-5 * o["ppl"] and m["kld_max"] < 1e-6
+            print(f"        ppl {o['ppl']:.6f} vs {m['ppl']:.6f}, kld max {m['kld_max']:.2e}")
+        check(ok, f"perplexity --dist cp: equals one process ({err2.strip()[-300:]})")
 
         # Random-weight models of each architecture, F16 and Q4_K, at a shape whose
         # column slices hold whole 256-value blocks at 4 ranks.
@@ -286,6 +327,11 @@ def main():
                 name = what + (" " + " ".join(extra) if extra else "")
                 close_logits(kivi, path, prompt, extra, ranks, name, d, float_model)
                 same_text(kivi, path, extra, ranks, name, n=40)
+                if "sliding" not in what:
+                    # ~300 tokens over shards of 256 (2 ranks) or 128 (4 ranks).
+                    close_logits(kivi, path, prompt * 3, extra + ["--ctx", "512"], ranks, name, d,
+                                 float_model, dist="cp",
+                                 float_extra=["--ctx", "512"] if extra and not float_model else None)
         # The same bits every run.
         l1 = logits(kivi, models[0][1], prompt, ranks[-1], [], d)
         l2 = logits(kivi, models[0][1], prompt, ranks[-1], [], d)
