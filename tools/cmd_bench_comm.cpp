@@ -56,8 +56,9 @@ int cmd_bench_comm(int argc, char** argv) {
   const int iters = static_cast<int>(a.integer("iters", 10, 1000000));
   const int N = dist::size();
   if (N < 2) {
-    fail("bench-comm measures collectives between ranks: run it as mpirun -np N kivi bench-comm "
-         "(N >= 2)");
+    fail(
+        "bench-comm measures collectives between ranks: run it as mpirun -np N kivi bench-comm "
+        "(N >= 2)");
   }
   dist::setup(dist::Layout{N, 1});
   model::TpComm* comm = dist::tp_comm();
@@ -66,8 +67,8 @@ int cmd_bench_comm(int argc, char** argv) {
   std::vector<int> counts(static_cast<size_t>(N));
   for (int r = 0; r < N; ++r) counts[r] = vocab / N + (r < vocab % N ? 1 : 0);
   std::vector<float> part(static_cast<size_t>(counts[dist::rank()]), 0.5f), all(vocab);
-  const Timing gather = time_calls(std::max(10, iters / 10),
-                                   [&] { comm->gather(part.data(), counts, all.data()); });
+  const Timing gather =
+      time_calls(std::max(10, iters / 10), [&] { comm->gather(part.data(), counts, all.data()); });
   const double per_token_us = 2.0 * layers * sum.median_us + gather.median_us;
   const double bytes_in = (2.0 * layers * dim * (N - 1) + (vocab - counts[0])) * sizeof(float);
   if (!dist::is_root()) return 0;
