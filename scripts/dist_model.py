@@ -14,7 +14,8 @@ Over N machines:
       the attention states (H (hd + 2) 4 bytes from each machine):
         t = W / bw + KV / N / bw + L (a(N) + (N-1) H (hd + 2) 4 / net)
 
-a(N) = latency x ceil(log2 N) (a recursive-doubling allgather). Rates: --bw GB/s per
+tp needs N to divide the KV heads (8 in these shapes: N <= 8; 16 machines would run
+tp=8,cp=2). a(N) = latency x ceil(log2 N) (a recursive-doubling allgather). Rates: --bw GB/s per
 machine, the network's one-way latency and bandwidth per class (10/25/100 GbE, typical
 TCP figures; pass measured ones with --net NAME:LAT_US:GBIT). Prints a table per shape,
 or --json.
@@ -78,6 +79,10 @@ def main():
         for wname, wbits in WEIGHT_BITS.items():
             for net, (lat, gbit) in nets.items():
                 for n in ns:
+                    if SHAPES[sname][3] % n:  # tp gives every rank whole KV heads
+                        rows.append(dict(mode="tp", shape=sname, weights=wname, ctx=4096, kv="f16",
+                                         net=net, n=n, ms=None, comm_ms=None, tok_s=None))
+                        continue
                     t, c = tp_time(SHAPES[sname], wbits, 4096, KV_BITS["f16"], n, a.bw, lat, gbit)
                     rows.append(dict(mode="tp", shape=sname, weights=wname, ctx=4096, kv="f16", net=net,
                                      n=n, ms=1e3 * t, comm_ms=1e3 * c, tok_s=1 / t))
@@ -106,6 +111,9 @@ def main():
         ctxs = f"{ctx // 1024}K" if ctx < (1 << 20) else f"{ctx >> 20}M"
         cells = []
         for r in rs:
+            if r["tok_s"] is None:
+                cells.append("- (8 KV heads)")
+                continue
             extra = f" ({r['kv_gib_per_machine']:.1f} GiB)" if "kv_gib_per_machine" in r else ""
             cells.append(f"{r['tok_s']:.1f}{extra}")
         print(f"| {mode} | {shape} | {w} | {ctxs} | {net} | " + " | ".join(cells) + " |")

@@ -136,22 +136,26 @@ int cmd_chat(int argc, char** argv) {
   add_kv_options(a);
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
-  refuse_distributed(a, {"kv-save", "kv-load"});
   const bool json = a.flag("json");
   runtime::GenerationOptions go = generation_options(a);
   if (go.max_tokens == 0) go.max_tokens = -1;  // chat: 0 = no limit per reply
   const std::string system = a.str("system");
-  const std::string kv_save = a.str("kv-save"), kv_load = a.str("kv-load");
+  // Under --dist tp each rank saves and loads its own share (rank_file).
+  const std::string kv_save = rank_file(a.str("kv-save")), kv_load = rank_file(a.str("kv-load"));
   if (!kv_load.empty() && a.given("system"))
     fail("--system: the conversation loaded by --kv-load has its system message already");
   if (!kv_save.empty()) {
     // The loaded conversation may be saved over itself: the new file replaces it by a
     // rename, and the cache maps the old file's pages, which live on until it is done.
-    io::check_output_is_not_input(kv_save, model_input_paths(a), "--kv-save");
-    io::check_output_folder(kv_save, "--kv-save");
+    on_every_rank([&] {
+      io::check_output_is_not_input(kv_save, model_input_paths(a), "--kv-save");
+      io::check_output_folder(kv_save, "--kv-save");
+      return 0;
+    });
   }
 
   auto m = load_model(a);
+  refuse_context_parallel(a, {"kv-save", "kv-load"});
   const auto& tk = m->tokenizer();
   const runtime::ChatPrompt chat(tk, a.str("chat-template"));
   note_if_synthetic(*m, "its replies are meaningless");
@@ -167,7 +171,8 @@ int cmd_chat(int argc, char** argv) {
   double compute_seconds = 0.0;
   int turn = 0;
   if (!kv_load.empty()) {
-    const runtime::LoadedSession loaded = runtime::load_session(sess, kv_load);
+    const runtime::LoadedSession loaded =
+        on_every_rank([&] { return runtime::load_session(sess, kv_load); });
     if (!loaded.is_chat) {
       fail(
           "%s was saved by kivi generate (a prompt, not a conversation); continue it with 'kivi "
@@ -193,7 +198,8 @@ int cmd_chat(int argc, char** argv) {
                  describe_cache(sess.options().cache).c_str());
   }
 
-  catch_interrupts();
+  // Under mpirun Ctrl-C ends the job (every rank would have to stop at the same token).
+  if (dist::size() == 1) catch_interrupts();
   std::string line, pending;
   bool context_full = false, interrupted = false;
   bool after_marker = false;  // plain: the last reply ended by writing "\nUser:"
@@ -279,9 +285,11 @@ int cmd_chat(int argc, char** argv) {
     runtime::ChatRecord record;
     record.turns = turn;
     for (int i = 0; i < 4; ++i) record.rng[i] = rng.state()[i];
-    const uint64_t bytes =
-        runtime::save_session(sess, fed, fed_before + static_cast<int64_t>(fed.size() - n_loaded),
-                              compute_seconds, kv_save, &record);
+    const uint64_t bytes = on_every_rank([&] {
+      return runtime::save_session(sess, fed,
+                                   fed_before + static_cast<int64_t>(fed.size() - n_loaded),
+                                   compute_seconds, kv_save, &record);
+    });
     std::fprintf(stderr, "[conversation saved to %s: %d tokens, %llu bytes]\n", kv_save.c_str(),
                  sess.pos(), static_cast<unsigned long long>(bytes));
   }

@@ -153,7 +153,7 @@ int cmd_generate(int argc, char** argv) {
   add_kv_options(a);
   add_sparse_options(a);
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
-  refuse_distributed(a, {"kv-save", "kv-load", "no-kv-cache"});
+  refuse_distributed(a, {"no-kv-cache"});
   const bool json = a.flag("json");
   const runtime::GenerationOptions go = generation_options(a);
   if (a.flag("no-kv-cache")) {
@@ -162,16 +162,21 @@ int cmd_generate(int argc, char** argv) {
       if (a.given(o)) fail("--%s needs the KV cache; leave out --no-kv-cache", o);
     }
   }
-  const std::string kv_save = a.str("kv-save"), kv_load = a.str("kv-load");
+  // Under --dist tp each rank saves and loads its own share (rank_file).
+  const std::string kv_save = rank_file(a.str("kv-save")), kv_load = rank_file(a.str("kv-load"));
   if (!kv_save.empty()) {
     std::vector<std::string> inputs = model_input_paths(a);
     if (!kv_load.empty()) inputs.push_back(kv_load);
-    io::check_output_is_not_input(kv_save, inputs, "--kv-save");
-    io::check_output_folder(kv_save, "--kv-save");  // before the prefill, not after it
+    on_every_rank([&] {
+      io::check_output_is_not_input(kv_save, inputs, "--kv-save");
+      io::check_output_folder(kv_save, "--kv-save");  // before the prefill, not after it
+      return 0;
+    });
   }
   const std::string prompt = prompt_option(a);
 
   auto m = load_model(a);
+  refuse_context_parallel(a, {"kv-save", "kv-load"});
   const auto& cfg = m->config();
   note_if_synthetic(*m, "its text is meaningless");
   const auto& tk = m->tokenizer();
@@ -187,7 +192,7 @@ int cmd_generate(int argc, char** argv) {
   if (!kv_load.empty()) {
     if (prompt.empty())
       fail("--kv-load: give the follow-up prompt with -p (the cache ends at its last token)");
-    loaded = runtime::load_session(*sess, kv_load);
+    loaded = on_every_rank([&] { return runtime::load_session(*sess, kv_load); });
   }
   const int n_loaded = static_cast<int>(loaded.tokens.size());
   std::vector<int> tokens = loaded.tokens;
@@ -227,8 +232,10 @@ int cmd_generate(int argc, char** argv) {
   const int n_saved = sess ? sess->pos() : 0;
   if (!kv_save.empty()) {
     const double ts = now_seconds();
-    kv_saved_bytes = runtime::save_session(*sess, tokens, loaded.prefill_tokens + n_prompt,
-                                           loaded.prefill_seconds + t_prefill, kv_save);
+    kv_saved_bytes = on_every_rank([&] {
+      return runtime::save_session(*sess, tokens, loaded.prefill_tokens + n_prompt,
+                                   loaded.prefill_seconds + t_prefill, kv_save);
+    });
     t_save = now_seconds() - ts;
   }
   std::string completion;

@@ -377,6 +377,23 @@ void refuse_distributed(const Args& a, std::initializer_list<const char*> option
   }
 }
 
+void refuse_context_parallel(const Args& a, std::initializer_list<const char*> options) {
+  if (!dist::cp_comm()) return;
+  for (const char* o : options) {
+    if (a.declared(o) && a.given(o)) {
+      throw dist::CollectiveError(
+          strfmt("--%s does not run under --dist cp yet (each rank would hold a shard of the "
+                 "positions); it runs under --dist tp",
+                 o));
+    }
+  }
+}
+
+std::string rank_file(const std::string& path) {
+  if (path.empty() || dist::size() == 1 || dist::rank() == 0) return path;
+  return path + ".rank" + std::to_string(dist::rank());
+}
+
 std::string prompt_option(const Args& a) {
   // Rank 0 alone reads the prompt (mpirun gives standard input to rank 0 only; a file
   // need not exist on every machine) and sends it to the others.

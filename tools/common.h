@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "args.h"
+#include "dist/dist.h"
 #include "model/model.h"
 #include "runtime/generation.h"
 #include "runtime/session.h"
@@ -64,6 +65,26 @@ std::string text_everywhere(const std::string& path);
 // Under mpirun: a collective error naming the first of `options` given (what does not
 // run over several processes yet).
 void refuse_distributed(const Args& a, std::initializer_list<const char*> options);
+// The same under --dist cp only (after load_model has set the layout up).
+void refuse_context_parallel(const Args& a, std::initializer_list<const char*> options);
+// Under --dist tp every rank keeps its own share of a KV cache file: rank 0 `path`, rank r
+// `path.rank<r>` ("" stays "").
+std::string rank_file(const std::string& path);
+// Runs f on every rank; when it fails on any rank, every rank throws that error and rank
+// 0 alone prints it (a file missing on one machine ends the job with one line).
+template <typename F>
+auto on_every_rank(F&& f) -> decltype(f()) {
+  if (dist::size() == 1) return f();
+  std::string error;
+  decltype(f()) r{};
+  try {
+    r = f();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  dist::agree(error);
+  return r;
+}
 // The session options given, parsed by the library (runtime/engine_options.h), with the
 // context resolved and checked against memory (runtime::resolve_context).
 // ctx >= 0 replaces --ctx (0: the default context) for a command whose --ctx means
