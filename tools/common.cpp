@@ -91,8 +91,9 @@ void add_model_options(Args& a, const char* ctx_help) {
       "dist", 0, "LAYOUT",
       "Under mpirun (generate, chat, perplexity, logits): how the ranks share the job. 'tp' splits "
       "every layer over the ranks (attention heads, FFN channels, vocabulary: each rank holds "
-      "1/N of the weights and of the KV cache); 'tp=N'. Required with more than one rank. See "
-      "docs/DISTRIBUTED.md.",
+      "1/N of the weights and of the KV cache); 'cp' splits the context (each rank holds the "
+      "model and the keys and values of 1/N of the positions); 'tp=A,cp=B' both, over A x B "
+      "ranks. Required with more than one rank. See docs/DISTRIBUTED.md.",
       "");
   a.add_flag("check-weights", 0,
              "Scan every weight for NaN and Inf at load and name the first tensor holding one "

@@ -62,9 +62,9 @@ class MpiTpComm final : public model::TpComm {
     }
   }
   void gather(const float* part, const std::vector<int>& counts, float* out) override {
-    std::vector<int> displs(counts.size());
-    for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
-    MPI_Allgatherv(part, counts[rank_], MPI_FLOAT, out, counts.data(), displs.data(), MPI_FLOAT,
+    displs_.assign(counts.size(), 0);
+    for (size_t r = 1; r < counts.size(); ++r) displs_[r] = displs_[r - 1] + counts[r - 1];
+    MPI_Allgatherv(part, counts[rank_], MPI_FLOAT, out, counts.data(), displs_.data(), MPI_FLOAT,
                    comm_);
   }
   float max(float x) override {
@@ -76,7 +76,8 @@ class MpiTpComm final : public model::TpComm {
  private:
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
-  std::vector<float> buf_;
+  std::vector<float> buf_;  // every rank's partial sums
+  std::vector<int> displs_;
 };
 
 // Context-parallel collectives over an MPI communicator.

@@ -158,11 +158,14 @@ void classify(const Model& m, const float* x, int n, float* logits, ThreadPool* 
   // reordered into [n, vocab].
   const TpSlice& t = m.config().tp;
   const int V = m.config().vocab_size, mine = t.vocab1 - t.vocab0;
-  std::vector<float> part(static_cast<size_t>(n) * mine);
+  // Scratch that grows to the largest batch and is then reused: decoding allocates nothing.
+  thread_local std::vector<float> part, all;
+  thread_local std::vector<int> counts;
+  part.resize(static_cast<size_t>(n) * mine);
   ops::matmul(out, x, n, part.data(), pool);
-  std::vector<int> counts(t.vocab_counts.size());
+  counts.resize(t.vocab_counts.size());
   for (size_t k = 0; k < counts.size(); ++k) counts[k] = t.vocab_counts[k] * n;
-  std::vector<float> all(static_cast<size_t>(n) * V);
+  all.resize(static_cast<size_t>(n) * V);
   comm->gather(part.data(), counts, all.data());
   size_t off = 0;
   int v0 = 0;
