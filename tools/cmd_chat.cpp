@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -159,7 +160,10 @@ int cmd_chat(int argc, char** argv) {
   const auto& tk = m->tokenizer();
   const runtime::ChatPrompt chat(tk, a.str("chat-template"));
   note_if_synthetic(*m, "its replies are meaningless");
-  runtime::Session sess(*m, session_options(a, *m));
+  // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
+  const std::unique_ptr<runtime::Session> session =
+      on_every_rank([&] { return std::make_unique<runtime::Session>(*m, session_options(a, *m)); });
+  runtime::Session& sess = *session;
   go.end_tokens = chat.end_tokens();
   go.stop = chat.stop_strings();
   Rng rng(go.sampler.seed);  // one random stream through every turn

@@ -180,13 +180,14 @@ int cmd_generate(int argc, char** argv) {
   const auto& cfg = m->config();
   note_if_synthetic(*m, "its text is meaningless");
   const auto& tk = m->tokenizer();
-  runtime::SessionOptions opt = session_options(a, *m);
+  // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
+  runtime::SessionOptions opt = on_every_rank([&] { return session_options(a, *m); });
   const bool no_cache = a.flag("no-kv-cache");
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
   const bool bounded =
       opt.overflow != runtime::ContextOverflow::kStop;  // generation goes on past the context
   std::unique_ptr<runtime::Session> sess;
-  if (!no_cache) sess = std::make_unique<runtime::Session>(*m, opt);
+  if (!no_cache) sess = on_every_rank([&] { return std::make_unique<runtime::Session>(*m, opt); });
   // A loaded cache: its tokens come first and the prompt follows them.
   runtime::LoadedSession loaded;
   if (!kv_load.empty()) {

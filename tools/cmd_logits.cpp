@@ -48,7 +48,7 @@ int cmd_logits(int argc, char** argv) {
   const int V = m->config().vocab_size;
   const std::vector<int> tokens = m->tokenizer().encode(a.str("prompt"), m->tokenizer().add_bos());
   const int n = static_cast<int>(tokens.size());
-  runtime::SessionOptions opt = session_options(a, *m);
+  runtime::SessionOptions opt = on_every_rank([&] { return session_options(a, *m); });
   const int ctx = opt.ctx > 0 ? opt.ctx : m->config().ctx;
   if (n > ctx) fail("the prompt is %d tokens, longer than the context (%d)", n, ctx);
   std::vector<float> logits(static_cast<size_t>(n) * V);
@@ -60,7 +60,10 @@ int cmd_logits(int argc, char** argv) {
       std::memcpy(&logits[static_cast<size_t>(i - 1) * V], l.data(), V * sizeof(float));
     }
   } else {
-    runtime::Session s(*m, opt);
+    // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
+    const std::unique_ptr<runtime::Session> session =
+        on_every_rank([&] { return std::make_unique<runtime::Session>(*m, opt); });
+    runtime::Session& s = *session;
     if (mode == "prefill") {
       s.prefill(tokens, logits.data());
     } else {

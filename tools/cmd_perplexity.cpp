@@ -78,8 +78,10 @@ int cmd_perplexity(int argc, char** argv) {
     io::check_output_is_not_input(a.str("save-logits"), inputs, "--save-logits");
   }
   auto m = load_model(a);
-  runtime::SessionOptions opt = session_options(a, *m);
-  runtime::Session s(*m, opt);
+  // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
+  const std::unique_ptr<runtime::Session> session =
+      on_every_rank([&] { return std::make_unique<runtime::Session>(*m, session_options(a, *m)); });
+  runtime::Session& s = *session;
   const std::vector<int> tokens = m->tokenizer().encode(text, false);
   if (tokens.size() < 2) {
     fail("%s: the text has %zu token%s; perplexity needs at least 2", a.str("file").c_str(),

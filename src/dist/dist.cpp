@@ -301,10 +301,11 @@ void exit_on_error(const char* message, bool collective, int code) {
   }
 #ifdef KIVI_HAVE_MPI
   // An error this rank may meet alone: the others may be waiting for it in a collective.
-  // Rank 0 ends the job at once; another rank leaves rank 0 a moment to do so (when it
-  // met the same error), then says what happened and ends the job itself.
+  // Rank 0 ends the job at once; another rank leaves rank 0 two seconds to do so (when it
+  // met the same error), then says what happened and ends the job itself. Errors every
+  // rank meets at once go through agree() instead and never race.
   if (g_rank != 0) {
-    usleep(500 * 1000);
+    sleep(2);
     dprintf(g_stderr, "kivi: error (rank %d): %s\n", g_rank, message);
   }
   MPI_Abort(MPI_COMM_WORLD, code);
