@@ -166,24 +166,15 @@ static std::unique_ptr<model::Model> load_model_distributed(const Args& a,
         strfmt("started on %d ranks without --dist: pass --dist tp to split the model over them",
                dist::size()));
   }
-  std::string error;
-  dist::Layout layout;
-  try {
-    layout = dist::parse_layout(layout_text, dist::size());
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  dist::agree(error);
+  const dist::Layout layout =
+      on_every_rank([&] { return dist::parse_layout(layout_text, dist::size()); });
   dist::setup(layout);
   dist::check_same(file_fingerprint(path), "model files");
-  std::unique_ptr<model::Model> m;
-  try {
-    m = model::Model::load(path, a.str("tokenizer"));
-    model::shard_tensor_parallel(*m, dist::tp_comm());
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  dist::agree(error);
+  std::unique_ptr<model::Model> m = on_every_rank([&] {
+    std::unique_ptr<model::Model> loaded = model::Model::load(path, a.str("tokenizer"));
+    model::shard_tensor_parallel(*loaded, dist::tp_comm());
+    return loaded;
+  });
   return m;
 }
 
@@ -353,41 +344,47 @@ std::vector<std::string> data_file_candidates(const std::string& name) {
   return c;
 }
 
-std::string text_everywhere(const std::string& path) {
+// Rank 0 alone runs `read` (mpirun gives standard input to rank 0 only; a file need not
+// exist on every machine); every rank gets its text, or every rank throws its error.
+template <typename F>
+static std::string read_on_root(F&& read) {
+  if (dist::size() == 1) return read();
   std::string text, error;
   if (dist::is_root()) {
     try {
-      text = read_text_file(path);
+      text = read();
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  if (dist::size() == 1 && !error.empty()) throw Error(error);
   dist::agree(error);
   dist::broadcast(text);
   return text;
 }
 
-void refuse_distributed(const Args& a, std::initializer_list<const char*> options) {
-  if (dist::size() == 1) return;
+std::string text_everywhere(const std::string& path) {
+  return read_on_root([&] { return read_text_file(path); });
+}
+
+// A collective error naming the first of `options` given, when `applies`; `why` completes
+// "--NAME ...".
+static void refuse_given(const Args& a, std::initializer_list<const char*> options, bool applies,
+                         const char* why) {
+  if (!applies) return;
   for (const char* o : options) {
-    if (a.declared(o) && a.given(o)) {
-      throw dist::CollectiveError(
-          strfmt("--%s runs in one process only; leave it out under mpirun --dist", o));
-    }
+    if (a.declared(o) && a.given(o)) throw dist::CollectiveError(strfmt("--%s %s", o, why));
   }
 }
 
+void refuse_distributed(const Args& a, std::initializer_list<const char*> options) {
+  refuse_given(a, options, dist::size() > 1,
+               "runs in one process only; leave it out under mpirun --dist");
+}
+
 void refuse_context_parallel(const Args& a, std::initializer_list<const char*> options) {
-  if (!dist::cp_comm()) return;
-  for (const char* o : options) {
-    if (a.declared(o) && a.given(o)) {
-      throw dist::CollectiveError(
-          strfmt("--%s does not run under --dist cp yet (each rank would hold a shard of the "
-                 "positions); it runs under --dist tp",
-                 o));
-    }
-  }
+  refuse_given(a, options, dist::cp_comm() != nullptr,
+               "does not run under --dist cp yet (each rank would hold a shard of the "
+               "positions); it runs under --dist tp");
 }
 
 std::string rank_file(const std::string& path) {
@@ -396,30 +393,19 @@ std::string rank_file(const std::string& path) {
 }
 
 std::string prompt_option(const Args& a) {
-  // Rank 0 alone reads the prompt (mpirun gives standard input to rank 0 only; a file
-  // need not exist on every machine) and sends it to the others.
-  std::string p, error;
-  if (dist::is_root()) {
-    try {
-      if (a.declared("file") && a.given("file")) {
-        if (a.given("prompt")) fail("give the prompt with -p or -f, not both");
-        p = read_text_file(a.str("file"));
-      } else {
-        p = a.str("prompt");
-        if (p == "-") {
-          std::stringstream ss;
-          ss << std::cin.rdbuf();
-          p = ss.str();
-        }
-      }
-    } catch (const Error& e) {
-      error = e.what();
+  return read_on_root([&] {
+    if (a.declared("file") && a.given("file")) {
+      if (a.given("prompt")) fail("give the prompt with -p or -f, not both");
+      return read_text_file(a.str("file"));
     }
-  }
-  if (dist::size() == 1 && !error.empty()) throw Error(error);
-  dist::agree(error);
-  dist::broadcast(p);
-  return p;
+    std::string p = a.str("prompt");
+    if (p == "-") {
+      std::stringstream ss;
+      ss << std::cin.rdbuf();
+      p = ss.str();
+    }
+    return p;
+  });
 }
 
 }  // namespace kivi::tools

@@ -37,26 +37,35 @@ int parse_count(const std::string& s, const std::string& item, size_t eq) {
 }
 
 #ifdef KIVI_HAVE_MPI
+// A communicator with this rank's place in it; frees it unless it is the world.
+struct Group {
+  explicit Group(MPI_Comm c) : comm(c) {
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+  }
+  ~Group() {
+    if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
+  }
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+  MPI_Comm comm;
+  int rank = 0, size = 1;
+};
+
 // Tensor-parallel collectives over an MPI communicator.
 class MpiTpComm final : public model::TpComm {
  public:
-  explicit MpiTpComm(MPI_Comm comm) : comm_(comm) {
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-  }
-  ~MpiTpComm() override {
-    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
-  }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  explicit MpiTpComm(MPI_Comm comm) : g_(comm) {}
+  int rank() const override { return g_.rank; }
+  int size() const override { return g_.size; }
   void sum(float* x, size_t n) override {
     // Gathering every part and adding them in rank order on every rank gives the same
     // bits everywhere and every time (an MPI_Allreduce may add in any order).
-    buf_.resize(n * static_cast<size_t>(size_));
+    buf_.resize(n * static_cast<size_t>(g_.size));
     MPI_Allgather(x, static_cast<int>(n), MPI_FLOAT, buf_.data(), static_cast<int>(n), MPI_FLOAT,
-                  comm_);
+                  g_.comm);
     std::memcpy(x, buf_.data(), n * sizeof(float));
-    for (int r = 1; r < size_; ++r) {
+    for (int r = 1; r < g_.size; ++r) {
       const float* p = buf_.data() + static_cast<size_t>(r) * n;
       for (size_t i = 0; i < n; ++i) x[i] += p[i];
     }
@@ -64,18 +73,17 @@ class MpiTpComm final : public model::TpComm {
   void gather(const float* part, const std::vector<int>& counts, float* out) override {
     displs_.assign(counts.size(), 0);
     for (size_t r = 1; r < counts.size(); ++r) displs_[r] = displs_[r - 1] + counts[r - 1];
-    MPI_Allgatherv(part, counts[rank_], MPI_FLOAT, out, counts.data(), displs_.data(), MPI_FLOAT,
-                   comm_);
+    MPI_Allgatherv(part, counts[g_.rank], MPI_FLOAT, out, counts.data(), displs_.data(), MPI_FLOAT,
+                   g_.comm);
   }
   float max(float x) override {
     float out = x;
-    MPI_Allreduce(&x, &out, 1, MPI_FLOAT, MPI_MAX, comm_);
+    MPI_Allreduce(&x, &out, 1, MPI_FLOAT, MPI_MAX, g_.comm);
     return out;
   }
 
  private:
-  MPI_Comm comm_;
-  int rank_ = 0, size_ = 1;
+  Group g_;
   std::vector<float> buf_;  // every rank's partial sums
   std::vector<int> displs_;
 };
@@ -83,22 +91,16 @@ class MpiTpComm final : public model::TpComm {
 // Context-parallel collectives over an MPI communicator.
 class MpiCpComm final : public model::CpComm {
  public:
-  explicit MpiCpComm(MPI_Comm comm) : comm_(comm) {
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-  }
-  ~MpiCpComm() override {
-    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
-  }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  explicit MpiCpComm(MPI_Comm comm) : g_(comm) {}
+  int rank() const override { return g_.rank; }
+  int size() const override { return g_.size; }
   void gather(const float* mine, size_t n, float* out) override {
-    MPI_Allgather(mine, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT, comm_);
+    MPI_Allgather(mine, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT,
+                  g_.comm);
   }
 
  private:
-  MPI_Comm comm_;
-  int rank_ = 0, size_ = 1;
+  Group g_;
 };
 #endif
 
@@ -171,7 +173,8 @@ void init(int* argc, char*** argv) {
       std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_SIZE");
   if (!launched) return;
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // Serialized: the serving scheduler's thread makes the calls, one thread at a time.
+  MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   g_started = true;

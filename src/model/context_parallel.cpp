@@ -13,8 +13,8 @@ int cp_shard_tokens(int ctx, int n, int block) {
   const int64_t blocks = (static_cast<int64_t>(ctx) + block - 1) / block;
   if (blocks < n) {
     fail(
-        "--dist cp=%d: a context of %d tokens is %lld blocks of %d tokens, fewer than the ranks "
-        "(each rank holds whole blocks; use a larger --ctx or fewer ranks)",
+        "--dist cp=%d: a context of %d tokens fills %lld block(s) of %d tokens, fewer than the "
+        "ranks (each rank holds whole blocks; use a larger --ctx or fewer ranks)",
         n, ctx, static_cast<long long>(blocks), block);
   }
   return static_cast<int>((blocks + n - 1) / n * block);

@@ -121,6 +121,23 @@ def close_logits(kivi, model, prompt, extra, ranks, what, d, float_model=None, d
               f"({int(clear.sum())} of {len(clear)} positions)")
 
 
+
+def end_job(p, act, pattern):
+    """Runs act() (a signal to the job or to one rank) and waits for mpirun to end: the
+    seconds it took (None: it did not end in 20 s and was killed) and the processes
+    matching `pattern` still running half a second later."""
+    t0 = time.time()
+    act()
+    try:
+        p.wait(timeout=20)
+        ended = time.time() - t0
+    except subprocess.TimeoutExpired:
+        p.kill()
+        ended = None
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", pattern], capture_output=True).stdout.split()
+    return ended, left
+
 def faults(kivi, story, d):
     def one_line(err):
         return len([l for l in err.splitlines() if l.strip()]) == 1
@@ -187,16 +204,7 @@ def faults(kivi, story, d):
     p.stdin.write(b"Tell me a story\n")
     p.stdin.flush()
     time.sleep(2.0)
-    t0 = time.time()
-    p.send_signal(signal.SIGINT)
-    try:
-        p.wait(timeout=20)
-        ended = time.time() - t0
-    except subprocess.TimeoutExpired:
-        p.kill()
-        ended = None
-    time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", f"{kivi} chat -m {story}"], capture_output=True).stdout.split()
+    ended, left = end_job(p, lambda: p.send_signal(signal.SIGINT), f"{kivi} chat -m {story}")
     check(ended is not None and ended < 10 and not left,
           f"Ctrl-C during a chat under mpirun ends the job (after {ended} s, {len(left)} left)")
 
@@ -218,19 +226,10 @@ def faults(kivi, story, d):
     if victim is None:
         p.kill()
         return
-    t0 = time.time()
-    os.kill(victim, signal.SIGKILL)
-    try:
-        p.wait(timeout=20)
-        ended = time.time() - t0
-    except subprocess.TimeoutExpired:
-        p.kill()
-        ended = None
+    ended, left = end_job(p, lambda: os.kill(victim, signal.SIGKILL),
+                          f"{kivi} generate -m {story} -p Once -n -1")
     check(ended is not None and ended < 10 and p.returncode != 0,
           f"a killed rank ends the job (after {ended} s, exit {p.returncode})")
-    time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", f"{kivi} generate -m {story} -p Once -n -1"],
-                          capture_output=True).stdout.split()
     check(not left, f"no rank left running ({left})")
 
 
