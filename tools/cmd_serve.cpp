@@ -34,15 +34,38 @@ int cmd_serve(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  block_stop_signals();  // main() did so already when MPI starts threads of its own
 
   auto m = load_model(a);
   note_if_synthetic(*m, "its text is meaningless");
-  const ServeConfig cfg = serve_config(a, *m);
-  runtime::Scheduler sched(*m, cfg.sched);
-  server::HttpServer http(sched, cfg.server);
-  const int port = http.bind();
-  print_serve_summary(sched, cfg.server);
+  if (dist::cp_comm()) {
+    throw dist::CollectiveError(
+        "kivi serve runs over ranks with --dist tp only (each --dist cp rank would hold a shard "
+        "of every sequence's positions)");
+  }
+  ServeConfig cfg = on_every_rank([&] { return serve_config(a, *m); });
+  // Under mpirun every rank runs the same steps on its share of the model and of every
+  // sequence's cache; rank 0 schedules them and serves HTTP. The pools must have the
+  // same number of blocks everywhere: rank 0's budget holds on every rank.
+  cfg.sched.link = dist::step_link();
+  dist::broadcast(cfg.sched.kv_budget_bytes);
+  auto sched = on_every_rank([&] { return std::make_unique<runtime::Scheduler>(*m, cfg.sched); });
+  std::unique_ptr<server::HttpServer> http_owner;
+  const int port = on_every_rank([&] {
+    if (!dist::is_root()) return 0;
+    http_owner = std::make_unique<server::HttpServer>(*sched, cfg.server);
+    return http_owner->bind();
+  });
+  if (cfg.sched.link) {
+    if (!dist::is_root()) {
+      sched->follow();
+      return 0;
+    }
+    sched->start();
+  }
+  server::HttpServer& http = *http_owner;
+  runtime::Scheduler& s = *sched;
+  print_serve_summary(s, cfg.server);
   std::fprintf(stderr, "kivi serve: chat format %s; listening on http://%s:%d%s\n",
                http.chat().name(), cfg.server.host.c_str(), port,
                cfg.server.api_key.empty() ? "" : " (API key required)");
@@ -57,8 +80,8 @@ int cmd_serve(int argc, char** argv) {
   pthread_kill(waiter.native_handle(),
                SIGUSR1);  // wakes the waiter if the server stopped by itself
   waiter.join();
-  sched.stop();
-  const auto st = sched.stats();
+  s.stop();
+  const auto st = s.stats();
   std::fprintf(
       stderr,
       "kivi serve: %llu requests completed, %llu cancelled, %llu refused (queue full); %llu "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "serve_options.h"
 #include "core/error.h"
 #include "core/suggest.h"
 #include "dist/dist.h"
@@ -49,7 +50,7 @@ const char* kUsage =
 // The commands that run as one job over the ranks of mpirun (--dist).
 bool runs_distributed(const std::string& cmd) {
   return cmd == "generate" || cmd == "chat" || cmd == "perplexity" || cmd == "logits" ||
-         cmd == "bench-comm";
+         cmd == "serve" || cmd == "bench-comm";
 }
 
 // Under mpirun: every rank must run the same distributed command with the same
@@ -60,9 +61,8 @@ void start_ranks(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (!runs_distributed(cmd)) {
     throw dist::CollectiveError(
-        kivi::strfmt("'kivi %s' runs in one process; under mpirun only generate, chat, perplexity "
-                     "and logits run "
-                     "(with --dist)",
+        kivi::strfmt("'kivi %s' runs in one process; under mpirun only generate, chat, "
+                     "perplexity, logits, serve and bench-comm run (with --dist)",
                      cmd.c_str()));
   }
   uint64_t h = 1469598103934665603ull;  // FNV-1a of the arguments
@@ -135,6 +135,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "serve") == 0) kivi::tools::block_stop_signals();
   kivi::dist::init(&argc, &argv);
   const int rc = run(argc, argv);
   kivi::dist::finalize();

@@ -1,5 +1,8 @@
 #include "serve_options.h"
 
+#include <pthread.h>
+
+#include <csignal>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -158,6 +161,15 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
     fail("--cors '%s': an origin is one line", o.cors_origin.c_str());
   o.read_timeout_s = o.write_timeout_s = static_cast<int>(a.integer("timeout", 1, 3600));
   return c;
+}
+
+void block_stop_signals() {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 }
 
 void print_serve_summary(const runtime::Scheduler& s, const server::ServerOptions& o) {

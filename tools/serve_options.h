@@ -34,5 +34,9 @@ ServeConfig serve_config(const Args& a, const model::Model& m);
 
 // One line on stderr describing what a scheduler serves and how much it can hold.
 void print_serve_summary(const runtime::Scheduler& s, const server::ServerOptions& o);
+// Blocks SIGINT, SIGTERM and SIGUSR1 in the calling thread and every thread it starts
+// later: kivi serve waits for them in one thread of its own. main() calls it before MPI
+// starts its threads, which would otherwise take the signal and end the process.
+void block_stop_signals();
 
 }  // namespace kivi::tools

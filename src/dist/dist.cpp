@@ -1,16 +1,21 @@
 #include "dist/dist.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "model/context_parallel.h"
 #include "model/tensor_parallel.h"
+#include "runtime/step_link.h"
 
 #ifdef KIVI_HAVE_MPI
 #include <mpi.h>
@@ -25,6 +30,7 @@ bool g_started = false;
 int g_stderr = 2;  // the stderr the process started with
 std::unique_ptr<model::TpComm> g_tp;
 std::unique_ptr<model::CpComm> g_cp;
+std::unique_ptr<runtime::StepLink> g_link;
 
 // Reads "N" from s[pos...] up to a comma or the end.
 int parse_count(const std::string& s, const std::string& item, size_t eq) {
@@ -101,6 +107,48 @@ class MpiCpComm final : public model::CpComm {
 
  private:
   Group g_;
+};
+
+// A serving scheduler's step records, broadcast from rank 0 on a communicator of their
+// own. A follower polls for the next record: spinning (yielding) for the first 20 ms
+// after a record, then sleeping 0.5 ms between polls, so an idle server costs the
+// followers almost nothing and a busy one adds no sleep to a step.
+class MpiStepLink final : public runtime::StepLink {
+ public:
+  explicit MpiStepLink(MPI_Comm comm) : g_(comm) {}
+  bool leader() const override { return g_.rank == 0; }
+  void exchange(std::vector<int32_t>& w) override {
+    int64_t n = static_cast<int64_t>(w.size());
+    MPI_Request req;
+    MPI_Ibcast(&n, 1, MPI_INT64_T, 0, g_.comm, &req);
+    if (leader()) {
+      MPI_Wait(&req, MPI_STATUS_IGNORE);
+    } else {
+      const auto since = std::chrono::steady_clock::now() - last_;
+      const bool spin = since < std::chrono::milliseconds(20);
+      for (int done = 0;;) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (done) break;
+        if (spin && std::chrono::steady_clock::now() - last_ < std::chrono::milliseconds(20)) {
+          sched_yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(500));
+        }
+      }
+      w.resize(static_cast<size_t>(n));
+    }
+    size_t off = 0;  // in pieces MPI's int counts can hold
+    while (off < w.size()) {
+      const size_t piece = std::min<size_t>(w.size() - off, size_t{1} << 30);
+      MPI_Bcast(w.data() + off, static_cast<int>(piece), MPI_INT32_T, 0, g_.comm);
+      off += piece;
+    }
+    last_ = std::chrono::steady_clock::now();
+  }
+
+ private:
+  Group g_;
+  std::chrono::steady_clock::time_point last_{};
 };
 #endif
 
@@ -185,6 +233,7 @@ void init(int* argc, char*** argv) {
 }
 
 void finalize() {
+  g_link.reset();
   g_tp.reset();
   g_cp.reset();
 #ifdef KIVI_HAVE_MPI
@@ -292,6 +341,17 @@ void setup(const Layout& layout) {
 
 model::TpComm* tp_comm() { return g_tp.get(); }
 model::CpComm* cp_comm() { return g_cp.get(); }
+
+runtime::StepLink* step_link() {
+#ifdef KIVI_HAVE_MPI
+  if (g_size > 1 && !g_link) {
+    MPI_Comm c;
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    g_link = std::make_unique<MpiStepLink>(c);
+  }
+#endif
+  return g_link.get();
+}
 
 void exit_on_error(const char* message, bool collective, int code) {
   if (g_rank == 0) {

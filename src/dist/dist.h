@@ -20,6 +20,9 @@ namespace kivi::model {
 class TpComm;
 class CpComm;
 }  // namespace kivi::model
+namespace kivi::runtime {
+class StepLink;
+}  // namespace kivi::runtime
 
 namespace kivi::dist {
 
@@ -75,6 +78,9 @@ void setup(const Layout& layout);
 model::TpComm* tp_comm();
 // This process's context-parallel group, or null without one (cp == 1).
 model::CpComm* cp_comm();
+// The link over which rank 0's serving scheduler sends its steps to the other ranks
+// (runtime/step_link.h); collective on the first call. Null in one process.
+runtime::StepLink* step_link();
 
 // Prints an error as the command's last word and ends the process with `code`: rank 0
 // prints, other ranks print (with their rank) only what rank 0 cannot know; an error

@@ -97,7 +97,7 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   stats_.cache_format = shaped_.k == shaped_.v
                             ? kv::describe(shaped_.k)
                             : kv::describe(shaped_.k) + "/" + kv::describe(shaped_.v);
-  thread_ = std::thread([this] { loop(); });
+  if (!opt_.link) thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -195,9 +195,16 @@ bool Scheduler::admit_locked() {
     if (!free_slot) break;
     Slot& s = *free_slot;
     const int n = static_cast<int>(w.params.prompt.size());
+    const int slot = static_cast<int>(free_slot - slots_.data());
     const int shared = s.cache->share_prefix(w.params.prompt.data(), n);
-    if (!s.cache->reserve(n + w.params.max_tokens)) {
+    note({kShare, slot, n});
+    note_tokens(w.params.prompt.data(), n);
+    note({shared});
+    const bool reserved = s.cache->reserve(n + w.params.max_tokens);
+    note({kReserve, slot, n + w.params.max_tokens, reserved ? 1 : 0});
+    if (!reserved) {
       s.cache->clear();
+      note({kClear, slot});
       break;  // first come, first served: later requests wait behind this one
     }
     s.params = std::move(w.params);
@@ -227,6 +234,7 @@ void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
   s.req->finish(r, s.n_generated, error);
   s.req.reset();
   s.cache->clear();
+  note({kClear, static_cast<int32_t>(&s - slots_.data())});
   s.gen.reset();
   std::lock_guard<std::mutex> lock(mu_);
   if (r == FinishReason::kCancelled) {
@@ -282,6 +290,14 @@ void Scheduler::step() {
     budget -= k;
   }
   if (n == 0) return;
+  if (opt_.link) {
+    note({kStep, n});
+    for (int j = 0; j < n; ++j) {
+      note({batch_slot_[j], slots_[batch_slot_[j]].fed, batch_[j].n, batch_[j].logits ? 1 : 0});
+      note_tokens(batch_[j].tokens, batch_[j].n);
+    }
+    send_record();
+  }
   try {
     fwd_->run(m_, batch_.data(), n, &pool_, opt_.forward);
   } catch (const std::exception& e) {
@@ -382,6 +398,10 @@ void Scheduler::loop() {
     queue_.clear();
   }
   publish_stats();
+  if (opt_.link) {
+    note({kStop});
+    send_record();
+  }
 }
 
 }  // namespace kivi::runtime

@@ -12,11 +12,16 @@
 // A sequence ends at an end-of-text token (EOS, BOS, or a chat format's end marker), a
 // stop string, max_tokens, or when its client cancels; its blocks and reservation go
 // back to the pool at once.
+//
+// Under tensor parallelism (SchedulerOptions::link) one leader schedules and every
+// follower repeats its steps over its own shares of the weights and caches
+// (runtime/step_link.h).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +36,7 @@
 #include "model/model.h"
 #include "runtime/request.h"
 #include "runtime/generation.h"
+#include "runtime/step_link.h"
 
 namespace kivi::runtime {
 
@@ -44,6 +50,10 @@ struct SchedulerOptions {
   kv::CacheConfig cache;         // formats, G, R, ...; the shape comes from the model
   model::ForwardOptions forward;
   int threads = 0;  // 0 = all hardware threads
+  // Ranks that run every step together: the leader sends its records through the link,
+  // followers repeat them. With a link the scheduler waits for start() (leader) or
+  // follow() (follower), so that no record is sent before every rank has built its own.
+  StepLink* link = nullptr;
 };
 
 // Blocks a budget buys, and the bytes every slot needs beside the pool.
@@ -99,6 +109,12 @@ class Scheduler {
   void pause();
   void resume();
 
+  // With a link: the leader starts scheduling; a follower repeats the leader's steps
+  // until the leader stops, then returns. Throws when a follower's pool answers
+  // differently from the leader's (the ranks were given different options).
+  void start();
+  void follow();
+
  private:
   struct Slot {
     std::unique_ptr<kv::KvCache> cache;
@@ -126,6 +142,15 @@ class Scheduler {
   void sample(Slot& s);
   void end(Slot& s, FinishReason r, const std::string& error = "");
   void publish_stats();
+  // What a step record holds (runtime/scheduler_follow.cpp): kShare slot n tokens[n]
+  // shared; kReserve slot tokens ok; kClear slot; kStep n (slot fed n logits tokens[n])
+  // * n; kStop.
+  enum Op : int32_t { kShare = 1, kReserve, kClear, kStep, kStop };
+  // The leader's record of cache operations since the last step (empty without a link).
+  void note(std::initializer_list<int32_t> words);
+  void note_tokens(const int* tokens, int n);
+  void send_record();
+  void repeat_step(const std::vector<int32_t>& w, size_t& i);
 
   const model::Model& m_;
   SchedulerOptions opt_;
@@ -137,6 +162,7 @@ class Scheduler {
   std::vector<Slot> slots_;
   std::vector<model::BatchSequence> batch_;  // [parallel]
   std::vector<int> batch_slot_;              // [parallel]
+  std::vector<int32_t> record_;              // leader: operations not yet sent
   uint64_t next_order_ = 0;
   int max_chunk_ = 1;  // prompt tokens of one sequence per step
 

@@ -24,7 +24,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 import numpy as np
 
@@ -120,6 +122,89 @@ def close_logits(kivi, model, prompt, extra, ranks, what, d, float_model=None, d
               f"{what_np}: -np {np_} greedy choice equals one process wherever it is clear "
               f"({int(clear.sum())} of {len(clear)} positions)")
 
+
+
+def start_server(kivi, args, np_=0):
+    """Starts kivi serve on a free port; returns (process, base URL) or (process, None)
+    when it ended before listening."""
+    cmd = [kivi, "serve", *args, "--port", "0", "--threads", "1"]
+    if np_:
+        cmd = ["mpirun", "-q", "--oversubscribe", "-np", str(np_), *cmd, "--dist", "tp"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    for line in p.stderr:
+        text = line.decode(errors="replace")
+        if "listening on " in text:
+            url = text.split("listening on ")[1].split()[0]
+            return p, url
+    return p, None
+
+
+def post(url, path, body, timeout=120):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def serve_round(url):
+    """Concurrent greedy requests: two prompts with a common prefix of several blocks
+    (shared in the pool), a short one, and a streamed chat; then the first prompt again
+    (its published prefix mapped). The texts, in order."""
+    prefix = "Once upon a time there was a little girl named Lily who loved to play. " * 8
+    bodies = [{"prompt": prefix + "One day", "max_tokens": 48, "temperature": 0},
+              {"prompt": prefix + "The dog", "max_tokens": 48, "temperature": 0},
+              {"prompt": "The cat sat", "max_tokens": 64, "temperature": 0}]
+    out = [None] * 4
+
+    def one(i):
+        try:
+            out[i] = json.loads(post(url, "/v1/completions", bodies[i]))["choices"][0]["text"]
+        except Exception as e:  # noqa: BLE001 - reported by the comparison
+            out[i] = f"error: {e}"
+
+    def chat():
+        try:
+            raw = post(url, "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 32,
+                        "temperature": 0, "stream": True})
+            text = ""
+            for line in raw.splitlines():
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0].get("delta", {})
+                    text += delta.get("content") or ""
+            out[3] = text
+        except Exception as e:  # noqa: BLE001
+            out[3] = f"error: {e}"
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)] + [threading.Thread(target=chat)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    one(0)
+    return out + [out[0]]
+
+
+def serving(kivi, story, quick):
+    """kivi serve over -np 2 --dist tp answers as one process does."""
+    for extra in ([["--kv-cache", "kivi2", "-R", "32"]] if quick else
+                  [[], ["--kv-cache", "kivi2", "-R", "32"], ["--kv-cache", "int8", "--kv-share", "2"]]):
+        args = ["-m", story, "--parallel", "3", "--prefill-chunk", "32", *extra]
+        texts = []
+        for np_ in (0, 2):
+            p, url = start_server(kivi, args, np_)
+            texts.append(serve_round(url) if url else [f"no server: exit {p.wait()}"])
+            ended, left = end_job(p, lambda: p.send_signal(signal.SIGTERM), f"{kivi} serve -m {story}")
+            check(ended is not None and ended < 10 and not left,
+                  f"serve {'-np 2 ' if np_ else ''}stops on SIGTERM ({ended} s, {len(left)} left)")
+        name = " ".join(extra) or "f32 cache"
+        one, many = texts
+        ok = one == many and all(t and not t.startswith("error") for t in one) and one[0] == one[4]
+        check(ok, f"serve -np 2 --dist tp ({name}): four concurrent requests and a repeat answer as one "
+                  f"process does ({many[0][:60] if many else ''!r})")
+    rc, _, err = run(kivi, ["serve", "-m", story, "--port", "0", "--threads", "1", "--dist", "cp"], 2, timeout=60)
+    check(rc == 1 and "--dist tp only" in err and err.count("error") == 1,
+          f"serve --dist cp is refused with one line ({err.strip()[-200:]})")
 
 
 def end_job(p, act, pattern):
@@ -389,6 +474,7 @@ def main():
             rc, out, err = run(kivi, ["generate", "-m", os.path.join(d, "qwen3-q4k.gguf"), "-p", "x", "--threads", "1",
                                       "--dist", "tp"], 4)
             check(rc == 0, f"qwen3 Q4_K_M at 4 ranks runs ({err.strip()[-200:]})")
+        serving(kivi, story, quick)
         faults(kivi, story, d)
     if FAILED:
         print(f"{len(FAILED)} check(s) failed")
