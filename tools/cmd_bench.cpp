@@ -148,7 +148,7 @@ std::vector<double> perplexities(const Args& a, const model::Model& model,
   const auto& caches = bc.caches;
   std::vector<double> ppl(r.formats.size(), 0.0);
   if (a.given("ppl-text")) {
-    const auto text_tokens = tk.encode(read_text_file(a.str("ppl-text")), false);
+    const auto text_tokens = tk.encode(text_everywhere(a.str("ppl-text")), false);
     const int pctx =
         a.given("ppl-ctx") ? static_cast<int>(a.integer("ppl-ctx", 2, 1 << 24)) : mc.ctx;
     Progress pbar("perplexity", static_cast<int64_t>(r.formats.size()), "config",
@@ -196,6 +196,7 @@ void print_json(const Report& rep) {
   j.begin_object();
   j.kv("model", m->path()).kv("ctx_fill", n_fill).kv("ctx_fill_random", random_fill).kv("n", n_gen);
   j.kv("threads", r.threads).kv("prompt_tokens", r.prompt_tokens).kv("fill", fill_desc);
+  j.kv("ranks", dist::size());  // under --dist tp kv_bytes are rank 0's share
   j.kv("token_match_meaningful", !random_fill).kv("synthetic", mc.synthetic);
   j.kv("simd", cpu::current_target_name()).kv("kv_params", shared_params(ref));
   j.kv("attn_precision", attn::precision_name(bc.forward.precision));
@@ -249,6 +250,11 @@ void print_table(const Report& rep) {
       "%s\n",
       r.ctx, r.fill, r.prompt_tokens, n_gen, r.threads, r.threads == 1 ? "" : "s",
       cpu::current_target_name().c_str());
+  if (dist::size() > 1) {
+    std::printf(
+        "ranks     %d (--dist tp): each holds 1/%d of the heads; KV bytes are rank 0's share\n",
+        dist::size(), dist::size());
+  }
   std::printf("KV        %s; compression counts the bytes used at ctx %d%s\n",
               shared_params(ref).c_str(), r.ctx + n_gen,
               random_fill ? ""
@@ -375,6 +381,14 @@ int cmd_bench(int argc, char** argv) {
 
   const Formats fm = bench_formats(a);
   auto m = load_model(a);
+  if (dist::cp_comm()) {
+    throw dist::CollectiveError(
+        "kivi bench runs over ranks with --dist tp only (use generate --json under --dist cp)");
+  }
+  for (const char nc : fm.no_cache) {
+    if (nc && dist::size() > 1)
+      throw dist::CollectiveError("--configs no-cache runs in one process only");
+  }
   const auto& mc = m->config();
   const auto& tk = m->tokenizer();
   runtime::BenchConfig bc;
@@ -410,7 +424,10 @@ int cmd_bench(int argc, char** argv) {
         "or -n",
         n_fill, bc.prompt.size(), n_gen, bc.ctx, mc.ctx);
   }
-  check_memory(*m, bc);
+  on_every_rank([&] {
+    check_memory(*m, bc);
+    return 0;
+  });
   if (!json) note_if_synthetic(*m, "speeds are real, tokens are not");
 
   Progress bar("bench", 1, "tok", !json);

@@ -50,7 +50,7 @@ const char* kUsage =
 // The commands that run as one job over the ranks of mpirun (--dist).
 bool runs_distributed(const std::string& cmd) {
   return cmd == "generate" || cmd == "chat" || cmd == "perplexity" || cmd == "logits" ||
-         cmd == "serve" || cmd == "bench-comm";
+         cmd == "serve" || cmd == "bench" || cmd == "bench-comm";
 }
 
 // Under mpirun: every rank must run the same distributed command with the same
@@ -62,7 +62,7 @@ void start_ranks(int argc, char** argv) {
   if (!runs_distributed(cmd)) {
     throw dist::CollectiveError(
         kivi::strfmt("'kivi %s' runs in one process; under mpirun only generate, chat, "
-                     "perplexity, logits, serve and bench-comm run (with --dist)",
+                     "perplexity, logits, serve, bench and bench-comm run (with --dist)",
                      cmd.c_str()));
   }
   uint64_t h = 1469598103934665603ull;  // FNV-1a of the arguments

@@ -475,6 +475,19 @@ def main():
                                       "--dist", "tp"], 4)
             check(rc == 0, f"qwen3 Q4_K_M at 4 ranks runs ({err.strip()[-200:]})")
         serving(kivi, story, quick)
+        # kivi bench: the same greedy tokens per format, each rank half the KV bytes.
+        args = ["bench", "-m", story, "--kv-cache", "kivi2,int8", "-n", "48", "--ctx-fill", "200", "--json",
+                "--threads", "1"]
+        rc, one, _ = run(kivi, args)
+        rc2, many, err = run(kivi, args + ["--dist", "tp"], 2)
+        ok = rc == 0 and rc2 == 0
+        if ok:
+            o, m = json.loads(one), json.loads(many)
+            ok = m["ranks"] == 2 and all(
+                x["format"] == y["format"] and x["token_match"] == y["token_match"] and 2 * y["kv_bytes"] == x["kv_bytes"]
+                for x, y in zip(o["results"], m["results"]))
+        check(ok, f"bench -np 2 --dist tp: the same token match per format, half the KV bytes per rank "
+                  f"({err.strip()[-200:]})")
         faults(kivi, story, d)
     if FAILED:
         print(f"{len(FAILED)} check(s) failed")
