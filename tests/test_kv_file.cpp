@@ -2,6 +2,7 @@
 // from a loaded cache gives the bits of continuing the session that saved it, and every
 // kind of bad file is refused with one line naming the problem.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <ostream>
 #include <string>
@@ -10,6 +11,7 @@
 #include "core/checksum.h"
 #include "core/error.h"
 #include "kv/format.h"
+#include "model/context_parallel.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/synth.h"
@@ -281,6 +283,73 @@ TEST(KvFile, HostileAndMismatchedFilesAreRefusedWithOneLine) {
   std::memcpy(f.data() + off, &bad, 4);
   reseal(f);
   expect_refused(f, options(c), "outside the vocabulary");
+}
+
+// Rank 0 of two context shards in one process: the other shard is empty (the prompt
+// fits the first), so its attention states carry no mass.
+class EmptyNeighbour final : public model::CpComm {
+ public:
+  explicit EmptyNeighbour(int head_dim) : D_(head_dim) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void gather(const float* mine, size_t n, float* out) override {
+    std::copy(mine, mine + n, out);
+    for (size_t i = 0; i < n; i += static_cast<size_t>(D_) + 2) {
+      std::fill(out + n + i, out + n + i + D_, 0.0f);
+      out[n + i + D_] = -INFINITY;
+      out[n + i + D_ + 1] = 0.0f;
+    }
+  }
+
+ private:
+  int D_;
+};
+
+TEST(KvFile, AContextShardsFileContinuesOnlyInThatShard) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  const Case c{"kivi2", "kivi2", "kivi2"};
+  EmptyNeighbour comm(stories().config().head_dim());
+  SessionOptions shard = options(c, 512);
+  shard.cp = &comm;
+  const std::string path = dir.file("shard.kv"), whole = dir.file("whole.kv");
+  std::vector<float> expected;
+  {
+    Session a(stories(), shard);
+    ASSERT_NE(a.cp_shard(), nullptr);
+    a.prefill(long_prompt());
+    runtime::save_session(a, long_prompt(), 10, 0.1, path);
+    const float* l = a.decode(5);
+    expected.assign(l, l + stories().config().vocab_size);
+    Session b(stories(), options(c, 512));
+    b.prefill(long_prompt());
+    runtime::save_session(b, long_prompt(), 10, 0.1, whole);
+  }
+  {
+    // The loaded shard continues with the bits of the shard that saved it.
+    Session a(stories(), shard);
+    const auto r = runtime::load_session(a, path);
+    EXPECT_EQ(r.n_tokens, static_cast<int>(long_prompt().size()));
+    EXPECT_EQ(a.pos(), static_cast<int>(long_prompt().size()));
+    const float* l = a.decode(5);
+    EXPECT_TRUE(std::equal(expected.begin(), expected.end(), l));
+  }
+  const std::vector<uint8_t> good = test::read_file(path);
+  expect_refused(good, options(c, 512), "saved by rank 0 of --dist cp=2");
+  expect_refused(test::read_file(whole), shard, "saved with the whole context in one cache");
+  // A shard record that does not add up, sealed with valid checksums: section 3.
+  std::vector<uint8_t> f = good;
+  uint64_t off;
+  std::memcpy(&off, f.data() + 64 + 32 * 3 + 8, 8);
+  const int32_t rank = 2;  // of 2 ranks
+  std::memcpy(f.data() + off + 4, &rank, 4);
+  reseal(f);
+  expect_refused(f, shard, "the shard record (rank 2 of 2");
+  f = good;
+  const int64_t positions = 300;  // more than the shard holds
+  std::memcpy(f.data() + off + 16, &positions, 8);
+  reseal(f);
+  expect_refused(f, shard, "is not valid");
 }
 
 TEST(KvFile, ASameShapedModelWithOtherWeightsIsAnotherModel) {

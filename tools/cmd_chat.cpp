@@ -141,7 +141,7 @@ int cmd_chat(int argc, char** argv) {
   runtime::GenerationOptions go = generation_options(a);
   if (go.max_tokens == 0) go.max_tokens = -1;  // chat: 0 = no limit per reply
   const std::string system = a.str("system");
-  // Under --dist tp each rank saves and loads its own share (rank_file).
+  // Under --dist each rank saves and loads its own share (rank_file).
   const std::string kv_save = rank_file(a.str("kv-save")), kv_load = rank_file(a.str("kv-load"));
   if (!kv_load.empty() && a.given("system"))
     fail("--system: the conversation loaded by --kv-load has its system message already");
@@ -156,7 +156,6 @@ int cmd_chat(int argc, char** argv) {
   }
 
   auto m = load_model(a);
-  refuse_context_parallel(a, {"kv-save", "kv-load"});
   const auto& tk = m->tokenizer();
   const runtime::ChatPrompt chat(tk, a.str("chat-template"));
   note_if_synthetic(*m, "its replies are meaningless");

@@ -162,7 +162,7 @@ int cmd_generate(int argc, char** argv) {
       if (a.given(o)) fail("--%s needs the KV cache; leave out --no-kv-cache", o);
     }
   }
-  // Under --dist tp each rank saves and loads its own share (rank_file).
+  // Under --dist each rank saves and loads its own share (rank_file).
   const std::string kv_save = rank_file(a.str("kv-save")), kv_load = rank_file(a.str("kv-load"));
   if (!kv_save.empty()) {
     std::vector<std::string> inputs = model_input_paths(a);
@@ -176,7 +176,6 @@ int cmd_generate(int argc, char** argv) {
   const std::string prompt = prompt_option(a);
 
   auto m = load_model(a);
-  refuse_context_parallel(a, {"kv-save", "kv-load"});
   const auto& cfg = m->config();
   note_if_synthetic(*m, "its text is meaningless");
   const auto& tk = m->tokenizer();

@@ -366,25 +366,14 @@ std::string text_everywhere(const std::string& path) {
   return read_on_root([&] { return read_text_file(path); });
 }
 
-// A collective error naming the first of `options` given, when `applies`; `why` completes
-// "--NAME ...".
-static void refuse_given(const Args& a, std::initializer_list<const char*> options, bool applies,
-                         const char* why) {
-  if (!applies) return;
-  for (const char* o : options) {
-    if (a.declared(o) && a.given(o)) throw dist::CollectiveError(strfmt("--%s %s", o, why));
-  }
-}
-
 void refuse_distributed(const Args& a, std::initializer_list<const char*> options) {
-  refuse_given(a, options, dist::size() > 1,
-               "runs in one process only; leave it out under mpirun --dist");
-}
-
-void refuse_context_parallel(const Args& a, std::initializer_list<const char*> options) {
-  refuse_given(a, options, dist::cp_comm() != nullptr,
-               "does not run under --dist cp yet (each rank would hold a shard of the "
-               "positions); it runs under --dist tp");
+  if (dist::size() == 1) return;
+  for (const char* o : options) {
+    if (a.declared(o) && a.given(o)) {
+      throw dist::CollectiveError(
+          strfmt("--%s runs in one process only; leave it out under mpirun --dist", o));
+    }
+  }
 }
 
 std::string rank_file(const std::string& path) {

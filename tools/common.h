@@ -65,10 +65,8 @@ std::string text_everywhere(const std::string& path);
 // Under mpirun: a collective error naming the first of `options` given (what does not
 // run over several processes yet).
 void refuse_distributed(const Args& a, std::initializer_list<const char*> options);
-// The same under --dist cp only (after load_model has set the layout up).
-void refuse_context_parallel(const Args& a, std::initializer_list<const char*> options);
-// Under --dist tp every rank keeps its own share of a KV cache file: rank 0 `path`, rank r
-// `path.rank<r>` ("" stays "").
+// Under --dist every rank keeps its own share of a KV cache file (its heads under tp, its
+// positions under cp): rank 0 `path`, rank r `path.rank<r>` ("" stays "").
 std::string rank_file(const std::string& path);
 // Runs f on every rank; when it fails on any rank, every rank throws that error and rank
 // 0 alone prints it (a file missing on one machine ends the job with one line).

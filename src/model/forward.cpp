@@ -207,9 +207,13 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       float* oi = st.att.data() + static_cast<size_t>(i) * qd;
       if (cp.comm) {
         // This shard's softmax state; merged with the other shards' after the batch.
-        attn::decode_state(view, qi,
-                           st.cp_states.data() + static_cast<size_t>(i) * c.n_heads * (hd + 2), ap,
-                           pool, st.ws);
+        float* si = st.cp_states.data() + static_cast<size_t>(i) * c.n_heads * (hd + 2);
+        if (opt.sparse && opt.sparse->sparse_layer(l)) {
+          opt.sparse->set_shard_query(cp.start, pos0 + i);
+          opt.sparse->decode_state(l, cache.owner(l), view, qi, si, ap, pool, st.ws);
+        } else {
+          attn::decode_state(view, qi, si, ap, pool, st.ws);
+        }
       } else if (opt.sparse && opt.sparse->sparse_layer(l)) {
         opt.sparse->decode(l, cache.owner(l), view, qi, oi, ap, pool, st.ws);
       } else {

@@ -1,8 +1,8 @@
 #include "runtime/kv_file.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstring>
-#include <algorithm>
 
 #include "core/checksum.h"
 #include "core/error.h"
@@ -111,6 +111,8 @@ std::string section_name(uint32_t kind, int32_t layer) {
     s = "tokens";
   } else if (kind == static_cast<uint32_t>(KvSection::kChat)) {
     s = "chat";
+  } else if (kind == static_cast<uint32_t>(KvSection::kShard)) {
+    s = "shard";
   } else if (kind == static_cast<uint32_t>(KvSection::kLayer)) {
     s = "layer state";
   } else if (kind >= 16 && kind < 16 + 8 * 2 && (kind - 16) % 8 < kv::kNumParts) {
@@ -306,11 +308,31 @@ KvFile parse_kv_file(const uint8_t* data, size_t size, const std::string& name) 
     p = expect(static_cast<uint32_t>(KvSection::kChat), -1, 40);
     f.chat = true;
     f.chat_turns = get_i32(p);
-    if (f.chat_turns < 1 || f.chat_turns > f.n_tokens)
-      fail("%s: a conversation of %d turns in %d tokens is not valid", nm, f.chat_turns,
-           f.n_tokens);
     for (int i = 0; i < 4; ++i) f.chat_rng[i] = get_u64(p + 8 + 8 * i);
   }
+  int64_t positions = f.n_tokens;  // of the whole context
+  if (cur < n_sections && e[cur].kind == static_cast<uint32_t>(KvSection::kShard)) {
+    p = expect(static_cast<uint32_t>(KvSection::kShard), -1, 24);
+    KvFile::Shard& sh = f.shard;
+    sh.ranks = get_i32(p);
+    sh.rank = get_i32(p + 4);
+    sh.start = get_i32(p + 8);
+    sh.size = get_i32(p + 12);
+    sh.positions = static_cast<int64_t>(get_u64(p + 16));
+    const int64_t held = std::clamp<int64_t>(sh.positions - sh.start, 0, sh.size);
+    if (sh.ranks < 2 || sh.ranks > 65536 || sh.rank < 0 || sh.rank >= sh.ranks ||
+        sh.size != c.ctx || static_cast<int64_t>(sh.rank) * sh.size != sh.start ||
+        sh.positions < 0 || sh.positions > static_cast<int64_t>(sh.ranks) * sh.size ||
+        held != f.n_tokens) {
+      fail("%s: the shard record (rank %d of %d, positions %d + %d, %" PRId64
+           " filled, %d here) is not valid",
+           nm, sh.rank, sh.ranks, sh.start, sh.size, sh.positions, f.n_tokens);
+    }
+    positions = sh.positions;
+  }
+  if (f.chat && (f.chat_turns < 1 || f.chat_turns > positions))
+    fail("%s: a conversation of %d turns in %" PRId64 " tokens is not valid", nm, f.chat_turns,
+         positions);
 
   const std::vector<int> owners = kv::layer_owners(c);
   const int B = c.block(), nb = (f.n_tokens + B - 1) / B;

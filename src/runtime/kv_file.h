@@ -8,7 +8,8 @@
 //            u64 bytes, u64 checksum (core/checksum.h) of the section's bytes
 //   sections at offsets aligned to 64 bytes (4096 for sections of 64 KiB or more), in
 //            the table's order, disjoint:
-//            config, session, tokens, chat (only in a conversation's file), then per
+//            config, session, tokens, chat (only in a conversation's file), shard
+//            (only in a --dist cp rank's file), then per
 //            stored layer: its state, the parts of
 //            its keys and values (kv/snapshot.h) that are not empty, and optionally
 //            its block-sparse summaries.
@@ -44,6 +45,7 @@ enum class KvSection : uint32_t {
   kSession = 2,  // i64 position_offset, i64 dropped, i32 overflows, i32 0
   kTokens = 3,   // i32 token ids fed so far (the text the cache holds)
   kChat = 5,     // i32 turns, i32 0, u64 sampler state [4]: written by kivi chat only
+  kShard = 6,    // i32 ranks, i32 rank, i32 start, i32 size, i64 positions: --dist cp only
   kLayer = 4,    // kv::LayerState (kv::kLayerStateBytes)
   kPart = 16,    // + 8 * stream + part: one part of one stream (kv/snapshot.h)
   kSparse = 32,  // i32 summarized tokens, i32 0, then f16 [H][summarized / block][V][D]
@@ -86,6 +88,13 @@ struct KvFile {
   bool chat = false;  // a conversation (kivi chat), with its turns and sampler state
   int chat_turns = 0;
   uint64_t chat_rng[4] = {};
+  // Context parallelism: the file holds rank `rank`'s shard of `ranks`, positions
+  // [start, start + size) of a context whose first `positions` are filled; the header's
+  // n_tokens are the shard's. ranks == 0: the whole context.
+  struct Shard {
+    int ranks = 0, rank = 0, start = 0, size = 0;
+    int64_t positions = 0;
+  } shard;
   std::vector<KvFileLayer> layers;  // the stored layers, ascending
   uint64_t bytes = 0;
 };

@@ -39,13 +39,23 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
                      : cc.has_window()                        ? "the model's sliding window"
                      : opt.overflow != ContextOverflow::kStop ? "--context-overflow"
                      : opt.forward.window > 0                 ? "--window"
-                     : opt.sparse.enabled()                   ? "--sparse"
+                     : opt.sparse.preselect > 0               ? "--sparse-preselect"
                                                               : nullptr;
     if (no) {
       fail(
           "--dist cp=%d: context parallelism does not run with %s yet (every shard would have to "
           "drop, window or select its own tokens)",
           N, no);
+    }
+    if (opt.sparse.enabled() && opt.sparse.budget > 0) {
+      // Each shard selects its own blocks within an equal share of the budget.
+      opt_.sparse.budget = opt.sparse.budget / N;
+      if (opt_.sparse.budget < opt.sparse.block) {
+        fail(
+            "--dist cp=%d: --sparse-budget %d leaves %d tokens per shard, less than one block of "
+            "%d (each shard selects within budget / %d)",
+            N, opt.sparse.budget, opt_.sparse.budget, opt.sparse.block, N);
+      }
     }
     const int S = model::cp_shard_tokens(ctx_, N, cc.block());
     cc = cache_shape_for(c, opt.cache, S);
@@ -235,6 +245,11 @@ void Session::reset() {
 }
 
 int64_t Session::position_offset() const { return st_->position_offset; }
+
+void Session::restore_cp_position(int64_t positions) {
+  if (!opt_.forward.cp.comm) fail("restore_cp_position: this session is not a context shard");
+  st_->cp_pos = positions;
+}
 
 void Session::restore_counters(int64_t position_offset, int64_t dropped, int overflows) {
   st_->position_offset = position_offset;

@@ -100,6 +100,12 @@ class Session {
   // Sets the counters above and the position offset, as a saved session had them
   // (runtime/session_file.h).
   void restore_counters(int64_t position_offset, int64_t dropped, int overflows);
+  // Context parallelism: this rank's shard (null in one process), and the position a
+  // loaded shard's context continues from.
+  const model::CpShard* cp_shard() const {
+    return opt_.forward.cp.comm ? &opt_.forward.cp : nullptr;
+  }
+  void restore_cp_position(int64_t positions);
   int window() const { return opt_.overflow == ContextOverflow::kWindow ? opt_.forward.window : 0; }
 
  private:

@@ -62,7 +62,9 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
   const kv::KvCache& cache = s.cache();
   const kv::CacheConfig& cc = cache.config();
   const KvFileConfig fc = session_file_config(s);
-  const int n = s.pos(), B = cc.block(), nb = (n + B - 1) / B;
+  // A context shard (--dist cp) saves the tokens it holds; the shard record says which.
+  const model::CpShard* cp = s.cp_shard();
+  const int n = cp ? cache.position(0) : s.pos(), B = cc.block(), nb = (n + B - 1) / B;
 
   std::vector<KvSectionSource> sec;
   auto bytes_section = [&](KvSection kind, int layer, std::vector<uint8_t> b) {
@@ -87,6 +89,14 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
     std::memcpy(c.data(), &turns, 4);
     std::memcpy(c.data() + 8, chat->rng, 32);
     bytes_section(KvSection::kChat, -1, std::move(c));
+  }
+  if (cp) {
+    std::vector<uint8_t> b(24, 0);
+    const int32_t v[4] = {cp->comm->size(), cp->comm->rank(), cp->start, cp->size};
+    const int64_t positions = s.pos();
+    std::memcpy(b.data(), v, 16);
+    std::memcpy(b.data() + 16, &positions, 8);
+    bytes_section(KvSection::kShard, -1, std::move(b));
   }
 
   const sparse::BlockSummaries* summ = s.sparse() ? &s.sparse()->summaries() : nullptr;
@@ -129,6 +139,29 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
   return write_kv_file(path, h, sec);
 }
 
+// A context shard's file continues only in the same shard of the same layout.
+static void check_shard(const KvFile& f, const model::CpShard* cp, const std::string& path) {
+  const KvFile::Shard& sh = f.shard;
+  if (!cp && sh.ranks > 0) {
+    fail(
+        "%s: saved by rank %d of --dist cp=%d (a shard of the context); load it under the same "
+        "layout",
+        path.c_str(), sh.rank, sh.ranks);
+  }
+  if (!cp) return;
+  const int ranks = cp->comm->size(), rank = cp->comm->rank();
+  if (sh.ranks == 0) {
+    fail("%s: saved with the whole context in one cache; this rank of --dist cp=%d holds a shard",
+         path.c_str(), ranks);
+  }
+  if (sh.ranks != ranks || sh.rank != rank || sh.start != cp->start || sh.size != cp->size) {
+    fail(
+        "%s: saved by rank %d of --dist cp=%d (positions %d + %d); this is rank %d of cp=%d "
+        "(positions %d + %d)",
+        path.c_str(), sh.rank, sh.ranks, sh.start, sh.size, rank, ranks, cp->start, cp->size);
+  }
+}
+
 LoadedSession load_session(Session& s, const std::string& path) {
   refuse_sliding_windows(s, "--kv-load");
   const double t0 = now_seconds();
@@ -136,6 +169,7 @@ LoadedSession load_session(Session& s, const std::string& path) {
   const KvFile f = parse_kv_file(map.data(), map.size(), path);
   const KvFileConfig here = session_file_config(s);
   check_kv_file(f, cache_model_fingerprint(s.model()), here, s.ctx(), s.vocab());
+  check_shard(f, s.cp_shard(), path);
 
   s.reset();
   kv::KvCache& cache = s.cache();
@@ -143,6 +177,7 @@ LoadedSession load_session(Session& s, const std::string& path) {
   uint64_t mapped = 0;
   for (const KvFileLayer& L : f.layers) mapped += cache.restore(L.layer, L.state, L.parts, &source);
   s.restore_counters(f.position_offset, f.dropped, f.overflows);
+  if (f.shard.ranks > 0) s.restore_cp_position(f.shard.positions);
   // Block-sparse summaries: taken when this session keeps the same kind, else
   // recomputed from the cache on the first sparse step (they are a function of it).
   if (s.sparse() && here.summary_kind == f.config.summary_kind &&
@@ -154,7 +189,7 @@ LoadedSession load_session(Session& s, const std::string& path) {
   }
   LoadedSession r;
   r.tokens = f.tokens;
-  r.n_tokens = f.n_tokens;
+  r.n_tokens = f.shard.ranks > 0 ? static_cast<int>(f.shard.positions) : f.n_tokens;
   r.prefill_tokens = f.prefill_tokens;
   r.prefill_seconds = f.prefill_seconds;
   r.bytes = f.bytes;

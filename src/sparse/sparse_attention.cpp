@@ -304,17 +304,22 @@ void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, cons
       pick_candidates(sel, covered() / B);
     }
   }
-  const bool selects =
-      layer == sl && (o_.reselect <= 1 || sel.n < 0 || n < sel.n || n - sel.n >= o_.reselect);
+  // Where the local window ends in this cache: its end, or under context parallelism
+  // past it when the query is in a later shard (set_shard_query). Reselection counts
+  // queries by it, so a full shard reselects as the query moves on.
+  const int window_end = shard_query_ >= 0 ? shard_query_ + 1 - shard_start_ : n;
+  const int sinks = shard_start_ == 0 ? o_.sinks : 0;
+  const bool selects = layer == sl && (o_.reselect <= 1 || sel.n < 0 || window_end < sel.n ||
+                                       window_end - sel.n >= o_.reselect);
   // A layer that reuses a selection attends its blocks with the local window reaching
   // back to where it began then, so every token since is attended; without a selection
   // to reuse (none yet, or made on a longer cache) it attends every token.
-  const bool reuses = !selects && sel.n >= 0 && sel.n <= n;
+  const bool reuses = !selects && sel.n >= 0 && sel.n <= window_end;
   int local_start = 0;
   const int C = attn::chunk_tokens_for(kv.k.block, Hkv, n);
   if (selects) {
     summ_.update(owner, kv, p.rope, p.rope_style);
-    local_start = std::clamp(std::min(n - o_.local, covered()), 0, n);
+    local_start = std::clamp(std::min(window_end - o_.local, covered()), 0, n);
     const int candidates = (local_start + B - 1) / B;  // blocks that start before the local window
     const int k = std::min(max_sel_, candidates);
     const int64_t select_work = static_cast<int64_t>(candidates) * summ_.vectors() * D * Hkv;
@@ -345,11 +350,11 @@ void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, cons
             top_blocks(heads_[h].scores.data(), heads_[h], sel, h, candidates, k, blocks);
       });
     }
-    sel.n = n;
+    sel.n = window_end;
     sel.local_start = local_start;
     stats_.selections += 1;
   } else if (reuses) {
-    local_start = std::clamp(std::min(n - o_.local, sel.local_start), 0, n);
+    local_start = std::clamp(std::min(window_end - o_.local, sel.local_start), 0, n);
   }
   const int scored =
       selects ? std::min(max_sel_, (local_start + B - 1) / B) > 0 ? (local_start + B - 1) / B : 0
@@ -360,8 +365,8 @@ void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, cons
     hd.n_blocks = selects || reuses ? sel.count[h] : 0;
     const int* blocks = sel.blocks.data() + static_cast<size_t>(h) * std::max(1, max_sel_);
     std::copy(blocks, blocks + hd.n_blocks, hd.blocks.begin());
-    hd.n_ranges = attended_ranges(hd.blocks.data(), hd.n_blocks, B, o_.sinks, local_start, n,
-                                  hd.ranges.data());
+    hd.n_ranges =
+        attended_ranges(hd.blocks.data(), hd.n_blocks, B, sinks, local_start, n, hd.ranges.data());
     hd.n_pieces = split_ranges(hd.ranges.data(), hd.n_ranges, C, hd.pieces.data());
     assert(hd.n_pieces <= static_cast<int>(hd.pieces.size()));
   }
@@ -372,11 +377,32 @@ void SparseAttention::select(int layer, int owner, const kv::LayerView& kv, cons
 void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, const float* q,
                              float* out, const attn::Params& p, ThreadPool* pool,
                              attn::Workspace& ws) {
+  attend(layer, owner, kv, q, out, p, pool, ws, false);
+}
+
+void SparseAttention::decode_state(int layer, int owner, const kv::LayerView& kv, const float* q,
+                                   float* states, const attn::Params& p, ThreadPool* pool,
+                                   attn::Workspace& ws) {
+  attend(layer, owner, kv, q, states, p, pool, ws, true);
+}
+
+void SparseAttention::attend(int layer, int owner, const kv::LayerView& kv, const float* q,
+                             float* out, const attn::Params& p, ThreadPool* pool,
+                             attn::Workspace& ws, bool states) {
   const int n = kv.n_tokens, D = D_, Hkv = Hkv_, rep = p.n_heads / Hkv;
   if (p.window > 0)
     fail("sparse attention: a sliding window (--window) and block selection do not combine");
   if (n == 0) {
-    std::fill(out, out + static_cast<size_t>(p.n_heads) * D, 0.0f);
+    if (!states) {
+      std::fill(out, out + static_cast<size_t>(p.n_heads) * D, 0.0f);
+      return;
+    }
+    for (int h = 0; h < p.n_heads; ++h) {  // an empty shard: no mass
+      float* s = out + static_cast<size_t>(h) * (D + 2);
+      std::fill(s, s + D, 0.0f);
+      s[D] = -INFINITY;
+      s[D + 1] = 0.0f;
+    }
     return;
   }
   const double t_start = now_seconds();
@@ -420,9 +446,14 @@ void SparseAttention::decode(int layer, int owner, const kv::LayerView& kv, cons
   // Merge each head's states in token order, as attn::decode does.
   // (Every head has a piece: the local window holds at least the query's own token.)
   for (int h = 0; h < Hkv; ++h) {
-    attn::merge_partials(partial_.data() + static_cast<size_t>(piece_base_[h]) * task_stride_,
-                         task_stride_, heads_[h].n_pieces, rep, D,
-                         out + static_cast<size_t>(h) * rep * D);
+    const float* first = partial_.data() + static_cast<size_t>(piece_base_[h]) * task_stride_;
+    if (states) {
+      attn::merge_partial_states(first, task_stride_, heads_[h].n_pieces, rep, D,
+                                 out + static_cast<size_t>(h) * rep * (D + 2));
+    } else {
+      attn::merge_partials(first, task_stride_, heads_[h].n_pieces, rep, D,
+                           out + static_cast<size_t>(h) * rep * D);
+    }
   }
   const double t_end = now_seconds();
   stats_.select_seconds += t_selected - t_start;

@@ -85,6 +85,19 @@ class SparseAttention {
   // attn::decode, without a sliding window.
   void decode(int layer, int owner, const kv::LayerView& kv, const float* q, float* out,
               const attn::Params& p, ThreadPool* pool, attn::Workspace& ws);
+  // decode() without the final normalization: states [n_heads][D + 2] as
+  // attn::decode_state gives them, for merging with other shards' states.
+  void decode_state(int layer, int owner, const kv::LayerView& kv, const float* q, float* states,
+                    const attn::Params& p, ThreadPool* pool, attn::Workspace& ws);
+  // Context parallelism (model/context_parallel.h): this cache holds the context's
+  // positions from `start` on and the next call is for the query at global position
+  // `query`. The sinks (the context's first tokens) are then attended only by the shard
+  // at 0, and the local window reaches into this shard only as far as it spans; the rest
+  // of the shard's blocks compete for its budget.
+  void set_shard_query(int start, int query) {
+    shard_start_ = start;
+    shard_query_ = query;
+  }
 
   // Steps 1 and 2 of decode alone: updates the summaries and selects every KV head's
   // blocks for query q (or reuses a selection, as decode would), without attending
@@ -146,10 +159,13 @@ class SparseAttention {
   void observe(const kv::LayerView& kv, const float* q, const attn::Params& p, int rep, int h,
                Selection& sel);
   void pick_candidates(Selection& sel, int n_full);
+  void attend(int layer, int owner, const kv::LayerView& kv, const float* q, float* out,
+              const attn::Params& p, ThreadPool* pool, attn::Workspace& ws, bool states);
 
   Options o_;
   int D_ = 0, Hkv_ = 0, n_heads_ = 0, max_sel_ = 0;
-  int local_start_ = 0, chunk_ = 0;  // of the last call
+  int local_start_ = 0, chunk_ = 0;         // of the last call
+  int shard_start_ = 0, shard_query_ = -1;  // set_shard_query (-1: one process)
   BlockSummaries summ_;
   std::vector<Head> heads_;
   std::vector<Selection> sel_;       // per layer (used by selecting layers)

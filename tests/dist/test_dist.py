@@ -236,9 +236,24 @@ def faults(kivi, story, d):
     rc, out, err = run(kivi, ["info", "-m", story], 2)
     check(rc != 0 and one_line(err) and "runs in one process" in err,
           f"info under mpirun: one line ({err.strip()!r})")
-    rc, out, err = generate(kivi, story, 2, ["--kv-save", os.path.join(d, "x.kv")], dist="cp")
-    check(rc != 0 and one_line(err) and "--kv-save" in err and not os.path.exists(os.path.join(d, "x.kv")),
-          f"--kv-save under --dist cp: refused ({err.strip()!r})")
+    # KV files under cp: every rank saves its shard of the positions (here over three
+    # shards: full, partly filled, empty); the follow-up continues as the uninterrupted
+    # run on the same ranks does. Another layout or one process is refused.
+    long_prompt = "Once upon a time there was a little girl named Lily who loved to play. " * 8
+    kv = ["--kv-cache", "kivi2", "-R", "32"]
+    saved = os.path.join(d, "cp4.kv")
+    rc, _, err = generate(kivi, story, 4, kv + ["--kv-save", saved], prompt=long_prompt, n=4, dist="cp")
+    rc1, follow, err1 = generate(kivi, story, 4, kv + ["--kv-load", saved], prompt=" and then", n=60, dist="cp")
+    rc2, whole, err2 = generate(kivi, story, 4, kv, prompt=long_prompt + " and then", n=60, dist="cp")
+    check(rc == rc1 == rc2 == 0 and follow == whole and all(os.path.exists(saved + s) for s in ["", ".rank1", ".rank3"]),
+          f"--kv-save/--kv-load under --dist cp=4: the follow-up equals the uninterrupted run "
+          f"({(err + err1 + err2).strip()[-200:]})")
+    rc, _, err = generate(kivi, story, 0, kv + ["--kv-load", saved], prompt="x")
+    check(rc == 1 and one_line(err) and "rank 0 of --dist cp=4" in err,
+          f"a cp shard's file in one process: one line ({err.strip()!r})")
+    rc, _, err = generate(kivi, story, 2, kv + ["--kv-load", saved], prompt="x", dist="cp")
+    check(rc == 1 and one_line(err) and "this is rank 0 of cp=2" in err,
+          f"a cp=4 shard's file under cp=2: one line ({err.strip()!r})")
     # KV files under tp: one per rank; another layout is refused with one line.
     saved = os.path.join(d, "tp2.kv")
     rc, out, err = generate(kivi, story, 2, ["--kv-cache", "kivi2", "-R", "32", "--kv-save", saved])
@@ -422,6 +437,26 @@ def main():
             same_text(kivi, story, ["--kv-cache", "kivi2", "-R", "32"], [4], "stories260K kivi2", n=300,
                       dist="tp=2,cp=2")
             close_logits(kivi, story, long_prompt, [], [4], "stories260K", d, dist="tp=2,cp=2")
+        # Block-sparse attention selects per shard within budget / N: with a budget over
+        # every block it is dense attention; with a small one its perplexity stays near
+        # one process's at the same total budget.
+        sparse = ["--kv-cache", "kivi2", "-R", "32", "--sparse", "quest", "--sparse-block", "32",
+                  "--sparse-local", "64"]
+        rc1, dense, _ = generate(kivi, story, 0, ["--kv-cache", "kivi2", "-R", "32", "--ignore-eos"], n=400)
+        rc2, sel, err = generate(kivi, story, 2, sparse + ["--sparse-budget", "512", "--ignore-eos"], n=400,
+                                 dist="cp")
+        check(rc1 == rc2 == 0 and dense == sel and len(dense) > 800,
+              f"--dist cp --sparse with a budget over every block: dense attention's text ({err.strip()[-200:]})")
+        ppls = []
+        for np_ in (0, 2):
+            rc3, out, err = run(kivi, ["perplexity", "-m", story, "-f", text, "--threads", "1", "--json",
+                                       *sparse, "--sparse-budget", "128"] + (["--dist", "cp"] if np_ else []), np_)
+            ppls.append(json.loads(out)["ppl"] if rc3 == 0 else None)
+        check(None not in ppls and abs(ppls[1] - ppls[0]) < 0.03 * ppls[0],
+              f"--dist cp=2 --sparse-budget 128 (64 per shard): perplexity {ppls[1]} near one process's {ppls[0]}")
+        rc3, _, err = generate(kivi, story, 4, sparse + ["--sparse-budget", "64"], dist="cp")
+        check(rc3 == 1 and "less than one block" in err and err.count("error") == 1,
+              f"--dist cp=4 with 16 tokens of budget per shard: one line ({err.strip()[-200:]})")
         rc2, many, err2 = run(kivi, ["perplexity", "-m", story, "-f", short, "--threads", "1", "--json",
                                      "--kld-base", base, "--dist", "cp"], 2)
         ok = rc == 0 and rc2 == 0
