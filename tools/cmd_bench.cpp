@@ -122,7 +122,11 @@ void check_memory(const model::Model& m, const runtime::BenchConfig& bc) {
   for (size_t i = 0; i < caches.size(); ++i) {
     const kv::CacheConfig& c = caches[i];
     runtime::cache_shape_for(mc, c, bc.ctx);  // validates
-    total += runtime::session_bytes(mc, c, bc.ctx, 64,
+    // Under --dist cp a session holds its shard of the positions.
+    const int ctx = bc.cp ? model::cp_shard_tokens(bc.ctx, bc.cp->size(),
+                                                   runtime::cache_shape_for(mc, c, bc.ctx).block())
+                          : bc.ctx;
+    total += runtime::session_bytes(mc, c, ctx, 64,
                                     i > 0 || bc.sparse_reference ? bc.sparse : sparse::Options{});
   }
   const uint64_t avail = sys::available_memory_bytes(), weights = m.weight_bytes();
@@ -196,7 +200,7 @@ void print_json(const Report& rep) {
   j.begin_object();
   j.kv("model", m->path()).kv("ctx_fill", n_fill).kv("ctx_fill_random", random_fill).kv("n", n_gen);
   j.kv("threads", r.threads).kv("prompt_tokens", r.prompt_tokens).kv("fill", fill_desc);
-  j.kv("ranks", dist::size());  // under --dist tp kv_bytes are rank 0's share
+  j.kv("ranks", dist::size());  // under --dist kv_bytes are rank 0's share
   j.kv("token_match_meaningful", !random_fill).kv("synthetic", mc.synthetic);
   j.kv("simd", cpu::current_target_name()).kv("kv_params", shared_params(ref));
   j.kv("attn_precision", attn::precision_name(bc.forward.precision));
@@ -381,10 +385,6 @@ int cmd_bench(int argc, char** argv) {
 
   const Formats fm = bench_formats(a);
   auto m = load_model(a);
-  if (dist::cp_comm()) {
-    throw dist::CollectiveError(
-        "kivi bench runs over ranks with --dist tp only (use generate --json under --dist cp)");
-  }
   for (const char nc : fm.no_cache) {
     if (nc && dist::size() > 1)
       throw dist::CollectiveError("--configs no-cache runs in one process only");
@@ -402,6 +402,7 @@ int cmd_bench(int argc, char** argv) {
   bc.forward.window = static_cast<int>(a.integer("window", 0, model::kMaxContext));
   bc.sparse = sparse_options(a);
   bc.sparse_reference = !fm.f32_ref;
+  bc.cp = dist::cp_comm();
   if (random_fill) {
     bc.fill_random = n_fill;
   } else if (n_fill > 0) {

@@ -140,6 +140,7 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
     o.forward.attn_seconds = &attn[f];
     if (f > 0 || cfg.sparse_reference) o.sparse = cfg.sparse;
     o.pool = &pool;
+    o.cp = cfg.cp;
     sessions.push_back(std::make_unique<Session>(m, o));
   }
   // Warm-up: a throwaway session prefills the prompt once, so the weights are in memory
@@ -162,7 +163,23 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
   };
 
   // Fill.
-  if (cfg.fill_random > 0) {
+  if (cfg.fill_random > 0 && cfg.cp) {
+    // Each format's shard gets its own positions of the fill (shards follow each
+    // format's block); a full shard then quantizes as the later positions would make it.
+    for (int f = 0; f < F; ++f) {
+      Session& s = *sessions[f];
+      const model::CpShard& sh = *s.cp_shard();
+      const int local = sh.local_count(cfg.fill_random);
+      fill_random({&s.cache()}, local, cfg.seed + static_cast<uint64_t>(sh.start), nullptr, &pool);
+      const int64_t after = static_cast<int64_t>(cfg.fill_random) - sh.start;
+      for (int l = 0; l < s.cache().config().n_layers && local == sh.size; ++l) {
+        if (s.cache().borrows(l)) continue;
+        for (int64_t pos = sh.size; pos < after; ++pos) s.cache().pass(l, static_cast<int>(pos));
+      }
+      s.restore_cp_position(cfg.fill_random);
+      report(n_fill);
+    }
+  } else if (cfg.fill_random > 0) {
     std::vector<kv::KvCache*> caches;
     for (auto& s : sessions) caches.push_back(&s->cache());
     int64_t last = 0;
@@ -252,8 +269,15 @@ BenchResult run_bench(const model::Model& m, const BenchConfig& cfg,
       share[s] = r.step_seconds[s] > 0 ? r.attn_seconds[s] / r.step_seconds[s] : 0.0;
     r.attn_share = median(share);
     r.kv_bytes = r.no_cache ? 0 : sessions[f]->cache().bytes_used();
-    r.compression_vs_f32 = r.kv_bytes > 0 ? bytes32 / r.kv_bytes : 0.0;
-    r.compression_vs_f16 = r.kv_bytes > 0 ? bytes16 / r.kv_bytes : 0.0;
+    double b32 = bytes32, b16 = bytes16;
+    if (cfg.cp && !r.no_cache) {
+      // A context shard: against the float bytes of the positions it holds.
+      const int held = sessions[f]->cache().position(0);
+      b32 = static_cast<double>(kv::expected_bytes_used(c32, held));
+      b16 = static_cast<double>(kv::expected_bytes_used(c16, held));
+    }
+    r.compression_vs_f32 = r.kv_bytes > 0 ? b32 / r.kv_bytes : 0.0;
+    r.compression_vs_f16 = r.kv_bytes > 0 ? b16 / r.kv_bytes : 0.0;
     int same = 0;
     r.first_divergence = -1;
     for (int i = 0; i < cfg.n_gen; ++i) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "model/context_parallel.h"
 #include "model/forward.h"
 #include "sparse/options.h"
 #include "model/model.h"
@@ -52,6 +53,9 @@ struct BenchConfig {
   sparse::Options sparse;         // block-sparse attention for every format but the reference
   bool sparse_reference = false;  // ... and for the reference too (when it is not f32)
   int fill_chunk = 256;           // text fill prefilled this many tokens at a time
+  // Context parallelism (--dist cp): every session holds this rank's shard of the
+  // positions; a random fill writes only the shard's positions.
+  model::CpComm* cp = nullptr;
 };
 
 struct BenchFormatResult {

@@ -523,6 +523,22 @@ def main():
                 for x, y in zip(o["results"], m["results"]))
         check(ok, f"bench -np 2 --dist tp: the same token match per format, half the KV bytes per rank "
                   f"({err.strip()[-200:]})")
+        # Under cp rank 0 holds the first shard (256 of the 252 + 48 + 1 positions here
+        # is all of them but the last 45: the f32 bytes scale by the positions held).
+        args = ["bench", "-m", story, "--kv-cache", "int8", "-n", "48", "--ctx-fill", "300", "--json",
+                "--threads", "1"]
+        rc, one, _ = run(kivi, args)
+        rc2, many, err = run(kivi, args + ["--dist", "cp"], 2)
+        rc3, rand, err3 = run(kivi, args + ["--ctx-fill-random", "--dist", "cp"], 2)
+        ok = rc == rc2 == rc3 == 0
+        if ok:
+            o, m = json.loads(one)["results"], json.loads(many)["results"]
+            held, total = 256, m[0]["ctx"] + 48
+            ok = (m[0]["kv_bytes"] * total == o[0]["kv_bytes"] * held and m[1]["token_match"] >= 90
+                  and len(json.loads(rand)["results"]) == 2)
+            print(f"        int8 token match: one process {o[1]['token_match']}%, cp=2 {m[1]['token_match']}%")
+        check(ok, f"bench -np 2 --dist cp (text and random fills): rank 0's shard, greedy tokens as one "
+                  f"process's ({(err + err3).strip()[-200:]})")
         faults(kivi, story, d)
     if FAILED:
         print(f"{len(FAILED)} check(s) failed")
