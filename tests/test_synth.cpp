@@ -11,6 +11,7 @@
 #include "core/f16.h"
 #include "core/normal_table.h"
 #include "io/gguf.h"
+#include "model/ffn.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/synth.h"
@@ -159,6 +160,65 @@ TEST(Synth, TinyPresetLoadsWithTheExpectedTensorsAndMetadata) {
     ASSERT_GE(tok, 0);
     ASSERT_LT(tok, c.vocab_size);
     logits = s.decode(tok);
+  }
+}
+
+// A mixture of experts (qwen3moe): the file holds the experts as 3-D tensors and the
+// router in F32; a batched prefill gives each row the bits one token at a time gives
+// (rows are grouped by expert); the router keeps the lower expert on a tie.
+TEST(Synth, MixtureOfExpertsLoadsAndBatchesAsItStreams) {
+  test::TempDir t;
+  auto spec = tiny_spec();
+  model::apply_arch_defaults(spec.config, "qwen3moe");
+  spec.config.n_experts = 4;
+  spec.config.n_experts_used = 2;
+  spec.outtype = "q8_0";
+  model::write_synthetic_gguf(spec, t.file("moe.gguf"));
+  io::GgufFile f(t.file("moe.gguf"));
+  EXPECT_EQ(f.get_uint("qwen3moe.expert_count"), 4u);
+  const auto* e = f.find_tensor("blk.1.ffn_down_exps.weight");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->dims, (std::vector<uint64_t>{static_cast<uint64_t>(spec.config.hidden_dim),
+                                            static_cast<uint64_t>(spec.config.dim), 4u}));
+  EXPECT_EQ(f.find_tensor("blk.0.ffn_gate_inp.weight")->type,
+            static_cast<uint32_t>(io::GgmlType::kF32));
+  EXPECT_EQ(f.find_tensor("blk.0.ffn_gate.weight"), nullptr);
+
+  const auto m = model::Model::load(t.file("moe.gguf"));
+  EXPECT_EQ(m->config().n_experts, 4);
+  EXPECT_EQ(m->config().n_experts_used, 2);
+  runtime::SessionOptions o;
+  o.threads = 2;
+  o.ctx = 128;
+  const std::vector<int> prompt = m->tokenizer().encode("Once upon a time there was a dog", true);
+  const int V = m->config().vocab_size, n = static_cast<int>(prompt.size());
+  std::vector<float> batched(static_cast<size_t>(n) * V);
+  runtime::Session a(*m, o), b(*m, o);
+  a.prefill(prompt, batched.data());
+  for (int i = 0; i < n; ++i) {
+    const float* l = b.decode(prompt[i]);
+    ASSERT_TRUE(std::equal(l, l + V, batched.data() + static_cast<size_t>(i) * V)) << "row " << i;
+  }
+
+  const float logits[5] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f};
+  int picked[3];
+  float w[3];
+  model::route(logits, 5, 3, picked, w);
+  EXPECT_EQ(picked[0], 1);
+  EXPECT_EQ(picked[1], 3);
+  EXPECT_EQ(picked[2], 4);
+  // The softmax over the three picked logits: 1 : 1 : e^-1.
+  const float z = 2.0f + std::exp(-1.0f);
+  EXPECT_NEAR(w[0], 1.0f / z, 1e-6f);
+  EXPECT_NEAR(w[2], std::exp(-1.0f) / z, 1e-6f);
+
+  model::ModelConfig bad = spec.config;
+  bad.n_experts_used = 5;
+  try {
+    bad.validate("x.gguf");
+    FAIL() << "5 of 4 experts accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("expert_used_count"), std::string::npos) << err.what();
   }
 }
 

@@ -108,6 +108,7 @@ void print_json(const Report& r) {
   j.kv("arch", c.arch);
   j.kv("name", c.name);
   j.kv("dim", c.dim).kv("hidden_dim", c.hidden_dim).kv("n_layers", c.n_layers);
+  j.kv("n_experts", c.n_experts).kv("n_experts_used", c.n_experts_used);
   j.kv("n_heads", c.n_heads).kv("n_kv_heads", c.n_kv_heads).kv("head_dim", c.head_dim());
   j.kv("vocab_size", c.vocab_size).kv("context_length", c.ctx).kv("rope_theta", c.rope_theta);
   j.kv("norm_eps", c.norm_eps)
@@ -196,6 +197,10 @@ void print_model(const Report& r) {
   if (!c.name.empty()) std::printf("  name             %s\n", c.name.c_str());
   std::printf("  dim              %d\n  hidden_dim       %d\n  layers           %d\n", c.dim,
               c.hidden_dim, c.n_layers);
+  if (c.n_experts > 0) {
+    std::printf("  experts          %d, %d per token (each a SwiGLU of hidden_dim)\n", c.n_experts,
+                c.n_experts_used);
+  }
   std::printf("  heads            %d query, %d KV (%s), head_dim %d\n", c.n_heads, c.n_kv_heads,
               c.n_kv_heads == c.n_heads ? "MHA"
               : c.n_kv_heads == 1       ? "MQA"

@@ -22,7 +22,8 @@ int cmd_synth(int argc, char** argv) {
       "synth",
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
-      "[--arch llama|qwen2|qwen3] [--rope-scaling llama3] [--sliding-window W "
+      "[--arch llama|qwen2|qwen3|qwen3moe] [--experts E --experts-used K] [--rope-scaling llama3] "
+      "[--sliding-window W "
       "[--sliding-window-pattern N]] [--outtype TYPE] [--seed S] [--json]",
       "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
       "speed and memory measurements and architecture tests (the text it generates is "
@@ -43,11 +44,15 @@ int cmd_synth(int argc, char** argv) {
   a.add("preset", 0, "NAME",
         "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, tiny.");
   a.add("arch", 0, "ARCH",
-        "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE) or qwen3 "
-        "(per-head Q/K RMSNorm, "
-        "NeoX RoPE). Default: the preset's, else llama.");
+        "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE), qwen3 "
+        "(per-head Q/K RMSNorm, NeoX RoPE) or qwen3moe (qwen3 with a mixture of experts). "
+        "Default: the preset's, else llama.");
   a.add("head-dim", 0, "HD",
         "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");
+  a.add("experts", 0, "E",
+        "A mixture of E experts in every layer, each a SwiGLU of --ffn channels (qwen3moe; llama "
+        "files with experts are Mixtral-style). Default: the preset's, else none.");
+  a.add("experts-used", 0, "K", "Experts the router picks per token (1 to --experts).");
   a.add("layers", 0, "L", "Transformer blocks (1 to 1024).");
   a.add("dim", 0, "D", "Embedding width (2 to 65536, a multiple of --heads).");
   a.add("heads", 0, "H", "Query heads (dim / heads must be even).");
@@ -155,6 +160,20 @@ int cmd_synth(int argc, char** argv) {
     c.key_length = static_cast<int>(a.integer("head-dim", 2, 1024));
     overridden = true;
   }
+  if (a.given("experts")) {
+    c.n_experts = static_cast<int>(a.integer("experts", 1, 4096));
+    overridden = true;
+  }
+  if (a.given("experts-used")) {
+    if (c.n_experts == 0) fail("--experts-used needs --experts");
+    c.n_experts_used = static_cast<int>(a.integer("experts-used", 1, c.n_experts));
+    overridden = true;
+  }
+  if (c.arch == "qwen3moe" && c.n_experts == 0)
+    fail("--arch qwen3moe needs --experts E (and --experts-used K)");
+  if (c.n_experts > 0 && c.n_experts_used == 0) c.n_experts_used = std::min(c.n_experts, 2);
+  if (c.n_experts_used > c.n_experts)
+    fail("--experts-used %d is more than --experts %d", c.n_experts_used, c.n_experts);
   model::RopeScaling scaling =
       a.given("preset") ? model::find_preset(a.str("preset")).rope_scaling : model::RopeScaling{};
   if (a.given("rope-scaling")) {

@@ -24,6 +24,10 @@ void ModelConfig::validate(const std::string& src) const {
   } else if (dim % n_heads != 0) {
     fail("%s: n_heads = %d does not divide dim = %d", src.c_str(), n_heads, dim);
   }
+  if (n_experts != 0 || n_experts_used != 0) {
+    range("n_experts (expert_count)", n_experts, 1, 4096);
+    range("n_experts_used (expert_used_count)", n_experts_used, 1, n_experts);
+  }
   if (n_heads % n_kv_heads != 0) {
     fail("%s: n_kv_heads = %d does not divide n_heads = %d", src.c_str(), n_kv_heads, n_heads);
   }
@@ -68,10 +72,10 @@ std::vector<int> ModelConfig::layer_windows() const {
   return w;
 }
 
-const char* supported_architectures() { return "llama, qwen2, qwen3"; }
+const char* supported_architectures() { return "llama, qwen2, qwen3, qwen3moe"; }
 
 bool is_supported_architecture(const std::string& arch) {
-  return arch == "llama" || arch == "qwen2" || arch == "qwen3";
+  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe";
 }
 
 void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
@@ -80,10 +84,10 @@ void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
          arch.empty() ? "(missing general.architecture)" : arch.c_str(), supported_architectures());
   }
   c.arch = arch;
-  const bool qwen = arch == "qwen2" || arch == "qwen3";
+  const bool qwen = arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe";
   c.rope_style = qwen ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
   c.attn_bias = arch == "qwen2";
-  c.qk_norm = arch == "qwen3";
+  c.qk_norm = arch == "qwen3" || arch == "qwen3moe";
 }
 
 std::vector<float> llama3_rope_factors(int hd, float theta, float factor, float low, float high,
@@ -117,7 +121,8 @@ std::vector<float> llama3_rope_factors(int hd, float theta, float factor, float 
 double ModelConfig::n_params() const {
   const double d = dim, h = hidden_dim, kv = kv_dim(), v = vocab_size;
   const double qd = q_dim();
-  double per_layer = 2 * d + d * qd * 2 + 2 * d * kv + 3 * d * h;
+  const double ffn = n_experts > 0 ? n_experts * 3 * d * h + n_experts * d : 3 * d * h;
+  double per_layer = 2 * d + d * qd * 2 + 2 * d * kv + ffn;
   if (attn_bias) per_layer += qd + 2 * kv;
   if (qk_norm) per_layer += 2 * head_dim();
   return v * d * (shared_classifier ? 1 : 2) + n_layers * per_layer + d;

@@ -5,7 +5,9 @@
 //          (rope_freqs.weight: Llama 3.1/3.2 "llama3" scaling) or linear scaling;
 //   qwen2  biases on the Q, K and V projections, NeoX RoPE (pairs (i, i + D/2));
 //   qwen3  RMSNorm of every query and key head before RoPE, NeoX RoPE, a head
-//          dimension that may differ from dim / n_heads (attention.key_length).
+//          dimension that may differ from dim / n_heads (attention.key_length);
+//   qwen3moe  qwen3 with a mixture of experts in place of every FFN; a llama file with
+//          <arch>.expert_count (Mixtral) has one too (model/ffn.h).
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,11 @@ struct ModelConfig {
       rope_freq_factors;   // [head_dim / 2] divisor of each pair's frequency, or empty
   bool attn_bias = false;  // Q, K and V projections carry biases (qwen2)
   bool qk_norm = false;    // RMSNorm over each query and key head before RoPE (qwen3)
+  // Mixture of experts (<arch>.expert_count, expert_used_count): every FFN is n_experts
+  // SwiGLU experts of hidden_dim channels, of which a router picks n_experts_used per
+  // token, weighted by the softmax of their router logits. 0: one dense FFN.
+  int n_experts = 0;
+  int n_experts_used = 0;
   // Sliding-window attention (<arch>.attention.sliding_window): a query at position p
   // attends the keys at p - sliding_window + 1 .. p in the layers swa_layers marks
   // ([n_layers], 1: windowed; all of them unless attention.sliding_window_pattern says

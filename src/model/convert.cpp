@@ -30,6 +30,11 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
   w.add_u32(A + "embedding_length", c.dim);
   w.add_u32(A + "block_count", c.n_layers);
   w.add_u32(A + "feed_forward_length", c.hidden_dim);
+  if (c.n_experts > 0) {
+    w.add_u32(A + "expert_count", c.n_experts);
+    w.add_u32(A + "expert_used_count", c.n_experts_used);
+    w.add_u32(A + "expert_feed_forward_length", c.hidden_dim);
+  }
   w.add_u32(A + "rope.dimension_count", c.head_dim());
   w.add_u32(A + "attention.head_count", c.n_heads);
   w.add_u32(A + "attention.head_count_kv", c.n_kv_heads);
@@ -106,9 +111,17 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
     }
     t.push_back({p + "attn_output.weight", TensorRole::kAttnOutput, l, dim, qd});
     t.push_back({p + "ffn_norm.weight", TensorRole::kFfnNorm, l, dim, 0});
-    t.push_back({p + "ffn_gate.weight", TensorRole::kFfnGate, l, hid, dim});
-    t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
-    t.push_back({p + "ffn_up.weight", TensorRole::kFfnUp, l, hid, dim});
+    if (c.n_experts > 0) {
+      const uint64_t E = c.n_experts;
+      t.push_back({p + "ffn_gate_inp.weight", TensorRole::kFfnGateInp, l, E, dim});
+      t.push_back({p + "ffn_gate_exps.weight", TensorRole::kFfnGateExps, l, hid, dim, E});
+      t.push_back({p + "ffn_down_exps.weight", TensorRole::kFfnDownExps, l, dim, hid, E});
+      t.push_back({p + "ffn_up_exps.weight", TensorRole::kFfnUpExps, l, hid, dim, E});
+    } else {
+      t.push_back({p + "ffn_gate.weight", TensorRole::kFfnGate, l, hid, dim});
+      t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
+      t.push_back({p + "ffn_up.weight", TensorRole::kFfnUp, l, hid, dim});
+    }
   }
   t.push_back({"output_norm.weight", TensorRole::kOutputNorm, -1, dim, 0});
   if (!c.shared_classifier) t.push_back({"output.weight", TensorRole::kOutput, -1, vocab, dim});
@@ -168,6 +181,10 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
       case TensorRole::kAttnQNorm:
       case TensorRole::kAttnKNorm:
       case TensorRole::kRopeFreqs:
+      case TensorRole::kFfnGateInp:
+      case TensorRole::kFfnGateExps:
+      case TensorRole::kFfnDownExps:
+      case TensorRole::kFfnUpExps:
         break;  // not in llama2.c checkpoints
     }
     return nullptr;

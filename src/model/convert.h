@@ -60,20 +60,27 @@ enum class TensorRole : uint8_t {
   kAttnKBias,
   kAttnVBias,  // qwen2 (and llama files that have them)
   kAttnQNorm,
-  kAttnKNorm,  // qwen3
-  kRopeFreqs,  // RoPE frequency divisors (Llama 3.1 scaling)
+  kAttnKNorm,    // qwen3
+  kRopeFreqs,    // RoPE frequency divisors (Llama 3.1 scaling)
+  kFfnGateInp,   // the experts' router (mixture of experts)
+  kFfnGateExps,  // the experts' gate, down and up projections, one 3-D tensor each
+  kFfnDownExps,
+  kFfnUpExps,
 };
 struct TensorSpec {
   std::string name;  // "blk.3.attn_q.weight"
   TensorRole role;
-  int layer;      // -1 for token_embd, output_norm, output
-  uint64_t rows;  // matrices: [rows, cols] row-major (GGUF dims {cols, rows})
-  uint64_t cols;  // 0 for norm vectors of `rows` elements
+  int layer;             // -1 for token_embd, output_norm, output
+  uint64_t rows;         // matrices: [rows, cols] row-major (GGUF dims {cols, rows})
+  uint64_t cols;         // 0 for norm vectors of `rows` elements
+  uint64_t experts = 0;  // > 0: a 3-D tensor of that many [rows, cols] matrices
   bool is_vector() const { return cols == 0; }
+  uint64_t matrices() const { return experts > 0 ? experts : 1; }
 };
 // Every tensor of shape `c` in file order: token_embd, then per layer attn_norm, attn_q,
 // (attn_q.bias), attn_k, (attn_k.bias), attn_v, (attn_v.bias), (attn_q_norm,
-// attn_k_norm), attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up, then output_norm,
+// attn_k_norm), attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up (a mixture of experts:
+// ffn_gate_inp, ffn_gate_exps, ffn_down_exps, ffn_up_exps), then output_norm,
 // (untied classifier only) output and (with RoPE divisors) rope_freqs.
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c);
 

@@ -88,6 +88,12 @@ void check_finite_weights(const Model& m) {
     const LayerWeights* L = s.layer >= 0 ? &w.layers[s.layer] : nullptr;
     const ops::Matrix* mat = nullptr;
     const std::vector<float>* vec = nullptr;
+    ops::Matrix all;  // a 3-D expert tensor as one matrix of every expert's rows
+    auto experts = [&](const std::vector<ops::Matrix>& e) {
+      all = e.front();
+      all.rows *= static_cast<int64_t>(e.size());
+      return &all;
+    };
     switch (s.role) {
       case TensorRole::kTokenEmbd:
         mat = &w.token_embd;
@@ -142,6 +148,18 @@ void check_finite_weights(const Model& m) {
         break;
       case TensorRole::kRopeFreqs:
         vec = &c.rope_freq_factors;  // also checked by ModelConfig::validate
+        break;
+      case TensorRole::kFfnGateInp:
+        mat = &L->router;
+        break;
+      case TensorRole::kFfnGateExps:
+        mat = experts(L->gate_exps);
+        break;
+      case TensorRole::kFfnDownExps:
+        mat = experts(L->down_exps);
+        break;
+      case TensorRole::kFfnUpExps:
+        mat = experts(L->up_exps);
         break;
     }
     size_t n = 0, bad = 0;

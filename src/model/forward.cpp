@@ -82,6 +82,7 @@ ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads,
       att(static_cast<size_t>(mb) * c.q_dim()),
       hb(static_cast<size_t>(mb) * c.hidden_dim),
       hb2(static_cast<size_t>(mb) * c.hidden_dim),
+      moe(c, mb),
       rope(static_cast<size_t>(ctx) * c.head_dim()),
       rope_rows(ctx),
       rope_batch(static_cast<size_t>(mb) * c.head_dim()),
@@ -100,7 +101,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
              float* logits, bool all_logits, ThreadPool* pool, const ForwardOptions& opt) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim();
   if (n < 1 || n > st.max_batch) fail("forward: batch of %d tokens (max %d)", n, st.max_batch);
   // Absolute position of the first token (layers with a sliding window hold fewer; a
   // context-parallel shard holds only its own positions).
@@ -230,10 +231,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
                    st.x.data() + static_cast<size_t>(i) * dim, L.ffn_norm.data(), dim, c.norm_eps);
     }
-    ops::matmul(L.w_gate, st.xb.data(), n, st.hb.data(), pool);
-    ops::matmul(L.w_up, st.xb.data(), n, st.hb2.data(), pool);
-    ops::silu_mul(st.hb.data(), st.hb2.data(), n * hid);
-    ops::matmul(L.w_down, st.hb.data(), n, st.xb2.data(), pool);
+    ffn(c, L, st.xb.data(), n, st.xb2.data(), st.hb.data(), st.hb2.data(), st.moe, pool);
     tp_reduce(m, st.xb2.data(), static_cast<size_t>(n) * dim);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     check_finite_activations(m, st.x.data(), n, dim, l, pos0, tokens);
@@ -263,6 +261,7 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   // Keys and values of every layer (a borrowing layer reads its owner's).
   std::vector<std::vector<float>> ks(c.n_layers), vs(c.n_layers);
   std::vector<float> hb(static_cast<size_t>(n) * hid), hb2(hb.size());
+  MoeScratch moe(c, n);
   std::vector<float> rope(static_cast<size_t>(n) * hd);
   fill_rope_table(rope.data(), n, c);
   const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
@@ -325,10 +324,7 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     ops::add_inplace(x.data(), xb2.data(), n * dim);
     for (int i = 0; i < n; ++i)
       ops::rmsnorm(&xb[i * dim], &x[i * dim], L.ffn_norm.data(), dim, c.norm_eps);
-    ops::matmul(L.w_gate, xb.data(), n, hb.data(), pool);
-    ops::matmul(L.w_up, xb.data(), n, hb2.data(), pool);
-    ops::silu_mul(hb.data(), hb2.data(), n * hid);
-    ops::matmul(L.w_down, hb.data(), n, xb2.data(), pool);
+    ffn(c, L, xb.data(), n, xb2.data(), hb.data(), hb2.data(), moe, pool);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
     check_finite_activations(m, x.data(), n, dim, l, 0, tokens.data());
   }

@@ -15,6 +15,7 @@
 #include "core/aligned.h"
 #include "kv/kv_cache.h"
 #include "model/context_parallel.h"
+#include "model/ffn.h"
 #include "model/model.h"
 
 namespace kivi {
@@ -39,6 +40,7 @@ struct ForwardState {
   AlignedBuffer<float> att;             // [max_batch, q_dim]
   AlignedBuffer<float> hb;              // [max_batch, hidden]
   AlignedBuffer<float> hb2;             // [max_batch, hidden]
+  MoeScratch moe;                       // a mixture of experts' (model/ffn.h)
   AlignedBuffer<float> rope;            // [ctx, head_dim / 2, 2] cos, sin
   int rope_rows;                        // positions in `rope`
   AlignedBuffer<float> rope_batch;      // [max_batch, head_dim] rows of positions past the table

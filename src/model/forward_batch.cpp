@@ -61,7 +61,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
                        const ForwardOptions& opt) {
   const ModelConfig& c = m.config();
   const Weights& w = m.weights();
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim(), hid = c.hidden_dim;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim();
   if (n_seqs < 1 || n_seqs > max_seqs_) fail("batch of %d sequences (1 to %d)", n_seqs, max_seqs_);
   int rows = 0;
   bool one_row_each = true;
@@ -157,10 +157,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
       ops::rmsnorm(st_.xb.data() + static_cast<size_t>(r) * dim,
                    st_.x.data() + static_cast<size_t>(r) * dim, L.ffn_norm.data(), dim, c.norm_eps);
     }
-    ops::matmul(L.w_gate, st_.xb.data(), rows, st_.hb.data(), pool);
-    ops::matmul(L.w_up, st_.xb.data(), rows, st_.hb2.data(), pool);
-    ops::silu_mul(st_.hb.data(), st_.hb2.data(), rows * hid);
-    ops::matmul(L.w_down, st_.hb.data(), rows, st_.xb2.data(), pool);
+    ffn(c, L, st_.xb.data(), rows, st_.xb2.data(), st_.hb.data(), st_.hb2.data(), st_.moe, pool);
     tp_reduce(m, st_.xb2.data(), static_cast<size_t>(rows) * dim);
     ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
   }

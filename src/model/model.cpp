@@ -41,6 +41,9 @@ size_t Model::weight_bytes() const {
   for (const auto& L : w_.layers) {
     b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() +
          L.w_down.bytes() + L.w_up.bytes() + (L.attn_norm.size() + L.ffn_norm.size()) * 4;
+    b += L.router.bytes();
+    for (size_t e = 0; e < L.gate_exps.size(); ++e)
+      b += L.gate_exps[e].bytes() + L.up_exps[e].bytes() + L.down_exps[e].bytes();
     b += (L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() + L.k_norm.size()) * 4;
   }
   return b + w_.output_norm.size() * 4;
@@ -272,6 +275,19 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     // Kept only when it differs from dim / n_heads.
     if (c.n_heads == 0 || static_cast<int64_t>(kl) * c.n_heads != c.dim) c.key_length = kl;
   }
+  if (f.has(A + "expert_count") && f.get_uint(A + "expert_count") > 0) {
+    // A mixture of experts: the experts' width, when the file gives it apart from the
+    // (then unused) dense FFN's.
+    c.n_experts = get_int(A + "expert_count", 1 << 16);
+    if (!f.has(A + "expert_used_count"))
+      fail("%s: %sexpert_count = %d without %sexpert_used_count", path.c_str(), A.c_str(),
+           c.n_experts, A.c_str());
+    c.n_experts_used = get_int(A + "expert_used_count", 1 << 16);
+    if (f.has(A + "expert_feed_forward_length"))
+      c.hidden_dim = get_int(A + "expert_feed_forward_length", 1 << 22);
+  } else if (arch == "qwen3moe") {
+    fail("%s: architecture qwen3moe without %sexpert_count", path.c_str(), A.c_str());
+  }
   const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) fail("%s: missing tensor 'token_embd.weight'", path.c_str());
   if (emb->dims.size() != 2)
@@ -331,6 +347,32 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     // In place: the matrix views the mapped file.
     return ops::Matrix{t->data, ti->type, rows, cols};
   };
+  // A 3-D tensor [n][rows][cols] (ggml dims cols, rows, n) as n matrices viewing it.
+  auto experts = [&](const std::string& name, int64_t rows, int64_t cols,
+                     int64_t n) -> std::vector<ops::Matrix> {
+    const io::GgufTensor* t = f.find_tensor(name);
+    if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
+    if (t->dims.size() != 3 || t->dims[0] != static_cast<uint64_t>(cols) ||
+        t->dims[1] != static_cast<uint64_t>(rows) || t->dims[2] != static_cast<uint64_t>(n)) {
+      std::string got;
+      for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      fail("%s: tensor '%s' has shape [%s], expected [%lld, %lld, %lld] (the experts)",
+           path.c_str(), name.c_str(), got.c_str(), static_cast<long long>(cols),
+           static_cast<long long>(rows), static_cast<long long>(n));
+    }
+    const quant::TypeInfo* ti = weight_type(path, *t);
+    const size_t align = ti->type == quant::Type::kF32 ? 4 : quant::is_float(ti->type) ? 2 : 1;
+    if (reinterpret_cast<uintptr_t>(t->data) % align != 0) {
+      fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(),
+           ti->name, align);
+    }
+    std::vector<ops::Matrix> out(static_cast<size_t>(n));
+    const size_t bytes = static_cast<size_t>(quant::row_bytes(ti->type, cols)) * rows;
+    for (int64_t e = 0; e < n; ++e) {
+      out[e] = ops::Matrix{static_cast<const uint8_t*>(t->data) + bytes * e, ti->type, rows, cols};
+    }
+    return out;
+  };
   auto vec = [&](const std::string& name, int64_t n) -> std::vector<float> {
     const io::GgufTensor* t = f.find_tensor(name);
     if (!t)
@@ -371,9 +413,17 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
            path.c_str(), p.c_str());
     }
     L.ffn_norm = vec(p + "ffn_norm.weight", dim);
-    L.w_gate = matrix(p + "ffn_gate.weight", hid, dim);
-    L.w_down = matrix(p + "ffn_down.weight", dim, hid);
-    L.w_up = matrix(p + "ffn_up.weight", hid, dim);
+    if (c.n_experts > 0) {
+      const int E = c.n_experts;
+      L.router = matrix(p + "ffn_gate_inp.weight", E, dim);
+      L.gate_exps = experts(p + "ffn_gate_exps.weight", hid, dim, E);
+      L.up_exps = experts(p + "ffn_up_exps.weight", hid, dim, E);
+      L.down_exps = experts(p + "ffn_down_exps.weight", dim, hid, E);
+    } else {
+      L.w_gate = matrix(p + "ffn_gate.weight", hid, dim);
+      L.w_down = matrix(p + "ffn_down.weight", dim, hid);
+      L.w_up = matrix(p + "ffn_up.weight", hid, dim);
+    }
   }
   w.output_norm = vec("output_norm.weight", dim);
   w.output = c.shared_classifier ? w.token_embd : matrix("output.weight", vocab, dim);

@@ -28,6 +28,11 @@ struct LayerWeights {
   ops::Matrix w_gate;                 // w1 [hidden, dim]
   ops::Matrix w_down;                 // w2 [dim, hidden]
   ops::Matrix w_up;                   // w3 [hidden, dim]
+  // Mixture of experts (ModelConfig::n_experts > 0) instead of w_gate, w_down, w_up:
+  ops::Matrix router;                  // ffn_gate_inp [n_experts, dim]
+  std::vector<ops::Matrix> gate_exps;  // [n_experts] each [hidden, dim] (a slice of ffn_gate_exps)
+  std::vector<ops::Matrix> up_exps;    // [n_experts] each [hidden, dim]
+  std::vector<ops::Matrix> down_exps;  // [n_experts] each [dim, hidden]
 };
 
 struct Weights {

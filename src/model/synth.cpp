@@ -113,8 +113,10 @@ void validate_synth_config(const ModelConfig& c) {
 // The type of matrix `t` in a synthetic file of type `ft`.
 static quant::Type matrix_type(const quant::FileType& ft, const TensorSpec& t,
                                const ModelConfig& c) {
-  return quant::tensor_type(ft, quant::TensorDesc{t.name, 2, t.cols}, c.n_layers,
-                            c.shared_classifier);
+  // The router stays F32, as llama.cpp's converter and quantizer keep it.
+  if (t.role == TensorRole::kFfnGateInp) return quant::Type::kF32;
+  return quant::tensor_type(ft, quant::TensorDesc{t.name, t.experts > 0 ? 3 : 2, t.cols},
+                            c.n_layers, c.shared_classifier);
 }
 
 SynthNeeds synth_needs(const SynthSpec& s) {
@@ -128,7 +130,8 @@ SynthNeeds synth_needs(const SynthSpec& s) {
   uint64_t tensor_table = 0;
   for (const auto& t : llama_tensor_specs(c)) {
     const uint64_t bytes =
-        t.is_vector() ? t.rows * 4 : quant::row_bytes(matrix_type(ft, t, c), t.cols) * t.rows;
+        t.is_vector() ? t.rows * 4
+                      : quant::row_bytes(matrix_type(ft, t, c), t.cols) * t.rows * t.matrices();
     n.weight_bytes += bytes;
     n.file_bytes += aligned(bytes);
     tensor_table += 8 + t.name.size() + 4 + 16 + 4 + 8;
@@ -298,8 +301,11 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
       continue;
     }
     const quant::Type type = matrix_type(ft, t, c);
+    const std::vector<uint64_t> dims = t.experts > 0
+                                           ? std::vector<uint64_t>{t.cols, t.rows, t.experts}
+                                           : std::vector<uint64_t>{t.cols, t.rows};
     if (type == quant::Type::kF16 || type == quant::Type::kF32) {
-      w.add_tensor(t.name, {t.cols, t.rows}, type,
+      w.add_tensor(t.name, dims, type,
                    io::GgufWriter::Generator([f16 = type == quant::Type::kF16, seed = s.seed, ti](
                                                  uint64_t first, uint64_t count, void* dst) {
                      synth_matrix_values(seed, ti, first, count, f16, dst);
@@ -307,7 +313,7 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
       continue;
     }
     if (!pool) pool = std::make_unique<ThreadPool>(hardware_threads());
-    w.add_tensor(t.name, {t.cols, t.rows}, type,
+    w.add_tensor(t.name, dims, type,
                  io::GgufWriter::Generator([type, seed = s.seed, ti, values, p = pool.get()](
                                                uint64_t first, uint64_t count, void* dst) {
                    values->resize(static_cast<size_t>(count));

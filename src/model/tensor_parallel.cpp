@@ -71,6 +71,12 @@ void shard_tensor_parallel(Model& m, TpComm* comm) {
   if (N <= 1) return;
   ModelConfig& c = m.cfg_;
   if (c.tp.size > 1) fail("tensor parallelism: the model is split already");
+  if (c.n_experts > 0) {
+    fail(
+        "--dist tp: a mixture of experts (%d experts) is not split over ranks yet; --dist cp "
+        "runs it",
+        c.n_experts);
+  }
   const int hd = c.head_dim();
   if (c.n_kv_heads % N != 0) {
     std::string fits;

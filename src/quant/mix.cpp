@@ -56,8 +56,10 @@ bool use_more_bits(int layer, int n_layers) {
 }
 
 bool is_converted(const TensorDesc& t) {
+  // The experts' router stays F32 (as llama.cpp keeps it): it picks the experts.
   return t.n_dims >= 2 && ends_with(t.name, "weight") &&
-         t.name.find("_norm.weight") == std::string::npos;
+         t.name.find("_norm.weight") == std::string::npos &&
+         !ends_with(t.name, "ffn_gate_inp.weight");
 }
 
 Type tensor_type(const FileType& ft, const TensorDesc& t, int n_layers, bool tied_output) {
@@ -66,7 +68,8 @@ Type tensor_type(const FileType& ft, const TensorDesc& t, int n_layers, bool tie
     const int layer = layer_of(t.name);
     if (t.name == "output.weight" || (tied_output && t.name == "token_embd.weight")) {
       type = Type::kQ6_K;
-    } else if ((ends_with(t.name, ".attn_v.weight") || ends_with(t.name, ".ffn_down.weight")) &&
+    } else if ((ends_with(t.name, ".attn_v.weight") || ends_with(t.name, ".ffn_down.weight") ||
+                ends_with(t.name, ".ffn_down_exps.weight")) &&
                layer >= 0 && use_more_bits(layer, n_layers)) {
       type = Type::kQ6_K;
     }

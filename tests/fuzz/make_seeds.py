@@ -21,10 +21,11 @@ def q8_0_blob(n):
     return out
 
 
-def write_gguf(path, arch="llama", q8_0=False, swa=False):
+def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
     """A one-layer model of `arch` (llama, qwen2 with Q/K/V biases, qwen3 with per-head Q/K
     norms); with q8_0 its matrices are Q8_0 (dim 32, the block size); with swa a sliding
-    window of 4 tokens and its pattern as an array of one bool per layer."""
+    window of 4 tokens and its pattern as an array of one bool per layer; with experts > 0
+    a mixture of that many experts (2 used) in place of the FFN (qwen3moe)."""
     dim, hidden, vocab = (32, 32, 6) if q8_0 else (8, 16, 6)
     kvs = []
 
@@ -38,6 +39,9 @@ def write_gguf(path, arch="llama", q8_0=False, swa=False):
                      ("attention.head_count_kv", 1)]:
         kv(arch + "." + key, 4, struct.pack("<I", val))
     kv(arch + ".attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-5))
+    if experts:
+        kv(arch + ".expert_count", 4, struct.pack("<I", experts))
+        kv(arch + ".expert_used_count", 4, struct.pack("<I", 2))
     if swa:
         kv(arch + ".attention.sliding_window", 4, struct.pack("<I", 4))
         kv(arch + ".attention.sliding_window_pattern", 9, struct.pack("<IQ", 7, 1) + b"\x01")
@@ -53,9 +57,15 @@ def write_gguf(path, arch="llama", q8_0=False, swa=False):
                ("blk.0.ffn_down.weight", [hidden, dim]), ("blk.0.ffn_up.weight", [dim, hidden]),
                ("output_norm.weight", [dim])]
     hd = dim // 2
+    if experts:
+        tensors = [t for t in tensors if not t[0].startswith("blk.0.ffn_") or t[0] == "blk.0.ffn_norm.weight"]
+        tensors += [("blk.0.ffn_gate_inp.weight", [dim, experts]),
+                    ("blk.0.ffn_gate_exps.weight", [dim, hidden, experts]),
+                    ("blk.0.ffn_down_exps.weight", [hidden, dim, experts]),
+                    ("blk.0.ffn_up_exps.weight", [dim, hidden, experts])]
     if arch == "qwen2":
         tensors += [("blk.0.attn_q.bias", [dim]), ("blk.0.attn_k.bias", [hd]), ("blk.0.attn_v.bias", [hd])]
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         tensors += [("blk.0.attn_q_norm.weight", [hd]), ("blk.0.attn_k_norm.weight", [hd])]
     infos, data, off = b"", b"", 0
     for name, dims in tensors:
@@ -243,6 +253,7 @@ def main():
         write_gguf(os.path.join(out, "model", arch + ".gguf"), arch)
     write_gguf(os.path.join(out, "model", "llama-q8_0.gguf"), "llama", q8_0=True)
     write_gguf(os.path.join(out, "model", "llama-swa.gguf"), "llama", swa=True)
+    write_gguf(os.path.join(out, "model", "qwen3moe.gguf"), "qwen3moe", experts=4)
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
     write_bpe(os.path.join(out, "bpe"))

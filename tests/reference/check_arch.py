@@ -11,7 +11,8 @@ and checks:
     at every position,
     for the engine's prefill, stream and no-cache modes and for keys cached before RoPE;
   * each feature matters: the reference with the feature switched off (no biases, no
-    QK norm, adjacent instead of NeoX pairs, unscaled RoPE, no sliding window) differs from the engine by
+    QK norm, adjacent instead of NeoX pairs, unscaled RoPE, no sliding window, one expert
+    instead of two) differs from the engine by
     more than 10 x --tol (measured: 6e-4 for llama3 scaling, 9e-3 to 1.4 for the rest), so
     an engine that ignored the feature would fail;
   * a sliding-window model (window 24 in layer 0 of 2, far shorter than the prompt)
@@ -47,6 +48,9 @@ CASES = [
     ("qwen2", ["--arch", "qwen2", "--rope-theta", "1000000"], ["bias", "neox"]),
     ("qwen3", ["--arch", "qwen3", "--head-dim", "32", "--rope-theta", "1000000", "--classifier", "separate"],
      ["qk_norm", "neox"]),
+    # A mixture of 4 experts, 2 per token (Qwen3-MoE's router: softmax, top 2, renormalized).
+    ("qwen3moe", ["--arch", "qwen3moe", "--head-dim", "32", "--rope-theta", "1000000", "--experts", "4",
+                  "--experts-used", "2", "--classifier", "separate"], ["qk_norm", "top1"]),
     # Sliding-window attention in layer 0 of 2 (pattern 2), a window far shorter than the
     # prompt: the windowed layer's cache evicts blocks in the stream and prefill runs.
     ("llama-swa", ["--arch", "llama", "--sliding-window", "24", "--sliding-window-pattern", "2"], ["swa"]),
@@ -65,6 +69,8 @@ def without(model, feature):
         return dataclasses.replace(model, rope_neox=False)
     if feature == "swa":
         return dataclasses.replace(model, windows=None)
+    if feature == "top1":  # a mixture of experts that followed its first choice alone
+        return dataclasses.replace(model, experts_used=1)
     if feature == "rope_scaling":
         hs = model.head_size
         return dataclasses.replace(

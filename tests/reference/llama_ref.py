@@ -117,6 +117,10 @@ class Model:
     q_norm: np.ndarray = None    # [L, hs] (qwen3)
     k_norm: np.ndarray = None    # [L, hs]
     windows: tuple = None        # [L] sliding window of each layer (0: full), or None
+    # Mixture of experts (qwen3moe, Mixtral-style llama): w1, w2, w3 are then
+    # [L, E, hidden, dim] / [L, E, dim, hidden] / [L, E, hidden, dim], router [L, E, dim].
+    router: np.ndarray = None
+    experts_used: int = 0
 
     @property
     def head_size(self):
@@ -150,7 +154,7 @@ def load_gguf_model(path):
     import gguf_ref
     meta, t = gguf_ref.read_gguf(path)
     arch = meta["general.architecture"]
-    if arch not in ("llama", "qwen2", "qwen3"):
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
         raise ValueError("%s: architecture %s is not in the reference" % (path, arch))
     A = arch + "."
     dim = int(meta[A + "embedding_length"])
@@ -183,15 +187,22 @@ def load_gguf_model(path):
         else:
             flags = [l % int(pat) < int(pat) - 1 for l in range(L)]
         windows = tuple(w if f else 0 for f in flags)
-    return Model(dim=dim, hidden_dim=int(meta[A + "feed_forward_length"]), n_layers=L, n_heads=n_heads,
+    moe = A + "expert_count" in meta and int(meta[A + "expert_count"]) > 0
+    ffn = "_exps" if moe else ""
+    hidden = int(meta.get(A + "expert_feed_forward_length", meta[A + "feed_forward_length"]) if moe
+                 else meta[A + "feed_forward_length"])
+    return Model(dim=dim, hidden_dim=hidden, n_layers=L, n_heads=n_heads,
                  n_kv_heads=n_kv, vocab_size=tok_emb.shape[0], seq_len=int(meta[A + "context_length"]),
                  tok_emb=tok_emb, rms_att=stack("attn_norm.weight"), wq=stack("attn_q.weight"),
                  wk=stack("attn_k.weight"), wv=stack("attn_v.weight"), wo=stack("attn_output.weight"),
-                 rms_ffn=stack("ffn_norm.weight"), w1=stack("ffn_gate.weight"), w2=stack("ffn_down.weight"),
-                 w3=stack("ffn_up.weight"), rms_final=t["output_norm.weight"],
+                 rms_ffn=stack("ffn_norm.weight"), w1=stack("ffn_gate%s.weight" % ffn),
+                 w2=stack("ffn_down%s.weight" % ffn), w3=stack("ffn_up%s.weight" % ffn),
+                 rms_final=t["output_norm.weight"],
+                 router=stack("ffn_gate_inp.weight") if moe else None,
+                 experts_used=int(meta[A + "expert_used_count"]) if moe else 0,
                  wcls=t.get("output.weight", tok_emb), arch=arch, head_dim=hs, rope_theta=theta,
                  rms_eps=float(meta.get(A + "attention.layer_norm_rms_epsilon", RMS_EPS)),
-                 rope_neox=arch in ("qwen2", "qwen3"), inv_freq=inv,
+                 rope_neox=arch in ("qwen2", "qwen3", "qwen3moe"), inv_freq=inv,
                  bq=opt_stack("attn_q.bias"), bk=opt_stack("attn_k.bias"), bv=opt_stack("attn_v.bias"),
                  q_norm=opt_stack("attn_q_norm.weight"), k_norm=opt_stack("attn_k_norm.weight"),
                  windows=windows)
@@ -683,10 +694,31 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
             o = attention(q, k, v, window=window)
         x = x + o @ m.wo[l].T
         xb = rmsnorm(x, m.rms_ffn[l], norm_eps)
-        h1 = xb @ m.w1[l].T
-        h3 = xb @ m.w3[l].T
-        x = x + ((h1 / (1.0 + np.exp(-h1))) * h3) @ m.w2[l].T
+        if m.router is None:
+            h1 = xb @ m.w1[l].T
+            h3 = xb @ m.w3[l].T
+            x = x + ((h1 / (1.0 + np.exp(-h1))) * h3) @ m.w2[l].T
+        else:
+            x = x + moe_ffn(m, l, xb)
     return rmsnorm(x, m.rms_final, norm_eps) @ m.wcls.T
+
+
+def moe_ffn(m, l, xb):
+    """A mixture of experts as transformers' Qwen3MoeSparseMoeBlock computes it: the
+    router's softmax over every expert, the top experts_used probabilities (ties: the
+    lower expert), renormalized to sum 1, weighting each chosen expert's SwiGLU."""
+    logits = xb @ m.router[l].T                      # [T, E]
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    out = np.zeros_like(xb)
+    for i in range(xb.shape[0]):
+        top = np.argsort(-p[i], kind="stable")[:m.experts_used]
+        w = p[i, top] / p[i, top].sum()
+        for e, we in zip(top, w):
+            h1 = m.w1[l][e] @ xb[i]
+            h3 = m.w3[l][e] @ xb[i]
+            out[i] += we * (m.w2[l][e] @ ((h1 / (1.0 + np.exp(-h1))) * h3))
+    return out
 
 
 def forward_logits(model, tokens):
