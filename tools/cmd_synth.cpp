@@ -42,7 +42,8 @@ int cmd_synth(int argc, char** argv) {
       "memory.");
   a.section("Shape");
   a.add("preset", 0, "NAME",
-        "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, tiny.");
+        "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, "
+        "qwen3-30b-a3b, mixtral-8x7b, tiny.");
   a.add("arch", 0, "ARCH",
         "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE), qwen3 "
         "(per-head Q/K RMSNorm, NeoX RoPE) or qwen3moe (qwen3 with a mixture of experts). "

@@ -45,8 +45,8 @@ void route(const float* logits, int n_experts, int used, int* picked, float* wei
   for (int j = 0; j < used; ++j) weight[j] = static_cast<float>(weight[j] / sum);
 }
 
-void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, float* out,
-         float* hb, float* hb2, MoeScratch& moe, ThreadPool* pool) {
+void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, float* out, float* hb,
+         float* hb2, MoeScratch& moe, ThreadPool* pool) {
   const int dim = c.dim, hid = c.hidden_dim;
   if (c.n_experts == 0) {
     ops::matmul(L.w_gate, xb, n, hb, pool);
@@ -70,7 +70,8 @@ void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, fl
   std::vector<int>& at = moe.order;
   std::copy(moe.first.begin(), moe.first.end() - 1, moe.cursor.begin());
   for (int i = 0; i < n; ++i)
-    for (int j = 0; j < K; ++j) at[moe.cursor[moe.picked[static_cast<size_t>(i) * K + j]]++] = i * K + j;
+    for (int j = 0; j < K; ++j)
+      at[moe.cursor[moe.picked[static_cast<size_t>(i) * K + j]]++] = i * K + j;
   for (int e = 0; e < E; ++e) {
     const int b = moe.first[e], cnt = moe.first[e + 1] - b;
     if (cnt == 0) continue;

@@ -38,8 +38,8 @@ struct MoeScratch {
 
 // out[n, dim] = the FFN of layer L over xb[n, dim] (already normed). hb, hb2: [n, hidden]
 // scratch; moe: scratch for a mixture of experts (unused otherwise).
-void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, float* out,
-         float* hb, float* hb2, MoeScratch& moe, ThreadPool* pool);
+void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, float* out, float* hb,
+         float* hb2, MoeScratch& moe, ThreadPool* pool);
 
 // The router's choice for one row of logits: the `used` largest (ties: lower index
 // first) into picked[used] and their softmax weights into weight[used].

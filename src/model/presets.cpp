@@ -23,6 +23,12 @@ static ModelConfig shape(int layers, int dim, int heads, int kv_heads, int ffn, 
   return c;
 }
 
+static ModelConfig experts(ModelConfig c, int n, int used) {
+  c.n_experts = n;
+  c.n_experts_used = used;
+  return c;
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"llama-3.2-1b",
@@ -45,6 +51,18 @@ const std::vector<Preset>& presets() {
        "Qwen3-0.6B shape (qwen3): 28 layers, dim 1024, 16 heads of 128, 8 KV heads, ffn 3072, "
        "vocab 151936, QK norm",
        shape(28, 1024, 16, 8, 3072, 151936, 40960, 1000000.0f, true, "qwen3", 128, 1e-6f),
+       RopeScaling{}},
+      {"qwen3-30b-a3b",
+       "Qwen3-30B-A3B shape (qwen3moe): 48 layers, dim 2048, 32 heads of 128, 4 KV heads, 128 "
+       "experts of ffn 768 with 8 per token, vocab 151936, QK norm",
+       experts(
+           shape(48, 2048, 32, 4, 768, 151936, 40960, 1000000.0f, false, "qwen3moe", 128, 1e-6f),
+           128, 8),
+       RopeScaling{}},
+      {"mixtral-8x7b",
+       "Mixtral-8x7B shape (llama with experts): 32 layers, dim 4096, 32 heads, 8 KV heads, 8 "
+       "experts of ffn 14336 with 2 per token, vocab 32000",
+       experts(shape(32, 4096, 32, 8, 14336, 32000, 32768, 1000000.0f, false), 8, 2),
        RopeScaling{}},
       {"tiny",
        "small GQA shape that builds in seconds: 4 layers, dim 256, 8 heads, 2 KV heads, ffn 688, "
