@@ -200,12 +200,7 @@ void decode_impl(const kv::LayerView& kv, const float* q, float* out, const Para
       std::fill(out, out + static_cast<size_t>(p.n_heads) * D, 0.0f);
       return;
     }
-    for (int h = 0; h < p.n_heads; ++h) {
-      float* s = out + static_cast<size_t>(h) * (D + 2);
-      std::fill(s, s + D, 0.0f);
-      s[D] = -INFINITY;
-      s[D + 1] = 0.0f;
-    }
+    empty_states(out, p.n_heads, D);
     return;
   }
   const int start = p.window > 0 ? std::max(0, n - p.window) : 0;
@@ -254,6 +249,15 @@ void decode_impl(const kv::LayerView& kv, const float* q, float* out, const Para
 void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
             Workspace& ws) {
   decode_impl(kv, q, out, p, pool, ws, false);
+}
+
+void empty_states(float* states, int n_heads, int D) {
+  for (int h = 0; h < n_heads; ++h) {
+    float* s = states + static_cast<size_t>(h) * (D + 2);
+    std::fill(s, s + D, 0.0f);
+    s[D] = -INFINITY;
+    s[D + 1] = 0.0f;
+  }
 }
 
 void decode_state(const kv::LayerView& kv, const float* q, float* states, const Params& p,

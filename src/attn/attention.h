@@ -120,6 +120,8 @@ void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p
 // parallelism merges the states of every rank's shard of the tokens (model/context_parallel.h).
 void decode_state(const kv::LayerView& kv, const float* q, float* states, const Params& p,
                   ThreadPool* pool, Workspace& ws);
+// states [n_heads][D + 2] of attention over no token: o = 0, m = -inf, d = 0.
+void empty_states(float* states, int n_heads, int D);
 
 // Reference: dequantizes every token with kv/codec.h, then attends in double.
 void decode_reference(const kv::LayerView& kv, const float* q, float* out, const Params& p);

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/f16.h"
@@ -328,15 +329,21 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
 
   const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size,
                 qd = c.q_dim();
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) -> ops::Matrix {
+  // The tensor `name` with GGUF dims `want` and data aligned for its type; its type.
+  auto weight =
+      [&](const std::string& name,
+          const std::vector<int64_t>& want) -> std::pair<const io::GgufTensor*, quant::Type> {
     const io::GgufTensor* t = f.find_tensor(name);
     if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
-    if (t->dims.size() != 2 || t->dims[0] != static_cast<uint64_t>(cols) ||
-        t->dims[1] != static_cast<uint64_t>(rows)) {
-      std::string got;
+    bool same = t->dims.size() == want.size();
+    for (size_t i = 0; same && i < want.size(); ++i)
+      same = t->dims[i] == static_cast<uint64_t>(want[i]);
+    if (!same) {
+      std::string got, exp;
       for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      fail("%s: tensor '%s' has shape [%s], expected [%lld, %lld]", path.c_str(), name.c_str(),
-           got.c_str(), static_cast<long long>(cols), static_cast<long long>(rows));
+      for (auto d : want) exp += (exp.empty() ? "" : ", ") + std::to_string(d);
+      fail("%s: tensor '%s' has shape [%s], expected [%s]", path.c_str(), name.c_str(), got.c_str(),
+           exp.c_str());
     }
     const quant::TypeInfo* ti = weight_type(path, *t);
     const size_t align = ti->type == quant::Type::kF32 ? 4 : quant::is_float(ti->type) ? 2 : 1;
@@ -344,33 +351,21 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
       fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(),
            ti->name, align);
     }
-    // In place: the matrix views the mapped file.
-    return ops::Matrix{t->data, ti->type, rows, cols};
+    return {t, ti->type};
   };
-  // A 3-D tensor [n][rows][cols] (ggml dims cols, rows, n) as n matrices viewing it.
+  // In place: a matrix views the mapped file.
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) -> ops::Matrix {
+    const auto [t, type] = weight(name, {cols, rows});
+    return ops::Matrix{t->data, type, rows, cols};
+  };
+  // A 3-D tensor [n][rows][cols] (GGUF dims cols, rows, n) as n matrices viewing it.
   auto experts = [&](const std::string& name, int64_t rows, int64_t cols,
                      int64_t n) -> std::vector<ops::Matrix> {
-    const io::GgufTensor* t = f.find_tensor(name);
-    if (!t) fail("%s: missing tensor '%s'", path.c_str(), name.c_str());
-    if (t->dims.size() != 3 || t->dims[0] != static_cast<uint64_t>(cols) ||
-        t->dims[1] != static_cast<uint64_t>(rows) || t->dims[2] != static_cast<uint64_t>(n)) {
-      std::string got;
-      for (auto d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      fail("%s: tensor '%s' has shape [%s], expected [%lld, %lld, %lld] (the experts)",
-           path.c_str(), name.c_str(), got.c_str(), static_cast<long long>(cols),
-           static_cast<long long>(rows), static_cast<long long>(n));
-    }
-    const quant::TypeInfo* ti = weight_type(path, *t);
-    const size_t align = ti->type == quant::Type::kF32 ? 4 : quant::is_float(ti->type) ? 2 : 1;
-    if (reinterpret_cast<uintptr_t>(t->data) % align != 0) {
-      fail("%s: tensor '%s' (%s) data is not %zu-byte aligned", path.c_str(), name.c_str(),
-           ti->name, align);
-    }
+    const auto [t, type] = weight(name, {cols, rows, n});
     std::vector<ops::Matrix> out(static_cast<size_t>(n));
-    const size_t bytes = static_cast<size_t>(quant::row_bytes(ti->type, cols)) * rows;
-    for (int64_t e = 0; e < n; ++e) {
-      out[e] = ops::Matrix{static_cast<const uint8_t*>(t->data) + bytes * e, ti->type, rows, cols};
-    }
+    const size_t bytes = static_cast<size_t>(quant::row_bytes(type, cols)) * rows;
+    for (int64_t e = 0; e < n; ++e)
+      out[e] = ops::Matrix{static_cast<const uint8_t*>(t->data) + bytes * e, type, rows, cols};
     return out;
   };
   auto vec = [&](const std::string& name, int64_t n) -> std::vector<float> {

@@ -95,6 +95,14 @@ void validate_synth_config(const ModelConfig& c) {
         "heads)",
         c.n_kv_heads, c.n_heads);
   }
+  if (c.arch == "qwen3moe" && c.n_experts == 0)
+    fail("--arch qwen3moe needs --experts E (and --experts-used K)");
+  if (c.n_experts > 0) {
+    range_check("--experts", c.n_experts, 1, 4096);
+    range_check("--experts-used", c.n_experts_used, 1, c.n_experts);
+  } else if (c.n_experts_used != 0) {
+    fail("--experts-used needs --experts");
+  }
   const int hd = c.head_dim();
   if (hd % 2 != 0)
     fail("the head dimension (--head-dim, else --dim / --heads) = %d is odd; RoPE needs it even",

@@ -397,12 +397,7 @@ void SparseAttention::attend(int layer, int owner, const kv::LayerView& kv, cons
       std::fill(out, out + static_cast<size_t>(p.n_heads) * D, 0.0f);
       return;
     }
-    for (int h = 0; h < p.n_heads; ++h) {  // an empty shard: no mass
-      float* s = out + static_cast<size_t>(h) * (D + 2);
-      std::fill(s, s + D, 0.0f);
-      s[D] = -INFINITY;
-      s[D + 1] = 0.0f;
-    }
+    attn::empty_states(out, p.n_heads, D);  // an empty shard: no mass
     return;
   }
   const double t_start = now_seconds();
