@@ -324,6 +324,11 @@ void Scheduler::step() {
 }
 
 void Scheduler::publish_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  publish_stats_locked();
+}
+
+void Scheduler::publish_stats_locked() {
   int active = 0, prefilling = 0;
   int64_t tokens = 0;
   for (const Slot& s : slots_) {
@@ -337,7 +342,6 @@ void Scheduler::publish_stats() {
                         static_cast<uint64_t>(active) * plan_.slot_bytes;
   const double f16 =
       static_cast<double>(tokens) * c.n_layers * 2.0 * c.n_kv_heads * c.head_dim * 2.0;
-  std::lock_guard<std::mutex> lock(mu_);
   stats_.active = active;
   stats_.prefilling = prefilling;
   stats_.tokens_held = tokens;
@@ -362,7 +366,7 @@ void Scheduler::publish_stats() {
 
 void Scheduler::loop() {
   for (;;) {
-    bool any_active = false, admitted = false;
+    bool any_active = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (stopping_) break;
@@ -373,7 +377,9 @@ void Scheduler::loop() {
         held_ = false;
         continue;
       }
-      admitted = admit_locked();
+      // New sequences and their reservations show in the same moment they leave the
+      // queue, so no one sees a request in neither place.
+      if (admit_locked()) publish_stats_locked();
       for (const Slot& s : slots_) any_active = any_active || s.active();
       if (!any_active) {
         // Idle: wake for a new request, or now and then to drop cancelled ones.
@@ -383,8 +389,6 @@ void Scheduler::loop() {
         continue;
       }
     }
-    // New sequences and their reservations show at once, not after a step that may be long.
-    if (admitted) publish_stats();
     step();
     publish_stats();
   }

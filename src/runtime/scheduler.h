@@ -142,6 +142,7 @@ class Scheduler {
   void sample(Slot& s);
   void end(Slot& s, FinishReason r, const std::string& error = "");
   void publish_stats();
+  void publish_stats_locked();
   // What a step record holds (runtime/scheduler_follow.cpp): kShare slot n tokens[n]
   // shared; kReserve slot tokens ok; kClear slot; kStep n (slot fed n logits tokens[n])
   // * n; kStop.
