@@ -22,7 +22,8 @@ int cmd_synth(int argc, char** argv) {
       "synth",
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
-      "[--arch llama|qwen2|qwen3|qwen3moe] [--experts E --experts-used K] [--rope-scaling llama3] "
+      "[--arch llama|qwen2|qwen3|qwen3moe|gemma2|gemma3] [--experts E --experts-used K] "
+      "[--rope-scaling linear|llama3] "
       "[--sliding-window W "
       "[--sliding-window-pattern N]] [--outtype TYPE] [--seed S] [--json]",
       "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
@@ -43,10 +44,12 @@ int cmd_synth(int argc, char** argv) {
   a.section("Shape");
   a.add("preset", 0, "NAME",
         "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, "
-        "qwen3-30b-a3b, mixtral-8x7b, tiny.");
+        "qwen3-30b-a3b, mixtral-8x7b, gemma-3-4b, gemma-3-12b, gemma-2-2b, tiny.");
   a.add("arch", 0, "ARCH",
         "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE), qwen3 "
-        "(per-head Q/K RMSNorm, NeoX RoPE) or qwen3moe (qwen3 with a mixture of experts). "
+        "(per-head Q/K RMSNorm, NeoX RoPE), qwen3moe (qwen3 with a mixture of experts), gemma2 "
+        "(soft caps 50 and 30, post-norms, GeGLU, every other layer windowed) or gemma3 (QK norm, "
+        "post-norms, GeGLU, windowed layers with RoPE base 10000). "
         "Default: the preset's, else llama.");
   a.add("head-dim", 0, "HD",
         "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");
@@ -64,12 +67,18 @@ int cmd_synth(int argc, char** argv) {
         "Context length written to the file (1 to " + std::to_string(model::kMaxContext) + ").");
   a.add("rope-theta", 0, "T", "RoPE base. Default: the preset's, else 10000.");
   a.add("rope-scaling", 0, "KIND",
-        "none, or llama3 (Llama 3.1 RoPE scaling, written as the rope_freqs.weight divisors "
-        "llama.cpp reads; "
+        "none, linear (every angle divided by the factor; Gemma 3's global layers) or llama3 "
+        "(Llama 3.1 RoPE scaling, written as the rope_freqs.weight divisors llama.cpp reads; "
         "low/high frequency factors 1 and 4, original context 8192). Default: the preset's, else "
         "none.");
   a.add("rope-scaling-factor", 0, "F",
-        "Factor of llama3 scaling (1 to 1024). Default: the preset's, else 8.");
+        "Factor of linear or llama3 scaling (1 to 1024). Default: the preset's, else 8.");
+  a.add("attn-softcap", 0, "CAP",
+        "gemma2: the soft cap of the attention scores, s -> CAP tanh(s / CAP) (0.001 to 1e6). "
+        "Default: 50.");
+  a.add("final-softcap", 0, "CAP",
+        "gemma2, gemma3: the soft cap of the logits likewise (0: none). Default: 30 for gemma2, "
+        "none for gemma3.");
   a.add_flag("attn-bias", 0,
              "Give the Q, K and V projections biases N(0, 0.5^2) (qwen2 always has them; llama "
              "files may).");
@@ -80,7 +89,9 @@ int cmd_synth(int argc, char** argv) {
   a.add("sliding-window-pattern", 0, "N",
         "With --sliding-window: layer l is windowed iff l % N < N - 1, so every N-th layer "
         "attends the whole "
-        "context (llama.cpp's convention; 1 to --layers). Default: every layer windowed.");
+        "context (llama.cpp's convention; 1 to --layers). Default: every 2nd layer global for "
+        "gemma2, every "
+        "6th for gemma3, else every layer windowed.");
   a.add("classifier", 0, "KIND",
         "tied (output = token embedding) or separate. Default: the preset's, else tied.");
   a.section("Tokenizer");
@@ -153,6 +164,17 @@ int cmd_synth(int argc, char** argv) {
     if (arch != c.arch) overridden = true;
     model::apply_arch_defaults(c, arch);
   }
+  if (a.given("attn-softcap")) {
+    if (c.arch != "gemma2") fail("--attn-softcap needs --arch gemma2");
+    c.attn_softcap = static_cast<float>(a.number("attn-softcap", 1e-3, 1e6));
+    overridden = true;
+  }
+  if (a.given("final-softcap")) {
+    if (c.arch != "gemma2" && c.arch != "gemma3")
+      fail("--final-softcap needs --arch gemma2 or gemma3");
+    c.final_softcap = static_cast<float>(a.number("final-softcap", 0.0, 1e6));
+    overridden = true;
+  }
   if (a.given("attn-bias")) {
     c.attn_bias = true;
     overridden = true;
@@ -172,15 +194,23 @@ int cmd_synth(int argc, char** argv) {
   if (c.n_experts > 0 && c.n_experts_used == 0) c.n_experts_used = std::min(c.n_experts, 2);
   model::RopeScaling scaling =
       a.given("preset") ? model::find_preset(a.str("preset")).rope_scaling : model::RopeScaling{};
+  bool linear = false;
   if (a.given("rope-scaling")) {
     const std::string k = a.str("rope-scaling");
-    if (k != "none" && k != "llama3")
-      fail("--rope-scaling: unknown value '%s' (valid: none, llama3)", k.c_str());
+    if (k != "none" && k != "llama3" && k != "linear")
+      fail("--rope-scaling: unknown value '%s' (valid: none, linear, llama3)", k.c_str());
+    linear = k == "linear";
     scaling.factor = k == "none" ? 0.0f : scaling.factor > 0.0f ? scaling.factor : 8.0f;
+    if (k != "llama3") c.rope_freq_scale = 1.0f;
   }
   if (a.given("rope-scaling-factor")) {
-    if (scaling.factor == 0.0f) fail("--rope-scaling-factor needs --rope-scaling llama3");
+    if (scaling.factor == 0.0f) fail("--rope-scaling-factor needs --rope-scaling llama3 or linear");
     scaling.factor = static_cast<float>(a.number("rope-scaling-factor", 1.0, 1024.0));
+  }
+  if (linear) {
+    // Linear: every angle of the global layers divided by the factor.
+    c.rope_freq_scale = 1.0f / scaling.factor;
+    scaling.factor = 0.0f;
   }
   if (a.given("classifier")) {
     const std::string k = a.str("classifier");
@@ -192,9 +222,11 @@ int cmd_synth(int argc, char** argv) {
     fail("--sliding-window-pattern needs --sliding-window");
   if (a.given("sliding-window")) {
     c.sliding_window = static_cast<int>(a.integer("sliding-window", 1, model::kMaxContext));
+    // Gemma's own pattern unless one is given: every 2nd (gemma2) or 6th (gemma3) layer global.
+    const int arch_pattern = c.arch == "gemma2" ? 2 : c.arch == "gemma3" ? 6 : 0;
     const int n = a.given("sliding-window-pattern")
                       ? static_cast<int>(a.integer("sliding-window-pattern", 1, 1024))
-                      : 0;
+                      : std::min(arch_pattern, c.n_layers);
     if (n > c.n_layers) fail("--sliding-window-pattern %d: the model has %d layers", n, c.n_layers);
     c.set_swa_pattern(n);
     overridden = true;

@@ -37,8 +37,9 @@ Precision parse_precision(const std::string& s);
 enum class RopeStyle : uint8_t { kAdjacent = 0, kNeox = 1 };
 
 struct Params {
-  int n_heads = 0;                      // query heads (a multiple of the KV heads)
-  float scale = 1.0f;                   // softmax scale, usually 1/sqrt(head_dim)
+  int n_heads = 0;       // query heads (a multiple of the KV heads)
+  float scale = 1.0f;    // softmax scale, usually 1/sqrt(head_dim)
+  float softcap = 0.0f;  // scaled scores s -> softcap * tanh(s / softcap) (Gemma 2); 0: none
   const float* alibi_slopes = nullptr;  // [n_heads] ALiBi slopes, or null
   int window = 0;                       // attend to the last `window` tokens only; 0 = all
   int sinks = 0;  // with a window: also the first `sinks` tokens (StreamingLLM)
@@ -110,7 +111,7 @@ int chunk_tokens_for(int block, int n_kv_heads, int range);
 // range while attending this one, so that the next range's first misses do not wait.
 void prefetch_range(const kv::LayerView& kv, int h, int t0, int t1);
 
-// out[n_heads, D] = softmax(q K^T * scale + alibi) V over the tokens in `kv`.
+// out[n_heads, D] = softmax(cap(q K^T * scale) + alibi) V over the tokens in `kv`.
 // q: [n_heads, D]. The query sits at position kv.n_tokens - 1.
 void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
             Workspace& ws);

@@ -121,8 +121,9 @@ static double head_scores(const kv::LayerView& kv, const float* q, const Params&
     } else {
       for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kr[d];
     }
-    s[t] = dot * p.scale +
-           (p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0);
+    s[t] = dot * p.scale;
+    if (p.softcap > 0.0f) s[t] = p.softcap * std::tanh(s[t] / p.softcap);
+    s[t] += p.alibi_slopes ? static_cast<double>(p.alibi_slopes[hq]) * (t - q_pos) : 0.0;
     mx = std::max(mx, s[t]);
   }
   return mx;

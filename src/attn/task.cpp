@@ -19,10 +19,12 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include "attn/kernels-inl.h"
@@ -409,6 +411,20 @@ void AccumValues(Task& k, Prefetcher& pf) {
   }
 }
 
+// Scores s of rep rows (ld apart) -> cap * tanh(s / cap).
+void SoftcapScores(float* S, int ld, int rep, int n, float cap) {
+  const hn::ScalableTag<float> df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  const auto vcap = hn::Set(df, cap), vinv = hn::Set(df, 1.0f / cap);
+  for (int r = 0; r < rep; ++r) {
+    float* s = S + static_cast<size_t>(r) * ld;
+    int i = 0;
+    for (; i + N <= n; i += N)
+      hn::StoreU(hn::Mul(vcap, hn::Tanh(df, hn::Mul(hn::LoadU(df, s + i), vinv))), df, s + i);
+    for (; i < n; ++i) s[i] = cap * std::tanh(s[i] * (1.0f / cap));
+  }
+}
+
 // --- The task ----------------------------------------------------------------------
 
 void AttendTask(const TaskArgs& a) {
@@ -422,8 +438,9 @@ void AttendTask(const TaskArgs& a) {
   // 1. Scores.
   ScoreKeys(k, pf);
 
-  // 2. ALiBi and the softmax update over the whole range.
+  // 2. The soft cap, ALiBi and the softmax update over the whole range.
   const int total = a.t1 - a.t0;
+  if (a.softcap > 0.0f) SoftcapScores(k.S, k.ld, k.rep, total, a.softcap);
   if (a.slopes) {
     for (int r = 0; r < k.rep; ++r)
       for (int i = 0; i < total; ++i)

@@ -22,6 +22,7 @@ struct TaskArgs {
   int rep = 1;
   float scale = 1.0f;
   const float* slopes = nullptr;  // [rep] ALiBi slopes or null
+  float softcap = 0.0f;           // scores -> softcap * tanh(scores / softcap); 0: none
   int q_pos = 0;
   float* out = nullptr;  // per head r: out[r * out_stride + i]: o[0..D), then m, d
   int out_stride = 0;
@@ -33,7 +34,7 @@ struct TaskArgs {
 };
 
 // The task of a decode step (query q [n_heads][D] at position kv.n_tokens - 1, with p's
-// scale, ALiBi slopes, RoPE and precision) over tokens [t0, t1) of KV head h: its state
+// scale, soft cap, ALiBi slopes, RoPE and precision) over tokens [t0, t1) of KV head h: its state
 // goes to out [rep][D + 2], its scores fill rows of ld floats of `scratch`.
 inline TaskArgs decode_task(const kv::LayerView& kv, const float* q, const Params& p, int h, int t0,
                             int t1, float* out, float* scratch, int ld) {
@@ -47,6 +48,7 @@ inline TaskArgs decode_task(const kv::LayerView& kv, const float* q, const Param
   a.rep = rep;
   a.scale = p.scale;
   a.slopes = p.alibi_slopes ? p.alibi_slopes + h * rep : nullptr;
+  a.softcap = p.softcap;
   a.q_pos = kv.n_tokens - 1;
   a.out = out;
   a.out_stride = D + 2;

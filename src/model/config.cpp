@@ -43,6 +43,14 @@ void ModelConfig::validate(const std::string& src) const {
         src.c_str(), rope_freq_scale);
   }
   range("attention.sliding_window", sliding_window, 0, kMaxContext);
+  auto positive = [&](const char* field, float v, bool zero_ok) {
+    if (!(v >= 0.0f) || !std::isfinite(v) || (!zero_ok && v == 0.0f))
+      fail("%s: %s = %g, expected a finite value above 0", src.c_str(), field, v);
+  };
+  positive("attn_logit_softcapping", attn_softcap, true);
+  positive("final_logit_softcapping", final_softcap, true);
+  positive("attention scale", attn_scale, true);
+  positive("rope.freq_base_swa", rope_theta_swa, true);
   if (sliding_window > 0 && static_cast<int>(swa_layers.size()) != n_layers) {
     fail("%s: attention.sliding_window_pattern has %zu elements, expected one per layer (%d)",
          src.c_str(), swa_layers.size(), n_layers);
@@ -72,10 +80,11 @@ std::vector<int> ModelConfig::layer_windows() const {
   return w;
 }
 
-const char* supported_architectures() { return "llama, qwen2, qwen3, qwen3moe"; }
+const char* supported_architectures() { return "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3"; }
 
 bool is_supported_architecture(const std::string& arch) {
-  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe";
+  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" ||
+         arch == "gemma2" || arch == "gemma3";
 }
 
 void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
@@ -85,9 +94,16 @@ void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
   }
   c.arch = arch;
   const bool qwen = arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe";
-  c.rope_style = qwen ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  c.rope_style = qwen || gemma ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
   c.attn_bias = arch == "qwen2";
-  c.qk_norm = arch == "qwen3" || arch == "qwen3moe";
+  c.qk_norm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3";
+  c.embed_scale = gemma;
+  c.post_norms = gemma;
+  c.ffn_act = gemma ? Activation::kGeluTanh : Activation::kSilu;
+  c.rope_theta_swa = arch == "gemma3" ? 10000.0f : 0.0f;
+  c.attn_softcap = arch == "gemma2" ? 50.0f : 0.0f;
+  c.final_softcap = arch == "gemma2" ? 30.0f : 0.0f;
 }
 
 std::vector<float> llama3_rope_factors(int hd, float theta, float factor, float low, float high,
@@ -125,6 +141,7 @@ double ModelConfig::n_params() const {
   double per_layer = 2 * d + d * qd * 2 + 2 * d * kv + ffn;
   if (attn_bias) per_layer += qd + 2 * kv;
   if (qk_norm) per_layer += 2 * head_dim();
+  if (post_norms) per_layer += 2 * d;
   return v * d * (shared_classifier ? 1 : 2) + n_layers * per_layer + d;
 }
 

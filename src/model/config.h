@@ -7,9 +7,15 @@
 //   qwen3  RMSNorm of every query and key head before RoPE, NeoX RoPE, a head
 //          dimension that may differ from dim / n_heads (attention.key_length);
 //   qwen3moe  qwen3 with a mixture of experts in place of every FFN; a llama file with
-//          <arch>.expert_count (Mixtral) has one too (model/ffn.h).
+//          <arch>.expert_count (Mixtral) has one too (model/ffn.h);
+//   gemma2 / gemma3  the embedding times sqrt(dim), RMSNorms after attention and after
+//          the FFN as well as before, GeLU-gated FFN, NeoX RoPE, alternating sliding-window
+//          and global layers; gemma2 caps attention scores and logits (cap * tanh(x / cap)),
+//          gemma3 has qwen3's per-head Q/K norms and its own RoPE base in the windowed
+//          layers. Their norm weights are stored as llama.cpp writes them (1 + w already).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,6 +40,9 @@ struct TpSlice {
   int vocab0 = 0, vocab1 = 0;
   std::vector<int> vocab_counts;  // [size] classifier rows of each rank
 };
+
+// The FFN's gate: SwiGLU (silu(gate) * up) or GeGLU with the tanh approximation of GeLU.
+enum class Activation { kSilu, kGeluTanh };
 
 struct ModelConfig {
   std::string arch = "llama";
@@ -64,16 +73,40 @@ struct ModelConfig {
   // token, weighted by the softmax of their router logits. 0: one dense FFN.
   int n_experts = 0;
   int n_experts_used = 0;
+  // Gemma: the token embedding times sqrt(dim); RMSNorms after attention and after the
+  // FFN (attn_post_norm, ffn_post_norm); the FFN's gate; the attention scale (0:
+  // 1/sqrt(head_dim)); soft caps of the attention scores and of the logits (0: none).
+  bool embed_scale = false;
+  bool post_norms = false;
+  Activation ffn_act = Activation::kSilu;
+  float attn_scale = 0.0f;
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
   // Sliding-window attention (<arch>.attention.sliding_window): a query at position p
   // attends the keys at p - sliding_window + 1 .. p in the layers swa_layers marks
   // ([n_layers], 1: windowed; all of them unless attention.sliding_window_pattern says
   // otherwise). 0: every layer attends the whole context.
   int sliding_window = 0;
   std::vector<uint8_t> swa_layers;
+  // The sliding-window layers' own RoPE (<arch>.rope.freq_base_swa; gemma3: base 10000
+  // unscaled while the global layers use rope_theta with the linear scaling). 0: the
+  // windowed layers rotate as the global ones.
+  float rope_theta_swa = 0.0f;
+  float rope_freq_scale_swa = 1.0f;
   // Tensor parallelism: n_heads, n_kv_heads and hidden_dim above are this process's share.
   TpSlice tp;
 
   int head_dim() const { return key_length > 0 ? key_length : dim / n_heads; }
+  float attention_scale() const {
+    return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim()));
+  }
+  // Layer l rotates with the windowed layers' own RoPE (rope_theta_swa).
+  bool local_rope(int l) const { return has_local_rope() && layer_window(l) > 0; }
+  bool has_local_rope() const {
+    return rope_theta_swa > 0.0f && sliding_window > 0 &&
+           (rope_theta_swa != rope_theta || rope_freq_scale_swa != rope_freq_scale ||
+            !rope_freq_factors.empty());
+  }
   int q_dim() const { return n_heads * head_dim(); }
   int kv_dim() const { return n_kv_heads * head_dim(); }
   // Tokens layer l attends (its sliding window), or 0 for the whole context.

@@ -49,7 +49,9 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
     w.add_u32(A + "attention.sliding_window", c.sliding_window);
     bool all = true;
     for (int l = 0; l < c.n_layers; ++l) all = all && c.layer_window(l) > 0;
-    if (!all) {
+    // Gemma files always say which layers have it (their readers default to a pattern).
+    const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
+    if (!all || gemma) {
       int period = 0;
       for (int n = 1; n <= c.n_layers && period == 0; ++n) {
         ModelConfig t = c;
@@ -69,6 +71,11 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
     w.add_string(A + "rope.scaling.type", "linear");
     w.add_f32(A + "rope.scaling.factor", 1.0f / c.rope_freq_scale);
   }
+  if (c.rope_theta_swa > 0.0f) w.add_f32(A + "rope.freq_base_swa", c.rope_theta_swa);
+  // Gemma readers default to caps of their own: the file states them (0: none).
+  if (c.arch == "gemma2") w.add_f32(A + "attn_logit_softcapping", c.attn_softcap);
+  if (c.arch == "gemma2" || c.arch == "gemma3")
+    w.add_f32(A + "final_logit_softcapping", c.final_softcap);
   w.add_u32(A + "vocab_size", c.vocab_size);
 }
 
@@ -110,6 +117,8 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
                    static_cast<uint64_t>(c.head_dim()), 0});
     }
     t.push_back({p + "attn_output.weight", TensorRole::kAttnOutput, l, dim, qd});
+    if (c.post_norms)
+      t.push_back({p + "post_attention_norm.weight", TensorRole::kAttnPostNorm, l, dim, 0});
     t.push_back({p + "ffn_norm.weight", TensorRole::kFfnNorm, l, dim, 0});
     if (c.n_experts > 0) {
       const uint64_t E = c.n_experts;
@@ -122,6 +131,8 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
       t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
       t.push_back({p + "ffn_up.weight", TensorRole::kFfnUp, l, hid, dim});
     }
+    if (c.post_norms)
+      t.push_back({p + "post_ffw_norm.weight", TensorRole::kFfnPostNorm, l, dim, 0});
   }
   t.push_back({"output_norm.weight", TensorRole::kOutputNorm, -1, dim, 0});
   if (!c.shared_classifier) t.push_back({"output.weight", TensorRole::kOutput, -1, vocab, dim});
@@ -185,6 +196,8 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
       case TensorRole::kFfnGateExps:
       case TensorRole::kFfnDownExps:
       case TensorRole::kFfnUpExps:
+      case TensorRole::kAttnPostNorm:
+      case TensorRole::kFfnPostNorm:
         break;  // not in llama2.c checkpoints
     }
     return nullptr;

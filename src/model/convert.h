@@ -66,6 +66,8 @@ enum class TensorRole : uint8_t {
   kFfnGateExps,  // the experts' gate, down and up projections, one 3-D tensor each
   kFfnDownExps,
   kFfnUpExps,
+  kAttnPostNorm,  // Gemma's norms after attention and after the FFN
+  kFfnPostNorm,
 };
 struct TensorSpec {
   std::string name;  // "blk.3.attn_q.weight"

@@ -23,6 +23,15 @@ MoeScratch::MoeScratch(const ModelConfig& c, int rows) : max_rows(rows) {
   ye.reset(R * K * c.dim);
 }
 
+// hb = act(hb) * hb2 with the model's activation.
+static void gate(const ModelConfig& c, float* hb, const float* hb2, int n) {
+  if (c.ffn_act == Activation::kGeluTanh) {
+    ops::gelu_tanh_mul(hb, hb2, n);
+  } else {
+    ops::silu_mul(hb, hb2, n);
+  }
+}
+
 void route(const float* logits, int n_experts, int used, int* picked, float* weight) {
   // Selection of the `used` largest by insertion (used is small: 2 to 8).
   int n = 0;
@@ -51,7 +60,7 @@ void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, fl
   if (c.n_experts == 0) {
     ops::matmul(L.w_gate, xb, n, hb, pool);
     ops::matmul(L.w_up, xb, n, hb2, pool);
-    ops::silu_mul(hb, hb2, n * hid);
+    gate(c, hb, hb2, n * hid);
     ops::matmul(L.w_down, hb, n, out, pool);
     return;
   }
@@ -81,7 +90,7 @@ void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, fl
     }
     ops::matmul(L.gate_exps[e], moe.xe.data(), cnt, hb, pool);
     ops::matmul(L.up_exps[e], moe.xe.data(), cnt, hb2, pool);
-    ops::silu_mul(hb, hb2, cnt * hid);
+    gate(c, hb, hb2, cnt * hid);
     ops::matmul(L.down_exps[e], hb, cnt, moe.xe.data(), pool);
     for (int r = 0; r < cnt; ++r) {
       std::memcpy(moe.ye.data() + static_cast<size_t>(at[b + r]) * dim,

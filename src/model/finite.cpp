@@ -161,6 +161,12 @@ void check_finite_weights(const Model& m) {
       case TensorRole::kFfnUpExps:
         mat = experts(L->up_exps);
         break;
+      case TensorRole::kAttnPostNorm:
+        vec = &L->attn_post_norm;
+        break;
+      case TensorRole::kFfnPostNorm:
+        vec = &L->ffn_post_norm;
+        break;
     }
     size_t n = 0, bad = 0;
     float v = 0.0f;

@@ -34,14 +34,32 @@ void fill_rope_table(float* table, int ctx, int hd, float theta, float freq_scal
   }
 }
 
-void fill_rope_row(float* row, int64_t pos, const ModelConfig& c) {
+void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, bool local) {
+  if (local) {
+    fill_rope_row(row, pos, c.head_dim(), c.rope_theta_swa, c.rope_freq_scale_swa, nullptr);
+    return;
+  }
   fill_rope_row(row, pos, c.head_dim(), c.rope_theta, c.rope_freq_scale,
                 c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
 }
 
-void fill_rope_table(float* table, int ctx, const ModelConfig& c) {
-  fill_rope_table(table, ctx, c.head_dim(), c.rope_theta, c.rope_freq_scale,
-                  c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+void fill_rope_table(float* table, int ctx, const ModelConfig& c, bool local) {
+  for (int pos = 0; pos < ctx; ++pos)
+    fill_rope_row(table + static_cast<size_t>(pos) * c.head_dim(), pos, c, local);
+}
+
+void scale_embedding(const ModelConfig& c, float* x, int n) {
+  if (!c.embed_scale) return;
+  const float s = std::sqrt(static_cast<float>(c.dim));
+  for (size_t i = 0; i < static_cast<size_t>(n) * c.dim; ++i) x[i] *= s;
+}
+
+void post_norm(const ModelConfig& c, const std::vector<float>& weight, float* x, int n) {
+  if (!c.post_norms) return;
+  for (int i = 0; i < n; ++i) {
+    float* xi = x + static_cast<size_t>(i) * c.dim;
+    ops::rmsnorm(xi, xi, weight.data(), c.dim, c.norm_eps);
+  }
 }
 
 void apply_rope(float* x, int n_heads, int hd, const float* rope_row, attn::RopeStyle style) {
@@ -84,11 +102,13 @@ ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads,
       hb2(static_cast<size_t>(mb) * c.hidden_dim),
       moe(c, mb),
       rope(static_cast<size_t>(ctx) * c.head_dim()),
+      rope_local(c.has_local_rope() ? static_cast<size_t>(ctx) * c.head_dim() : 0),
       rope_rows(ctx),
-      rope_batch(static_cast<size_t>(mb) * c.head_dim()),
-      rope_ptrs(mb),
+      rope_batch(static_cast<size_t>(2 * mb) * c.head_dim()),
+      rope_ptrs(2 * mb),
       ws(n_threads, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx) {
   fill_rope_table(rope.data(), ctx, c);
+  if (c.has_local_rope()) fill_rope_table(rope_local.data(), ctx, c, true);
   if (c.alibi) {
     // Under tensor parallelism the slopes of this process's heads among all of them.
     const bool tp = c.tp.size > 1;
@@ -134,10 +154,12 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       fail("token id %d outside the vocabulary (0 to %d)", tokens[i], c.vocab_size - 1);
     ops::copy_row(w.token_embd, tokens[i], st.x.data() + static_cast<size_t>(i) * dim);
   }
+  scale_embedding(c, st.x.data(), n);
   check_finite_activations(m, st.x.data(), n, dim, -1, pos0, tokens);
   attn::Params ap;
   ap.n_heads = c.n_heads;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ap.scale = c.attention_scale();
+  ap.softcap = c.attn_softcap;
   ap.alibi_slopes = c.alibi ? st.slopes.data() : nullptr;
   ap.window = opt.window;
   ap.precision = opt.precision;
@@ -148,15 +170,20 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (pre_rope) ap.rope = st.rope.data();
   ap.sinks = opt.sinks;
   // RoPE rows of the new tokens: their positions (with keys after RoPE, position_offset
-  // past the tokens a context overflow dropped), beyond the table when needed.
+  // past the tokens a context overflow dropped), beyond the table when needed; then the
+  // same rows of the windowed layers' own RoPE when they have one.
   const float** rows = st.rope_ptrs.data();
-  for (int i = 0; i < n && !c.alibi; ++i) {
-    const int64_t p = pos0 + i + (pre_rope ? 0 : st.position_offset);
-    if (p < st.rope_rows) {
-      rows[i] = st.rope.data() + static_cast<size_t>(p) * hd;
-    } else {
-      fill_rope_row(st.rope_batch.data() + static_cast<size_t>(i) * hd, p, c);
-      rows[i] = st.rope_batch.data() + static_cast<size_t>(i) * hd;
+  for (int local = 0; local < (c.has_local_rope() ? 2 : 1) && !c.alibi; ++local) {
+    const AlignedBuffer<float>& table = local ? st.rope_local : st.rope;
+    for (int i = 0; i < n; ++i) {
+      const int64_t p = pos0 + i + (pre_rope ? 0 : st.position_offset);
+      const size_t at = static_cast<size_t>(local * st.max_batch + i);
+      if (p < st.rope_rows) {
+        rows[at] = table.data() + static_cast<size_t>(p) * hd;
+      } else {
+        fill_rope_row(st.rope_batch.data() + at * hd, p, c, local);
+        rows[at] = st.rope_batch.data() + at * hd;
+      }
     }
   }
 
@@ -175,9 +202,10 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       ops::matmul(L.wv, st.xb.data(), n, st.v.data(), pool);
     }
     finish_projections(c, L, st.q.data(), borrows ? nullptr : st.k.data(), st.v.data(), n);
+    const bool local = c.local_rope(l);
     if (!c.alibi) {
       for (int i = 0; i < n; ++i) {
-        const float* rr = rows[i];
+        const float* rr = rows[(local ? st.max_batch : 0) + i];
         apply_rope(st.q.data() + static_cast<size_t>(i) * qd, c.n_heads, hd, rr, c.rope_style);
         if (!pre_rope && !borrows) {
           apply_rope(st.k.data() + static_cast<size_t>(i) * kvd, c.n_kv_heads, hd, rr,
@@ -199,8 +227,10 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       }
       // Keys before RoPE: cache index t holds position t + evicted (the append may evict)
       // + the shard's first position.
-      if (pre_rope)
-        ap.rope = st.rope.data() + static_cast<size_t>(cache.evicted(l) + cp.start) * hd;
+      if (pre_rope) {
+        ap.rope = (local ? st.rope_local : st.rope).data() +
+                  static_cast<size_t>(cache.evicted(l) + cp.start) * hd;
+      }
       const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
       const int seen = cp.comm ? cp.local_count(pos0 + i + 1) : pos0 + i + 1;
       const kv::LayerView view = borrows ? cache.view_prefix(l, seen) : cache.view(l);
@@ -226,6 +256,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     if (cp.comm) cp_merge(cp, st.cp_states.data(), n, c.n_heads, hd, st.att.data(), st.cp_buf);
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
     tp_reduce(m, st.xb2.data(), static_cast<size_t>(n) * dim);
+    post_norm(c, L.attn_post_norm, st.xb2.data(), n);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     for (int i = 0; i < n; ++i) {
       ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
@@ -233,6 +264,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     }
     ffn(c, L, st.xb.data(), n, st.xb2.data(), st.hb.data(), st.hb2.data(), st.moe, pool);
     tp_reduce(m, st.xb2.data(), static_cast<size_t>(n) * dim);
+    post_norm(c, L.ffn_post_norm, st.xb2.data(), n);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
     check_finite_activations(m, st.x.data(), n, dim, l, pos0, tokens);
   }
@@ -262,11 +294,13 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   std::vector<std::vector<float>> ks(c.n_layers), vs(c.n_layers);
   std::vector<float> hb(static_cast<size_t>(n) * hid), hb2(hb.size());
   MoeScratch moe(c, n);
-  std::vector<float> rope(static_cast<size_t>(n) * hd);
+  std::vector<float> rope(static_cast<size_t>(n) * hd), rope_local(rope.size());
   fill_rope_table(rope.data(), n, c);
+  if (c.has_local_rope()) fill_rope_table(rope_local.data(), n, c, true);
   const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
   for (int i = 0; i < n; ++i)
     ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);
+  scale_embedding(c, x.data(), n);
   check_finite_activations(m, x.data(), n, dim, -1, 0, tokens.data());
   std::vector<double> s(n);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -285,17 +319,19 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
     std::vector<float>& v = vs[owner];
     finish_projections(c, L, q.data(), owner == l ? k.data() : nullptr, v.data(), n);
     if (!c.alibi) {
+      const float* table = (c.local_rope(l) ? rope_local : rope).data();
       for (int i = 0; i < n; ++i) {
         apply_rope(&q[static_cast<size_t>(i) * qd], c.n_heads, hd,
-                   &rope[static_cast<size_t>(i) * hd], c.rope_style);
+                   table + static_cast<size_t>(i) * hd, c.rope_style);
         if (owner == l)
           apply_rope(&k[static_cast<size_t>(i) * kvd], c.n_kv_heads, hd,
-                     &rope[static_cast<size_t>(i) * hd], c.rope_style);
+                     table + static_cast<size_t>(i) * hd, c.rope_style);
       }
     }
     // Plain causal attention, in double; a sliding-window layer masks key t for query i
-    // when i - t >= window.
+    // when i - t >= window; scores capped at cap * tanh(score / cap) when the model caps.
     const int window = c.layer_window(l);
+    const double scale = c.attention_scale(), cap = c.attn_softcap;
     for (int i = 0; i < n; ++i) {
       const int t0 = window > 0 ? std::max(0, i - window + 1) : 0;
       for (int hq = 0; hq < c.n_heads; ++hq) {
@@ -306,8 +342,9 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
           const float* kt = &k[static_cast<size_t>(t) * kvd + h * hd];
           double dot = 0.0;
           for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * kt[d];
-          s[t] = dot / std::sqrt(static_cast<double>(hd)) +
-                 (c.alibi ? static_cast<double>(slopes[hq]) * (t - i) : 0.0);
+          s[t] = dot * scale;
+          if (cap > 0.0) s[t] = cap * std::tanh(s[t] / cap);
+          s[t] += c.alibi ? static_cast<double>(slopes[hq]) * (t - i) : 0.0;
           mx = std::max(mx, s[t]);
         }
         double den = 0.0;
@@ -321,10 +358,12 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
       }
     }
     ops::matmul(L.wo, att.data(), n, xb2.data(), pool);
+    post_norm(c, L.attn_post_norm, xb2.data(), n);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
     for (int i = 0; i < n; ++i)
       ops::rmsnorm(&xb[i * dim], &x[i * dim], L.ffn_norm.data(), dim, c.norm_eps);
     ffn(c, L, xb.data(), n, xb2.data(), hb.data(), hb2.data(), moe, pool);
+    post_norm(c, L.ffn_post_norm, xb2.data(), n);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
     check_finite_activations(m, x.data(), n, dim, l, 0, tokens.data());
   }
@@ -332,6 +371,7 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   ops::rmsnorm(xb.data(), &x[static_cast<size_t>(n - 1) * dim], w.output_norm.data(), dim,
                c.norm_eps);
   ops::matvec(w.output, xb.data(), logits.data(), pool);
+  if (c.final_softcap > 0.0f) ops::softcap(logits.data(), logits.size(), c.final_softcap);
   check_finite_activations(m, logits.data(), 1, c.vocab_size, c.n_layers, n - 1, &tokens[n - 1]);
   return logits;
 }

@@ -42,9 +42,10 @@ struct ForwardState {
   AlignedBuffer<float> hb2;             // [max_batch, hidden]
   MoeScratch moe;                       // a mixture of experts' (model/ffn.h)
   AlignedBuffer<float> rope;            // [ctx, head_dim / 2, 2] cos, sin
+  AlignedBuffer<float> rope_local;      // the same for sliding-window layers' own RoPE, or empty
   int rope_rows;                        // positions in `rope`
-  AlignedBuffer<float> rope_batch;      // [max_batch, head_dim] rows of positions past the table
-  std::vector<const float*> rope_ptrs;  // [max_batch] the RoPE row of each token of a batch
+  AlignedBuffer<float> rope_batch;      // [2 max_batch, head_dim] rows of positions past the table
+  std::vector<const float*> rope_ptrs;  // [2 max_batch] each token's RoPE row, then its local one
   // Keys stored after RoPE in a cache that has dropped tokens (a sliding window): the
   // absolute position of the next token is its cache position plus this.
   int64_t position_offset = 0;
@@ -106,9 +107,15 @@ void fill_rope_row(float* row, int64_t pos, int head_dim, float theta, float fre
                    const float* freq_factors = nullptr);
 void fill_rope_table(float* table, int ctx, int head_dim, float theta, float freq_scale = 1.0f,
                      const float* freq_factors = nullptr);
-// The same with the model's RoPE parameters.
-void fill_rope_row(float* row, int64_t pos, const ModelConfig& c);
-void fill_rope_table(float* table, int ctx, const ModelConfig& c);
+// The same with the model's RoPE parameters; local: those of its sliding-window layers
+// (ModelConfig::rope_theta_swa).
+void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, bool local = false);
+void fill_rope_table(float* table, int ctx, const ModelConfig& c, bool local = false);
+// Gemma's embedding scale: x [n, dim] times sqrt(dim) when the model has it.
+void scale_embedding(const ModelConfig& c, float* x, int n);
+// Gemma's RMSNorm of a sublayer's output x [n, dim] before the residual add, in place,
+// when the model has post-norms.
+void post_norm(const ModelConfig& c, const std::vector<float>& weight, float* x, int n);
 // Biases, then per-head RMSNorm (qwen2, qwen3) of the projections of n tokens:
 // q [n, q_dim], and k, v [n, kv_dim] unless null.
 void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v,

@@ -108,9 +108,11 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
                     st_.x.data() + static_cast<size_t>(first_row_[s] + i) * dim);
     }
   }
+  scale_embedding(c, st_.x.data(), rows);
   attn::Params ap;
   ap.n_heads = c.n_heads;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ap.scale = c.attention_scale();
+  ap.softcap = c.attn_softcap;
   ap.alibi_slopes = c.alibi ? st_.slopes.data() : nullptr;
   ap.window = opt.window;
   ap.precision = opt.precision;
@@ -118,9 +120,11 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
   // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
   // attention rotates each by its position.
   const bool pre_rope = !c.alibi && c0.config().key_rope == kv::KeyRope::kPre;
-  if (pre_rope) ap.rope = st_.rope.data();
 
   for (int l = 0; l < c.n_layers; ++l) {
+    // Sliding-window layers may rotate with RoPE of their own (gemma3).
+    const AlignedBuffer<float>& table = c.local_rope(l) ? st_.rope_local : st_.rope;
+    if (pre_rope) ap.rope = table.data();
     const LayerWeights& L = w.layers[l];
     for (int r = 0; r < rows; ++r) {
       ops::rmsnorm(st_.xb.data() + static_cast<size_t>(r) * dim,
@@ -139,7 +143,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
       for (int s = 0; s < n_seqs; ++s) {
         for (int i = 0; i < seqs[s].n; ++i) {
           const int r = first_row_[s] + i;
-          const float* rr = st_.rope.data() + static_cast<size_t>(pos0_[s] + i) * hd;
+          const float* rr = table.data() + static_cast<size_t>(pos0_[s] + i) * hd;
           apply_rope(st_.q.data() + static_cast<size_t>(r) * qd, c.n_heads, hd, rr, c.rope_style);
           if (!pre_rope && !borrows)
             apply_rope(st_.k.data() + static_cast<size_t>(r) * kvd, c.n_kv_heads, hd, rr,
@@ -152,6 +156,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     ops::matmul(L.wo, st_.att.data(), rows, st_.xb2.data(), pool);
     tp_reduce(m, st_.xb2.data(), static_cast<size_t>(rows) * dim);
+    post_norm(c, L.attn_post_norm, st_.xb2.data(), rows);
     ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
     for (int r = 0; r < rows; ++r) {
       ops::rmsnorm(st_.xb.data() + static_cast<size_t>(r) * dim,
@@ -159,6 +164,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     }
     ffn(c, L, st_.xb.data(), rows, st_.xb2.data(), st_.hb.data(), st_.hb2.data(), st_.moe, pool);
     tp_reduce(m, st_.xb2.data(), static_cast<size_t>(rows) * dim);
+    post_norm(c, L.ffn_post_norm, st_.xb2.data(), rows);
     ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
   }
 

@@ -137,12 +137,16 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
 static void read_sliding_window(const io::GgufFile& f, const std::string& path,
                                 const std::string& A, ModelConfig& c) {
   const std::string wkey = A + "attention.sliding_window", pkey = wkey + "_pattern";
-  if (!f.has(wkey)) {
+  // Gemma 2 always alternates (window 4096 unless the file says otherwise, every second
+  // layer global); Gemma 3 files with a window make every sixth layer global.
+  const int default_window = c.arch == "gemma2" ? 4096 : 0;
+  const int default_pattern = c.arch == "gemma2" ? 2 : c.arch == "gemma3" ? 6 : 0;
+  if (!f.has(wkey) && default_window == 0) {
     if (f.has(pkey))
       fail("%s: metadata '%s' without '%s'", path.c_str(), pkey.c_str(), wkey.c_str());
     return;
   }
-  const uint64_t w = f.get_uint(wkey);
+  const uint64_t w = f.has(wkey) ? f.get_uint(wkey) : static_cast<uint64_t>(default_window);
   if (w < 1 || w > static_cast<uint64_t>(kMaxContext)) {
     fail("%s: metadata '%s' = %llu, expected 1 to %d", path.c_str(), wkey.c_str(),
          (unsigned long long)w, kMaxContext);
@@ -150,7 +154,7 @@ static void read_sliding_window(const io::GgufFile& f, const std::string& path,
   c.sliding_window = static_cast<int>(w);
   const io::GgufValue* p = f.find(pkey);
   if (!p) {
-    c.set_swa_pattern(0);
+    c.set_swa_pattern(std::min(default_pattern, c.n_layers));
     return;
   }
   if (p->type != io::GgufType::kArray) {
@@ -196,6 +200,28 @@ static void read_sliding_window(const io::GgufFile& f, const std::string& path,
 // low_freq_factor, high_freq_factor and original_context_length, used when the file
 // has no rope_freqs.weight, which llama.cpp's converter writes instead). Anything else
 // (YaRN, LongRoPE) is an error naming it.
+// Gemma's caps, windowed layers' RoPE base and attention scale (llama.cpp's defaults).
+static void read_gemma(const io::GgufFile& f, const std::string& path, const std::string& A,
+                       ModelConfig& c) {
+  const bool g2 = c.arch == "gemma2";
+  c.attn_softcap =
+      g2 ? static_cast<float>(f.get_float_opt(A + "attn_logit_softcapping").value_or(50.0)) : 0.0f;
+  c.final_softcap =
+      static_cast<float>(f.get_float_opt(A + "final_logit_softcapping").value_or(g2 ? 30.0 : 0.0));
+  if (const auto b = f.get_float_opt(A + "rope.freq_base_swa")) {
+    c.rope_theta_swa = static_cast<float>(*b);
+  }
+  if (g2 && !(c.attn_softcap > 0.0f)) {
+    fail("%s: %sattn_logit_softcapping = %g, expected above 0", path.c_str(), A.c_str(),
+         c.attn_softcap);
+  }
+  // Gemma 2's windowed layers keep the global scaling; Gemma 3's are unscaled.
+  c.rope_freq_scale_swa = g2 ? c.rope_freq_scale : 1.0f;
+  // The 27B models scale queries by 1/sqrt(dim / n_heads), the others by 1/sqrt(head_dim).
+  const bool big = c.n_layers == (g2 ? 46 : 62);
+  c.attn_scale = big ? 1.0f / std::sqrt(static_cast<float>(c.dim / c.n_heads)) : 0.0f;
+}
+
 static void read_rope_scaling(const io::GgufFile& f, const std::string& path, const std::string& A,
                               ModelConfig& c) {
   const std::string type = f.get_string_opt(A + "rope.scaling.type").value_or("none");
@@ -318,6 +344,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   c.validate(path);
   read_rope_scaling(f, path, A, c);    // needs the validated head dimension
   read_sliding_window(f, path, A, c);  // needs the validated layer count
+  if (arch == "gemma2" || arch == "gemma3") read_gemma(f, path, A, c);
   c.validate(path);
   if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
       rd && *rd != static_cast<uint64_t>(c.head_dim())) {
@@ -406,6 +433,10 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     if (f.find_tensor(p + "attn_output.bias")) {
       fail("%s: tensor '%sattn_output.bias': output-projection biases are not supported",
            path.c_str(), p.c_str());
+    }
+    if (c.post_norms) {
+      L.attn_post_norm = vec(p + "post_attention_norm.weight", dim);
+      L.ffn_post_norm = vec(p + "post_ffw_norm.weight", dim);
     }
     L.ffn_norm = vec(p + "ffn_norm.weight", dim);
     if (c.n_experts > 0) {

@@ -24,7 +24,9 @@ struct LayerWeights {
   std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim] projection biases (attn_bias only)
   std::vector<float> q_norm, k_norm;  // [head_dim] per-head RMSNorm weights (qk_norm only)
   ops::Matrix wo;                     // [dim, n_heads * head_dim]
+  std::vector<float> attn_post_norm;  // [dim] after attention (post_norms only)
   std::vector<float> ffn_norm;        // [dim]
+  std::vector<float> ffn_post_norm;   // [dim] after the FFN (post_norms only)
   ops::Matrix w_gate;                 // w1 [hidden, dim]
   ops::Matrix w_down;                 // w2 [dim, hidden]
   ops::Matrix w_up;                   // w3 [hidden, dim]

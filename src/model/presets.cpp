@@ -29,6 +29,15 @@ static ModelConfig experts(ModelConfig c, int n, int used) {
   return c;
 }
 
+// Gemma: windows of `window` tokens in every layer but each `pattern`-th, global layers'
+// RoPE scaled linearly by 1 / factor.
+static ModelConfig windows(ModelConfig c, int window, int pattern, float factor = 1.0f) {
+  c.sliding_window = window;
+  c.set_swa_pattern(pattern);
+  c.rope_freq_scale = 1.0f / factor;
+  return c;
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"llama-3.2-1b",
@@ -63,6 +72,25 @@ const std::vector<Preset>& presets() {
        "Mixtral-8x7B shape (llama with experts): 32 layers, dim 4096, 32 heads, 8 KV heads, 8 "
        "experts of ffn 14336 with 2 per token, vocab 32000",
        experts(shape(32, 4096, 32, 8, 14336, 32000, 32768, 1000000.0f, false), 8, 2),
+       RopeScaling{}},
+      {"gemma-3-4b",
+       "Gemma-3-4B shape (gemma3): 34 layers, dim 2560, 8 heads of 256, 4 KV heads, ffn 10240, "
+       "vocab 262208, 5 of 6 layers windowed (1024), global RoPE 1e6 scaled by 1/8, QK norm",
+       windows(shape(34, 2560, 8, 4, 10240, 262208, 131072, 1000000.0f, true, "gemma3", 256, 1e-6f),
+               1024, 6, 8.0f),
+       RopeScaling{}},
+      {"gemma-3-12b",
+       "Gemma-3-12B shape (gemma3): 48 layers, dim 3840, 16 heads of 256, 8 KV heads, ffn 15360, "
+       "vocab 262208, 5 of 6 layers windowed (1024), global RoPE 1e6 scaled by 1/8, QK norm",
+       windows(
+           shape(48, 3840, 16, 8, 15360, 262208, 131072, 1000000.0f, true, "gemma3", 256, 1e-6f),
+           1024, 6, 8.0f),
+       RopeScaling{}},
+      {"gemma-2-2b",
+       "Gemma-2-2B shape (gemma2): 26 layers, dim 2304, 8 heads of 256, 4 KV heads, ffn 9216, "
+       "vocab 256000, every other layer windowed (4096), attention and logit soft caps 50, 30",
+       windows(shape(26, 2304, 8, 4, 9216, 256000, 8192, 10000.0f, true, "gemma2", 256, 1e-6f),
+               4096, 2),
        RopeScaling{}},
       {"tiny",
        "small GQA shape that builds in seconds: 4 layers, dim 256, 8 heads, 2 KV heads, ffn 688, "

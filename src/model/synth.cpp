@@ -286,7 +286,10 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
     if (t.is_vector()) {
       const bool bias = t.role == TensorRole::kAttnQBias || t.role == TensorRole::kAttnKBias ||
                         t.role == TensorRole::kAttnVBias;
-      const bool head_norm = t.role == TensorRole::kAttnQNorm || t.role == TensorRole::kAttnKNorm;
+      // Per-head and post norms vary around 1 so that a norm applied in the wrong place shows.
+      const bool head_norm = t.role == TensorRole::kAttnQNorm || t.role == TensorRole::kAttnKNorm ||
+                             t.role == TensorRole::kAttnPostNorm ||
+                             t.role == TensorRole::kFfnPostNorm;
       io::GgufWriter::Generator gen;
       if (t.role == TensorRole::kRopeFreqs) {
         gen = [rope_freqs](uint64_t first, uint64_t count, void* dst) {

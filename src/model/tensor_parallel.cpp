@@ -156,8 +156,10 @@ float tp_max(const Model& m, float local_max) {
 void classify(const Model& m, const float* x, int n, float* logits, ThreadPool* pool) {
   const ops::Matrix& out = m.weights().output;
   TpComm* comm = m.tp_comm();
+  const float cap = m.config().final_softcap;
   if (!comm) {
     ops::matmul(out, x, n, logits, pool);
+    if (cap > 0.0f) ops::softcap(logits, static_cast<size_t>(n) * m.config().vocab_size, cap);
     return;
   }
   // Each rank's rows for all n tokens ([n, rows_r] blocks in rank order), then
@@ -184,6 +186,7 @@ void classify(const Model& m, const float* x, int n, float* logits, ThreadPool* 
     off += static_cast<size_t>(n) * rows;
     v0 += rows;
   }
+  if (cap > 0.0f) ops::softcap(logits, static_cast<size_t>(n) * V, cap);
 }
 
 }  // namespace kivi::model

@@ -413,6 +413,19 @@ void silu_mul(float* gate, const float* up, int n) {
   }
 }
 
+void gelu_tanh_mul(float* gate, const float* up, int n) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.0f + std::tanh(kC * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void softcap(float* x, size_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (size_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
 void add_inplace(float* y, const float* x, int n) {
   for (int i = 0; i < n; ++i) y[i] += x[i];
 }

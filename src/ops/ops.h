@@ -56,6 +56,11 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
 // gate[n] = silu(gate[n]) * up[n]  (SwiGLU, Shazeer 2020)
 void silu_mul(float* gate, const float* up, int n);
+// gate[n] = gelu(gate[n]) * up[n] with GeLU's tanh approximation
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))  (GeGLU, Gemma)
+void gelu_tanh_mul(float* gate, const float* up, int n);
+// x[n] = cap * tanh(x[n] / cap)  (Gemma 2's soft cap of logits and attention scores)
+void softcap(float* x, size_t n, float cap);
 
 // y[n] += x[n]
 void add_inplace(float* y, const float* x, int n);

@@ -189,7 +189,7 @@ void Session::make_room() {
     if (post && opt_.overflow == ContextOverflow::kShift) {
       // The kept tokens move down by `count` positions: rotate their keys back by as much.
       std::vector<float> back(c.head_dim());
-      model::fill_rope_row(back.data(), count, c);
+      model::fill_rope_row(back.data(), count, c, c.local_rope(l));
       for (int i = 1; i < c.head_dim(); i += 2) back[i] = -back[i];
       cache_->rotate_keys(l, first, n - count, back.data(), c.rope_style == attn::RopeStyle::kNeox);
     }
@@ -276,7 +276,8 @@ uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache
   const uint64_t activations =
       b * (4ull * c.dim + 2ull * c.q_dim() + 2ull * c.kv_dim() + 2ull * c.hidden_dim) *
       sizeof(float);
-  const uint64_t rope = static_cast<uint64_t>(ctx) * c.head_dim() * sizeof(float);
+  const uint64_t rope =
+      static_cast<uint64_t>(ctx) * c.head_dim() * sizeof(float) * (c.has_local_rope() ? 2 : 1);
   const uint64_t summaries = sparse.enabled()
                                  ? sparse::SparseAttention::summary_bytes(sparse, cc) +
                                        sparse::SparseAttention::scratch_bytes(sparse, cc, c.n_heads)

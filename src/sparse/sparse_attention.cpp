@@ -173,6 +173,7 @@ void SparseAttention::observe(const kv::LayerView& kv, const float* q, const att
     for (int r = 0; r < rep; ++r) {
       const float* qr = q + (static_cast<size_t>(h) * rep + r) * D;
       float d = ops::dot(qr, key, static_cast<size_t>(D)) * p.scale;
+      if (p.softcap > 0.0f) d = p.softcap * std::tanh(d / p.softcap);
       if (p.alibi_slopes) d += p.alibi_slopes[h * rep + r] * static_cast<float>(t - q_pos);
       lg[static_cast<size_t>(r) * n + t] = d;
     }

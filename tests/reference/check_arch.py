@@ -54,6 +54,16 @@ CASES = [
     # Sliding-window attention in layer 0 of 2 (pattern 2), a window far shorter than the
     # prompt: the windowed layer's cache evicts blocks in the stream and prefill runs.
     ("llama-swa", ["--arch", "llama", "--sliding-window", "24", "--sliding-window-pattern", "2"], ["swa"]),
+    # Gemma 3: layer 0 windowed with its own RoPE base (10000), layer 1 global with base 1e6
+    # scaled linearly by 1/8; QK norms, post-norms, GeGLU, the embedding times sqrt(dim).
+    ("gemma3", ["--arch", "gemma3", "--head-dim", "32", "--rope-theta", "1000000", "--rope-scaling", "linear",
+                "--sliding-window", "24", "--sliding-window-pattern", "2"],
+     ["qk_norm", "post_norms", "gelu", "embed_scale", "local_rope", "rope_scaling", "swa"]),
+    # Gemma 2: soft caps of the attention scores and the logits, layer 0 windowed.
+    # Caps small enough to bite in a random model.
+    ("gemma2", ["--arch", "gemma2", "--head-dim", "32", "--sliding-window", "24", "--attn-softcap", "0.3",
+                "--final-softcap", "2"],
+     ["attn_softcap", "final_softcap", "post_norms", "swa"]),
 ]
 RUNS = [("prefill", []), ("stream", []), ("no-cache", []), ("prefill", ["--key-rope", "pre"]),
         ("stream", ["--key-rope", "pre"])]
@@ -71,6 +81,22 @@ def without(model, feature):
         return dataclasses.replace(model, windows=None)
     if feature == "top1":  # a mixture of experts that followed its first choice alone
         return dataclasses.replace(model, experts_used=1)
+    if feature == "post_norms":
+        return dataclasses.replace(model, post_att=None, post_ffn=None)
+    if feature == "gelu":  # SwiGLU instead
+        return dataclasses.replace(model, gelu=False)
+    if feature == "embed_scale":
+        return dataclasses.replace(model, embed_scale=False)
+    if feature == "local_rope":
+        return dataclasses.replace(model, inv_freq_local=None)
+    if feature == "attn_softcap":
+        return dataclasses.replace(model, attn_softcap=0.0)
+    if feature == "final_softcap":
+        return dataclasses.replace(model, final_softcap=0.0)
+    if feature == "rope_scaling" and model.arch == "gemma3":  # the global layers unscaled
+        hs = model.head_size
+        return dataclasses.replace(
+            model, inv_freq=1.0 / model.rope_theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs))
     if feature == "rope_scaling":
         hs = model.head_size
         return dataclasses.replace(
@@ -95,7 +121,7 @@ def main():
             path = os.path.join(tmp, name + ".gguf")
             subprocess.run([a.kivi, "synth", *SHAPE, *opts, "-o", path], check=True, capture_output=True)
             model = ref.load_model(path)
-            if "rope_scaling" in features:
+            if "rope_scaling" in features and model.arch == "llama":
                 hs = model.head_size
                 base = 1.0 / model.rope_theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
                 want = ref.llama3_inv_freq(hs, model.rope_theta, **LLAMA3)

@@ -121,6 +121,19 @@ class Model:
     # [L, E, hidden, dim] / [L, E, dim, hidden] / [L, E, hidden, dim], router [L, E, dim].
     router: np.ndarray = None
     experts_used: int = 0
+    # Gemma (transformers' modeling_gemma2 / modeling_gemma3): embeddings times
+    # sqrt(hidden_size), post_attention_layernorm and post_feedforward_layernorm on each
+    # sublayer's output, gelu_pytorch_tanh gating, score scale query_pre_attn_scalar^-0.5,
+    # soft caps (gemma2), and the sliding layers' own RoPE (gemma3: rope_local_base_freq,
+    # unscaled). GGUF holds the norms' 1 + weight, so rmsnorm multiplies by them as stored.
+    post_att: np.ndarray = None    # [L, dim]
+    post_ffn: np.ndarray = None    # [L, dim]
+    embed_scale: bool = False
+    gelu: bool = False
+    attn_scale: float = None       # None: 1/sqrt(head_size)
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    inv_freq_local: np.ndarray = None  # [hs/2] of the sliding layers, or None: inv_freq
 
     @property
     def head_size(self):
@@ -154,7 +167,7 @@ def load_gguf_model(path):
     import gguf_ref
     meta, t = gguf_ref.read_gguf(path)
     arch = meta["general.architecture"]
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"):
         raise ValueError("%s: architecture %s is not in the reference" % (path, arch))
     A = arch + "."
     dim = int(meta[A + "embedding_length"])
@@ -171,15 +184,25 @@ def load_gguf_model(path):
         return stack(name) if "blk.0.%s" % name in t else None
 
     tok_emb = t["token_embd.weight"]
-    inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    base_inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    inv = base_inv
     if "rope_freqs.weight" in t:
         inv = inv / t["rope_freqs.weight"]
+    linear = 1.0
+    if meta.get(A + "rope.scaling.type") == "linear":  # positions divided by the factor
+        linear = float(meta[A + "rope.scaling.factor"])
+        inv = inv / linear
+    gemma = arch in ("gemma2", "gemma3")
     # Sliding-window attention (llama.cpp's keys): window W; the pattern a period N
     # (layer l windowed iff l % N < N - 1) or one flag per layer; none: every layer.
     windows = None
-    if A + "attention.sliding_window" in meta:
-        w = int(meta[A + "attention.sliding_window"])
+    if A + "attention.sliding_window" in meta or arch == "gemma2":
+        # transformers: Gemma 2 slides on even layers (window 4096 by default), Gemma 3
+        # on all but every sixth ((l + 1) % 6 != 0).
+        w = int(meta.get(A + "attention.sliding_window", 4096))
         pat = meta.get(A + "attention.sliding_window_pattern")
+        if pat is None and gemma:
+            pat = 2 if arch == "gemma2" else 6
         if pat is None:
             flags = [True] * L
         elif isinstance(pat, (list, tuple, np.ndarray)):
@@ -191,6 +214,18 @@ def load_gguf_model(path):
     ffn = "_exps" if moe else ""
     hidden = int(meta.get(A + "expert_feed_forward_length", meta[A + "feed_forward_length"]) if moe
                  else meta[A + "feed_forward_length"])
+    inv_local = None
+    if arch == "gemma3":
+        inv_local = 1.0 / float(meta.get(A + "rope.freq_base_swa", 10000.0)) ** (
+            np.arange(0, hs, 2, dtype=np.float64) / hs)
+    elif arch == "gemma2" and A + "rope.freq_base_swa" in meta:
+        inv_local = 1.0 / float(meta[A + "rope.freq_base_swa"]) ** (
+            np.arange(0, hs, 2, dtype=np.float64) / hs) / linear
+    # query_pre_attn_scalar: hidden_size / heads for the 27B models (46 and 62 layers),
+    # else head_dim.
+    attn_scale = None
+    if gemma and L == (46 if arch == "gemma2" else 62):
+        attn_scale = (dim // n_heads) ** -0.5
     return Model(dim=dim, hidden_dim=hidden, n_layers=L, n_heads=n_heads,
                  n_kv_heads=n_kv, vocab_size=tok_emb.shape[0], seq_len=int(meta[A + "context_length"]),
                  tok_emb=tok_emb, rms_att=stack("attn_norm.weight"), wq=stack("attn_q.weight"),
@@ -202,7 +237,14 @@ def load_gguf_model(path):
                  experts_used=int(meta[A + "expert_used_count"]) if moe else 0,
                  wcls=t.get("output.weight", tok_emb), arch=arch, head_dim=hs, rope_theta=theta,
                  rms_eps=float(meta.get(A + "attention.layer_norm_rms_epsilon", RMS_EPS)),
-                 rope_neox=arch in ("qwen2", "qwen3", "qwen3moe"), inv_freq=inv,
+                 rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"), inv_freq=inv,
+                 post_att=opt_stack("post_attention_norm.weight"),
+                 post_ffn=opt_stack("post_ffw_norm.weight"), embed_scale=gemma, gelu=gemma,
+                 attn_scale=attn_scale,
+                 attn_softcap=float(meta.get(A + "attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
+                 final_softcap=float(meta.get(A + "final_logit_softcapping",
+                                              30.0 if arch == "gemma2" else 0.0)) if gemma else 0.0,
+                 inv_freq_local=inv_local,
                  bq=opt_stack("attn_q.bias"), bk=opt_stack("attn_k.bias"), bv=opt_stack("attn_v.bias"),
                  q_norm=opt_stack("attn_q_norm.weight"), k_norm=opt_stack("attn_k_norm.weight"),
                  windows=windows)
@@ -587,9 +629,11 @@ def rope(x, positions, inv_freq=None, neox=False):
 ATTN_BLOCK = 64  # queries per block (only keys 0..end of block are computed)
 
 
-def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0):
+def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0, scale=None, softcap=0.0):
     """Causal GQA attention. q [T, nh, hs]; k, v [T, nkv, hs]; returns [T, nh*hs].
     window > 0: the query at position t sees only keys s with t - s < window.
+    scale: the score scale (default 1/sqrt(hs)); softcap > 0: scaled scores s become
+    softcap * tanh(s / softcap) (transformers' Gemma2 attn_logit_softcapping).
 
     Optional streaming view of a quantized cache: the query at position t sees key s
     as kq[s] if s < nk[t] else k[s], and value s as vq[s] if s < nv[t] else v[s].
@@ -597,7 +641,7 @@ def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0):
     T, nh, hs = q.shape
     nkv = k.shape[1]
     grp = nh // nkv
-    inv = 1.0 / math.sqrt(hs)
+    inv = 1.0 / math.sqrt(hs) if scale is None else scale
     # layouts: queries [nkv, T, grp, hs]; keys/values [nkv, T, hs]
     qh = np.ascontiguousarray(q.reshape(T, nkv, grp, hs).transpose(1, 0, 2, 3))
     kt = np.ascontiguousarray(k.transpose(1, 2, 0))        # [nkv, hs, T]
@@ -619,6 +663,8 @@ def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0):
             kmask = (ts < nk[t0:t1, None])[None, :, None, :]   # key s quantized at t
             np.copyto(s, sq, where=kmask)
         s *= inv
+        if softcap > 0:
+            s = softcap * np.tanh(s / softcap)
         np.copyto(s, -np.inf, where=(ts > tq)[None, :, None, :])   # causal
         if window > 0:
             np.copyto(s, -np.inf, where=(tq - ts >= window)[None, :, None, :])   # sliding window
@@ -655,11 +701,16 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
     quant = kv_spec is not None and not (kv_spec.k_format == "f32" and kv_spec.v_format == "f32")
     norm_eps = m.rms_eps
 
-    def rot(x, positions):
-        return rope(x, positions, m.inv_freq, m.rope_neox)
-
     x = m.tok_emb[np.asarray(tokens)].copy()        # [T, dim]
+    if m.embed_scale:
+        x *= math.sqrt(m.dim)
     for l in range(m.n_layers):
+        window = m.windows[l] if m.windows else 0
+        inv_freq = m.inv_freq_local if window and m.inv_freq_local is not None else m.inv_freq
+
+        def rot(x, positions):
+            return rope(x, positions, inv_freq, m.rope_neox)
+
         xb = rmsnorm(x, m.rms_att[l], norm_eps)
         q = xb @ m.wq[l].T
         k = xb @ m.wk[l].T
@@ -681,26 +732,39 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
             eps, gen = kv_noise
             k = k * (1.0 + eps * gen.standard_normal(k.shape))
             v = v * (1.0 + eps * gen.standard_normal(v.shape))
-        window = m.windows[l] if m.windows else 0
         if quant:
             kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec)
             vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec)
             if pre:
                 k, kq = rot(k, pos), rot(kq, pos)
-            o = attention(q, k, v, kq, nk, vq, nv, window=window)
+            o = attention(q, k, v, kq, nk, vq, nv, window=window, scale=m.attn_scale,
+                          softcap=m.attn_softcap)
         else:
             if pre:
                 k = rot(k, pos)
-            o = attention(q, k, v, window=window)
-        x = x + o @ m.wo[l].T
+            o = attention(q, k, v, window=window, scale=m.attn_scale, softcap=m.attn_softcap)
+        o = o @ m.wo[l].T
+        if m.post_att is not None:
+            o = rmsnorm(o, m.post_att[l], norm_eps)
+        x = x + o
         xb = rmsnorm(x, m.rms_ffn[l], norm_eps)
         if m.router is None:
             h1 = xb @ m.w1[l].T
             h3 = xb @ m.w3[l].T
-            x = x + ((h1 / (1.0 + np.exp(-h1))) * h3) @ m.w2[l].T
+            if m.gelu:  # gelu_pytorch_tanh
+                act = 0.5 * h1 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h1 + 0.044715 * h1 ** 3)))
+            else:
+                act = h1 / (1.0 + np.exp(-h1))
+            f = (act * h3) @ m.w2[l].T
         else:
-            x = x + moe_ffn(m, l, xb)
-    return rmsnorm(x, m.rms_final, norm_eps) @ m.wcls.T
+            f = moe_ffn(m, l, xb)
+        if m.post_ffn is not None:
+            f = rmsnorm(f, m.post_ffn[l], norm_eps)
+        x = x + f
+    logits = rmsnorm(x, m.rms_final, norm_eps) @ m.wcls.T
+    if m.final_softcap > 0:
+        logits = m.final_softcap * np.tanh(logits / m.final_softcap)
+    return logits
 
 
 def moe_ffn(m, l, xb):
