@@ -6,8 +6,9 @@
   * arch: synthetic models (`kivi synth`, random weights) of each architecture: llama
     with Q/K/V biases, llama with llama3 RoPE scaling (rope_freqs.weight), qwen2 (Q/K/V
     biases, NeoX RoPE) and
-    qwen3 (per-head Q/K norms, head dimension apart from dim / heads, NeoX RoPE), in
-    F32 and F16, from several prompts.
+    qwen3 (per-head Q/K norms, head dimension apart from dim / heads, NeoX RoPE),
+    qwen3moe, gemma3 (windowed layers with their own RoPE, post-norms, GeGLU) and gemma2
+    (soft caps), in F32 and F16, from several prompts.
 
 Both decode N tokens greedily from the same prompt ids; prints, per model, the number
 of equal tokens and the first position where they differ. Random weights give flat
@@ -46,6 +47,12 @@ ARCH_CASES = [
     ("qwen3", ["--arch", "qwen3", "--head-dim", "64", "--rope-theta", "1000000", "--classifier", "separate"]),
     ("qwen3moe", ["--arch", "qwen3moe", "--head-dim", "64", "--rope-theta", "1000000", "--experts", "8",
                   "--experts-used", "2", "--classifier", "separate"]),
+    # Gemma 3: layers 0 and 2 windowed (16 tokens) with RoPE base 10000, 1 and 3 global
+    # with base 1e6 scaled by 1/8; Gemma 2 with soft caps small enough to bite.
+    ("gemma3", ["--arch", "gemma3", "--head-dim", "64", "--rope-theta", "1000000", "--rope-scaling", "linear",
+                "--sliding-window", "16", "--sliding-window-pattern", "2"]),
+    ("gemma2", ["--arch", "gemma2", "--head-dim", "64", "--sliding-window", "16", "--attn-softcap", "1",
+                "--final-softcap", "5"]),
 ]
 ARCH_TYPES = ["f32", "f16"]
 PROMPTS = ["Once upon a time", "The little dog ran to the park.", "Lily saw a big red ball", "Tom and Sam"]
@@ -59,6 +66,7 @@ def main():
     ap.add_argument("--shared", default=os.path.join(root, "..", "shared"))
     ap.add_argument("--node-dir", default=here, help="directory with node_modules/node-llama-cpp")
     ap.add_argument("--set", default="all", choices=["stories", "arch", "all"])
+    ap.add_argument("--cases", default="", help="comma-separated arch cases to run (default: all)")
     ap.add_argument("--types", default="f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k_m,q6_k",
                     help="weight types of the stories set")
     ap.add_argument("-n", type=int, default=100, help="tokens per prompt (stories; the arch set uses n / 2)")
@@ -145,6 +153,8 @@ def main():
                 compare("stories260K " + t, path, a.prompt, a.n, judge=True)
         if a.set in ("arch", "all"):
             for name, opts in ARCH_CASES:
+                if a.cases and name not in a.cases.split(","):
+                    continue
                 for t in ARCH_TYPES:
                     path = os.path.join(tmp, "%s_%s.gguf" % (name, t))
                     subprocess.run([a.kivi, "synth", *ARCH_SHAPE, *opts, "--outtype", t, "-o", path], check=True,
