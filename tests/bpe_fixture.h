@@ -121,6 +121,8 @@ inline nlohmann::json chat_tokenizer_json() {
                               {"<|eot_id|>", true},
                               {"<|im_start|>", true},
                               {"<|im_end|>", true},
+                              {"<start_of_turn>", true},
+                              {"<end_of_turn>", true},
                               {"<think>", false}},
                              kLlama3Regex);
 }

@@ -97,6 +97,28 @@ TEST(Chat, TurnsAppendToOneCacheWithoutReprefill) {
   EXPECT_NE(r.err.find("[chat: 2 turns"), std::string::npos) << r.err;
 }
 
+TEST(Chat, GemmaTurnsCarryTheSystemMessageInTheFirstUserTurn) {
+  ChatModel m(R"({"bos_token": "<|begin_of_text|>", "eos_token": "<end_of_turn>",
+      "chat_template": "{{ bos_token }}{% for m in messages %}{{'<start_of_turn>' + m.role + '\n' + m.content | trim + '<end_of_turn>\n'}}{% endfor %}"})");
+  const auto tk = m.tokenizer();
+  const auto r = m.chat("  hello \nuse\n", "--json -n 3 --temp 0 --system 'be brief'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto turns = json_lines(r.out);
+  ASSERT_EQ(turns.size(), 2u) << r.out;
+  // BOS, then the system message at the head of the first user turn; messages trimmed.
+  std::vector<int> want1 = {tk.find_special("<|begin_of_text|>")};
+  const auto body =
+      tk.encode("<start_of_turn>user\nbe brief\n\nhello<end_of_turn>\n<start_of_turn>model\n",
+                false, false, true);
+  want1.insert(want1.end(), body.begin(), body.end());
+  EXPECT_EQ(ids(turns[0]["prompt_token_ids"]), want1);
+  // The next turn closes the reply with <end_of_turn> and opens a user turn.
+  const auto want2 =
+      tk.encode("<end_of_turn>\n<start_of_turn>user\nuse<end_of_turn>\n<start_of_turn>model\n",
+                false, false, true);
+  EXPECT_EQ(ids(turns[1]["prompt_token_ids"]), want2);
+}
+
 TEST(Chat, StreamsRepliesAndEndsAtEndOfInput) {
   ChatModel m(kChatMlConfig);
   const auto r =
@@ -138,10 +160,10 @@ TEST(Chat, FormatFromTheOptionAndErrors) {
   const auto none = plain.chat("hi\n", "-n 2");
   EXPECT_EQ(none.exit_code, 1);
   EXPECT_NE(none.err.find("the model has no chat template"), std::string::npos) << none.err;
-  EXPECT_NE(none.err.find("--chat-template llama3|chatml"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("--chat-template llama3|chatml|gemma"), std::string::npos) << none.err;
   const auto bad = plain.chat("hi\n", "--chat-template vicuna");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.err.find("unknown format 'vicuna' (known: llama3, chatml, plain)"),
+  EXPECT_NE(bad.err.find("unknown format 'vicuna' (known: llama3, chatml, gemma, plain)"),
             std::string::npos)
       << bad.err;
   // plain works with any vocabulary: User:/Assistant: lines, as the server writes them.

@@ -16,14 +16,25 @@ std::string trim(const std::string& s) {
 }  // namespace
 
 const char* chat_format_name(ChatFormat f) {
-  return f == ChatFormat::kLlama3 ? "llama3" : f == ChatFormat::kChatMl ? "chatml" : "plain";
+  switch (f) {
+    case ChatFormat::kLlama3:
+      return "llama3";
+    case ChatFormat::kChatMl:
+      return "chatml";
+    case ChatFormat::kGemma:
+      return "gemma";
+    case ChatFormat::kPlain:
+      break;
+  }
+  return "plain";
 }
 
 ChatFormat parse_chat_format(const std::string& name) {
   if (name == "llama3") return ChatFormat::kLlama3;
   if (name == "chatml") return ChatFormat::kChatMl;
+  if (name == "gemma") return ChatFormat::kGemma;
   if (name == "plain") return ChatFormat::kPlain;
-  fail("--chat-template: unknown format '%s' (known: llama3, chatml, plain)", name.c_str());
+  fail("--chat-template: unknown format '%s' (known: llama3, chatml, gemma, plain)", name.c_str());
 }
 
 std::optional<ChatFormat> detect_chat_format(const std::string& t) {
@@ -32,6 +43,7 @@ std::optional<ChatFormat> detect_chat_format(const std::string& t) {
     return ChatFormat::kLlama3;
   }
   if (t.find("<|im_start|>") != std::string::npos) return ChatFormat::kChatMl;
+  if (t.find("<start_of_turn>") != std::string::npos) return ChatFormat::kGemma;
   return std::nullopt;
 }
 
@@ -41,20 +53,20 @@ ChatPrompt::ChatPrompt(const tok::Tokenizer& tk, const std::string& override_nam
   } else if (tk.chat_template().empty()) {
     fail(
         "the model has no chat template (tokenizer.chat_template); give one with --chat-template "
-        "llama3|chatml (plain: User:/Assistant: lines, for any model)");
+        "llama3|chatml|gemma (plain: User:/Assistant: lines, for any model)");
   } else if (auto f = detect_chat_format(tk.chat_template())) {
     format_ = *f;
   } else {
     fail(
-        "the model's chat template is not one of the known formats (llama3, chatml); choose one "
-        "with "
-        "--chat-template llama3|chatml");
+        "the model's chat template is not one of the known formats (llama3, chatml, gemma); "
+        "choose one with --chat-template llama3|chatml|gemma|plain");
   }
   if (format_ == ChatFormat::kPlain) return;
   const std::vector<const char*> needed =
       format_ == ChatFormat::kLlama3
           ? std::vector<const char*>{"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
-          : std::vector<const char*>{"<|im_start|>", "<|im_end|>"};
+      : format_ == ChatFormat::kGemma ? std::vector<const char*>{"<start_of_turn>", "<end_of_turn>"}
+                                      : std::vector<const char*>{"<|im_start|>", "<|im_end|>"};
   for (const char* t : needed) {
     if (tk.find_special(t) < 0) {
       fail("chat format %s needs the special token '%s', which the vocabulary does not have",
@@ -103,6 +115,14 @@ std::vector<int> ChatPrompt::user_turn(const std::string& text, const std::strin
     if (first && !system.empty()) turn("system", system);
     turn("user", text);
     markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  } else if (format_ == ChatFormat::kGemma) {
+    // The template writes bos_token itself and puts the system message at the head of
+    // the first user turn.
+    if (first && tk_.bos_id() >= 0) out.push_back(tk_.bos_id());
+    if (!first) markup("<end_of_turn>\n");
+    markup("<start_of_turn>user\n");
+    message((first && !system.empty() ? trim(system) + "\n\n" : "") + trim(text));
+    markup("<end_of_turn>\n<start_of_turn>model\n");
   } else {
     if (first && tk_.add_bos() && tk_.bos_id() >= 0) out.push_back(tk_.bos_id());
     if (!first) markup("<|im_end|>\n");

@@ -1,5 +1,5 @@
 // Chat formats: how a conversation is written as tokens for an instruction-tuned model.
-// Two are known, detected from the model's tokenizer.chat_template (Jinja source):
+// Three are known, detected from the model's tokenizer.chat_template (Jinja source):
 //
 //   llama3  <|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>
 //           <|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>
@@ -7,6 +7,9 @@
 //           (message text trimmed of surrounding whitespace, as Meta's template does)
 //   chatml  <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n
 //           <|im_start|>assistant\n{reply}<|im_end|>\n...   (Qwen2, Qwen2.5, Qwen3)
+//   gemma   <bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n
+//           <start_of_turn>model\n{reply}<end_of_turn>\n...   (Gemma 2, Gemma 3: the system
+//           message opens the first user turn; messages trimmed)
 //   plain   {system}\n\nUser: {user}\nAssistant: {reply}\nUser: ...   (any model, chosen by
 //           name only; the reply ends at "\nUser:" or an end token)
 //
@@ -24,18 +27,18 @@
 
 namespace kivi::runtime {
 
-enum class ChatFormat { kLlama3, kChatMl, kPlain };
+enum class ChatFormat { kLlama3, kChatMl, kGemma, kPlain };
 
 const char* chat_format_name(ChatFormat f);
-// "llama3" or "chatml"; anything else is a kivi::Error listing them.
+// "llama3", "chatml", "gemma" or "plain"; anything else is a kivi::Error listing them.
 ChatFormat parse_chat_format(const std::string& name);
 // The format a Jinja chat template writes, if it is one of the known ones.
 std::optional<ChatFormat> detect_chat_format(const std::string& chat_template);
 
 class ChatPrompt {
  public:
-  // `override_name` ("llama3", "chatml" or empty) wins over the tokenizer's template;
-  // with neither, or when the vocabulary lacks the format's special tokens, throws
+  // `override_name` ("llama3", "chatml", "gemma", "plain" or empty) wins over the tokenizer's
+  // template; with neither, or when the vocabulary lacks the format's special tokens, throws
   // kivi::Error saying what is missing.
   ChatPrompt(const tok::Tokenizer& tk, const std::string& override_name);
 
@@ -59,7 +62,7 @@ class ChatPrompt {
  private:
   const tok::Tokenizer& tk_;
   ChatFormat format_;
-  int end_id_ = -1;  // <|eot_id|> or <|im_end|>; -1 for plain
+  int end_id_ = -1;  // <|eot_id|>, <|im_end|> or <end_of_turn>; -1 for plain
 };
 
 }  // namespace kivi::runtime

@@ -88,8 +88,10 @@ ChatFormatter::Prompt ChatFormatter::format(const std::vector<ChatMessage>& mess
     } else {
       // A reply in the history: its text as the model would have written it (the next
       // user turn closes it with the end marker).
-      const std::string reply =
-          chat_->format() == runtime::ChatFormat::kLlama3 ? trim(t.text[i]) : t.text[i];
+      const std::string reply = chat_->format() == runtime::ChatFormat::kLlama3 ||
+                                        chat_->format() == runtime::ChatFormat::kGemma
+                                    ? trim(t.text[i])
+                                    : t.text[i];
       const std::vector<int> r = tk_.encode_segments({{reply, false}});
       p.tokens.insert(p.tokens.end(), r.begin(), r.end());
     }
