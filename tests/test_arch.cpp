@@ -1,5 +1,5 @@
-// Architectures: llama (with llama3 RoPE scaling), qwen2 and qwen3 load, files that do not
-// fit them give one-line errors naming the tensor or key, and on each architecture the
+// Architectures: llama (with llama3 RoPE scaling), qwen2, qwen3, gemma2 and gemma3 load, files that
+// do not fit them give one-line errors naming the tensor or key, and on each architecture the
 // engine's paths agree (batched prefill, token-by-token decode, the no-cache oracle, keys
 // cached before RoPE, a context shift). The logits themselves are checked against
 // independent references by tests/reference/check_arch.py (numpy) and
@@ -117,9 +117,28 @@ TEST(Arch, Llama3FactorsFollowTheirDefinition) {
 TEST(Arch, FilesThatDoNotFitAreOneLineErrorsNamingTheTensor) {
   test::TempDir t;
   auto other = small("llama");
-  other.arch = "gemma2";
-  expect_one_line_error(write_model(t, "gemma", other, {}),
-                        {"unsupported architecture 'gemma2'", "llama, qwen2, qwen3"});
+  other.arch = "phi3";
+  expect_one_line_error(write_model(t, "phi", other, {}),
+                        {"unsupported architecture 'phi3'", "llama, qwen2, qwen3"});
+  // gemma: a post-norm missing; gemma2 with an attention cap of 0.
+  expect_one_line_error(write_model(t, "g3_post", small("gemma3"),
+                                    [](auto& s) {
+                                      std::erase_if(s, [](const auto& x) {
+                                        return x.name == "blk.1.post_ffw_norm.weight";
+                                      });
+                                    }),
+                        {"missing tensor 'blk.1.post_ffw_norm.weight'", "gemma3"});
+  auto g2 = small("gemma2");
+  g2.attn_softcap = 0.0f;
+  expect_one_line_error(write_model(t, "g2_cap", g2, {}), {"gemma2.attn_logit_softcapping = 0"});
+  // A window pattern of more flags than layers.
+  expect_one_line_error(
+      write_model(t, "g3_pattern", small("gemma3"), {},
+                  [](io::GgufWriter& w) {
+                    w.add_u32("gemma3.attention.sliding_window", 8);
+                    w.add_i32_array("gemma3.attention.sliding_window_pattern", {1, 1, 0});
+                  }),
+      {"sliding_window_pattern' has 3 elements, expected one per layer (2)"});
 
   // qwen2: a bias of the wrong length, and a missing one.
   expect_one_line_error(write_model(t, "q2_shape", small("qwen2"),
@@ -236,8 +255,24 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
   auto l3 = small("llama");
   l3.rope_theta = 500000.0f;
   l3.rope_freq_factors = model::llama3_rope_factors(16, 500000.0f, 32.0f, 1.0f, 4.0f, 8192.0f);
-  for (const auto& [name, c] : std::vector<std::pair<std::string, model::ModelConfig>>{
-           {"llama3", l3}, {"qwen2", small("qwen2")}, {"qwen3", q3}}) {
+  // Gemma 3: layer 0 windowed (12 tokens, its own RoPE base), layer 1 global with base 1e6
+  // scaled by 1/8; Gemma 2 with soft caps that bite.
+  auto g3 = small("gemma3");
+  g3.rope_theta = 1e6f;
+  g3.rope_freq_scale = 0.125f;
+  g3.sliding_window = 12;
+  g3.set_swa_pattern(2);
+  auto g2 = small("gemma2");
+  g2.sliding_window = 12;
+  g2.set_swa_pattern(2);
+  g2.attn_softcap = 0.3f;
+  g2.final_softcap = 2.0f;
+  for (const auto& [name, c] :
+       std::vector<std::pair<std::string, model::ModelConfig>>{{"llama3", l3},
+                                                               {"qwen2", small("qwen2")},
+                                                               {"qwen3", q3},
+                                                               {"gemma3", g3},
+                                                               {"gemma2", g2}}) {
     const auto m = model::Model::load(synth(t, name, c));
     std::vector<int> prompt = {1};
     for (int i = 0; i < 40; ++i) prompt.push_back(3 + (i * 37) % 290);
@@ -272,6 +307,7 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
     shaped.n_kv_heads = c.n_kv_heads;
     shaped.head_dim = m->config().head_dim();
     shaped.ctx = 128;
+    shaped.layer_window = m->config().layer_windows();
     kv::KvCache ca(shaped), cb(shaped);
     const std::vector<int> other = {1, 7, 9, 11, 200};
     std::vector<float> la(c.vocab_size), lb(c.vocab_size);

@@ -43,11 +43,14 @@ void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int 
       cache.calibrate(l, st_.k.data() + static_cast<size_t>(r0) * kvd,
                       st_.v.data() + static_cast<size_t>(r0) * kvd, n);
     }
+    attn::Params p = ap;
     for (int i = 0; i < n; ++i) {
       const size_t r = static_cast<size_t>(r0 + i);
       if (!borrows) cache.append(l, st_.k.data() + r * kvd, st_.v.data() + r * kvd);
+      // Keys before RoPE: cache index t holds position t + evicted (a window drops blocks).
+      if (ap.rope) p.rope = ap.rope + static_cast<size_t>(cache.evicted(l)) * c.head_dim();
       attn::decode(borrows ? cache.view_prefix(l, pos0_[s] + i + 1) : cache.view(l),
-                   st_.q.data() + r * qd, st_.att.data() + r * qd, ap, inner, ws);
+                   st_.q.data() + r * qd, st_.att.data() + r * qd, p, inner, ws);
     }
   };
   if (per_sequence) {
@@ -151,6 +154,9 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
         }
       }
     }
+    // A sliding-window layer attends its last `window` tokens (with --window too: the smaller).
+    const int lw = c0.window(l);
+    ap.window = lw > 0 && opt.window > 0 ? std::min(lw, opt.window) : std::max(lw, opt.window);
     const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
     attend(m, l, seqs, n_seqs, pool, ap, per_sequence);
     if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
