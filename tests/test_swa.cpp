@@ -284,6 +284,31 @@ TEST(Swa, EveryFormatStaysBoundedAndEvictionChangesNothing) {
   }
 }
 
+TEST(Swa, SparseSelectsInTheGlobalLayersOnly) {
+  // Layers 0 and 2 windowed, 1 and 3 global. With a budget that covers the context every
+  // global layer attends every block, so the logits equal dense attention's; a small
+  // budget selects (the logits move) and the windowed layers keep their windows.
+  test::TempDir t;
+  const auto m = model::Model::load(synth(t, "swa", small("llama", kWindow, 2)));
+  const kv::CacheConfig cc = cache_of(kv::Format::kF16, kv::KeyRope::kPost);
+  std::vector<int> prompt = {1};
+  for (int i = 0; i < 300; ++i) prompt.push_back(3 + (i * 53) % 290);
+  auto run = [&](int budget) {
+    runtime::SessionOptions o = session_of(cc, 512);
+    if (budget > 0) {
+      o.sparse.kind = sparse::Kind::kQuest;
+      o.sparse.block = 16;
+      o.sparse.budget = budget;
+    }
+    runtime::Session s(*m, o);
+    const float* l = s.prefill(prompt);
+    return std::vector<float>(l, l + m->config().vocab_size);
+  };
+  const auto dense = run(0);
+  EXPECT_EQ(max_diff(run(512).data(), dense), 0.0);
+  EXPECT_GT(max_diff(run(32).data(), dense), 1e-4);
+}
+
 TEST(Swa, RefusedCombinationsSaySo) {
   test::TempDir t;
   const auto m = model::Model::load(synth(t, "swa", small("llama", kWindow, 2)));
@@ -303,9 +328,16 @@ TEST(Swa, RefusedCombinationsSaySo) {
     EXPECT_NE(e.find("not supported with the model's sliding-window attention"), std::string::npos)
         << e;
   }
+  // Block-sparse attention: reusing a selection across layers is refused (a windowed
+  // layer selects nothing), and so is a model whose every layer is windowed.
   runtime::SessionOptions sp = session_of(cc, 128);
   sp.sparse.kind = sparse::Kind::kQuest;
-  EXPECT_NE(error_of([&] { runtime::Session s(*m, sp); }).find("--sparse: not supported"),
+  sp.sparse.reuse_layers = 2;
+  EXPECT_NE(error_of([&] { runtime::Session s(*m, sp); }).find("--sparse-reuse-layers 2"),
+            std::string::npos);
+  sp.sparse.reuse_layers = 1;
+  const auto all = model::Model::load(synth(t, "swa_all", small("llama", kWindow, 0)));
+  EXPECT_NE(error_of([&] { runtime::Session s(*all, sp); }).find("nothing to select"),
             std::string::npos);
   runtime::SessionOptions sh = session_of(cc, 128);
   sh.cache.share_every = 2;  // layer 1 (full) would read layer 0 (windowed)

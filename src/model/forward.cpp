@@ -217,6 +217,9 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     // A sliding-window layer attends its last `window` tokens (with --window too: the smaller).
     const int lw = cache.window(l);
     ap.window = lw > 0 && opt.window > 0 ? std::min(lw, opt.window) : std::max(lw, opt.window);
+    // Block-sparse attention selects in the layers that see the whole context; a
+    // sliding-window layer reads its window densely.
+    const bool sparse = opt.sparse && opt.sparse->sparse_layer(l) && lw == 0;
     for (int i = 0; i < n; ++i) {
       // Under context parallelism only the shard holding the position stores the token.
       if (!borrows && (!cp.comm || cp.owns(pos0 + i))) {
@@ -239,13 +242,13 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       if (cp.comm) {
         // This shard's softmax state; merged with the other shards' after the batch.
         float* si = st.cp_states.data() + static_cast<size_t>(i) * c.n_heads * (hd + 2);
-        if (opt.sparse && opt.sparse->sparse_layer(l)) {
+        if (sparse) {
           opt.sparse->set_shard_query(cp.start, pos0 + i);
           opt.sparse->decode_state(l, cache.owner(l), view, qi, si, ap, pool, st.ws);
         } else {
           attn::decode_state(view, qi, si, ap, pool, st.ws);
         }
-      } else if (opt.sparse && opt.sparse->sparse_layer(l)) {
+      } else if (sparse) {
         opt.sparse->decode(l, cache.owner(l), view, qi, oi, ap, pool, st.ws);
       } else {
         attn::decode(view, qi, oi, ap, pool, st.ws);

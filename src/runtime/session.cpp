@@ -69,8 +69,18 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
       fail("--context-overflow %s: not supported with the model's sliding-window attention",
            context_overflow_name(opt_.overflow));
     }
-    if (opt_.sparse.enabled())
-      fail("--sparse: not supported with the model's sliding-window attention");
+    // Block selection runs in the layers that attend the whole context; the windowed
+    // ones read their windows densely.
+    bool global = false;
+    for (int l = 0; l < c.n_layers; ++l) global = global || cc.window(l) == 0;
+    if (opt_.sparse.enabled() && !global)
+      fail("--sparse: every layer of the model has a sliding window; there is nothing to select");
+    if (opt_.sparse.enabled() && opt_.sparse.reuse_layers > 1) {
+      fail(
+          "--sparse-reuse-layers %d: not supported with the model's sliding-window layers (they "
+          "select nothing to reuse)",
+          opt_.sparse.reuse_layers);
+    }
   }
   if (opt.pool) {
     pool_ = opt.pool;
