@@ -218,6 +218,17 @@ int cmd_synth(int argc, char** argv) {
       fail("--classifier: unknown value '%s' (valid: tied, separate)", k.c_str());
     c.shared_classifier = k == "tied";
   }
+  if (c.sliding_window > 0 && static_cast<int>(c.swa_layers.size()) != c.n_layers) {
+    // A preset's window pattern (its period, or every layer) over the new layer count.
+    model::ModelConfig old = c;
+    old.n_layers = static_cast<int>(c.swa_layers.size());
+    int period = -1;
+    for (int n = 0; n <= old.n_layers && period < 0; ++n) {
+      old.set_swa_pattern(n);
+      if (old.swa_layers == c.swa_layers) period = n;
+    }
+    c.set_swa_pattern(std::min(std::max(period, 0), c.n_layers));
+  }
   if (a.given("sliding-window-pattern") && !a.given("sliding-window"))
     fail("--sliding-window-pattern needs --sliding-window");
   if (a.given("sliding-window")) {
@@ -280,7 +291,10 @@ int cmd_synth(int argc, char** argv) {
         .kv("bytes", r.bytes)
         .kv("tensors", r.n_tensors);
     j.kv("params", c.n_params()).kv("outtype", outtype).kv("seed", spec.seed).kv("arch", c.arch);
-    j.kv("head_dim", c.head_dim()).kv("rope_scaling", scaling.factor > 0.0f ? "llama3" : "none");
+    j.kv("head_dim", c.head_dim())
+        .kv("rope_scaling", !c.rope_freq_factors.empty() ? "llama3"
+                            : c.rope_freq_scale != 1.0f  ? "linear"
+                                                         : "none");
     j.kv("sliding_window", c.sliding_window);
     j.kv("n_layers", c.n_layers)
         .kv("dim", c.dim)
