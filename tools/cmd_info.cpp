@@ -119,6 +119,11 @@ void print_json(const Report& r) {
                        : c.rope_freq_scale != 1.0f  ? "linear"
                                                     : "none");
   j.kv("attn_bias", c.attn_bias).kv("qk_norm", c.qk_norm);
+  j.kv("post_norms", c.post_norms).kv("embed_scale", c.embed_scale);
+  j.kv("ffn_activation", c.ffn_act == model::Activation::kGeluTanh ? "gelu_tanh" : "silu");
+  j.kv("attention_scale", c.attention_scale());
+  j.kv("attn_softcap", c.attn_softcap).kv("final_softcap", c.final_softcap);
+  j.kv("rope_theta_swa", c.has_local_rope() ? c.rope_theta_swa : 0.0f);
   j.kv("sliding_window", c.sliding_window);
   if (c.sliding_window > 0) {
     j.key("sliding_window_layers").begin_array();
@@ -218,6 +223,19 @@ void print_model(const Report& r) {
   if (c.attn_bias || c.qk_norm) {
     std::printf("  attention        %s%s%s\n", c.attn_bias ? "Q/K/V biases" : "",
                 c.attn_bias && c.qk_norm ? ", " : "", c.qk_norm ? "per-head Q/K RMSNorm" : "");
+  }
+  if (c.post_norms || c.embed_scale || c.ffn_act != model::Activation::kSilu) {
+    std::printf("  block            %s%s%s\n", c.embed_scale ? "embedding x sqrt(dim), " : "",
+                c.post_norms ? "RMSNorm after attention and FFN too, " : "",
+                c.ffn_act == model::Activation::kGeluTanh ? "GeGLU FFN" : "SwiGLU FFN");
+  }
+  if (c.attn_softcap > 0.0f || c.final_softcap > 0.0f) {
+    std::printf("  soft caps        attention scores %g, logits %g (0: none)\n", c.attn_softcap,
+                c.final_softcap);
+  }
+  if (c.has_local_rope()) {
+    std::printf("  windowed rope    base %g, scale %g (the sliding-window layers' own)\n",
+                c.rope_theta_swa, c.rope_freq_scale_swa);
   }
   if (c.sliding_window > 0) {
     int n = 0;

@@ -227,7 +227,7 @@ int cmd_synth(int argc, char** argv) {
       old.set_swa_pattern(n);
       if (old.swa_layers == c.swa_layers) period = n;
     }
-    c.set_swa_pattern(std::min(std::max(period, 0), c.n_layers));
+    c.set_swa_pattern(std::max(period, 0));
   }
   if (a.given("sliding-window-pattern") && !a.given("sliding-window"))
     fail("--sliding-window-pattern needs --sliding-window");
@@ -237,7 +237,7 @@ int cmd_synth(int argc, char** argv) {
     const int arch_pattern = c.arch == "gemma2" ? 2 : c.arch == "gemma3" ? 6 : 0;
     const int n = a.given("sliding-window-pattern")
                       ? static_cast<int>(a.integer("sliding-window-pattern", 1, 1024))
-                      : std::min(arch_pattern, c.n_layers);
+                      : arch_pattern;
     if (n > c.n_layers) fail("--sliding-window-pattern %d: the model has %d layers", n, c.n_layers);
     c.set_swa_pattern(n);
     overridden = true;

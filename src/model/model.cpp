@@ -154,7 +154,7 @@ static void read_sliding_window(const io::GgufFile& f, const std::string& path,
   c.sliding_window = static_cast<int>(w);
   const io::GgufValue* p = f.find(pkey);
   if (!p) {
-    c.set_swa_pattern(std::min(default_pattern, c.n_layers));
+    c.set_swa_pattern(default_pattern);
     return;
   }
   if (p->type != io::GgufType::kArray) {

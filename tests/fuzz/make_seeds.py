@@ -23,7 +23,7 @@ def q8_0_blob(n):
 
 def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
     """A one-layer model of `arch` (llama, qwen2 with Q/K/V biases, qwen3 with per-head Q/K
-    norms); with q8_0 its matrices are Q8_0 (dim 32, the block size); with swa a sliding
+    norms, gemma2 and gemma3 with post-norms, caps and their RoPE keys); with q8_0 its matrices are Q8_0 (dim 32, the block size); with swa a sliding
     window of 4 tokens and its pattern as an array of one bool per layer; with experts > 0
     a mixture of that many experts (2 used) in place of the FFN (qwen3moe)."""
     dim, hidden, vocab = (32, 32, 6) if q8_0 else (8, 16, 6)
@@ -42,6 +42,12 @@ def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
     if experts:
         kv(arch + ".expert_count", 4, struct.pack("<I", experts))
         kv(arch + ".expert_used_count", 4, struct.pack("<I", 2))
+    if arch in ("gemma2", "gemma3"):
+        # The caps and the windowed layers' RoPE base, the keys only these read.
+        kv(arch + ".final_logit_softcapping", 6, struct.pack("<f", 30.0))
+        kv(arch + ".rope.freq_base_swa", 6, struct.pack("<f", 10000.0))
+        if arch == "gemma2":
+            kv(arch + ".attn_logit_softcapping", 6, struct.pack("<f", 50.0))
     if swa:
         kv(arch + ".attention.sliding_window", 4, struct.pack("<I", 4))
         kv(arch + ".attention.sliding_window_pattern", 9, struct.pack("<IQ", 7, 1) + b"\x01")
@@ -65,8 +71,10 @@ def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
                     ("blk.0.ffn_up_exps.weight", [dim, hidden, experts])]
     if arch == "qwen2":
         tensors += [("blk.0.attn_q.bias", [dim]), ("blk.0.attn_k.bias", [hd]), ("blk.0.attn_v.bias", [hd])]
-    if arch in ("qwen3", "qwen3moe"):
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
         tensors += [("blk.0.attn_q_norm.weight", [hd]), ("blk.0.attn_k_norm.weight", [hd])]
+    if arch in ("gemma2", "gemma3"):
+        tensors += [("blk.0.post_attention_norm.weight", [dim]), ("blk.0.post_ffw_norm.weight", [dim])]
     infos, data, off = b"", b"", 0
     for name, dims in tensors:
         n = 1
@@ -254,6 +262,8 @@ def main():
     write_gguf(os.path.join(out, "model", "llama-q8_0.gguf"), "llama", q8_0=True)
     write_gguf(os.path.join(out, "model", "llama-swa.gguf"), "llama", swa=True)
     write_gguf(os.path.join(out, "model", "qwen3moe.gguf"), "qwen3moe", experts=4)
+    write_gguf(os.path.join(out, "model", "gemma2.gguf"), "gemma2")
+    write_gguf(os.path.join(out, "model", "gemma3.gguf"), "gemma3", swa=True)
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
     write_bpe(os.path.join(out, "bpe"))
