@@ -365,13 +365,54 @@ TEST(Swa, RefusedCombinationsSaySo) {
   shaped.layer_window = m->config().layer_windows();
   kv::BlockPool bp(shaped, 16);
   EXPECT_NE(error_of([&] { kv::KvCache c(bp, 128); }).find("shared block pool"), std::string::npos);
+}
+
+TEST(Swa, ServingGivesTheTokensOfOneSession) {
+  // The server keeps every block of a windowed layer (the pool shares them by prefix) and
+  // masks attention to the window: three concurrent requests get the greedy tokens a
+  // session with an evicting cache gives each alone.
+  test::TempDir t;
+  const auto m = model::Model::load(synth(t, "swa", small("llama", kWindow, 2)));
+  const kv::CacheConfig cc = cache_of(kv::Format::kF32, kv::KeyRope::kPost);
   runtime::SchedulerOptions so;
-  so.ctx = 128;
-  so.parallel = 1;
+  so.ctx = 256;
+  so.parallel = 3;
   so.cache = cc;
-  so.threads = 1;
-  EXPECT_NE(error_of([&] { runtime::Scheduler s(*m, so); }).find("not supported when serving"),
-            std::string::npos);
+  so.threads = 2;
+  runtime::Scheduler sched(*m, so);
+  std::vector<std::shared_ptr<runtime::RequestHandle>> handles(3);
+  std::vector<std::vector<int>> prompts, want;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int> p = {1};
+    for (int j = 0; j < 30 + 11 * i; ++j) p.push_back(3 + (j * 31 + i * 7) % 290);
+    prompts.push_back(p);
+    runtime::Session s(*m, session_of(cc, 256));
+    const float* l = s.prefill(p);
+    std::vector<int> gen;
+    for (int k = 0; k < 40; ++k) {
+      int best = 3;  // ids 0-2 (unknown, BOS, EOS) would end the request
+      for (int v = 4; v < m->config().vocab_size; ++v) best = l[v] > l[best] ? v : best;
+      gen.push_back(best);
+      l = s.decode(best);
+    }
+    want.push_back(gen);
+    runtime::GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 40;
+    r.sampling.temperature = 0.0f;
+    r.ignore_eos = true;
+    ASSERT_EQ(sched.submit(r, &handles[i]), runtime::Scheduler::Submit::kQueued);
+  }
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int> got;
+    for (;;) {
+      auto u = handles[i]->wait(std::chrono::milliseconds(100));
+      got.insert(got.end(), u.tokens.begin(), u.tokens.end());
+      if (u.finished) break;
+    }
+    EXPECT_EQ(got, want[i]) << "request " << i;
+  }
+  sched.stop();
 }
 
 TEST(Swa, SynthWritesItAndInfoShowsIt) {

@@ -155,7 +155,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
       }
     }
     // A sliding-window layer attends its last `window` tokens (with --window too: the smaller).
-    const int lw = c0.window(l);
+    const int lw = c.layer_window(l);
     ap.window = lw > 0 && opt.window > 0 ? std::min(lw, opt.window) : std::max(lw, opt.window);
     const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
     attend(m, l, seqs, n_seqs, pool, ap, per_sequence);

@@ -54,13 +54,11 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   if (opt_.queue < 0) fail("--queue = %d, expected >= 0", opt_.queue);
   if (opt_.prefill_chunk < 1) fail("--prefill-chunk = %d, expected >= 1", opt_.prefill_chunk);
   if (opt_.ctx < 2) fail("--ctx = %d, expected >= 2", opt_.ctx);
-  if (c.sliding_window > 0) {
-    fail(
-        "%s: sliding-window attention (attention.sliding_window = %d) is not supported when "
-        "serving (the shared block pool); use kivi run/generate",
-        c.name.c_str(), c.sliding_window);
-  }
   shaped_ = cache_shape_for(c, opt_.cache, opt_.ctx);
+  // Sliding-window layers keep every block of their sequences in the shared pool (blocks
+  // are shared between sequences by prefix, so none is evicted); attention still reads
+  // only the window (model::BatchForward).
+  shaped_.layer_window.clear();
   auto tensor_scaled = [](const kv::StreamFormat& f) {
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
   };
