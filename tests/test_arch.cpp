@@ -1,7 +1,7 @@
-// Architectures: llama (with llama3 RoPE scaling), qwen2, qwen3, gemma2 and gemma3 load, files that
-// do not fit them give one-line errors naming the tensor or key, and on each architecture the
-// engine's paths agree (batched prefill, token-by-token decode, the no-cache oracle, keys
-// cached before RoPE, a context shift). The logits themselves are checked against
+// Architectures: llama (with llama3 RoPE scaling), qwen2, qwen3, gemma2, gemma3 and phi3 load,
+// files that do not fit them give one-line errors naming the tensor or key, and on each
+// architecture the engine's paths agree (batched prefill, token-by-token decode, the no-cache
+// oracle, keys cached before RoPE, a context shift). The logits themselves are checked against
 // independent references by tests/reference/check_arch.py (numpy) and
 // tests/reference/check_llamacpp.py (llama.cpp).
 #include <gtest/gtest.h>
@@ -117,9 +117,24 @@ TEST(Arch, Llama3FactorsFollowTheirDefinition) {
 TEST(Arch, FilesThatDoNotFitAreOneLineErrorsNamingTheTensor) {
   test::TempDir t;
   auto other = small("llama");
-  other.arch = "phi3";
+  other.arch = "phi2";
   expect_one_line_error(write_model(t, "phi", other, {}),
-                        {"unsupported architecture 'phi3'", "llama, qwen2, qwen3"});
+                        {"unsupported architecture 'phi2'", "llama, qwen2, qwen3"});
+  // phi3: a fused QKV of the wrong height; LongRoPE factors (not supported yet).
+  expect_one_line_error(write_model(t, "phi3_qkv", small("phi3"),
+                                    [](auto& s) {
+                                      for (auto& x : s) {
+                                        if (x.name == "blk.0.attn_qkv.weight") x.rows -= 1;
+                                      }
+                                    }),
+                        {"'blk.0.attn_qkv.weight'", "expected [64, 128]"});
+  expect_one_line_error(
+      write_model(
+          t, "phi3_long", small("phi3"),
+          [](auto& s) {
+            s.push_back({"rope_factors_long.weight", model::TensorRole::kOutputNorm, -1, 8, 0});
+          }),
+      {"LongRoPE", "not supported"});
   // gemma: a post-norm missing; gemma2 with an attention cap of 0.
   expect_one_line_error(write_model(t, "g3_post", small("gemma3"),
                                     [](auto& s) {
@@ -272,6 +287,7 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
                                                                {"qwen2", small("qwen2")},
                                                                {"qwen3", q3},
                                                                {"gemma3", g3},
+                                                               {"phi3", small("phi3")},
                                                                {"gemma2", g2}}) {
     const auto m = model::Model::load(synth(t, name, c));
     std::vector<int> prompt = {1};

@@ -119,6 +119,35 @@ TEST(Chat, GemmaTurnsCarryTheSystemMessageInTheFirstUserTurn) {
   EXPECT_EQ(ids(turns[1]["prompt_token_ids"]), want2);
 }
 
+TEST(Chat, PhiTurnsFromASyntheticPhi3File) {
+  // kivi synth --arch phi3 writes Phi-3's turn markers and template: chat detects phi3.
+  test::TempDir dir;
+  const std::string path = dir.file("phi.gguf");
+  ASSERT_EQ(test::run(test::kivi_cmd("synth --arch phi3 --layers 2 --dim 64 --heads 4 "
+                                     "--kv-heads 2 --ffn 128 --vocab 400 --ctx 1024 -o '" +
+                                     path + "'"))
+                .exit_code,
+            0);
+  io::GgufFile f(path);
+  const auto tk =
+      tok::Tokenizer::from_gguf(f, static_cast<int>(f.array_size("tokenizer.ggml.tokens")));
+  test::write_text(dir.file("in.txt"), "hello\nagain\n");
+  const auto r = test::run(test::kivi_cmd("chat -m '" + path +
+                                          "' --json -n 3 --temp 0 --system 'be brief' < '" +
+                                          dir.file("in.txt") + "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto turns = json_lines(r.out);
+  ASSERT_EQ(turns.size(), 2u) << r.out;
+  std::vector<int> want1;
+  if (tk.add_bos()) want1.push_back(tk.bos_id());
+  const auto body = tk.encode(
+      "<|system|>\nbe brief<|end|>\n<|user|>\nhello<|end|>\n<|assistant|>\n", false, false, true);
+  want1.insert(want1.end(), body.begin(), body.end());
+  EXPECT_EQ(ids(turns[0]["prompt_token_ids"]), want1);
+  EXPECT_EQ(ids(turns[1]["prompt_token_ids"]),
+            tk.encode("<|end|>\n<|user|>\nagain<|end|>\n<|assistant|>\n", false, false, true));
+}
+
 TEST(Chat, StreamsRepliesAndEndsAtEndOfInput) {
   ChatModel m(kChatMlConfig);
   const auto r =
@@ -160,10 +189,11 @@ TEST(Chat, FormatFromTheOptionAndErrors) {
   const auto none = plain.chat("hi\n", "-n 2");
   EXPECT_EQ(none.exit_code, 1);
   EXPECT_NE(none.err.find("the model has no chat template"), std::string::npos) << none.err;
-  EXPECT_NE(none.err.find("--chat-template llama3|chatml|gemma"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("--chat-template llama3|chatml|gemma|phi3"), std::string::npos)
+      << none.err;
   const auto bad = plain.chat("hi\n", "--chat-template vicuna");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.err.find("unknown format 'vicuna' (known: llama3, chatml, gemma, plain)"),
+  EXPECT_NE(bad.err.find("unknown format 'vicuna' (known: llama3, chatml, gemma, phi3, plain)"),
             std::string::npos)
       << bad.err;
   // plain works with any vocabulary: User:/Assistant: lines, as the server writes them.

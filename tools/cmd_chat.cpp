@@ -98,7 +98,7 @@ void print_turn_json(int turn, const std::vector<int>& prompt, int pos_before, i
 
 int cmd_chat(int argc, char** argv) {
   Args a(
-      "chat", "-m MODEL [--system TEXT] [--chat-template llama3|chatml|gemma|plain] [options]",
+      "chat", "-m MODEL [--system TEXT] [--chat-template llama3|chatml|gemma|phi3|plain] [options]",
       "Interactive chat: each line read from stdin is a user message, and the model's reply\n"
       "streams to stdout. The conversation uses the model's chat format, detected from its\n"
       "tokenizer.chat_template (Llama 3 headers or ChatML), or the one --chat-template names.\n"
@@ -111,11 +111,11 @@ int cmd_chat(int argc, char** argv) {
       "it later without processing the history again.");
   a.section("Chat");
   a.add("system", 0, "TEXT", "System message that opens the conversation.", "");
-  a.add(
-      "chat-template", 0, "NAME",
-      "Chat format: llama3, chatml, gemma or plain ('User: ...' / 'Assistant: ...' lines, for any "
-      "model). Default: detected from the model's template.",
-      "");
+  a.add("chat-template", 0, "NAME",
+        "Chat format: llama3, chatml, gemma, phi3 or plain ('User: ...' / 'Assistant: ...' lines, "
+        "for any "
+        "model). Default: detected from the model's template.",
+        "");
   add_generation_options(a, false);
   a.replace("max-tokens", "N",
             "Most tokens per reply (0 or -1 = until the end-of-turn token or a full context).",

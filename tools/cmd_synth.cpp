@@ -22,7 +22,7 @@ int cmd_synth(int argc, char** argv) {
       "synth",
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
-      "[--arch llama|qwen2|qwen3|qwen3moe|gemma2|gemma3] [--experts E --experts-used K] "
+      "[--arch llama|qwen2|qwen3|qwen3moe|gemma2|gemma3|phi3] [--experts E --experts-used K] "
       "[--rope-scaling linear|llama3] "
       "[--sliding-window W "
       "[--sliding-window-pattern N]] [--outtype TYPE] [--seed S] [--json]",
@@ -42,14 +42,16 @@ int cmd_synth(int argc, char** argv) {
       "(weights, an f32 cache of min(ctx, 4096) tokens, activations) against the available "
       "memory.");
   a.section("Shape");
-  a.add("preset", 0, "NAME",
-        "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, "
-        "qwen3-30b-a3b, mixtral-8x7b, gemma-3-4b, gemma-3-12b, gemma-2-2b, tiny.");
+  a.add(
+      "preset", 0, "NAME",
+      "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, "
+      "qwen3-30b-a3b, mixtral-8x7b, gemma-3-4b, gemma-3-12b, gemma-2-2b, phi-3-mini, phi-4, tiny.");
   a.add("arch", 0, "ARCH",
         "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE), qwen3 "
         "(per-head Q/K RMSNorm, NeoX RoPE), qwen3moe (qwen3 with a mixture of experts), gemma2 "
         "(soft caps 50 and 30, post-norms, GeGLU, every other layer windowed) or gemma3 (QK norm, "
-        "post-norms, GeGLU, windowed layers with RoPE base 10000). "
+        "post-norms, GeGLU, windowed layers with RoPE base 10000) or phi3 (fused QKV and gate-up, "
+        "NeoX RoPE). "
         "Default: the preset's, else llama.");
   a.add("head-dim", 0, "HD",
         "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");

@@ -80,11 +80,13 @@ std::vector<int> ModelConfig::layer_windows() const {
   return w;
 }
 
-const char* supported_architectures() { return "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3"; }
+const char* supported_architectures() {
+  return "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3";
+}
 
 bool is_supported_architecture(const std::string& arch) {
   return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" ||
-         arch == "gemma2" || arch == "gemma3";
+         arch == "gemma2" || arch == "gemma3" || arch == "phi3";
 }
 
 void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
@@ -95,7 +97,9 @@ void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
   c.arch = arch;
   const bool qwen = arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe";
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  c.rope_style = qwen || gemma ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
+  c.rope_style =
+      qwen || gemma || arch == "phi3" ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
+  c.fused_projections = arch == "phi3";
   c.attn_bias = arch == "qwen2";
   c.qk_norm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3";
   c.embed_scale = gemma;

@@ -12,7 +12,9 @@
 //          the FFN as well as before, GeLU-gated FFN, NeoX RoPE, alternating sliding-window
 //          and global layers; gemma2 caps attention scores and logits (cap * tanh(x / cap)),
 //          gemma3 has qwen3's per-head Q/K norms and its own RoPE base in the windowed
-//          layers. Their norm weights are stored as llama.cpp writes them (1 + w already).
+//          layers. Their norm weights are stored as llama.cpp writes them (1 + w already);
+//   phi3   (Phi-3, Phi-4) NeoX RoPE, Q, K and V in one matrix (attn_qkv) and the FFN's
+//          gate and up in one (ffn_up, gate rows first).
 #pragma once
 
 #include <cmath>
@@ -65,9 +67,10 @@ struct ModelConfig {
   float rope_freq_scale =
       1.0f;  // linear RoPE scaling: every angle times this (1 / rope.scaling.factor)
   std::vector<float>
-      rope_freq_factors;   // [head_dim / 2] divisor of each pair's frequency, or empty
-  bool attn_bias = false;  // Q, K and V projections carry biases (qwen2)
-  bool qk_norm = false;    // RMSNorm over each query and key head before RoPE (qwen3)
+      rope_freq_factors;           // [head_dim / 2] divisor of each pair's frequency, or empty
+  bool attn_bias = false;          // Q, K and V projections carry biases (qwen2)
+  bool qk_norm = false;            // RMSNorm over each query and key head before RoPE (qwen3)
+  bool fused_projections = false;  // attn_qkv and a gate-up ffn_up in the file (phi3)
   // Mixture of experts (<arch>.expert_count, expert_used_count): every FFN is n_experts
   // SwiGLU experts of hidden_dim channels, of which a router picks n_experts_used per
   // token, weighted by the softmax of their router logits. 0: one dense FFN.

@@ -104,11 +104,15 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     t.push_back({p + "attn_norm.weight", TensorRole::kAttnNorm, l, dim, 0});
-    t.push_back({p + "attn_q.weight", TensorRole::kAttnQ, l, qd, dim});
+    if (c.fused_projections) {
+      t.push_back({p + "attn_qkv.weight", TensorRole::kAttnQkv, l, qd + 2 * kv, dim});
+    } else {
+      t.push_back({p + "attn_q.weight", TensorRole::kAttnQ, l, qd, dim});
+    }
     if (c.attn_bias) t.push_back({p + "attn_q.bias", TensorRole::kAttnQBias, l, qd, 0});
-    t.push_back({p + "attn_k.weight", TensorRole::kAttnK, l, kv, dim});
+    if (!c.fused_projections) t.push_back({p + "attn_k.weight", TensorRole::kAttnK, l, kv, dim});
     if (c.attn_bias) t.push_back({p + "attn_k.bias", TensorRole::kAttnKBias, l, kv, 0});
-    t.push_back({p + "attn_v.weight", TensorRole::kAttnV, l, kv, dim});
+    if (!c.fused_projections) t.push_back({p + "attn_v.weight", TensorRole::kAttnV, l, kv, dim});
     if (c.attn_bias) t.push_back({p + "attn_v.bias", TensorRole::kAttnVBias, l, kv, 0});
     if (c.qk_norm) {
       t.push_back({p + "attn_q_norm.weight", TensorRole::kAttnQNorm, l,
@@ -126,6 +130,9 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
       t.push_back({p + "ffn_gate_exps.weight", TensorRole::kFfnGateExps, l, hid, dim, E});
       t.push_back({p + "ffn_down_exps.weight", TensorRole::kFfnDownExps, l, dim, hid, E});
       t.push_back({p + "ffn_up_exps.weight", TensorRole::kFfnUpExps, l, hid, dim, E});
+    } else if (c.fused_projections) {
+      t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
+      t.push_back({p + "ffn_up.weight", TensorRole::kFfnUp, l, 2 * hid, dim});
     } else {
       t.push_back({p + "ffn_gate.weight", TensorRole::kFfnGate, l, hid, dim});
       t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
@@ -198,6 +205,7 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
       case TensorRole::kFfnUpExps:
       case TensorRole::kAttnPostNorm:
       case TensorRole::kFfnPostNorm:
+      case TensorRole::kAttnQkv:
         break;  // not in llama2.c checkpoints
     }
     return nullptr;

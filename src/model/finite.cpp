@@ -123,7 +123,7 @@ void check_finite_weights(const Model& m) {
         mat = &L->w_down;
         break;
       case TensorRole::kFfnUp:
-        mat = &L->w_up;
+        mat = L->w_gate_up.data ? &L->w_gate_up : &L->w_up;
         break;
       case TensorRole::kOutputNorm:
         vec = &w.output_norm;
@@ -166,6 +166,9 @@ void check_finite_weights(const Model& m) {
         break;
       case TensorRole::kFfnPostNorm:
         vec = &L->ffn_post_norm;
+        break;
+      case TensorRole::kAttnQkv:
+        mat = &L->w_qkv;
         break;
     }
     size_t n = 0, bad = 0;

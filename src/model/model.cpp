@@ -342,8 +342,16 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
                           static_cast<int64_t>(rf->dims[0]));
   }
   c.validate(path);
-  read_rope_scaling(f, path, A, c);    // needs the validated head dimension
-  read_sliding_window(f, path, A, c);  // needs the validated layer count
+  read_rope_scaling(f, path, A, c);  // needs the validated head dimension
+  // llama.cpp runs phi3 files without their window (the converters' value is not the
+  // model's); so does kivi.cpp, to give the same logits.
+  if (arch != "phi3") read_sliding_window(f, path, A, c);  // needs the validated layer count
+  if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight")) {
+    fail(
+        "%s: tensor 'rope_factors_long.weight': LongRoPE (Phi-3.5, Phi-4-mini) is not supported "
+        "yet",
+        path.c_str());
+  }
   if (arch == "gemma2" || arch == "gemma3") read_gemma(f, path, A, c);
   c.validate(path);
   if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
@@ -395,6 +403,13 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
       out[e] = ops::Matrix{static_cast<const uint8_t*>(t->data) + bytes * e, type, rows, cols};
     return out;
   };
+  // Rows [r0, r0 + n) of a matrix, in place (a row is whole blocks of every type).
+  auto rows_of = [](const ops::Matrix& m, int64_t r0, int64_t n) {
+    ops::Matrix v = m;
+    v.data = m.row(r0);
+    v.rows = n;
+    return v;
+  };
   auto vec = [&](const std::string& name, int64_t n) -> std::vector<float> {
     const io::GgufTensor* t = f.find_tensor(name);
     if (!t)
@@ -417,9 +432,17 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[l];
     L.attn_norm = vec(p + "attn_norm.weight", dim);
-    L.wq = matrix(p + "attn_q.weight", qd, dim);
-    L.wk = matrix(p + "attn_k.weight", kv, dim);
-    L.wv = matrix(p + "attn_v.weight", kv, dim);
+    if (c.fused_projections && f.find_tensor(p + "attn_qkv.weight")) {
+      // Q, K and V rows of one matrix: views, nothing copied.
+      L.w_qkv = matrix(p + "attn_qkv.weight", qd + 2 * kv, dim);
+      L.wq = rows_of(L.w_qkv, 0, qd);
+      L.wk = rows_of(L.w_qkv, qd, kv);
+      L.wv = rows_of(L.w_qkv, qd + kv, kv);
+    } else {
+      L.wq = matrix(p + "attn_q.weight", qd, dim);
+      L.wk = matrix(p + "attn_k.weight", kv, dim);
+      L.wv = matrix(p + "attn_v.weight", kv, dim);
+    }
     if (c.attn_bias) {
       L.bq = vec(p + "attn_q.bias", qd);
       L.bk = vec(p + "attn_k.bias", kv);
@@ -445,6 +468,12 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
       L.gate_exps = experts(p + "ffn_gate_exps.weight", hid, dim, E);
       L.up_exps = experts(p + "ffn_up_exps.weight", hid, dim, E);
       L.down_exps = experts(p + "ffn_down_exps.weight", dim, hid, E);
+    } else if (c.fused_projections) {
+      // ffn_up holds the gate's rows, then the up projection's (llama.cpp's swiglu split).
+      L.w_gate_up = matrix(p + "ffn_up.weight", 2 * hid, dim);
+      L.w_gate = rows_of(L.w_gate_up, 0, hid);
+      L.w_up = rows_of(L.w_gate_up, hid, hid);
+      L.w_down = matrix(p + "ffn_down.weight", dim, hid);
     } else {
       L.w_gate = matrix(p + "ffn_gate.weight", hid, dim);
       L.w_down = matrix(p + "ffn_down.weight", dim, hid);

@@ -17,7 +17,10 @@ namespace kivi::model {
 class TpComm;
 
 struct LayerWeights {
-  std::vector<float> attn_norm;   // [dim]
+  std::vector<float> attn_norm;  // [dim]
+  // phi3: the file's fused attn_qkv [q_dim + 2 kv_dim, dim] and ffn_up [2 hidden, dim];
+  // wq, wk, wv and w_gate, w_up view their rows (empty otherwise).
+  ops::Matrix w_qkv, w_gate_up;
   ops::Matrix wq;                 // [n_heads * head_dim, dim]
   ops::Matrix wk;                 // [kv_dim, dim]
   ops::Matrix wv;                 // [kv_dim, dim]

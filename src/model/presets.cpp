@@ -92,6 +92,14 @@ const std::vector<Preset>& presets() {
        windows(shape(26, 2304, 8, 4, 9216, 256000, 8192, 10000.0f, true, "gemma2", 256, 1e-6f),
                4096, 2),
        RopeScaling{}},
+      {"phi-3-mini",
+       "Phi-3-mini-4k shape (phi3): 32 layers, dim 3072, 32 heads, 32 KV heads, ffn 8192, vocab "
+       "32064, fused QKV and gate-up",
+       shape(32, 3072, 32, 32, 8192, 32064, 4096, 10000.0f, false, "phi3"), RopeScaling{}},
+      {"phi-4",
+       "Phi-4 (14B) shape (phi3): 40 layers, dim 5120, 40 heads, 10 KV heads, ffn 17920, vocab "
+       "100352, fused QKV and gate-up",
+       shape(40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, false, "phi3"), RopeScaling{}},
       {"tiny",
        "small GQA shape that builds in seconds: 4 layers, dim 256, 8 heads, 2 KV heads, ffn 688, "
        "vocab 512",

@@ -178,10 +178,12 @@ void check_synth_fits(const SynthNeeds& n, uint64_t available_memory, uint64_t f
   }
 }
 
-tok::Tokenizer synthetic_tokenizer(int vocab_size) {
-  if (vocab_size < kSynthMinVocab) {
-    fail("--vocab = %d is out of range (valid: %d to %d)", vocab_size, kSynthMinVocab, 1 << 22);
+tok::Tokenizer synthetic_tokenizer(int vocab_size, const std::vector<std::string>& controls) {
+  const int least = kSynthMinVocab + static_cast<int>(controls.size());
+  if (vocab_size < least) {
+    fail("--vocab = %d is out of range (valid: %d to %d)", vocab_size, least, 1 << 22);
   }
+  vocab_size -= static_cast<int>(controls.size());  // the controls come last
   std::vector<std::string> pieces;
   std::vector<float> scores;
   std::vector<tok::TokenType> types;
@@ -220,7 +222,16 @@ tok::Tokenizer synthetic_tokenizer(int vocab_size) {
       }
     }
   }
+  for (const auto& c : controls) add(c, 0.0f, tok::TokenType::kControl);
   return tok::Tokenizer(std::move(pieces), std::move(scores), std::move(types), 1, 2, 0);
+}
+
+std::vector<std::string> synthetic_controls(const ModelConfig& c) {
+  // Phi-3's: llama.cpp's reader of phi3 files looks for <|endoftext|>, and they make the
+  // chat turns.
+  if (c.arch == "phi3")
+    return {"<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"};
+  return {};
 }
 
 void synth_matrix_values(uint64_t seed, uint64_t tensor, uint64_t first, uint64_t count, bool f16,
@@ -272,7 +283,13 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
   if (s.write_tokenizer) {
     s.write_tokenizer(w);
   } else {
-    add_tokenizer_metadata(w, synthetic_tokenizer(c.vocab_size));
+    add_tokenizer_metadata(w, synthetic_tokenizer(c.vocab_size, synthetic_controls(c)));
+    if (c.arch == "phi3") {
+      w.add_string("tokenizer.chat_template",
+                   "{% for message in messages %}{{'<|' + message['role'] + '|>\n' + "
+                   "message['content'] + '<|end|>\n'}}{% endfor %}{% if add_generation_prompt "
+                   "%}{{ '<|assistant|>\n' }}{% endif %}");
+    }
   }
 
   static const float kOne = 1.0f;

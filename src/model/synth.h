@@ -85,8 +85,11 @@ SynthNeeds synth_needs(const SynthSpec& s);
 void check_synth_fits(const SynthNeeds& n, uint64_t available_memory, uint64_t free_disk,
                       const std::string& out);
 
-// The tokenizer described above, with exactly `vocab_size` pieces (>= kSynthMinVocab).
-tok::Tokenizer synthetic_tokenizer(int vocab_size);
+// The tokenizer described above, with exactly `vocab_size` pieces (>= kSynthMinVocab +
+// the controls), the last of them `controls` (control tokens).
+tok::Tokenizer synthetic_tokenizer(int vocab_size, const std::vector<std::string>& controls = {});
+// The control tokens an architecture's synthetic vocabulary carries (phi3: its turn markers).
+std::vector<std::string> synthetic_controls(const ModelConfig& c);
 
 // Elements [first, first + count) of the matrix with index `tensor` in
 // llama_tensor_specs order, in F16 (or F32): exactly what the file holds, whatever the

@@ -23,6 +23,8 @@ const char* chat_format_name(ChatFormat f) {
       return "chatml";
     case ChatFormat::kGemma:
       return "gemma";
+    case ChatFormat::kPhi3:
+      return "phi3";
     case ChatFormat::kPlain:
       break;
   }
@@ -33,8 +35,10 @@ ChatFormat parse_chat_format(const std::string& name) {
   if (name == "llama3") return ChatFormat::kLlama3;
   if (name == "chatml") return ChatFormat::kChatMl;
   if (name == "gemma") return ChatFormat::kGemma;
+  if (name == "phi3") return ChatFormat::kPhi3;
   if (name == "plain") return ChatFormat::kPlain;
-  fail("--chat-template: unknown format '%s' (known: llama3, chatml, gemma, plain)", name.c_str());
+  fail("--chat-template: unknown format '%s' (known: llama3, chatml, gemma, phi3, plain)",
+       name.c_str());
 }
 
 std::optional<ChatFormat> detect_chat_format(const std::string& t) {
@@ -44,6 +48,11 @@ std::optional<ChatFormat> detect_chat_format(const std::string& t) {
   }
   if (t.find("<|im_start|>") != std::string::npos) return ChatFormat::kChatMl;
   if (t.find("<start_of_turn>") != std::string::npos) return ChatFormat::kGemma;
+  if (t.find("<|end|>") != std::string::npos &&
+      (t.find("<|user|>") != std::string::npos ||
+       t.find("'<|' + message['role']") != std::string::npos)) {
+    return ChatFormat::kPhi3;
+  }
   return std::nullopt;
 }
 
@@ -53,20 +62,22 @@ ChatPrompt::ChatPrompt(const tok::Tokenizer& tk, const std::string& override_nam
   } else if (tk.chat_template().empty()) {
     fail(
         "the model has no chat template (tokenizer.chat_template); give one with --chat-template "
-        "llama3|chatml|gemma (plain: User:/Assistant: lines, for any model)");
+        "llama3|chatml|gemma|phi3 (plain: User:/Assistant: lines, for any model)");
   } else if (auto f = detect_chat_format(tk.chat_template())) {
     format_ = *f;
   } else {
     fail(
-        "the model's chat template is not one of the known formats (llama3, chatml, gemma); "
-        "choose one with --chat-template llama3|chatml|gemma|plain");
+        "the model's chat template is not one of the known formats (llama3, chatml, gemma, "
+        "phi3); choose one with --chat-template llama3|chatml|gemma|phi3|plain");
   }
   if (format_ == ChatFormat::kPlain) return;
   const std::vector<const char*> needed =
       format_ == ChatFormat::kLlama3
           ? std::vector<const char*>{"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
       : format_ == ChatFormat::kGemma ? std::vector<const char*>{"<start_of_turn>", "<end_of_turn>"}
-                                      : std::vector<const char*>{"<|im_start|>", "<|im_end|>"};
+      : format_ == ChatFormat::kPhi3
+          ? std::vector<const char*>{"<|system|>", "<|user|>", "<|assistant|>", "<|end|>"}
+          : std::vector<const char*>{"<|im_start|>", "<|im_end|>"};
   for (const char* t : needed) {
     if (tk.find_special(t) < 0) {
       fail("chat format %s needs the special token '%s', which the vocabulary does not have",
@@ -123,6 +134,17 @@ std::vector<int> ChatPrompt::user_turn(const std::string& text, const std::strin
     markup("<start_of_turn>user\n");
     message((first && !system.empty() ? trim(system) + "\n\n" : "") + trim(text));
     markup("<end_of_turn>\n<start_of_turn>model\n");
+  } else if (format_ == ChatFormat::kPhi3) {
+    if (first && tk_.add_bos() && tk_.bos_id() >= 0) out.push_back(tk_.bos_id());
+    if (!first) markup("<|end|>\n");
+    auto turn = [&](const char* role, const std::string& content) {
+      markup(std::string("<|") + role + "|>\n");
+      message(content);
+      markup("<|end|>\n");
+    };
+    if (first && !system.empty()) turn("system", system);
+    turn("user", text);
+    markup("<|assistant|>\n");
   } else {
     if (first && tk_.add_bos() && tk_.bos_id() >= 0) out.push_back(tk_.bos_id());
     if (!first) markup("<|im_end|>\n");

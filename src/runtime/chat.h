@@ -1,5 +1,5 @@
 // Chat formats: how a conversation is written as tokens for an instruction-tuned model.
-// Three are known, detected from the model's tokenizer.chat_template (Jinja source):
+// Four are known, detected from the model's tokenizer.chat_template (Jinja source):
 //
 //   llama3  <|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>
 //           <|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>
@@ -10,6 +10,8 @@
 //   gemma   <bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n
 //           <start_of_turn>model\n{reply}<end_of_turn>\n...   (Gemma 2, Gemma 3: the system
 //           message opens the first user turn; messages trimmed)
+//   phi3    <|system|>\n{system}<|end|>\n<|user|>\n{user}<|end|>\n<|assistant|>\n{reply}<|end|>\n
+//           ...   (Phi-3, Phi-4)
 //   plain   {system}\n\nUser: {user}\nAssistant: {reply}\nUser: ...   (any model, chosen by
 //           name only; the reply ends at "\nUser:" or an end token)
 //
@@ -27,19 +29,19 @@
 
 namespace kivi::runtime {
 
-enum class ChatFormat { kLlama3, kChatMl, kGemma, kPlain };
+enum class ChatFormat { kLlama3, kChatMl, kGemma, kPhi3, kPlain };
 
 const char* chat_format_name(ChatFormat f);
-// "llama3", "chatml", "gemma" or "plain"; anything else is a kivi::Error listing them.
+// "llama3", "chatml", "gemma", "phi3" or "plain"; anything else is a kivi::Error listing them.
 ChatFormat parse_chat_format(const std::string& name);
 // The format a Jinja chat template writes, if it is one of the known ones.
 std::optional<ChatFormat> detect_chat_format(const std::string& chat_template);
 
 class ChatPrompt {
  public:
-  // `override_name` ("llama3", "chatml", "gemma", "plain" or empty) wins over the tokenizer's
-  // template; with neither, or when the vocabulary lacks the format's special tokens, throws
-  // kivi::Error saying what is missing.
+  // `override_name` ("llama3", "chatml", "gemma", "phi3", "plain" or empty) wins over the
+  // tokenizer's template; with neither, or when the vocabulary lacks the format's special tokens,
+  // throws kivi::Error saying what is missing.
   ChatPrompt(const tok::Tokenizer& tk, const std::string& override_name);
 
   ChatFormat format() const { return format_; }
@@ -62,7 +64,7 @@ class ChatPrompt {
  private:
   const tok::Tokenizer& tk_;
   ChatFormat format_;
-  int end_id_ = -1;  // <|eot_id|>, <|im_end|> or <end_of_turn>; -1 for plain
+  int end_id_ = -1;  // <|eot_id|>, <|im_end|>, <end_of_turn> or <|end|>; -1 for plain
 };
 
 }  // namespace kivi::runtime

@@ -1,5 +1,5 @@
 // A chat conversation (OpenAI `messages`) written as prompt tokens. Models with a known
-// chat format (llama3, chatml, gemma: runtime/chat.h, detected from the model's template or
+// chat format (llama3, chatml, gemma, phi3: runtime/chat.h, detected from the model's template or
 // chosen with --chat-template) get it; other models (base models such as stories260K)
 // get a plain transcript:
 //   {system}\n\nUser: {user}\nAssistant: {reply}\nUser: {user}\nAssistant:

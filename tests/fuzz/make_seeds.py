@@ -75,6 +75,11 @@ def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
         tensors += [("blk.0.attn_q_norm.weight", [hd]), ("blk.0.attn_k_norm.weight", [hd])]
     if arch in ("gemma2", "gemma3"):
         tensors += [("blk.0.post_attention_norm.weight", [dim]), ("blk.0.post_ffw_norm.weight", [dim])]
+    if arch == "phi3":  # fused Q/K/V and gate-up
+        tensors = [t for t in tensors if t[0] not in ("blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                                      "blk.0.attn_v.weight", "blk.0.ffn_gate.weight",
+                                                      "blk.0.ffn_up.weight")]
+        tensors += [("blk.0.attn_qkv.weight", [dim, dim + dim]), ("blk.0.ffn_up.weight", [dim, 2 * hidden])]
     infos, data, off = b"", b"", 0
     for name, dims in tensors:
         n = 1
@@ -264,6 +269,7 @@ def main():
     write_gguf(os.path.join(out, "model", "qwen3moe.gguf"), "qwen3moe", experts=4)
     write_gguf(os.path.join(out, "model", "gemma2.gguf"), "gemma2")
     write_gguf(os.path.join(out, "model", "gemma3.gguf"), "gemma3", swa=True)
+    write_gguf(os.path.join(out, "model", "phi3.gguf"), "phi3")
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
     write_bpe(os.path.join(out, "bpe"))

@@ -64,6 +64,8 @@ CASES = [
     ("gemma2", ["--arch", "gemma2", "--head-dim", "32", "--sliding-window", "24", "--attn-softcap", "0.3",
                 "--final-softcap", "2"],
      ["attn_softcap", "final_softcap", "post_norms", "swa"]),
+    # Phi-3: fused QKV and gate-up matrices (the split is what the comparison checks).
+    ("phi3", ["--arch", "phi3", "--rope-theta", "250000", "--classifier", "separate"], ["neox"]),
 ]
 RUNS = [("prefill", []), ("stream", []), ("no-cache", []), ("prefill", ["--key-rope", "pre"]),
         ("stream", ["--key-rope", "pre"])]

@@ -8,7 +8,7 @@
     biases, NeoX RoPE) and
     qwen3 (per-head Q/K norms, head dimension apart from dim / heads, NeoX RoPE),
     qwen3moe, gemma3 (windowed layers with their own RoPE, post-norms, GeGLU) and gemma2
-    (soft caps), in F32 and F16, from several prompts.
+    (soft caps) and phi3 (fused QKV and gate-up), in F32 and F16, from several prompts.
 
 Both decode N tokens greedily from the same prompt ids; prints, per model, the number
 of equal tokens and the first position where they differ. Random weights give flat
@@ -53,6 +53,8 @@ ARCH_CASES = [
                 "--sliding-window", "16", "--sliding-window-pattern", "2"]),
     ("gemma2", ["--arch", "gemma2", "--head-dim", "64", "--sliding-window", "16", "--attn-softcap", "1",
                 "--final-softcap", "5"]),
+    # Phi-3: Q, K, V in one matrix and the gate and up projections in one.
+    ("phi3", ["--arch", "phi3", "--rope-theta", "250000", "--classifier", "separate"]),
 ]
 ARCH_TYPES = ["f32", "f16"]
 PROMPTS = ["Once upon a time", "The little dog ran to the park.", "Lily saw a big red ball", "Tom and Sam"]

@@ -167,7 +167,7 @@ def load_gguf_model(path):
     import gguf_ref
     meta, t = gguf_ref.read_gguf(path)
     arch = meta["general.architecture"]
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"):
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"):
         raise ValueError("%s: architecture %s is not in the reference" % (path, arch))
     A = arch + "."
     dim = int(meta[A + "embedding_length"])
@@ -184,6 +184,19 @@ def load_gguf_model(path):
         return stack(name) if "blk.0.%s" % name in t else None
 
     tok_emb = t["token_embd.weight"]
+    if arch == "phi3":
+        # transformers' Phi3: qkv_proj's rows are q, k, v; gate_up_proj's are gate, then up
+        # (chunk(2)). The file's phi3.attention.sliding_window is not applied (as llama.cpp).
+        qd, kvd = n_heads * hs, n_kv * hs
+        for l in range(L):
+            p = "blk.%d." % l
+            if p + "attn_qkv.weight" in t:
+                w = t.pop(p + "attn_qkv.weight")
+                t[p + "attn_q.weight"], t[p + "attn_k.weight"], t[p + "attn_v.weight"] = (
+                    w[:qd], w[qd:qd + kvd], w[qd + kvd:])
+            up = t.pop(p + "ffn_up.weight")
+            t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"] = up[:up.shape[0] // 2], up[up.shape[0] // 2:]
+        meta = {k: v for k, v in meta.items() if not k.startswith(A + "attention.sliding_window")}
     base_inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
     inv = base_inv
     if "rope_freqs.weight" in t:
@@ -237,7 +250,7 @@ def load_gguf_model(path):
                  experts_used=int(meta[A + "expert_used_count"]) if moe else 0,
                  wcls=t.get("output.weight", tok_emb), arch=arch, head_dim=hs, rope_theta=theta,
                  rms_eps=float(meta.get(A + "attention.layer_norm_rms_epsilon", RMS_EPS)),
-                 rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"), inv_freq=inv,
+                 rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"), inv_freq=inv,
                  post_att=opt_stack("post_attention_norm.weight"),
                  post_ffn=opt_stack("post_ffw_norm.weight"), embed_scale=gemma, gelu=gemma,
                  attn_scale=attn_scale,
