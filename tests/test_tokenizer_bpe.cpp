@@ -243,7 +243,7 @@ TEST(StreamDecoder, NeverSplitsACharacter) {
 
 TEST(HfJson, AddedTokensPaddingAndTypes) {
   auto j = test::chat_tokenizer_json();
-  const int n = 256 + 9 + 8;  // bytes, merges, added
+  const int n = 256 + 9 + 10;  // bytes, merges, added
   auto v = tok::parse_hf_tokenizer(j.dump(), "", "t.json", n + 3);
   ASSERT_EQ(static_cast<int>(v.tokens.size()), n + 3);
   EXPECT_EQ(v.tokens[n], "[PAD" + std::to_string(n) + "]");
@@ -395,9 +395,13 @@ TEST(Chat, FormatsDetectAndEncodeMarkupOnly) {
   EXPECT_EQ(runtime::detect_chat_format("{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}"),
             runtime::ChatFormat::kLlama3);
   EXPECT_EQ(runtime::detect_chat_format("{{ '<|im_start|>' }}"), runtime::ChatFormat::kChatMl);
+  EXPECT_EQ(runtime::detect_chat_format("{{ '<start_of_turn>' + role }}"),
+            runtime::ChatFormat::kGemma);
+  EXPECT_EQ(runtime::detect_chat_format("{{ '<|user|>\n' + m + '<|end|>\n' }}"),
+            runtime::ChatFormat::kPhi3);
   EXPECT_FALSE(runtime::detect_chat_format("[INST] {{ m }} [/INST]").has_value());
   EXPECT_ERROR(runtime::parse_chat_format("vicuna"),
-               "unknown format 'vicuna' (known: llama3, chatml, plain)");
+               "unknown format 'vicuna' (known: llama3, chatml, gemma, phi3, plain)");
 
   auto tk = tiny(test::chat_tokenizer_json(), R"({"bos_token": "<|begin_of_text|>"})");
   EXPECT_ERROR(runtime::ChatPrompt(tk, ""), "the model has no chat template");
