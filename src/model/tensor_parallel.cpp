@@ -71,12 +71,6 @@ void shard_tensor_parallel(Model& m, TpComm* comm) {
   if (N <= 1) return;
   ModelConfig& c = m.cfg_;
   if (c.tp.size > 1) fail("tensor parallelism: the model is split already");
-  if (c.n_experts > 0) {
-    fail(
-        "--dist tp: a mixture of experts (%d experts) is not split over ranks yet; --dist cp "
-        "runs it",
-        c.n_experts);
-  }
   const int hd = c.head_dim();
   if (c.n_kv_heads % N != 0) {
     std::string fits;
@@ -90,8 +84,10 @@ void shard_tensor_parallel(Model& m, TpComm* comm) {
   const int kvh = c.n_kv_heads / N, qh = c.n_heads / N;
   // FFN channels split on the largest block of any w_down (their columns).
   int64_t align = 1;
-  for (const auto& L : m.w_.layers)
-    align = std::max<int64_t>(align, quant::info(L.w_down.dtype).block);
+  for (const auto& L : m.w_.layers) {
+    if (L.w_down.data) align = std::max<int64_t>(align, quant::info(L.w_down.dtype).block);
+    for (const auto& d : L.down_exps) align = std::max<int64_t>(align, quant::info(d.dtype).block);
+  }
   const int64_t f0 = split_point(c.hidden_dim, r, N, align),
                 f1 = split_point(c.hidden_dim, r + 1, N, align);
   for (int k = 0; k < N; ++k) {
@@ -121,7 +117,9 @@ void shard_tensor_parallel(Model& m, TpComm* comm) {
 
   const int64_t q0 = static_cast<int64_t>(t.head0) * hd, qn = static_cast<int64_t>(qh) * hd;
   const int64_t k0 = static_cast<int64_t>(t.kv_head0) * hd, kn = static_cast<int64_t>(kvh) * hd;
-  m.owned_.resize(2 * m.w_.layers.size());
+  // Copied column slices: each layer's wo and w_down, then its experts' down projections.
+  const size_t E = static_cast<size_t>(c.n_experts);
+  m.owned_.resize((2 + E) * m.w_.layers.size());
   for (size_t l = 0; l < m.w_.layers.size(); ++l) {
     LayerWeights& L = m.w_.layers[l];
     const int li = static_cast<int>(l);
@@ -132,6 +130,18 @@ void shard_tensor_parallel(Model& m, TpComm* comm) {
     L.bk = sub(L.bk, k0, kn);
     L.bv = sub(L.bv, k0, kn);
     L.wo = column_slice(L.wo, q0, q0 + qn, "attn_output", li, m.owned_[2 * l]);
+    if (E > 0) {
+      // Every expert keeps its channels [f0, f1) on this rank; the router stays whole, so
+      // every rank picks the same experts, and the partial sums of their down projections
+      // add up over the ranks as a dense FFN's do.
+      for (size_t e = 0; e < E; ++e) {
+        L.gate_exps[e] = row_slice(L.gate_exps[e], f0, f1);
+        L.up_exps[e] = row_slice(L.up_exps[e], f0, f1);
+        L.down_exps[e] = column_slice(L.down_exps[e], f0, f1, "ffn_down_exps", li,
+                                      m.owned_[2 * m.w_.layers.size() + l * E + e]);
+      }
+      continue;
+    }
     L.w_gate = row_slice(L.w_gate, f0, f1);
     L.w_up = row_slice(L.w_up, f0, f1);
     L.w_down = column_slice(L.w_down, f0, f1, "ffn_down", li, m.owned_[2 * l + 1]);
