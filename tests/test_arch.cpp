@@ -120,7 +120,7 @@ TEST(Arch, FilesThatDoNotFitAreOneLineErrorsNamingTheTensor) {
   other.arch = "phi2";
   expect_one_line_error(write_model(t, "phi", other, {}),
                         {"unsupported architecture 'phi2'", "llama, qwen2, qwen3"});
-  // phi3: a fused QKV of the wrong height; LongRoPE factors (not supported yet).
+  // phi3: a fused QKV of the wrong height; LongRoPE's long factors without the short ones.
   expect_one_line_error(write_model(t, "phi3_qkv", small("phi3"),
                                     [](auto& s) {
                                       for (auto& x : s) {
@@ -134,7 +134,7 @@ TEST(Arch, FilesThatDoNotFitAreOneLineErrorsNamingTheTensor) {
           [](auto& s) {
             s.push_back({"rope_factors_long.weight", model::TensorRole::kOutputNorm, -1, 8, 0});
           }),
-      {"LongRoPE", "not supported"});
+      {"'rope_factors_long.weight' without 'rope_factors_short.weight'"});
   // gemma: a post-norm missing; gemma2 with an attention cap of 0.
   expect_one_line_error(write_model(t, "g3_post", small("gemma3"),
                                     [](auto& s) {
@@ -239,7 +239,7 @@ TEST(Arch, RopeScalingKeysGiveTheSameFactorsAsTheTensor) {
   }));
   EXPECT_FLOAT_EQ(lin->config().rope_freq_scale, 0.25f);
   std::vector<float> a(16), b(16);
-  model::fill_rope_row(a.data(), 40, lin->config());
+  model::fill_rope_row(a.data(), 40, lin->config(), 0);
   model::fill_rope_row(b.data(), 10, 16, 500000.0f);
   for (int i = 0; i < 16; ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << i;
 }
@@ -282,12 +282,21 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
   g2.set_swa_pattern(2);
   g2.attn_softcap = 0.3f;
   g2.final_softcap = 2.0f;
+  // Phi-3 with LongRoPE: trained on 64 tokens, run at 128 (the long divisors).
+  auto pl = small("phi3");
+  for (int i = 0; i < 8; ++i) {
+    pl.rope_freq_factors.push_back(1.0f + 0.03f * i);
+    pl.rope_factors_long.push_back(1.0f + 0.5f * i);
+  }
+  pl.rope_orig_ctx = 64;
+  pl.rope_attn_factor = 1.1f;
   for (const auto& [name, c] :
        std::vector<std::pair<std::string, model::ModelConfig>>{{"llama3", l3},
                                                                {"qwen2", small("qwen2")},
                                                                {"qwen3", q3},
                                                                {"gemma3", g3},
                                                                {"phi3", small("phi3")},
+                                                               {"phi3 longrope", pl},
                                                                {"gemma2", g2}}) {
     const auto m = model::Model::load(synth(t, name, c));
     std::vector<int> prompt = {1};

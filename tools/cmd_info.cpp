@@ -217,9 +217,10 @@ void print_model(const Report& r) {
       c.vocab_size, c.ctx, c.rope_theta, c.norm_eps);
   std::printf("  rope             %s pairs%s\n",
               c.rope_style == attn::RopeStyle::kNeox ? "NeoX (i, i + D/2)" : "adjacent (2i, 2i+1)",
-              !c.rope_freq_factors.empty() ? ", per-frequency divisors (rope_freqs.weight)"
-              : c.rope_freq_scale != 1.0f  ? ", linear scaling"
-                                           : "");
+              !c.rope_factors_long.empty()   ? ", LongRoPE (short and long divisors)"
+              : !c.rope_freq_factors.empty() ? ", per-frequency divisors (rope_freqs.weight)"
+              : c.rope_freq_scale != 1.0f    ? ", linear scaling"
+                                             : "");
   if (c.attn_bias || c.qk_norm) {
     std::printf("  attention        %s%s%s\n", c.attn_bias ? "Q/K/V biases" : "",
                 c.attn_bias && c.qk_norm ? ", " : "", c.qk_norm ? "per-head Q/K RMSNorm" : "");

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -23,7 +25,7 @@ int cmd_synth(int argc, char** argv) {
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
       "[--arch llama|qwen2|qwen3|qwen3moe|gemma2|gemma3|phi3] [--experts E --experts-used K] "
-      "[--rope-scaling linear|llama3] "
+      "[--rope-scaling linear|llama3|longrope] "
       "[--sliding-window W "
       "[--sliding-window-pattern N]] [--outtype TYPE] [--seed S] [--json]",
       "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
@@ -69,12 +71,13 @@ int cmd_synth(int argc, char** argv) {
         "Context length written to the file (1 to " + std::to_string(model::kMaxContext) + ").");
   a.add("rope-theta", 0, "T", "RoPE base. Default: the preset's, else 10000.");
   a.add("rope-scaling", 0, "KIND",
-        "none, linear (every angle divided by the factor; Gemma 3's global layers) or llama3 "
+        "none, linear (every angle divided by the factor; Gemma 3's global layers), longrope "
+        "(Phi-3.5's short and long divisors, original context --ctx / factor) or llama3 "
         "(Llama 3.1 RoPE scaling, written as the rope_freqs.weight divisors llama.cpp reads; "
         "low/high frequency factors 1 and 4, original context 8192). Default: the preset's, else "
         "none.");
   a.add("rope-scaling-factor", 0, "F",
-        "Factor of linear or llama3 scaling (1 to 1024). Default: the preset's, else 8.");
+        "Factor of linear, llama3 or longrope scaling (1 to 1024). Default: the preset's, else 8.");
   a.add("attn-softcap", 0, "CAP",
         "gemma2: the soft cap of the attention scores, s -> CAP tanh(s / CAP) (0.001 to 1e6). "
         "Default: 50.");
@@ -196,17 +199,19 @@ int cmd_synth(int argc, char** argv) {
   if (c.n_experts > 0 && c.n_experts_used == 0) c.n_experts_used = std::min(c.n_experts, 2);
   model::RopeScaling scaling =
       a.given("preset") ? model::find_preset(a.str("preset")).rope_scaling : model::RopeScaling{};
-  bool linear = false;
+  bool linear = false, longrope = false;
   if (a.given("rope-scaling")) {
     const std::string k = a.str("rope-scaling");
-    if (k != "none" && k != "llama3" && k != "linear")
-      fail("--rope-scaling: unknown value '%s' (valid: none, linear, llama3)", k.c_str());
+    if (k != "none" && k != "llama3" && k != "linear" && k != "longrope")
+      fail("--rope-scaling: unknown value '%s' (valid: none, linear, llama3, longrope)", k.c_str());
     linear = k == "linear";
+    longrope = k == "longrope";
     scaling.factor = k == "none" ? 0.0f : scaling.factor > 0.0f ? scaling.factor : 8.0f;
     if (k != "llama3") c.rope_freq_scale = 1.0f;
   }
   if (a.given("rope-scaling-factor")) {
-    if (scaling.factor == 0.0f) fail("--rope-scaling-factor needs --rope-scaling llama3 or linear");
+    if (scaling.factor == 0.0f)
+      fail("--rope-scaling-factor needs --rope-scaling llama3, linear or longrope");
     scaling.factor = static_cast<float>(a.number("rope-scaling-factor", 1.0, 1024.0));
   }
   if (linear) {
@@ -255,7 +260,23 @@ int cmd_synth(int argc, char** argv) {
   }
   model::validate_synth_config(c);
   c.rope_freq_factors.clear();
-  if (scaling.factor > 0.0f) {
+  c.rope_factors_long.clear();
+  if (longrope) {
+    // LongRoPE of a model trained on ctx / F tokens: short divisors 1 to 1.25 and long
+    // ones 1 to F over the pairs, the attention factor sqrt(1 + ln F / ln original).
+    const int half = c.head_dim() / 2;
+    const double F = scaling.factor;
+    c.rope_orig_ctx = std::max(1, static_cast<int>(c.ctx / F));
+    for (int i = 0; i < half; ++i) {
+      const double x = half > 1 ? static_cast<double>(i) / (half - 1) : 0.0;
+      c.rope_freq_factors.push_back(static_cast<float>(1.0 + 0.25 * x));
+      c.rope_factors_long.push_back(static_cast<float>(1.0 + (F - 1.0) * x));
+    }
+    c.rope_attn_factor =
+        c.rope_orig_ctx > 1
+            ? static_cast<float>(std::sqrt(1.0 + std::log(F) / std::log(c.rope_orig_ctx)))
+            : 1.0f;
+  } else if (scaling.factor > 0.0f) {
     c.rope_freq_factors = model::llama3_rope_factors(
         c.head_dim(), c.rope_theta, scaling.factor, scaling.low_freq_factor,
         scaling.high_freq_factor, scaling.original_ctx);
@@ -294,9 +315,10 @@ int cmd_synth(int argc, char** argv) {
         .kv("tensors", r.n_tensors);
     j.kv("params", c.n_params()).kv("outtype", outtype).kv("seed", spec.seed).kv("arch", c.arch);
     j.kv("head_dim", c.head_dim())
-        .kv("rope_scaling", !c.rope_freq_factors.empty() ? "llama3"
-                            : c.rope_freq_scale != 1.0f  ? "linear"
-                                                         : "none");
+        .kv("rope_scaling", !c.rope_factors_long.empty()   ? "longrope"
+                            : !c.rope_freq_factors.empty() ? "llama3"
+                            : c.rope_freq_scale != 1.0f    ? "linear"
+                                                           : "none");
     j.kv("sliding_window", c.sliding_window);
     j.kv("n_layers", c.n_layers)
         .kv("dim", c.dim)

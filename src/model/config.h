@@ -67,7 +67,14 @@ struct ModelConfig {
   float rope_freq_scale =
       1.0f;  // linear RoPE scaling: every angle times this (1 / rope.scaling.factor)
   std::vector<float>
-      rope_freq_factors;           // [head_dim / 2] divisor of each pair's frequency, or empty
+      rope_freq_factors;  // [head_dim / 2] divisor of each pair's frequency, or empty
+  // LongRoPE (Phi-3.5, Phi-3 128K): rope_freq_factors holds the short factors
+  // (rope_factors_short), used up to rope_orig_ctx tokens of context; a longer context
+  // uses rope_factors_long, as llama.cpp chooses by the context it runs with.
+  // rope_attn_factor multiplies every cos and sin (rope.scaling.attn_factor).
+  std::vector<float> rope_factors_long;
+  int rope_orig_ctx = 0;
+  float rope_attn_factor = 1.0f;
   bool attn_bias = false;          // Q, K and V projections carry biases (qwen2)
   bool qk_norm = false;            // RMSNorm over each query and key head before RoPE (qwen3)
   bool fused_projections = false;  // attn_qkv and a gate-up ffn_up in the file (phi3)
@@ -100,6 +107,12 @@ struct ModelConfig {
   TpSlice tp;
 
   int head_dim() const { return key_length > 0 ? key_length : dim / n_heads; }
+  // The frequency divisors at a context of ctx tokens (LongRoPE's long ones past
+  // rope_orig_ctx), or null.
+  const float* freq_factors(int ctx) const {
+    if (!rope_factors_long.empty() && ctx > rope_orig_ctx) return rope_factors_long.data();
+    return rope_freq_factors.empty() ? nullptr : rope_freq_factors.data();
+  }
   float attention_scale() const {
     return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim()));
   }

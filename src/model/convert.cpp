@@ -71,6 +71,11 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
     w.add_string(A + "rope.scaling.type", "linear");
     w.add_f32(A + "rope.scaling.factor", 1.0f / c.rope_freq_scale);
   }
+  if (!c.rope_factors_long.empty()) {
+    w.add_string(A + "rope.scaling.type", "longrope");
+    w.add_u32(A + "rope.scaling.original_context_length", c.rope_orig_ctx);
+    w.add_f32(A + "rope.scaling.attn_factor", c.rope_attn_factor);
+  }
   if (c.rope_theta_swa > 0.0f) w.add_f32(A + "rope.freq_base_swa", c.rope_theta_swa);
   // Gemma readers default to caps of their own: the file states them (0: none).
   if (c.arch == "gemma2") w.add_f32(A + "attn_logit_softcapping", c.attn_softcap);
@@ -144,7 +149,12 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
   t.push_back({"output_norm.weight", TensorRole::kOutputNorm, -1, dim, 0});
   if (!c.shared_classifier) t.push_back({"output.weight", TensorRole::kOutput, -1, vocab, dim});
   // Last, so that the other tensors keep their index (and synthetic values) with or without it.
-  if (!c.rope_freq_factors.empty()) {
+  if (!c.rope_factors_long.empty()) {
+    t.push_back(
+        {"rope_factors_long.weight", TensorRole::kRopeLong, -1, c.rope_factors_long.size(), 0});
+    t.push_back(
+        {"rope_factors_short.weight", TensorRole::kRopeShort, -1, c.rope_freq_factors.size(), 0});
+  } else if (!c.rope_freq_factors.empty()) {
     t.push_back({"rope_freqs.weight", TensorRole::kRopeFreqs, -1, c.rope_freq_factors.size(), 0});
   }
   return t;
@@ -206,6 +216,8 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
       case TensorRole::kAttnPostNorm:
       case TensorRole::kFfnPostNorm:
       case TensorRole::kAttnQkv:
+      case TensorRole::kRopeLong:
+      case TensorRole::kRopeShort:
         break;  // not in llama2.c checkpoints
     }
     return nullptr;

@@ -68,7 +68,9 @@ enum class TensorRole : uint8_t {
   kFfnUpExps,
   kAttnPostNorm,  // Gemma's norms after attention and after the FFN
   kFfnPostNorm,
-  kAttnQkv,  // phi3's fused Q, K and V (its ffn_up, kFfnUp, holds the gate rows too)
+  kAttnQkv,   // phi3's fused Q, K and V (its ffn_up, kFfnUp, holds the gate rows too)
+  kRopeLong,  // LongRoPE's long and short frequency divisors
+  kRopeShort,
 };
 struct TensorSpec {
   std::string name;  // "blk.3.attn_q.weight"

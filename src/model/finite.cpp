@@ -170,6 +170,12 @@ void check_finite_weights(const Model& m) {
       case TensorRole::kAttnQkv:
         mat = &L->w_qkv;
         break;
+      case TensorRole::kRopeLong:
+        vec = &c.rope_factors_long;  // also checked by the loader
+        break;
+      case TensorRole::kRopeShort:
+        vec = &c.rope_freq_factors;
+        break;
     }
     size_t n = 0, bad = 0;
     float v = 0.0f;

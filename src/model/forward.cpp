@@ -34,18 +34,20 @@ void fill_rope_table(float* table, int ctx, int hd, float theta, float freq_scal
   }
 }
 
-void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, bool local) {
+void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, int ctx, bool local) {
+  const int hd = c.head_dim();
   if (local) {
-    fill_rope_row(row, pos, c.head_dim(), c.rope_theta_swa, c.rope_freq_scale_swa, nullptr);
-    return;
+    fill_rope_row(row, pos, hd, c.rope_theta_swa, c.rope_freq_scale_swa, nullptr);
+  } else {
+    fill_rope_row(row, pos, hd, c.rope_theta, c.rope_freq_scale, c.freq_factors(ctx));
   }
-  fill_rope_row(row, pos, c.head_dim(), c.rope_theta, c.rope_freq_scale,
-                c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+  if (c.rope_attn_factor != 1.0f)
+    for (int i = 0; i < hd; ++i) row[i] *= c.rope_attn_factor;
 }
 
 void fill_rope_table(float* table, int ctx, const ModelConfig& c, bool local) {
   for (int pos = 0; pos < ctx; ++pos)
-    fill_rope_row(table + static_cast<size_t>(pos) * c.head_dim(), pos, c, local);
+    fill_rope_row(table + static_cast<size_t>(pos) * c.head_dim(), pos, c, ctx, local);
 }
 
 void scale_embedding(const ModelConfig& c, float* x, int n) {
@@ -181,7 +183,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       if (p < st.rope_rows) {
         rows[at] = table.data() + static_cast<size_t>(p) * hd;
       } else {
-        fill_rope_row(st.rope_batch.data() + at * hd, p, c, local);
+        fill_rope_row(st.rope_batch.data() + at * hd, p, c, st.rope_rows, local);
         rows[at] = st.rope_batch.data() + at * hd;
       }
     }
@@ -298,8 +300,12 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
   std::vector<float> hb(static_cast<size_t>(n) * hid), hb2(hb.size());
   MoeScratch moe(c, n);
   std::vector<float> rope(static_cast<size_t>(n) * hd), rope_local(rope.size());
-  fill_rope_table(rope.data(), n, c);
-  if (c.has_local_rope()) fill_rope_table(rope_local.data(), n, c, true);
+  // RoPE as a session at the model's context runs it (LongRoPE picks its factors by that).
+  for (int i = 0; i < n; ++i) {
+    fill_rope_row(&rope[static_cast<size_t>(i) * hd], i, c, c.ctx);
+    if (c.has_local_rope())
+      fill_rope_row(&rope_local[static_cast<size_t>(i) * hd], i, c, c.ctx, true);
+  }
   const std::vector<float> slopes = c.alibi ? attn::alibi_slopes(c.n_heads) : std::vector<float>();
   for (int i = 0; i < n; ++i)
     ops::copy_row(w.token_embd, tokens[i], x.data() + static_cast<size_t>(i) * dim);

@@ -90,7 +90,8 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
 
 // The no-cache oracle: recomputes every position of `tokens` from scratch with plain
 // attention over freshly computed keys and values (no kv/ or attn/ code) and
-// returns the logits of the last position.
+// returns the logits of the last position. RoPE is the model's at its full context
+// (ModelConfig::ctx: LongRoPE's factors chosen by it).
 // layer_owner (optional, kv::layer_owners): a layer whose owner is another layer uses
 // that layer's keys and values (cross-layer sharing).
 std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& tokens,
@@ -109,7 +110,8 @@ void fill_rope_table(float* table, int ctx, int head_dim, float theta, float fre
                      const float* freq_factors = nullptr);
 // The same with the model's RoPE parameters; local: those of its sliding-window layers
 // (ModelConfig::rope_theta_swa).
-void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, bool local = false);
+// `ctx`: the context the rows serve (it picks LongRoPE's factors).
+void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, int ctx, bool local = false);
 void fill_rope_table(float* table, int ctx, const ModelConfig& c, bool local = false);
 // Gemma's embedding scale: x [n, dim] times sqrt(dim) when the model has it.
 void scale_embedding(const ModelConfig& c, float* x, int n);

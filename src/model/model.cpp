@@ -222,13 +222,58 @@ static void read_gemma(const io::GgufFile& f, const std::string& path, const std
   c.attn_scale = big ? 1.0f / std::sqrt(static_cast<float>(c.dim / c.n_heads)) : 0.0f;
 }
 
+// LongRoPE: short and long frequency divisors chosen by the context run with, the
+// original context that separates them and the attention factor on every cos and sin.
+static void read_long_rope(const io::GgufFile& f, const std::string& path, const std::string& A,
+                           ModelConfig& c) {
+  const io::GgufTensor* lt = f.find_tensor("rope_factors_long.weight");
+  const io::GgufTensor* st = f.find_tensor("rope_factors_short.weight");
+  if (!lt && !st) return;
+  if (!lt || !st) {
+    fail("%s: tensor '%s' without '%s' (LongRoPE needs both)", path.c_str(),
+         lt ? "rope_factors_long.weight" : "rope_factors_short.weight",
+         lt ? "rope_factors_short.weight" : "rope_factors_long.weight");
+  }
+  if (!c.rope_freq_factors.empty())
+    fail("%s: rope_freqs.weight and LongRoPE factors together", path.c_str());
+  const uint64_t half = static_cast<uint64_t>(c.head_dim() / 2);
+  auto read = [&](const io::GgufTensor* t, const char* name) {
+    if (t->dims.size() != 1 || t->dims[0] != half) {
+      fail("%s: tensor '%s' should be a vector of head_dim / 2 = %llu elements", path.c_str(), name,
+           (unsigned long long)half);
+    }
+    std::vector<float> v(half);
+    quant::dequantize_row(weight_type(path, *t)->type, t->data, v.data(),
+                          static_cast<int64_t>(half));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!(v[i] > 0.0f) || !std::isfinite(v[i]))
+        fail("%s: %s[%zu] = %g, expected a finite value above 0", path.c_str(), name, i, v[i]);
+    }
+    return v;
+  };
+  c.rope_factors_long = read(lt, "rope_factors_long.weight");
+  c.rope_freq_factors = read(st, "rope_factors_short.weight");
+  const uint64_t orig = f.get_uint_opt(A + "rope.scaling.original_context_length")
+                            .value_or(static_cast<uint64_t>(c.ctx));
+  if (orig < 1 || orig > static_cast<uint64_t>(kMaxContext)) {
+    fail("%s: %srope.scaling.original_context_length = %llu, expected 1 to %d", path.c_str(),
+         A.c_str(), (unsigned long long)orig, kMaxContext);
+  }
+  c.rope_orig_ctx = static_cast<int>(orig);
+  const double af = f.get_float_opt(A + "rope.scaling.attn_factor").value_or(1.0);
+  if (!(af > 0.0) || af > 100.0)
+    fail("%s: %srope.scaling.attn_factor = %g, expected above 0, at most 100", path.c_str(),
+         A.c_str(), af);
+  c.rope_attn_factor = static_cast<float>(af);
+}
+
 static void read_rope_scaling(const io::GgufFile& f, const std::string& path, const std::string& A,
                               ModelConfig& c) {
   const std::string type = f.get_string_opt(A + "rope.scaling.type").value_or("none");
   auto number = [&](const std::string& key, double dflt) {
     return f.get_float_opt(A + "rope.scaling." + key).value_or(dflt);
   };
-  if (type == "none") return;
+  if (type == "none" || type == "longrope") return;  // LongRoPE: read_long_rope
   if (type == "linear") {
     const double factor = number("factor", 1.0);
     if (!(factor >= 1.0) || factor > 1e6)
@@ -249,8 +294,9 @@ static void read_rope_scaling(const io::GgufFile& f, const std::string& path, co
     }
     return;
   }
-  fail("%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3)",
-       path.c_str(), A.c_str(), type.c_str());
+  fail(
+      "%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3, longrope)",
+      path.c_str(), A.c_str(), type.c_str());
 }
 
 std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::string& tok_path) {
@@ -346,12 +392,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   // llama.cpp runs phi3 files without their window (the converters' value is not the
   // model's); so does kivi.cpp, to give the same logits.
   if (arch != "phi3") read_sliding_window(f, path, A, c);  // needs the validated layer count
-  if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight")) {
-    fail(
-        "%s: tensor 'rope_factors_long.weight': LongRoPE (Phi-3.5, Phi-4-mini) is not supported "
-        "yet",
-        path.c_str());
-  }
+  read_long_rope(f, path, A, c);
   if (arch == "gemma2" || arch == "gemma3") read_gemma(f, path, A, c);
   c.validate(path);
   if (auto rd = f.get_uint_opt(A + "rope.dimension_count");

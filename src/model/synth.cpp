@@ -295,6 +295,7 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
   static const float kOne = 1.0f;
   const auto specs = llama_tensor_specs(c);
   auto rope_freqs = std::make_shared<std::vector<float>>(c.rope_freq_factors);
+  auto long_freqs = std::make_shared<std::vector<float>>(c.rope_factors_long);
   // Quantized types: the F32 values of each chunk, quantized on every core.
   std::unique_ptr<ThreadPool> pool;
   auto values = std::make_shared<std::vector<float>>();
@@ -308,9 +309,13 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
                              t.role == TensorRole::kAttnPostNorm ||
                              t.role == TensorRole::kFfnPostNorm;
       io::GgufWriter::Generator gen;
-      if (t.role == TensorRole::kRopeFreqs) {
+      if (t.role == TensorRole::kRopeFreqs || t.role == TensorRole::kRopeShort) {
         gen = [rope_freqs](uint64_t first, uint64_t count, void* dst) {
           std::memcpy(dst, rope_freqs->data() + first, count * sizeof(float));
+        };
+      } else if (t.role == TensorRole::kRopeLong) {
+        gen = [long_freqs](uint64_t first, uint64_t count, void* dst) {
+          std::memcpy(dst, long_freqs->data() + first, count * sizeof(float));
         };
       } else if (bias || head_norm) {
         // Biases N(0, kSynthBiasStd^2); head norms 1 + N(0, kSynthHeadNormStd^2).

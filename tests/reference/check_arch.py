@@ -66,6 +66,10 @@ CASES = [
      ["attn_softcap", "final_softcap", "post_norms", "swa"]),
     # Phi-3: fused QKV and gate-up matrices (the split is what the comparison checks).
     ("phi3", ["--arch", "phi3", "--rope-theta", "250000", "--classifier", "separate"], ["neox"]),
+    # LongRoPE: trained on 128 of the 512 positions, so the long divisors and the attention
+    # factor apply.
+    ("phi3-longrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "4"],
+     ["long_factors", "rope_mscale"]),
 ]
 RUNS = [("prefill", []), ("stream", []), ("no-cache", []), ("prefill", ["--key-rope", "pre"]),
         ("stream", ["--key-rope", "pre"])]
@@ -83,6 +87,10 @@ def without(model, feature):
         return dataclasses.replace(model, windows=None)
     if feature == "top1":  # a mixture of experts that followed its first choice alone
         return dataclasses.replace(model, experts_used=1)
+    if feature == "long_factors":  # the short divisors instead
+        return dataclasses.replace(model, inv_freq=model.inv_freq_short)
+    if feature == "rope_mscale":
+        return dataclasses.replace(model, rope_mscale=1.0)
     if feature == "post_norms":
         return dataclasses.replace(model, post_att=None, post_ffn=None)
     if feature == "gelu":  # SwiGLU instead

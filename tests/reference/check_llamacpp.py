@@ -55,6 +55,11 @@ ARCH_CASES = [
                 "--final-softcap", "5"]),
     # Phi-3: Q, K, V in one matrix and the gate and up projections in one.
     ("phi3", ["--arch", "phi3", "--rope-theta", "250000", "--classifier", "separate"]),
+    # LongRoPE: trained on 256 tokens, so both engines (contexts 1024 and 512) take the long
+    # divisors and the attention factor; with factor 1 the original context is 1024 and both
+    # take the short ones.
+    ("phi3-longrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "4"]),
+    ("phi3-shortrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "1"]),
 ]
 ARCH_TYPES = ["f32", "f16"]
 PROMPTS = ["Once upon a time", "The little dog ran to the park.", "Lily saw a big red ball", "Tom and Sam"]

@@ -134,6 +134,8 @@ class Model:
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     inv_freq_local: np.ndarray = None  # [hs/2] of the sliding layers, or None: inv_freq
+    rope_mscale: float = 1.0       # LongRoPE: cos and sin times this
+    inv_freq_short: np.ndarray = None  # LongRoPE: the short factors' frequencies (for checks)
 
     @property
     def head_size(self):
@@ -201,6 +203,15 @@ def load_gguf_model(path):
     inv = base_inv
     if "rope_freqs.weight" in t:
         inv = inv / t["rope_freqs.weight"]
+    # LongRoPE (transformers' Phi3 with rope_scaling type longrope): the long factors when
+    # the context run with (here the file's) exceeds the original one, cos and sin times
+    # the attention factor.
+    mscale, inv_short = 1.0, None
+    if "rope_factors_long.weight" in t:
+        orig = int(meta.get(A + "rope.scaling.original_context_length", meta[A + "context_length"]))
+        inv_short = base_inv / t["rope_factors_short.weight"]
+        inv = base_inv / t["rope_factors_long.weight"] if int(meta[A + "context_length"]) > orig else inv_short
+        mscale = float(meta.get(A + "rope.scaling.attn_factor", 1.0))
     linear = 1.0
     if meta.get(A + "rope.scaling.type") == "linear":  # positions divided by the factor
         linear = float(meta[A + "rope.scaling.factor"])
@@ -257,7 +268,7 @@ def load_gguf_model(path):
                  attn_softcap=float(meta.get(A + "attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
                  final_softcap=float(meta.get(A + "final_logit_softcapping",
                                               30.0 if arch == "gemma2" else 0.0)) if gemma else 0.0,
-                 inv_freq_local=inv_local,
+                 inv_freq_local=inv_local, rope_mscale=mscale, inv_freq_short=inv_short,
                  bq=opt_stack("attn_q.bias"), bk=opt_stack("attn_k.bias"), bv=opt_stack("attn_v.bias"),
                  q_norm=opt_stack("attn_q_norm.weight"), k_norm=opt_stack("attn_k_norm.weight"),
                  windows=windows)
@@ -616,15 +627,16 @@ def rmsnorm(x, w, eps=RMS_EPS):
     return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
-def rope(x, positions, inv_freq=None, neox=False):
+def rope(x, positions, inv_freq=None, neox=False, mscale=1.0):
     """x: [T, heads, hs]; rotates pairs (2i, 2i+1) (or with neox, rotate_half's
-    (i, i + hs/2)) by pos * inv_freq[i] (default 10000^(-2i/hs))."""
+    (i, i + hs/2)) by pos * inv_freq[i] (default 10000^(-2i/hs)); mscale multiplies cos
+    and sin (LongRoPE's scaling_factor in transformers' Phi3)."""
     hs = x.shape[-1]
     if inv_freq is None:
         inv_freq = 1.0 / ROPE_THETA ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
     ang = positions[:, None].astype(np.float64) * inv_freq[None, :]   # [T, hs/2]
-    c = np.cos(ang)[:, None, :]
-    s = np.sin(ang)[:, None, :]
+    c = mscale * np.cos(ang)[:, None, :]
+    s = mscale * np.sin(ang)[:, None, :]
     if neox:
         # transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, with
         # cos/sin repeated over both halves and rotate_half(x) = (-x2, x1).
@@ -722,7 +734,7 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
         inv_freq = m.inv_freq_local if window and m.inv_freq_local is not None else m.inv_freq
 
         def rot(x, positions):
-            return rope(x, positions, inv_freq, m.rope_neox)
+            return rope(x, positions, inv_freq, m.rope_neox, m.rope_mscale)
 
         xb = rmsnorm(x, m.rms_att[l], norm_eps)
         q = xb @ m.wq[l].T
