@@ -202,12 +202,19 @@ TEST(Arch, FilesThatDoNotFitAreOneLineErrorsNamingTheTensor) {
   l3.rope_freq_factors.assign(8, 0.0f);
   expect_one_line_error(write_model(t, "freqs_zero", l3, {}), {"rope_freqs.weight[0] = 0"});
   expect_one_line_error(
-      write_model(t, "yarn", small("llama"), {},
+      write_model(t, "su", small("llama"), {},
                   [](io::GgufWriter& w) {
-                    w.add_string("llama.rope.scaling.type", "yarn");
+                    w.add_string("llama.rope.scaling.type", "su");
                     w.add_f32("llama.rope.scaling.factor", 4.0f);
                   }),
-      {"llama.rope.scaling.type = 'yarn' is not supported", "none, linear, llama3"});
+      {"llama.rope.scaling.type = 'su' is not supported", "none, linear, llama3, yarn"});
+  expect_one_line_error(write_model(t, "yarn_mul", small("llama"), {},
+                                    [](io::GgufWriter& w) {
+                                      w.add_string("llama.rope.scaling.type", "yarn");
+                                      w.add_f32("llama.rope.scaling.factor", 4.0f);
+                                      w.add_f32("llama.rope.scaling.yarn_log_multiplier", 0.1f);
+                                    }),
+                        {"yarn_log_multiplier is not supported"});
   // Output-projection biases are not silently ignored.
   expect_one_line_error(
       write_model(
@@ -215,7 +222,43 @@ TEST(Arch, FilesThatDoNotFitAreOneLineErrorsNamingTheTensor) {
           [](auto& s) {
             s.push_back({"blk.0.attn_output.bias", model::TensorRole::kAttnQBias, 0, 64, 0});
           }),
-      {"'blk.0.attn_output.bias'", "not supported"});
+      {"'blk.0.attn_output.bias'", "qwen2 has no output-projection bias"});
+  // gpt-oss: sinks missing or of the wrong length, an expert bias missing, no experts, no
+  // window.
+  auto oss = small("gpt-oss");
+  oss.n_experts = 4;
+  oss.n_experts_used = 2;
+  oss.sliding_window = 8;
+  oss.set_swa_pattern(2);
+  expect_one_line_error(write_model(t, "oss_sinks", oss,
+                                    [](auto& s) {
+                                      std::erase_if(s, [](const auto& x) {
+                                        return x.name == "blk.1.attn_sinks.weight";
+                                      });
+                                    }),
+                        {"missing tensor 'blk.1.attn_sinks.weight'", "gpt-oss"});
+  expect_one_line_error(write_model(t, "oss_sinks_len", oss,
+                                    [](auto& s) {
+                                      for (auto& x : s) {
+                                        if (x.name == "blk.0.attn_sinks.weight") x.rows = 3;
+                                      }
+                                    }),
+                        {"'blk.0.attn_sinks.weight'", "[3]", "4 elements"});
+  expect_one_line_error(write_model(t, "oss_bias", oss,
+                                    [](auto& s) {
+                                      std::erase_if(s, [](const auto& x) {
+                                        return x.name == "blk.0.ffn_down_exps.bias";
+                                      });
+                                    }),
+                        {"missing tensor 'blk.0.ffn_down_exps.bias'"});
+  auto dense = oss;
+  dense.n_experts = dense.n_experts_used = 0;
+  expect_one_line_error(write_model(t, "oss_dense", dense, {}),
+                        {"architecture gpt-oss without gpt-oss.expert_count"});
+  auto open = oss;
+  open.sliding_window = 0;
+  expect_one_line_error(write_model(t, "oss_window", open, {}),
+                        {"gpt-oss without gpt-oss.attention.sliding_window"});
 }
 
 TEST(Arch, RopeScalingKeysGiveTheSameFactorsAsTheTensor) {
@@ -290,6 +333,16 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
   }
   pl.rope_orig_ctx = 64;
   pl.rope_attn_factor = 1.1f;
+  // gpt-oss: 4 biased experts (2 per token) with the clamped SwiGLU, sinks, Q/K/V and
+  // output biases, layer 0 windowed (12 tokens), YaRN by 8 over 32 tokens.
+  auto oss = small("gpt-oss");
+  oss.n_experts = 4;
+  oss.n_experts_used = 2;
+  oss.sliding_window = 12;
+  oss.set_swa_pattern(2);
+  oss.rope_freq_scale = 0.125f;
+  oss.yarn_orig_ctx = 32;
+  oss.shared_classifier = false;
   for (const auto& [name, c] :
        std::vector<std::pair<std::string, model::ModelConfig>>{{"llama3", l3},
                                                                {"qwen2", small("qwen2")},
@@ -297,7 +350,8 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
                                                                {"gemma3", g3},
                                                                {"phi3", small("phi3")},
                                                                {"phi3 longrope", pl},
-                                                               {"gemma2", g2}}) {
+                                                               {"gemma2", g2},
+                                                               {"gpt-oss", oss}}) {
     const auto m = model::Model::load(synth(t, name, c));
     std::vector<int> prompt = {1};
     for (int i = 0; i < 40; ++i) prompt.push_back(3 + (i * 37) % 290);

@@ -482,6 +482,52 @@ TEST(Attention, SinksBeforeTheWindow) {
   cpu::reset_target();
 }
 
+// Learned sink logits (gpt-oss): each head's output is the sinkless one times d / (d +
+// exp(sink - m)), with m, d the head's softmax state; a very negative sink changes
+// nothing and a dominant one drives the output to zero. Every format and target, against
+// the double reference, and through a window with StreamingLLM sinks too.
+TEST(Attention, HeadSinksJoinTheDenominator) {
+  ThreadPool pool(2);
+  const int H = 8, Hkv = 2, D = 64;
+  const std::vector<float> head_sinks = {-3.0f, 0.0f, 1.5f, 3.0f, -1e30f, 6.0f, 0.5f, 40.0f};
+  for (const auto& target : cpu::available_targets()) {
+    cpu::force_target_bits(target.bits);
+    for (const auto& c : all_formats()) {
+      for (int window : {0, 300}) {
+        auto cache = filled_cache(c, Hkv, D, 700, 32, 64, 11 + window);
+        Rng r(5 + window);
+        std::vector<float> q(H * D), out(q.size()), ref(q.size()), plain(q.size());
+        std::vector<float> states(static_cast<size_t>(H) * (D + 2));
+        for (auto& x : q) x = r.normal();
+        attn::Params p = params_for(kShapes[1], D, nullptr);
+        p.window = window;
+        p.sinks = window > 0 ? 4 : 0;
+        attn::Workspace ws(2, H, Hkv, D, cache->config().block(), cache->capacity());
+        const auto view = cache->view(0);
+        attn::decode(view, q.data(), plain.data(), p, &pool, ws);
+        attn::decode_state(view, q.data(), states.data(), p, &pool, ws);
+        p.head_sinks = head_sinks.data();
+        attn::decode(view, q.data(), out.data(), p, &pool, ws);
+        attn::decode_reference(view, q.data(), ref.data(), p);
+        const std::string what = target.name + " " + c.name + " window=" + std::to_string(window);
+        EXPECT_LT(rel_error(out, ref), 1e-5) << what;
+        for (int h = 0; h < H; ++h) {
+          const float m = states[h * (D + 2) + D], d = states[h * (D + 2) + D + 1];
+          const double keep = d / (d + std::exp(static_cast<double>(head_sinks[h]) - m));
+          for (int i = 0; i < D; ++i) {
+            EXPECT_NEAR(out[h * D + i], plain[h * D + i] * keep,
+                        1e-5 * (1.0 + std::fabs(plain[h * D + i])))
+                << what << " head " << h;
+          }
+        }
+        EXPECT_EQ(std::memcmp(&out[4 * D], &plain[4 * D], D * sizeof(float)), 0) << what;
+        for (int i = 0; i < D; ++i) EXPECT_LT(std::fabs(out[7 * D + i]), 1e-9f) << what;
+      }
+    }
+  }
+  cpu::reset_target();
+}
+
 // On a CPU with AVX512-VNNI the AVX3 fast path uses vpdpwssd; CPUs with AVX-512 but
 // without VNNI run the vpmaddwd sequence instead. Forcing that variant here runs it on
 // a VNNI machine too, against the same bound. Runs only where the CPU has AVX3.

@@ -257,8 +257,10 @@ inline std::string write_model(const TempDir& dir, const std::string& name,
   if (edit) edit(specs);
   for (const auto& s : specs) {
     const float v = s.is_vector() ? 1.0f : 0.01f;
-    const std::vector<uint64_t> dims =
-        s.is_vector() ? std::vector<uint64_t>{s.rows} : std::vector<uint64_t>{s.cols, s.rows};
+    const std::vector<uint64_t> dims = s.is_vector() ? std::vector<uint64_t>{s.rows}
+                                       : s.experts > 0
+                                           ? std::vector<uint64_t>{s.cols, s.rows, s.experts}
+                                           : std::vector<uint64_t>{s.cols, s.rows};
     if (s.role == model::TensorRole::kRopeFreqs) {
       w.add_tensor(s.name, dims, io::GgmlType::kF32,
                    io::GgufWriter::Generator(

@@ -215,20 +215,34 @@ void print_model(const Report& r) {
       "  vocab            %d\n  context          %d\n  rope theta       %g\n  rms eps          "
       "%g\n",
       c.vocab_size, c.ctx, c.rope_theta, c.norm_eps);
+  const std::string yarn = c.yarn_orig_ctx > 0 ? strfmt(", YaRN (factor %g over %d tokens)",
+                                                        1.0 / c.rope_freq_scale, c.yarn_orig_ctx)
+                                               : "";
   std::printf("  rope             %s pairs%s\n",
               c.rope_style == attn::RopeStyle::kNeox ? "NeoX (i, i + D/2)" : "adjacent (2i, 2i+1)",
-              !c.rope_factors_long.empty()   ? ", LongRoPE (short and long divisors)"
+              c.yarn_orig_ctx > 0            ? yarn.c_str()
+              : !c.rope_factors_long.empty() ? ", LongRoPE (short and long divisors)"
               : !c.rope_freq_factors.empty() ? ", per-frequency divisors (rope_freqs.weight)"
               : c.rope_freq_scale != 1.0f    ? ", linear scaling"
                                              : "");
-  if (c.attn_bias || c.qk_norm) {
-    std::printf("  attention        %s%s%s\n", c.attn_bias ? "Q/K/V biases" : "",
-                c.attn_bias && c.qk_norm ? ", " : "", c.qk_norm ? "per-head Q/K RMSNorm" : "");
+  if (c.attn_bias || c.qk_norm || c.out_bias || c.head_sinks) {
+    std::string parts;
+    auto part = [&](bool on, const char* what) {
+      if (on) parts += (parts.empty() ? "" : ", ") + std::string(what);
+    };
+    part(c.attn_bias, "Q/K/V biases");
+    part(c.out_bias, "output bias");
+    part(c.qk_norm, "per-head Q/K RMSNorm");
+    part(c.head_sinks, "a sink logit per head");
+    std::printf("  attention        %s\n", parts.c_str());
   }
   if (c.post_norms || c.embed_scale || c.ffn_act != model::Activation::kSilu) {
     std::printf("  block            %s%s%s\n", c.embed_scale ? "embedding x sqrt(dim), " : "",
                 c.post_norms ? "RMSNorm after attention and FFN too, " : "",
-                c.ffn_act == model::Activation::kGeluTanh ? "GeGLU FFN" : "SwiGLU FFN");
+                c.ffn_act == model::Activation::kGeluTanh    ? "GeGLU FFN"
+                : c.ffn_act == model::Activation::kSwigluOai ? "clamped SwiGLU (limit 7, alpha "
+                                                               "1.702), biased experts"
+                                                             : "SwiGLU FFN");
   }
   if (c.attn_softcap > 0.0f || c.final_softcap > 0.0f) {
     std::printf("  soft caps        attention scores %g, logits %g (0: none)\n", c.attn_softcap,

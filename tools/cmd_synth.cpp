@@ -24,8 +24,9 @@ int cmd_synth(int argc, char** argv) {
       "synth",
       "--preset NAME | --layers L --dim D --heads H --kv-heads K --ffn F --vocab V --ctx C -o "
       "OUT.gguf "
-      "[--arch llama|qwen2|qwen3|qwen3moe|gemma2|gemma3|phi3] [--experts E --experts-used K] "
-      "[--rope-scaling linear|llama3|longrope] "
+      "[--arch llama|qwen2|qwen3|qwen3moe|gemma2|gemma3|phi3|gpt-oss] [--experts E --experts-used "
+      "K] "
+      "[--rope-scaling linear|llama3|yarn|longrope] "
       "[--sliding-window W "
       "[--sliding-window-pattern N]] [--outtype TYPE] [--seed S] [--json]",
       "Writes a llama, qwen2 or qwen3 GGUF v3 with seeded random weights at a model's shape, for\n"
@@ -44,16 +45,17 @@ int cmd_synth(int argc, char** argv) {
       "(weights, an f32 cache of min(ctx, 4096) tokens, activations) against the available "
       "memory.");
   a.section("Shape");
-  a.add(
-      "preset", 0, "NAME",
-      "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, "
-      "qwen3-30b-a3b, mixtral-8x7b, gemma-3-4b, gemma-3-12b, gemma-2-2b, phi-3-mini, phi-4, tiny.");
+  a.add("preset", 0, "NAME",
+        "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, "
+        "qwen3-30b-a3b, mixtral-8x7b, gemma-3-4b, gemma-3-12b, gemma-2-2b, phi-3-mini, phi-4, "
+        "gpt-oss-20b, tiny.");
   a.add("arch", 0, "ARCH",
         "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE), qwen3 "
         "(per-head Q/K RMSNorm, NeoX RoPE), qwen3moe (qwen3 with a mixture of experts), gemma2 "
         "(soft caps 50 and 30, post-norms, GeGLU, every other layer windowed) or gemma3 (QK norm, "
-        "post-norms, GeGLU, windowed layers with RoPE base 10000) or phi3 (fused QKV and gate-up, "
-        "NeoX RoPE). "
+        "post-norms, GeGLU, windowed layers with RoPE base 10000), phi3 (fused QKV and gate-up, "
+        "NeoX RoPE) or gpt-oss (experts with biases and clamped SwiGLU, Q/K/V/output biases, "
+        "attention sinks N(0, 1), even layers windowed, 128 tokens unless --sliding-window). "
         "Default: the preset's, else llama.");
   a.add("head-dim", 0, "HD",
         "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");
@@ -72,12 +74,14 @@ int cmd_synth(int argc, char** argv) {
   a.add("rope-theta", 0, "T", "RoPE base. Default: the preset's, else 10000.");
   a.add("rope-scaling", 0, "KIND",
         "none, linear (every angle divided by the factor; Gemma 3's global layers), longrope "
-        "(Phi-3.5's short and long divisors, original context --ctx / factor) or llama3 "
+        "(Phi-3.5's short and long divisors, original context --ctx / factor), yarn (gpt-oss's; "
+        "original context --ctx / factor) or llama3 "
         "(Llama 3.1 RoPE scaling, written as the rope_freqs.weight divisors llama.cpp reads; "
         "low/high frequency factors 1 and 4, original context 8192). Default: the preset's, else "
         "none.");
   a.add("rope-scaling-factor", 0, "F",
-        "Factor of linear, llama3 or longrope scaling (1 to 1024). Default: the preset's, else 8.");
+        "Factor of linear, llama3, yarn or longrope scaling (1 to 1024). Default: the preset's, "
+        "else 8 (32 for yarn).");
   a.add("attn-softcap", 0, "CAP",
         "gemma2: the soft cap of the attention scores, s -> CAP tanh(s / CAP) (0.001 to 1e6). "
         "Default: 50.");
@@ -199,24 +203,33 @@ int cmd_synth(int argc, char** argv) {
   if (c.n_experts > 0 && c.n_experts_used == 0) c.n_experts_used = std::min(c.n_experts, 2);
   model::RopeScaling scaling =
       a.given("preset") ? model::find_preset(a.str("preset")).rope_scaling : model::RopeScaling{};
-  bool linear = false, longrope = false;
+  bool linear = false, longrope = false, yarn = false;
   if (a.given("rope-scaling")) {
     const std::string k = a.str("rope-scaling");
-    if (k != "none" && k != "llama3" && k != "linear" && k != "longrope")
-      fail("--rope-scaling: unknown value '%s' (valid: none, linear, llama3, longrope)", k.c_str());
+    if (k != "none" && k != "llama3" && k != "linear" && k != "longrope" && k != "yarn") {
+      fail("--rope-scaling: unknown value '%s' (valid: none, linear, llama3, yarn, longrope)",
+           k.c_str());
+    }
     linear = k == "linear";
     longrope = k == "longrope";
-    scaling.factor = k == "none" ? 0.0f : scaling.factor > 0.0f ? scaling.factor : 8.0f;
+    yarn = k == "yarn";
+    scaling.factor = k == "none"             ? 0.0f
+                     : scaling.factor > 0.0f ? scaling.factor
+                     : yarn                  ? 32.0f
+                                             : 8.0f;
     if (k != "llama3") c.rope_freq_scale = 1.0f;
+    c.yarn_orig_ctx = 0;
   }
   if (a.given("rope-scaling-factor")) {
     if (scaling.factor == 0.0f)
-      fail("--rope-scaling-factor needs --rope-scaling llama3, linear or longrope");
+      fail("--rope-scaling-factor needs --rope-scaling llama3, linear, yarn or longrope");
     scaling.factor = static_cast<float>(a.number("rope-scaling-factor", 1.0, 1024.0));
   }
-  if (linear) {
-    // Linear: every angle of the global layers divided by the factor.
+  if (linear || yarn) {
+    // Linear: every angle of the global layers divided by the factor; YaRN blends it with
+    // the unscaled angles over the pairs, trained on ctx / factor tokens.
     c.rope_freq_scale = 1.0f / scaling.factor;
+    if (yarn) c.yarn_orig_ctx = std::max(1, static_cast<int>(c.ctx / scaling.factor));
     scaling.factor = 0.0f;
   }
   if (a.given("classifier")) {
@@ -241,7 +254,9 @@ int cmd_synth(int argc, char** argv) {
   if (a.given("sliding-window")) {
     c.sliding_window = static_cast<int>(a.integer("sliding-window", 1, model::kMaxContext));
     // Gemma's own pattern unless one is given: every 2nd (gemma2) or 6th (gemma3) layer global.
-    const int arch_pattern = c.arch == "gemma2" ? 2 : c.arch == "gemma3" ? 6 : 0;
+    const int arch_pattern = c.arch == "gemma2" || c.arch == "gpt-oss" ? 2
+                             : c.arch == "gemma3"                      ? 6
+                                                                       : 0;
     const int n = a.given("sliding-window-pattern")
                       ? static_cast<int>(a.integer("sliding-window-pattern", 1, 1024))
                       : arch_pattern;
@@ -250,6 +265,10 @@ int cmd_synth(int argc, char** argv) {
     overridden = true;
   } else if (!a.given("preset")) {
     c.sliding_window = 0;
+  }
+  if (c.arch == "gpt-oss" && c.sliding_window == 0) {
+    c.sliding_window = std::min(128, c.ctx);  // gpt-oss: 128-token windows, even layers
+    c.set_swa_pattern(2);
   }
   std::string tokenizer_desc;
   if (a.given("tokenizer-config") && !a.given("tokenizer-json"))

@@ -83,7 +83,16 @@ void prefetch_range(const kv::LayerView& kv, int h, int t0, int t1) {
   prefetch_stream(kv.v, h, t0, t1);
 }
 
-void merge_partials(const float* partials, size_t stride, int count, int rep, int D, float* out) {
+void normalize_state(float* o, int D, float m, float d, const float* sink) {
+  // A sink adds exp(sink - m) to the denominator; with no token (d = 0, m = -inf) the
+  // output is zero either way.
+  const float den = sink && d > 0.0f ? d + std::exp(*sink - m) : d;
+  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+  for (int i = 0; i < D; ++i) o[i] *= inv;
+}
+
+void merge_partials(const float* partials, size_t stride, int count, int rep, int D, float* out,
+                    const float* head_sinks) {
   assert(count >= 1);
   for (int r = 0; r < rep; ++r) {
     float* o = out + static_cast<size_t>(r) * D;
@@ -94,8 +103,7 @@ void merge_partials(const float* partials, size_t stride, int count, int rep, in
       const float* b = partials + c * stride + static_cast<size_t>(r) * (D + 2);
       merge(acc, State{b[D], b[D + 1], const_cast<float*>(b)}, D);  // (merge reads b.o)
     }
-    const float inv = 1.0f / acc.d;
-    for (int i = 0; i < D; ++i) o[i] *= inv;
+    normalize_state(o, D, acc.m, acc.d, head_sinks ? head_sinks + r : nullptr);
   }
 }
 
@@ -239,7 +247,8 @@ void decode_impl(const kv::LayerView& kv, const float* q, float* out, const Para
                            out + static_cast<size_t>(h) * rep * (D + 2));
     } else {
       merge_partials(ws.partial(h * n_chunks), ws.task_stride(), n_chunks, rep, D,
-                     out + static_cast<size_t>(h) * rep * D);
+                     out + static_cast<size_t>(h) * rep * D,
+                     p.head_sinks ? p.head_sinks + static_cast<size_t>(h) * rep : nullptr);
     }
   }
 }

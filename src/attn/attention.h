@@ -43,6 +43,9 @@ struct Params {
   const float* alibi_slopes = nullptr;  // [n_heads] ALiBi slopes, or null
   int window = 0;                       // attend to the last `window` tokens only; 0 = all
   int sinks = 0;  // with a window: also the first `sinks` tokens (StreamingLLM)
+  // [n_heads] a learned logit per query head added to the softmax's denominator (exp(s -
+  // m)), a token whose value is zero (gpt-oss's attention sinks), or null.
+  const float* head_sinks = nullptr;
   Precision precision = Precision::kExact;
   // Keys stored before RoPE: key t is rotated by position t as attention reads it, with
   // rope[t][i] = (cos, sin) of pair i ([positions][D/2][2], the model's table). Null
@@ -70,7 +73,11 @@ struct State {
 void merge(State& a, const State& b, int head_dim);
 // The outputs out [rep][D] of `count` (>= 1) partial states of rep query heads, in token
 // order: state c of head r is partials[c * stride + r * (D + 2) ...], o[0..D), then m, d.
-void merge_partials(const float* partials, size_t stride, int count, int rep, int D, float* out);
+// head_sinks [rep] (or null): each head's sink logit joins its denominator.
+void merge_partials(const float* partials, size_t stride, int count, int rep, int D, float* out,
+                    const float* head_sinks = nullptr);
+// o[D] / (d + exp(sink - m)) of one merged state, in place (no sink: o / d; d = 0: zeros).
+void normalize_state(float* o, int D, float m, float d, const float* sink);
 // The same without the final division: out [rep][D + 2] holds each head's merged state
 // (o unnormalized, then m, d), for merging with states computed elsewhere.
 void merge_partial_states(const float* partials, size_t stride, int count, int rep, int D,
@@ -116,9 +123,10 @@ void prefetch_range(const kv::LayerView& kv, int h, int t0, int t1);
 void decode(const kv::LayerView& kv, const float* q, float* out, const Params& p, ThreadPool* pool,
             Workspace& ws);
 
-// decode() without the final normalization: states [n_heads][D + 2] hold each query
-// head's merged state (o unnormalized, m, d); an empty cache gives m = -inf, d = 0. Context
-// parallelism merges the states of every rank's shard of the tokens (model/context_parallel.h).
+// decode() without the final normalization (nor head sinks): states [n_heads][D + 2] hold
+// each query head's merged state (o unnormalized, m, d); an empty cache gives m = -inf, d = 0.
+// Context parallelism merges the states of every rank's shard of the tokens
+// (model/context_parallel.h).
 void decode_state(const kv::LayerView& kv, const float* q, float* states, const Params& p,
                   ThreadPool* pool, Workspace& ws);
 // states [n_heads][D + 2] of attention over no token: o = 0, m = -inf, d = 0.

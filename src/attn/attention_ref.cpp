@@ -149,6 +149,7 @@ void decode_reference(const kv::LayerView& kv, const float* q, float* out, const
       dequantize_value(kv.v, t, h, vr.data());
       for (int d = 0; d < D; ++d) o[d] += w * vr[d];
     }
+    if (p.head_sinks) den += std::exp(static_cast<double>(p.head_sinks[hq]) - mx);
     for (int d = 0; d < D; ++d)
       out[static_cast<size_t>(hq) * D + d] = static_cast<float>(o[d] / den);
   }
@@ -165,6 +166,7 @@ void attention_weights_reference(const kv::LayerView& kv, const float* q, const 
         kv, q, p, h * rep + r, [](int) { return true; }, kr, s);
     double den = 0.0;
     for (int t = 0; t < n; ++t) den += (s[t] = std::exp(s[t] - mx));
+    if (p.head_sinks) den += std::exp(static_cast<double>(p.head_sinks[h * rep + r]) - mx);
     for (int t = 0; t < n; ++t) s[t] /= den;
   }
 }

@@ -51,6 +51,11 @@ void ModelConfig::validate(const std::string& src) const {
   positive("final_logit_softcapping", final_softcap, true);
   positive("attention scale", attn_scale, true);
   positive("rope.freq_base_swa", rope_theta_swa, true);
+  if (yarn_orig_ctx != 0) {
+    range("rope.scaling.original_context_length", yarn_orig_ctx, 1, kMaxContext);
+    positive("rope.scaling.yarn_beta_fast", yarn_beta_fast, false);
+    positive("rope.scaling.yarn_beta_slow", yarn_beta_slow, false);
+  }
   if (sliding_window > 0 && static_cast<int>(swa_layers.size()) != n_layers) {
     fail("%s: attention.sliding_window_pattern has %zu elements, expected one per layer (%d)",
          src.c_str(), swa_layers.size(), n_layers);
@@ -81,12 +86,12 @@ std::vector<int> ModelConfig::layer_windows() const {
 }
 
 const char* supported_architectures() {
-  return "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3";
+  return "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss";
 }
 
 bool is_supported_architecture(const std::string& arch) {
   return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" ||
-         arch == "gemma2" || arch == "gemma3" || arch == "phi3";
+         arch == "gemma2" || arch == "gemma3" || arch == "phi3" || arch == "gpt-oss";
 }
 
 void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
@@ -97,14 +102,18 @@ void apply_arch_defaults(ModelConfig& c, const std::string& arch) {
   c.arch = arch;
   const bool qwen = arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe";
   const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const bool oss = arch == "gpt-oss";
   c.rope_style =
-      qwen || gemma || arch == "phi3" ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
+      qwen || gemma || arch == "phi3" || oss ? attn::RopeStyle::kNeox : attn::RopeStyle::kAdjacent;
   c.fused_projections = arch == "phi3";
-  c.attn_bias = arch == "qwen2";
+  c.attn_bias = arch == "qwen2" || oss;
+  c.out_bias = oss;
+  c.head_sinks = oss;
+  c.expert_bias = oss;
   c.qk_norm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3";
   c.embed_scale = gemma;
   c.post_norms = gemma;
-  c.ffn_act = gemma ? Activation::kGeluTanh : Activation::kSilu;
+  c.ffn_act = gemma ? Activation::kGeluTanh : oss ? Activation::kSwigluOai : Activation::kSilu;
   c.rope_theta_swa = arch == "gemma3" ? 10000.0f : 0.0f;
   c.attn_softcap = arch == "gemma2" ? 50.0f : 0.0f;
   c.final_softcap = arch == "gemma2" ? 30.0f : 0.0f;
@@ -144,6 +153,9 @@ double ModelConfig::n_params() const {
   const double ffn = n_experts > 0 ? n_experts * 3 * d * h + n_experts * d : 3 * d * h;
   double per_layer = 2 * d + d * qd * 2 + 2 * d * kv + ffn;
   if (attn_bias) per_layer += qd + 2 * kv;
+  if (out_bias) per_layer += d;
+  if (head_sinks) per_layer += n_heads;
+  if (expert_bias) per_layer += n_experts * (1 + 2 * h + d);
   if (qk_norm) per_layer += 2 * head_dim();
   if (post_norms) per_layer += 2 * d;
   return v * d * (shared_classifier ? 1 : 2) + n_layers * per_layer + d;

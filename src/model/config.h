@@ -14,7 +14,11 @@
 //          gemma3 has qwen3's per-head Q/K norms and its own RoPE base in the windowed
 //          layers. Their norm weights are stored as llama.cpp writes them (1 + w already);
 //   phi3   (Phi-3, Phi-4) NeoX RoPE, Q, K and V in one matrix (attn_qkv) and the FFN's
-//          gate and up in one (ffn_up, gate rows first).
+//          gate and up in one (ffn_up, gate rows first);
+//   gpt-oss  a mixture of experts with biases (router and experts) and OpenAI's clamped
+//          SwiGLU, biases on Q, K, V and the output projection, a learned sink logit per
+//          head in every softmax, alternating 128-token windows and global layers, YaRN
+//          RoPE (NeoX pairs); the FFN's norm is stored as post_attention_norm.
 #pragma once
 
 #include <cmath>
@@ -43,8 +47,10 @@ struct TpSlice {
   std::vector<int> vocab_counts;  // [size] classifier rows of each rank
 };
 
-// The FFN's gate: SwiGLU (silu(gate) * up) or GeGLU with the tanh approximation of GeLU.
-enum class Activation { kSilu, kGeluTanh };
+// The FFN's gate: SwiGLU (silu(gate) * up), GeGLU with the tanh approximation of GeLU,
+// or gpt-oss's clamped SwiGLU: g = min(gate, 7), u = clamp(up, -7, 7),
+// g * sigmoid(1.702 g) * (u + 1).
+enum class Activation { kSilu, kGeluTanh, kSwigluOai };
 
 struct ModelConfig {
   std::string arch = "llama";
@@ -75,9 +81,22 @@ struct ModelConfig {
   std::vector<float> rope_factors_long;
   int rope_orig_ctx = 0;
   float rope_attn_factor = 1.0f;
+  // YaRN (rope.scaling.type "yarn"; gpt-oss): with yarn_orig_ctx > 0, pair i rotates by a
+  // blend of the interpolated (rope_freq_scale) and the original frequency, ramping from
+  // extrapolation in the fast pairs to interpolation in the slow ones between the pairs
+  // that turn yarn_beta_fast and yarn_beta_slow times in yarn_orig_ctx tokens; cos and sin
+  // are scaled by 1 + 0.1 ln(1 / rope_freq_scale), as llama.cpp computes them.
+  int yarn_orig_ctx = 0;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
   bool attn_bias = false;          // Q, K and V projections carry biases (qwen2)
   bool qk_norm = false;            // RMSNorm over each query and key head before RoPE (qwen3)
   bool fused_projections = false;  // attn_qkv and a gate-up ffn_up in the file (phi3)
+  bool out_bias = false;           // the output projection carries a bias (gpt-oss)
+  // A learned logit per query head that joins every softmax's denominator as a token
+  // whose value is zero (gpt-oss's attention sinks; attn_sinks.weight).
+  bool head_sinks = false;
+  bool expert_bias = false;  // the router and every expert's projections carry biases
   // Mixture of experts (<arch>.expert_count, expert_used_count): every FFN is n_experts
   // SwiGLU experts of hidden_dim channels, of which a router picks n_experts_used per
   // token, weighted by the softmax of their router logits. 0: one dense FFN.

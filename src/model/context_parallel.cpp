@@ -21,7 +21,7 @@ int cp_shard_tokens(int ctx, int n, int block) {
 }
 
 void cp_merge(const CpShard& cp, const float* states, int n, int H, int D, float* out,
-              std::vector<float>& buf) {
+              std::vector<float>& buf, const float* head_sinks) {
   const int N = cp.comm->size();
   const size_t per_rank = static_cast<size_t>(n) * H * (D + 2);
   buf.resize(per_rank * N + static_cast<size_t>(D));
@@ -37,8 +37,8 @@ void cp_merge(const CpShard& cp, const float* states, int n, int H, int D, float
         attn::merge(acc, attn::State{s[D], s[D + 1], const_cast<float*>(s)}, D);
       }
       float* o = out + (static_cast<size_t>(i) * H + h) * D;
-      const float inv = acc.d > 0.0f ? 1.0f / acc.d : 0.0f;
-      for (int k = 0; k < D; ++k) o[k] = acc_o[k] * inv;
+      std::copy(acc_o, acc_o + D, o);
+      attn::normalize_state(o, D, acc.m, acc.d, head_sinks ? head_sinks + h : nullptr);
     }
   }
 }

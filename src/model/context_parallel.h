@@ -47,8 +47,9 @@ struct CpShard {
 int cp_shard_tokens(int ctx, int n, int block);
 
 // Merges every rank's attention states of n tokens ([n][H][D + 2]: o unnormalized, m, d)
-// in rank order into out [n][H * D]; `buf` is scratch.
+// in rank order into out [n][H * D]; `buf` is scratch; head_sinks [H] (or null): the
+// heads' sink logits (attn::Params::head_sinks).
 void cp_merge(const CpShard& cp, const float* states, int n, int H, int D, float* out,
-              std::vector<float>& buf);
+              std::vector<float>& buf, const float* head_sinks = nullptr);
 
 }  // namespace kivi::model

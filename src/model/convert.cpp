@@ -67,7 +67,11 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
     }
   }
   w.add_f32(A + "rope.freq_base", c.rope_theta);
-  if (c.rope_freq_scale != 1.0f) {
+  if (c.yarn_orig_ctx > 0) {
+    w.add_string(A + "rope.scaling.type", "yarn");
+    w.add_f32(A + "rope.scaling.factor", 1.0f / c.rope_freq_scale);
+    w.add_u32(A + "rope.scaling.original_context_length", c.yarn_orig_ctx);
+  } else if (c.rope_freq_scale != 1.0f) {
     w.add_string(A + "rope.scaling.type", "linear");
     w.add_f32(A + "rope.scaling.factor", 1.0f / c.rope_freq_scale);
   }
@@ -126,15 +130,28 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
                    static_cast<uint64_t>(c.head_dim()), 0});
     }
     t.push_back({p + "attn_output.weight", TensorRole::kAttnOutput, l, dim, qd});
+    if (c.out_bias) t.push_back({p + "attn_output.bias", TensorRole::kAttnOutBias, l, dim, 0});
+    if (c.head_sinks) {
+      t.push_back({p + "attn_sinks.weight", TensorRole::kAttnSinks, l,
+                   static_cast<uint64_t>(c.n_heads), 0});
+    }
     if (c.post_norms)
       t.push_back({p + "post_attention_norm.weight", TensorRole::kAttnPostNorm, l, dim, 0});
-    t.push_back({p + "ffn_norm.weight", TensorRole::kFfnNorm, l, dim, 0});
+    // gpt-oss calls the FFN's norm post_attention_norm.
+    t.push_back({p + (c.arch == "gpt-oss" ? "post_attention_norm.weight" : "ffn_norm.weight"),
+                 TensorRole::kFfnNorm, l, dim, 0});
     if (c.n_experts > 0) {
       const uint64_t E = c.n_experts;
       t.push_back({p + "ffn_gate_inp.weight", TensorRole::kFfnGateInp, l, E, dim});
       t.push_back({p + "ffn_gate_exps.weight", TensorRole::kFfnGateExps, l, hid, dim, E});
       t.push_back({p + "ffn_down_exps.weight", TensorRole::kFfnDownExps, l, dim, hid, E});
       t.push_back({p + "ffn_up_exps.weight", TensorRole::kFfnUpExps, l, hid, dim, E});
+      if (c.expert_bias) {
+        t.push_back({p + "ffn_gate_inp.bias", TensorRole::kFfnGateInpBias, l, E, 0});
+        t.push_back({p + "ffn_gate_exps.bias", TensorRole::kFfnGateExpsBias, l, E, hid, 0, true});
+        t.push_back({p + "ffn_down_exps.bias", TensorRole::kFfnDownExpsBias, l, E, dim, 0, true});
+        t.push_back({p + "ffn_up_exps.bias", TensorRole::kFfnUpExpsBias, l, E, hid, 0, true});
+      }
     } else if (c.fused_projections) {
       t.push_back({p + "ffn_down.weight", TensorRole::kFfnDown, l, dim, hid});
       t.push_back({p + "ffn_up.weight", TensorRole::kFfnUp, l, 2 * hid, dim});
@@ -218,6 +235,12 @@ ConvertResult convert_llama2c_to_gguf(const std::string& in, const std::string& 
       case TensorRole::kAttnQkv:
       case TensorRole::kRopeLong:
       case TensorRole::kRopeShort:
+      case TensorRole::kAttnOutBias:
+      case TensorRole::kAttnSinks:
+      case TensorRole::kFfnGateInpBias:
+      case TensorRole::kFfnGateExpsBias:
+      case TensorRole::kFfnDownExpsBias:
+      case TensorRole::kFfnUpExpsBias:
         break;  // not in llama2.c checkpoints
     }
     return nullptr;

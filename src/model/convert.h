@@ -71,6 +71,12 @@ enum class TensorRole : uint8_t {
   kAttnQkv,   // phi3's fused Q, K and V (its ffn_up, kFfnUp, holds the gate rows too)
   kRopeLong,  // LongRoPE's long and short frequency divisors
   kRopeShort,
+  kAttnOutBias,      // gpt-oss: the output projection's bias,
+  kAttnSinks,        // each head's sink logit,
+  kFfnGateInpBias,   // the router's bias
+  kFfnGateExpsBias,  // and the experts' biases ([experts][width], F32)
+  kFfnDownExpsBias,
+  kFfnUpExpsBias,
 };
 struct TensorSpec {
   std::string name;  // "blk.3.attn_q.weight"
@@ -79,6 +85,7 @@ struct TensorSpec {
   uint64_t rows;         // matrices: [rows, cols] row-major (GGUF dims {cols, rows})
   uint64_t cols;         // 0 for norm vectors of `rows` elements
   uint64_t experts = 0;  // > 0: a 3-D tensor of that many [rows, cols] matrices
+  bool f32 = false;      // a matrix of biases, stored F32 whatever the file type
   bool is_vector() const { return cols == 0; }
   uint64_t matrices() const { return experts > 0 ? experts : 1; }
 };

@@ -27,6 +27,8 @@ MoeScratch::MoeScratch(const ModelConfig& c, int rows) : max_rows(rows) {
 static void gate(const ModelConfig& c, float* hb, const float* hb2, int n) {
   if (c.ffn_act == Activation::kGeluTanh) {
     ops::gelu_tanh_mul(hb, hb2, n);
+  } else if (c.ffn_act == Activation::kSwigluOai) {
+    ops::swiglu_oai_mul(hb, hb2, n);
   } else {
     ops::silu_mul(hb, hb2, n);
   }
@@ -67,6 +69,9 @@ void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, fl
   if (n > moe.max_rows) fail("mixture of experts: %d rows, scratch for %d", n, moe.max_rows);
   const int E = c.n_experts, K = c.n_experts_used;
   ops::matmul(L.router, xb, n, moe.logits.data(), pool);
+  if (!L.router_bias.empty())
+    for (int i = 0; i < n; ++i)
+      ops::add_inplace(moe.logits.data() + static_cast<size_t>(i) * E, L.router_bias.data(), E);
   std::fill(moe.first.begin(), moe.first.end(), 0);
   for (int i = 0; i < n; ++i) {
     int* p = moe.picked.data() + static_cast<size_t>(i) * K;
@@ -90,8 +95,18 @@ void ffn(const ModelConfig& c, const LayerWeights& L, const float* xb, int n, fl
     }
     ops::matmul(L.gate_exps[e], moe.xe.data(), cnt, hb, pool);
     ops::matmul(L.up_exps[e], moe.xe.data(), cnt, hb2, pool);
+    const bool bias = !L.gate_exps_bias.empty();
+    for (int r = 0; bias && r < cnt; ++r) {
+      ops::add_inplace(hb + static_cast<size_t>(r) * hid, &L.gate_exps_bias[size_t(e) * hid], hid);
+      ops::add_inplace(hb2 + static_cast<size_t>(r) * hid, &L.up_exps_bias[size_t(e) * hid], hid);
+    }
     gate(c, hb, hb2, cnt * hid);
     ops::matmul(L.down_exps[e], hb, cnt, moe.xe.data(), pool);
+    // The down projection's bias is added once over tensor-parallel ranks (rank 0's).
+    for (int r = 0; bias && c.tp.rank == 0 && r < cnt; ++r) {
+      ops::add_inplace(moe.xe.data() + static_cast<size_t>(r) * dim,
+                       &L.down_exps_bias[size_t(e) * dim], dim);
+    }
     for (int r = 0; r < cnt; ++r) {
       std::memcpy(moe.ye.data() + static_cast<size_t>(at[b + r]) * dim,
                   moe.xe.data() + static_cast<size_t>(r) * dim, sizeof(float) * dim);

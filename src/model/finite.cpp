@@ -176,6 +176,24 @@ void check_finite_weights(const Model& m) {
       case TensorRole::kRopeShort:
         vec = &c.rope_freq_factors;
         break;
+      case TensorRole::kAttnOutBias:
+        vec = &L->bo;
+        break;
+      case TensorRole::kAttnSinks:
+        vec = &L->sinks;
+        break;
+      case TensorRole::kFfnGateInpBias:
+        vec = &L->router_bias;
+        break;
+      case TensorRole::kFfnGateExpsBias:
+        vec = &L->gate_exps_bias;
+        break;
+      case TensorRole::kFfnDownExpsBias:
+        vec = &L->down_exps_bias;
+        break;
+      case TensorRole::kFfnUpExpsBias:
+        vec = &L->up_exps_bias;
+        break;
     }
     size_t n = 0, bad = 0;
     float v = 0.0f;

@@ -34,12 +34,38 @@ void fill_rope_table(float* table, int ctx, int hd, float theta, float freq_scal
   }
 }
 
+void fill_yarn_row(float* row, int64_t pos, int hd, float theta, float freq_scale, int orig_ctx,
+                   float beta_fast, float beta_slow) {
+  // The pairs that turn `beta` times in orig_ctx tokens bound the ramp (llama.cpp rounds
+  // the fast one down and the slow one up, in float).
+  auto corr = [&](float beta) {
+    return static_cast<float>(hd) *
+           std::log(static_cast<float>(orig_ctx) / (beta * 2.0f * static_cast<float>(M_PI))) /
+           (2.0f * std::log(theta));
+  };
+  const float low = std::max(0.0f, std::floor(corr(beta_fast)));
+  const float high = std::min(static_cast<float>(hd - 1), std::ceil(corr(beta_slow)));
+  const double mscale = 1.0 + 0.1 * std::log(1.0 / freq_scale);
+  for (int i = 0; i < hd; i += 2) {
+    const double extrap = static_cast<double>(pos) /
+                          std::pow(static_cast<double>(theta), static_cast<double>(i) / hd);
+    const double interp = extrap * freq_scale;
+    const float y = (static_cast<float>(i / 2) - low) / std::max(0.001f, high - low);
+    const double mix = 1.0 - std::min(1.0f, std::max(0.0f, y));
+    const double val = interp * (1.0 - mix) + extrap * mix;
+    row[i] = static_cast<float>(std::cos(val) * mscale);
+    row[i + 1] = static_cast<float>(std::sin(val) * mscale);
+  }
+}
+
 void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, int ctx, bool local) {
   const int hd = c.head_dim();
-  if (local) {
-    fill_rope_row(row, pos, hd, c.rope_theta_swa, c.rope_freq_scale_swa, nullptr);
+  const float theta = local ? c.rope_theta_swa : c.rope_theta;
+  const float scale = local ? c.rope_freq_scale_swa : c.rope_freq_scale;
+  if (c.yarn_orig_ctx > 0) {
+    fill_yarn_row(row, pos, hd, theta, scale, c.yarn_orig_ctx, c.yarn_beta_fast, c.yarn_beta_slow);
   } else {
-    fill_rope_row(row, pos, hd, c.rope_theta, c.rope_freq_scale, c.freq_factors(ctx));
+    fill_rope_row(row, pos, hd, theta, scale, local ? nullptr : c.freq_factors(ctx));
   }
   if (c.rope_attn_factor != 1.0f)
     for (int i = 0; i < hd; ++i) row[i] *= c.rope_attn_factor;
@@ -62,6 +88,12 @@ void post_norm(const ModelConfig& c, const std::vector<float>& weight, float* x,
     float* xi = x + static_cast<size_t>(i) * c.dim;
     ops::rmsnorm(xi, xi, weight.data(), c.dim, c.norm_eps);
   }
+}
+
+void output_bias(const ModelConfig& c, const LayerWeights& L, float* x, int n) {
+  if (L.bo.empty() || c.tp.rank != 0) return;
+  for (int i = 0; i < n; ++i)
+    ops::add_inplace(x + static_cast<size_t>(i) * c.dim, L.bo.data(), c.dim);
 }
 
 void apply_rope(float* x, int n_heads, int hd, const float* rope_row, attn::RopeStyle style) {
@@ -192,6 +224,7 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   if (cp.comm) st.cp_states.resize(static_cast<size_t>(n) * c.n_heads * (hd + 2));
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
+    ap.head_sinks = L.sinks.empty() ? nullptr : L.sinks.data();
     for (int i = 0; i < n; ++i) {
       ops::rmsnorm(st.xb.data() + static_cast<size_t>(i) * dim,
                    st.x.data() + static_cast<size_t>(i) * dim, L.attn_norm.data(), dim, c.norm_eps);
@@ -258,8 +291,10 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
       if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
       if (opt.observer) opt.observer->attended(l, cache.owner(l), view, qi, ap);
     }
-    if (cp.comm) cp_merge(cp, st.cp_states.data(), n, c.n_heads, hd, st.att.data(), st.cp_buf);
+    if (cp.comm)
+      cp_merge(cp, st.cp_states.data(), n, c.n_heads, hd, st.att.data(), st.cp_buf, ap.head_sinks);
     ops::matmul(L.wo, st.att.data(), n, st.xb2.data(), pool);
+    output_bias(c, L, st.xb2.data(), n);
     tp_reduce(m, st.xb2.data(), static_cast<size_t>(n) * dim);
     post_norm(c, L.attn_post_norm, st.xb2.data(), n);
     ops::add_inplace(st.x.data(), st.xb2.data(), n * dim);
@@ -338,7 +373,8 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
       }
     }
     // Plain causal attention, in double; a sliding-window layer masks key t for query i
-    // when i - t >= window; scores capped at cap * tanh(score / cap) when the model caps.
+    // when i - t >= window; scores capped at cap * tanh(score / cap) when the model caps;
+    // a head's sink logit joins the denominator.
     const int window = c.layer_window(l);
     const double scale = c.attention_scale(), cap = c.attn_softcap;
     for (int i = 0; i < n; ++i) {
@@ -358,6 +394,7 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
         }
         double den = 0.0;
         for (int t = t0; t <= i; ++t) den += (s[t] = std::exp(s[t] - mx));
+        if (!L.sinks.empty()) den += std::exp(static_cast<double>(L.sinks[hq]) - mx);
         float* out = &att[static_cast<size_t>(i) * qd + hq * hd];
         for (int d = 0; d < hd; ++d) {
           double acc = 0.0;
@@ -367,6 +404,7 @@ std::vector<float> forward_no_cache(const Model& m, const std::vector<int>& toke
       }
     }
     ops::matmul(L.wo, att.data(), n, xb2.data(), pool);
+    output_bias(c, L, xb2.data(), n);
     post_norm(c, L.attn_post_norm, xb2.data(), n);
     ops::add_inplace(x.data(), xb2.data(), n * dim);
     for (int i = 0; i < n; ++i)

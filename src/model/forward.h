@@ -108,6 +108,11 @@ void fill_rope_row(float* row, int64_t pos, int head_dim, float theta, float fre
                    const float* freq_factors = nullptr);
 void fill_rope_table(float* table, int ctx, int head_dim, float theta, float freq_scale = 1.0f,
                      const float* freq_factors = nullptr);
+// YaRN's row (ModelConfig::yarn_orig_ctx): each pair's angle blends pos * freq_scale *
+// theta^(-2i/head_dim) and the unscaled angle by a ramp over the pairs, cos and sin times
+// 1 + 0.1 ln(1 / freq_scale).
+void fill_yarn_row(float* row, int64_t pos, int head_dim, float theta, float freq_scale,
+                   int orig_ctx, float beta_fast, float beta_slow);
 // The same with the model's RoPE parameters; local: those of its sliding-window layers
 // (ModelConfig::rope_theta_swa).
 // `ctx`: the context the rows serve (it picks LongRoPE's factors).
@@ -118,6 +123,9 @@ void scale_embedding(const ModelConfig& c, float* x, int n);
 // Gemma's RMSNorm of a sublayer's output x [n, dim] before the residual add, in place,
 // when the model has post-norms.
 void post_norm(const ModelConfig& c, const std::vector<float>& weight, float* x, int n);
+// The output projection's bias on x [n, dim] when the model has one (once over
+// tensor-parallel ranks: rank 0 adds it before the sum).
+void output_bias(const ModelConfig& c, const LayerWeights& L, float* x, int n);
 // Biases, then per-head RMSNorm (qwen2, qwen3) of the projections of n tokens:
 // q [n, q_dim], and k, v [n, kv_dim] unless null.
 void finish_projections(const ModelConfig& c, const LayerWeights& L, float* q, float* k, float* v,

@@ -129,6 +129,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     const AlignedBuffer<float>& table = c.local_rope(l) ? st_.rope_local : st_.rope;
     if (pre_rope) ap.rope = table.data();
     const LayerWeights& L = w.layers[l];
+    ap.head_sinks = L.sinks.empty() ? nullptr : L.sinks.data();
     for (int r = 0; r < rows; ++r) {
       ops::rmsnorm(st_.xb.data() + static_cast<size_t>(r) * dim,
                    st_.x.data() + static_cast<size_t>(r) * dim, L.attn_norm.data(), dim,
@@ -161,6 +162,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     attend(m, l, seqs, n_seqs, pool, ap, per_sequence);
     if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     ops::matmul(L.wo, st_.att.data(), rows, st_.xb2.data(), pool);
+    output_bias(c, L, st_.xb2.data(), rows);
     tp_reduce(m, st_.xb2.data(), static_cast<size_t>(rows) * dim);
     post_norm(c, L.attn_post_norm, st_.xb2.data(), rows);
     ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);

@@ -139,8 +139,11 @@ static void read_sliding_window(const io::GgufFile& f, const std::string& path,
   const std::string wkey = A + "attention.sliding_window", pkey = wkey + "_pattern";
   // Gemma 2 always alternates (window 4096 unless the file says otherwise, every second
   // layer global); Gemma 3 files with a window make every sixth layer global.
+  // gpt-oss windows every even layer (the window comes from the file).
   const int default_window = c.arch == "gemma2" ? 4096 : 0;
-  const int default_pattern = c.arch == "gemma2" ? 2 : c.arch == "gemma3" ? 6 : 0;
+  const int default_pattern = c.arch == "gemma2" || c.arch == "gpt-oss" ? 2
+                              : c.arch == "gemma3"                      ? 6
+                                                                        : 0;
   if (!f.has(wkey) && default_window == 0) {
     if (f.has(pkey))
       fail("%s: metadata '%s' without '%s'", path.c_str(), pkey.c_str(), wkey.c_str());
@@ -198,8 +201,9 @@ static void read_sliding_window(const io::GgufFile& f, const std::string& path,
 // RoPE frequency scaling from "<arch>.rope.scaling.*": "none", "linear" (angles divided by
 // rope.scaling.factor) and "llama3" (llama3_rope_factors from rope.scaling.factor,
 // low_freq_factor, high_freq_factor and original_context_length, used when the file
-// has no rope_freqs.weight, which llama.cpp's converter writes instead). Anything else
-// (YaRN, LongRoPE) is an error naming it.
+// has no rope_freqs.weight, which llama.cpp's converter writes instead), "yarn" (factor,
+// original_context_length, yarn_beta_fast, yarn_beta_slow) and "longrope" (read_long_rope).
+// Anything else is an error naming it.
 // Gemma's caps, windowed layers' RoPE base and attention scale (llama.cpp's defaults).
 static void read_gemma(const io::GgufFile& f, const std::string& path, const std::string& A,
                        ModelConfig& c) {
@@ -281,6 +285,25 @@ static void read_rope_scaling(const io::GgufFile& f, const std::string& path, co
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
     return;
   }
+  if (type == "yarn") {
+    const double factor = number("factor", 1.0);
+    if (!(factor >= 1.0) || factor > 1e6)
+      fail("%s: %srope.scaling.factor = %g, expected 1 to 1e6", path.c_str(), A.c_str(), factor);
+    const double orig = number("original_context_length", c.ctx);
+    if (!(orig >= 1.0) || orig > kMaxContext) {
+      fail("%s: %srope.scaling.original_context_length = %g, expected 1 to %d", path.c_str(),
+           A.c_str(), orig, kMaxContext);
+    }
+    if (f.has(A + "rope.scaling.yarn_log_multiplier") &&
+        number("yarn_log_multiplier", 0.0) != 0.0) {
+      fail("%s: %srope.scaling.yarn_log_multiplier is not supported", path.c_str(), A.c_str());
+    }
+    c.rope_freq_scale = static_cast<float>(1.0 / factor);
+    c.yarn_orig_ctx = static_cast<int>(orig);
+    c.yarn_beta_fast = static_cast<float>(number("yarn_beta_fast", 32.0));
+    c.yarn_beta_slow = static_cast<float>(number("yarn_beta_slow", 1.0));
+    return;
+  }
   if (type == "llama3") {
     if (f.find_tensor("rope_freqs.weight")) return;  // the stored divisors win
     try {
@@ -295,7 +318,8 @@ static void read_rope_scaling(const io::GgufFile& f, const std::string& path, co
     return;
   }
   fail(
-      "%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3, longrope)",
+      "%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3, yarn, "
+      "longrope)",
       path.c_str(), A.c_str(), type.c_str());
 }
 
@@ -358,8 +382,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     c.n_experts_used = get_int(A + "expert_used_count", 1 << 16);
     if (f.has(A + "expert_feed_forward_length"))
       c.hidden_dim = get_int(A + "expert_feed_forward_length", 1 << 22);
-  } else if (arch == "qwen3moe") {
-    fail("%s: architecture qwen3moe without %sexpert_count", path.c_str(), A.c_str());
+  } else if (arch == "qwen3moe" || arch == "gpt-oss") {
+    fail("%s: architecture %s without %sexpert_count", path.c_str(), arch.c_str(), A.c_str());
   }
   const io::GgufTensor* emb = f.find_tensor("token_embd.weight");
   if (!emb) fail("%s: missing tensor 'token_embd.weight'", path.c_str());
@@ -394,6 +418,14 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   if (arch != "phi3") read_sliding_window(f, path, A, c);  // needs the validated layer count
   read_long_rope(f, path, A, c);
   if (arch == "gemma2" || arch == "gemma3") read_gemma(f, path, A, c);
+  if (arch == "gpt-oss") {
+    // Windowed layers rotate as the global ones unless the file gives them a base.
+    c.rope_freq_scale_swa = c.rope_freq_scale;
+    if (const auto b = f.get_float_opt(A + "rope.freq_base_swa"))
+      c.rope_theta_swa = static_cast<float>(*b);
+    if (c.sliding_window == 0)
+      fail("%s: architecture gpt-oss without %sattention.sliding_window", path.c_str(), A.c_str());
+  }
   c.validate(path);
   if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
       rd && *rd != static_cast<uint64_t>(c.head_dim())) {
@@ -466,6 +498,16 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
     quant::dequantize_row(weight_type(path, *t)->type, t->data, out.data(), n);
     return out;
   };
+  // A 2-D tensor [rows][cols] (GGUF dims cols, rows) as floats, row after row.
+  auto mat_f32 = [&](const std::string& name, int64_t rows, int64_t cols) -> std::vector<float> {
+    const auto [t, type] = weight(name, {cols, rows});
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    const size_t rb = static_cast<size_t>(quant::row_bytes(type, cols));
+    for (int64_t r = 0; r < rows; ++r)
+      quant::dequantize_row(type, static_cast<const uint8_t*>(t->data) + rb * r,
+                            out.data() + r * cols, cols);
+    return out;
+  };
   Weights& w = m->w_;
   w.token_embd = matrix("token_embd.weight", vocab, dim);
   w.layers.resize(c.n_layers);
@@ -494,21 +536,32 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
       L.k_norm = vec(p + "attn_k_norm.weight", c.head_dim());
     }
     L.wo = matrix(p + "attn_output.weight", dim, qd);
-    if (f.find_tensor(p + "attn_output.bias")) {
-      fail("%s: tensor '%sattn_output.bias': output-projection biases are not supported",
-           path.c_str(), p.c_str());
+    if (c.out_bias) {
+      L.bo = vec(p + "attn_output.bias", dim);
+    } else if (f.find_tensor(p + "attn_output.bias")) {
+      fail("%s: tensor '%sattn_output.bias': architecture %s has no output-projection bias",
+           path.c_str(), p.c_str(), arch.c_str());
     }
+    if (c.head_sinks) L.sinks = vec(p + "attn_sinks.weight", c.n_heads);
     if (c.post_norms) {
       L.attn_post_norm = vec(p + "post_attention_norm.weight", dim);
       L.ffn_post_norm = vec(p + "post_ffw_norm.weight", dim);
     }
-    L.ffn_norm = vec(p + "ffn_norm.weight", dim);
+    // gpt-oss names the FFN's norm post_attention_norm (it follows attention).
+    L.ffn_norm =
+        vec(p + (arch == "gpt-oss" ? "post_attention_norm.weight" : "ffn_norm.weight"), dim);
     if (c.n_experts > 0) {
       const int E = c.n_experts;
       L.router = matrix(p + "ffn_gate_inp.weight", E, dim);
       L.gate_exps = experts(p + "ffn_gate_exps.weight", hid, dim, E);
       L.up_exps = experts(p + "ffn_up_exps.weight", hid, dim, E);
       L.down_exps = experts(p + "ffn_down_exps.weight", dim, hid, E);
+      if (c.expert_bias) {
+        L.router_bias = vec(p + "ffn_gate_inp.bias", E);
+        L.gate_exps_bias = mat_f32(p + "ffn_gate_exps.bias", E, hid);
+        L.up_exps_bias = mat_f32(p + "ffn_up_exps.bias", E, hid);
+        L.down_exps_bias = mat_f32(p + "ffn_down_exps.bias", E, dim);
+      }
     } else if (c.fused_projections) {
       // ffn_up holds the gate's rows, then the up projection's (llama.cpp's swiglu split).
       L.w_gate_up = matrix(p + "ffn_up.weight", 2 * hid, dim);

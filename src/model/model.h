@@ -27,6 +27,8 @@ struct LayerWeights {
   std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim] projection biases (attn_bias only)
   std::vector<float> q_norm, k_norm;  // [head_dim] per-head RMSNorm weights (qk_norm only)
   ops::Matrix wo;                     // [dim, n_heads * head_dim]
+  std::vector<float> bo;              // [dim] output-projection bias (out_bias only)
+  std::vector<float> sinks;           // [n_heads] sink logit of each query head (head_sinks)
   std::vector<float> attn_post_norm;  // [dim] after attention (post_norms only)
   std::vector<float> ffn_norm;        // [dim]
   std::vector<float> ffn_post_norm;   // [dim] after the FFN (post_norms only)
@@ -38,6 +40,9 @@ struct LayerWeights {
   std::vector<ops::Matrix> gate_exps;  // [n_experts] each [hidden, dim] (a slice of ffn_gate_exps)
   std::vector<ops::Matrix> up_exps;    // [n_experts] each [hidden, dim]
   std::vector<ops::Matrix> down_exps;  // [n_experts] each [dim, hidden]
+  // Their biases (expert_bias only): router [n_experts], gate and up [n_experts][hidden],
+  // down [n_experts][dim].
+  std::vector<float> router_bias, gate_exps_bias, up_exps_bias, down_exps_bias;
 };
 
 struct Weights {

@@ -38,6 +38,15 @@ static ModelConfig windows(ModelConfig c, int window, int pattern, float factor 
   return c;
 }
 
+// gpt-oss: 128-token windows in the even layers, YaRN by `factor` over `orig` tokens.
+static ModelConfig oss(ModelConfig c, float factor, int orig) {
+  c.sliding_window = 128;
+  c.set_swa_pattern(2);
+  c.rope_freq_scale = 1.0f / factor;
+  c.yarn_orig_ctx = orig;
+  return c;
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"llama-3.2-1b",
@@ -100,6 +109,14 @@ const std::vector<Preset>& presets() {
        "Phi-4 (14B) shape (phi3): 40 layers, dim 5120, 40 heads, 10 KV heads, ffn 17920, vocab "
        "100352, fused QKV and gate-up",
        shape(40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, false, "phi3"), RopeScaling{}},
+      {"gpt-oss-20b",
+       "gpt-oss-20b shape (gpt-oss): 24 layers, dim 2880, 64 heads of 64, 8 KV heads, 32 experts "
+       "of ffn 2880 with 4 per token, vocab 201088, even layers windowed (128), YaRN (factor 32 "
+       "over 4096), attention sinks",
+       oss(experts(shape(24, 2880, 64, 8, 2880, 201088, 131072, 150000.0f, false, "gpt-oss", 64),
+                   32, 4),
+           32.0f, 4096),
+       RopeScaling{}},
       {"tiny",
        "small GQA shape that builds in seconds: 4 layers, dim 256, 8 heads, 2 KV heads, ffn 688, "
        "vocab 512",

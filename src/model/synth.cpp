@@ -95,8 +95,8 @@ void validate_synth_config(const ModelConfig& c) {
         "heads)",
         c.n_kv_heads, c.n_heads);
   }
-  if (c.arch == "qwen3moe" && c.n_experts == 0)
-    fail("--arch qwen3moe needs --experts E (and --experts-used K)");
+  if ((c.arch == "qwen3moe" || c.arch == "gpt-oss") && c.n_experts == 0)
+    fail("--arch %s needs --experts E (and --experts-used K)", c.arch.c_str());
   if (c.n_experts > 0) {
     range_check("--experts", c.n_experts, 1, 4096);
     range_check("--experts-used", c.n_experts_used, 1, c.n_experts);
@@ -139,6 +139,7 @@ SynthNeeds synth_needs(const SynthSpec& s) {
   for (const auto& t : llama_tensor_specs(c)) {
     const uint64_t bytes =
         t.is_vector() ? t.rows * 4
+        : t.f32       ? t.rows * t.cols * 4
                       : quant::row_bytes(matrix_type(ft, t, c), t.cols) * t.rows * t.matrices();
     n.weight_bytes += bytes;
     n.file_bytes += aligned(bytes);
@@ -231,6 +232,11 @@ std::vector<std::string> synthetic_controls(const ModelConfig& c) {
   // chat turns.
   if (c.arch == "phi3")
     return {"<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"};
+  // gpt-oss's harmony markup (o200k_harmony's control tokens, as runtime/chat.h writes turns).
+  if (c.arch == "gpt-oss") {
+    return {"<|endoftext|>", "<|start|>",  "<|message|>",   "<|channel|>",
+            "<|end|>",       "<|return|>", "<|constrain|>", "<|call|>"};
+  }
   return {};
 }
 
@@ -290,6 +296,14 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
                    "message['content'] + '<|end|>\n'}}{% endfor %}{% if add_generation_prompt "
                    "%}{{ '<|assistant|>\n' }}{% endif %}");
     }
+    if (c.arch == "gpt-oss") {  // the shape of gpt-oss's template, without its system preamble
+      w.add_string("tokenizer.chat_template",
+                   "{% for message in messages %}{% if message['role'] == 'assistant' %}"
+                   "{{'<|start|>assistant<|channel|>final<|message|>' + message['content'] + "
+                   "'<|end|>'}}{% else %}{{'<|start|>' + message['role'] + '<|message|>' + "
+                   "message['content'] + '<|end|>'}}{% endif %}{% endfor %}{% if "
+                   "add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}");
+    }
   }
 
   static const float kOne = 1.0f;
@@ -301,9 +315,11 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
   auto values = std::make_shared<std::vector<float>>();
   for (size_t ti = 0; ti < specs.size(); ++ti) {
     const auto& t = specs[ti];
-    if (t.is_vector()) {
+    if (t.is_vector() || t.f32) {
       const bool bias = t.role == TensorRole::kAttnQBias || t.role == TensorRole::kAttnKBias ||
-                        t.role == TensorRole::kAttnVBias;
+                        t.role == TensorRole::kAttnVBias || t.role == TensorRole::kAttnOutBias ||
+                        t.role == TensorRole::kFfnGateInpBias || t.f32;
+      const bool sinks = t.role == TensorRole::kAttnSinks;
       // Per-head and post norms vary around 1 so that a norm applied in the wrong place shows.
       const bool head_norm = t.role == TensorRole::kAttnQNorm || t.role == TensorRole::kAttnKNorm ||
                              t.role == TensorRole::kAttnPostNorm ||
@@ -317,20 +333,27 @@ SynthResult write_synthetic_gguf(const SynthSpec& s, io::AtomicFile& out,
         gen = [long_freqs](uint64_t first, uint64_t count, void* dst) {
           std::memcpy(dst, long_freqs->data() + first, count * sizeof(float));
         };
-      } else if (bias || head_norm) {
-        // Biases N(0, kSynthBiasStd^2); head norms 1 + N(0, kSynthHeadNormStd^2).
-        gen = [seed = s.seed, ti, bias](uint64_t first, uint64_t count, void* dst) {
+      } else if (bias || head_norm || sinks) {
+        // Biases N(0, kSynthBiasStd^2); head norms 1 + N(0, kSynthHeadNormStd^2); sink
+        // logits N(0, kSynthSinkStd^2).
+        gen = [seed = s.seed, ti, bias, sinks](uint64_t first, uint64_t count, void* dst) {
           float* o = static_cast<float*>(dst);
           synth_matrix_values(seed, ti, first, count, false, o);
-          const float scale = (bias ? kSynthBiasStd : kSynthHeadNormStd) / kSynthWeightStd;
-          for (uint64_t i = 0; i < count; ++i) o[i] = (bias ? 0.0f : 1.0f) + scale * o[i];
+          const float scale = (sinks  ? kSynthSinkStd
+                               : bias ? kSynthBiasStd
+                                      : kSynthHeadNormStd) /
+                              kSynthWeightStd;
+          const float base = bias || sinks ? 0.0f : 1.0f;
+          for (uint64_t i = 0; i < count; ++i) o[i] = base + scale * o[i];
         };
       } else {
         gen = [](uint64_t, uint64_t count, void* dst) {
           std::fill_n(static_cast<float*>(dst), count, kOne);
         };
       }
-      w.add_tensor(t.name, {t.rows}, io::GgmlType::kF32, std::move(gen));
+      const std::vector<uint64_t> dims =
+          t.f32 ? std::vector<uint64_t>{t.cols, t.rows} : std::vector<uint64_t>{t.rows};
+      w.add_tensor(t.name, dims, io::GgmlType::kF32, std::move(gen));
       continue;
     }
     const quant::Type type = matrix_type(ft, t, c);

@@ -61,6 +61,8 @@ inline constexpr float kSynthWeightStd = 0.02f;
 // enough that a forward pass which ignored them would give visibly different logits.
 inline constexpr float kSynthBiasStd = 0.5f;
 inline constexpr float kSynthHeadNormStd = 0.2f;
+// Sink logits (gpt-oss): of the order of the scores, so that a sink takes a visible share.
+inline constexpr float kSynthSinkStd = 1.0f;
 // Smallest vocabulary: <unk>, <s>, </s> and the 256 byte pieces.
 inline constexpr int kSynthMinVocab = 259;
 

@@ -130,7 +130,18 @@ void shard_tensor_parallel(Model& m, TpComm* comm) {
     L.bk = sub(L.bk, k0, kn);
     L.bv = sub(L.bv, k0, kn);
     L.wo = column_slice(L.wo, q0, q0 + qn, "attn_output", li, m.owned_[2 * l]);
+    L.sinks = sub(L.sinks, static_cast<size_t>(t.head0), static_cast<size_t>(qh));
     if (E > 0) {
+      // The experts' gate and up biases follow their channels; the down projection's
+      // bias is whole (rank 0 adds it, model/ffn.cpp).
+      const size_t H = static_cast<size_t>(c.hidden_dim), n = static_cast<size_t>(f1 - f0);
+      for (std::vector<float>* b : {&L.gate_exps_bias, &L.up_exps_bias}) {
+        if (b->empty()) continue;
+        std::vector<float> s(E * n);
+        for (size_t e = 0; e < E; ++e)
+          std::copy_n(b->begin() + static_cast<ptrdiff_t>(e * H + f0), n, s.begin() + e * n);
+        *b = std::move(s);
+      }
       // Every expert keeps its channels [f0, f1) on this rank; the router stays whole, so
       // every rank picks the same experts, and the partial sums of their down projections
       // add up over the ranks as a dense FFN's do.

@@ -421,6 +421,14 @@ void gelu_tanh_mul(float* gate, const float* up, int n) {
   }
 }
 
+void swiglu_oai_mul(float* gate, const float* up, int n, float alpha, float limit) {
+  for (int i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    gate[i] = g / (1.0f + std::exp(-alpha * g)) * (u + 1.0f);
+  }
+}
+
 void softcap(float* x, size_t n, float cap) {
   const float inv = 1.0f / cap;
   for (size_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);

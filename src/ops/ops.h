@@ -59,6 +59,9 @@ void silu_mul(float* gate, const float* up, int n);
 // gate[n] = gelu(gate[n]) * up[n] with GeLU's tanh approximation
 // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))  (GeGLU, Gemma)
 void gelu_tanh_mul(float* gate, const float* up, int n);
+// gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+// gate = g * sigmoid(alpha * g) * (u + 1) (alpha 1.702, limit 7).
+void swiglu_oai_mul(float* gate, const float* up, int n, float alpha = 1.702f, float limit = 7.0f);
 // x[n] = cap * tanh(x[n] / cap)  (Gemma 2's soft cap of logits and attention scores)
 void softcap(float* x, size_t n, float cap);
 

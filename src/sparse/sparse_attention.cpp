@@ -448,7 +448,8 @@ void SparseAttention::attend(int layer, int owner, const kv::LayerView& kv, cons
                                  out + static_cast<size_t>(h) * rep * (D + 2));
     } else {
       attn::merge_partials(first, task_stride_, heads_[h].n_pieces, rep, D,
-                           out + static_cast<size_t>(h) * rep * D);
+                           out + static_cast<size_t>(h) * rep * D,
+                           p.head_sinks ? p.head_sinks + static_cast<size_t>(h) * rep : nullptr);
     }
   }
   const double t_end = now_seconds();

@@ -60,6 +60,12 @@ ARCH_CASES = [
     # take the short ones.
     ("phi3-longrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "4"]),
     ("phi3-shortrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "1"]),
+    # gpt-oss: experts with biases and the clamped SwiGLU, sinks, Q/K/V/output biases,
+    # YaRN (trained on 1024 / 32 tokens, so the ramp spans the pairs), windows of 16 tokens
+    # in the even layers.
+    ("gpt-oss", ["--arch", "gpt-oss", "--head-dim", "64", "--rope-theta", "150000", "--experts", "8",
+                 "--experts-used", "2", "--rope-scaling", "yarn", "--sliding-window", "16",
+                 "--classifier", "separate"]),
 ]
 ARCH_TYPES = ["f32", "f16"]
 PROMPTS = ["Once upon a time", "The little dog ran to the park.", "Lily saw a big red ball", "Tom and Sam"]
@@ -74,7 +80,7 @@ def main():
     ap.add_argument("--node-dir", default=here, help="directory with node_modules/node-llama-cpp")
     ap.add_argument("--set", default="all", choices=["stories", "arch", "all"])
     ap.add_argument("--cases", default="", help="comma-separated arch cases to run (default: all)")
-    ap.add_argument("--types", default="f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k_m,q6_k",
+    ap.add_argument("--types", default="f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k_m,q6_k,mxfp4",
                     help="weight types of the stories set")
     ap.add_argument("-n", type=int, default=100, help="tokens per prompt (stories; the arch set uses n / 2)")
     ap.add_argument("-p", "--prompt", default="Once upon a time", help="prompt of the stories set")
@@ -118,12 +124,12 @@ def main():
         note = ""
         if judge and first is not None and first < m:
             sys.path.insert(0, here)
+            import gguf_ref
             import llama_ref as ref
-            # Quantized weights: the reference runs on their exact dequantization (F32).
+            # Quantized weights: the reference runs on their exact dequantization (F32). The
+            # tensor types decide, since the reference also reads some quantized types (MXFP4).
             plain = path
-            try:
-                ref.load_model(path)
-            except ValueError:
+            if set(gguf_ref.tensor_types(path).values()) - gguf_ref.FLOAT_TYPES:
                 plain = path + ".f32.gguf"
                 subprocess.run([a.kivi, "quantize", path, plain, "f32"], check=True, capture_output=True)
             z = ref.forward_logits(ref.load_model(plain), k["prompt_token_ids"] + mine[:first])[-1]
