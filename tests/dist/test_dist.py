@@ -489,16 +489,20 @@ def main():
                         "--sliding-window-pattern", "2", "-o", swa], check=True, capture_output=True)
         models.append(("llama F16 sliding-window layers", swa, None))
         # A mixture of experts (every expert split over the ranks), Gemma 3 (post-norms,
-        # windowed layers with their own RoPE) and Phi-3 (fused QKV and gate-up views).
+        # windowed layers with their own RoPE), Phi-3 (fused QKV and gate-up views) and
+        # gpt-oss (sinks and expert biases sliced per rank, output biases added once).
         for arch, opts in [("qwen3moe", ["--head-dim", "32", "--experts", "8", "--experts-used", "2"]),
                            ("gemma3", ["--head-dim", "32", "--rope-theta", "1000000", "--sliding-window", "16",
                                        "--sliding-window-pattern", "2"]),
-                           ("phi3", [])]:
+                           ("phi3", []),
+                           ("gpt-oss", ["--head-dim", "32", "--experts", "8", "--experts-used", "2",
+                                        "--rope-scaling", "yarn", "--sliding-window", "16"])]:
             path = os.path.join(d, f"{arch}.gguf")
             subprocess.run([kivi, "synth", "--arch", arch, "--layers", "2", "--dim", "256", "--heads", "8",
                             "--kv-heads", "4", "--ffn", "1024", "--vocab", "512", "--ctx", "512", *opts,
                             "-o", path], check=True, capture_output=True)
-            models.append((f"{arch} F16" + (" sliding-window layers" if arch == "gemma3" else ""), path, None))
+            windowed = arch in ("gemma3", "gpt-oss")
+            models.append((f"{arch} F16" + (" sliding-window layers" if windowed else ""), path, None))
             if quick:
                 break
         prompt = "the quick brown fox jumps over the lazy dog " * 3
