@@ -32,7 +32,7 @@ struct TargetGuard {
 
 const Type kWeightTypes[] = {Type::kF32,  Type::kF16,  Type::kBF16, Type::kQ4_0, Type::kQ4_1,
                              Type::kQ5_0, Type::kQ5_1, Type::kQ8_0, Type::kQ2_K, Type::kQ3_K,
-                             Type::kQ4_K, Type::kQ5_K, Type::kQ6_K};
+                             Type::kQ4_K, Type::kQ5_K, Type::kQ6_K, Type::kMXFP4};
 
 // A random matrix quantized to `t` (normal values, a few x10 outliers), its exact
 // dequantization, and the matrix view.
@@ -143,7 +143,7 @@ TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
 
 // The x86 kernels give the same bits on AVX2 and on AVX-512 with and without VNNI: the
 // 512-bit K-quant kernels (Q4_K, Q6_K) sum the same integer products into the same lanes
-// as the 256-bit ones, the 512-bit Q8_0 and Q4_0 kernels hold the 256-bit kernel's even-
+// as the 256-bit ones, the 512-bit Q8_0, Q4_0 and MXFP4 kernels hold the 256-bit kernel's even-
 // and odd-block accumulators in their two halves, and vpdpbusd / vpdpwssd the same
 // integers as vpmaddubsw and vpmaddwd. Rows of 32-value blocks also come with an odd
 // number of blocks (the last one runs alone), and 7 tokens leave a partial tile.
@@ -264,6 +264,66 @@ TEST(QMatmul, MatchesGgmlMatvecFixture) {
       }
       std::printf("  %-6s %-7s max |y - y_ggml| / yabs = %.2e\n", target.name.c_str(), name, worst);
     }
+  }
+}
+
+// MXFP4 against the block formula ggml's products use, written here from the format:
+// per block, 2^(e - 128) * dx times the integer sum of the codes' values (the doubled
+// E2M1 numbers, -12..12) with the 8-bit activations qx. The weights are random bytes, so
+// every code appears, with exponents from 100 to 150 within each row. The kernels sum
+// these block terms in f32 in their own order: the bound is 1e-5 of sum |term|.
+TEST(QMatmul, Mxfp4MatchesTheBlockFormulaOnEveryTarget) {
+  const int8_t values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const int64_t rows = 19, cols = 32 * 37;
+  const int n = 5;
+  const int64_t nb = cols / 32;
+  Rng r(11);
+  std::vector<uint8_t> w(static_cast<size_t>(rows * nb * 17));
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = static_cast<uint8_t>(i % 17 == 0 ? 100 + r.next_u64() % 51 : r.next_u64() & 0xFF);
+  }
+  const ops::Matrix m{w.data(), Type::kMXFP4, rows, cols};
+  const auto x = random_x(cols * n, 4);
+  // The activations as the kernels quantize them (the same bytes on every target).
+  namespace detail = ops::detail;
+  const auto l = detail::act_layout(detail::ActKind::kQ8x32, cols);
+  AlignedBuffer<uint8_t> acts(l.bytes * n);
+  for (int t = 0; t < n; ++t)
+    detail::quantize_acts(detail::ActKind::kQ8x32, x.data() + t * cols, cols,
+                          acts.data() + t * l.bytes);
+  std::vector<double> want(static_cast<size_t>(n * rows)), mag(want.size());
+  for (int t = 0; t < n; ++t) {
+    const auto* qx = reinterpret_cast<const int8_t*>(acts.data() + t * l.bytes + l.q);
+    const auto* dx = reinterpret_cast<const float*>(acts.data() + t * l.bytes + l.d);
+    for (int64_t row = 0; row < rows; ++row) {
+      double sum = 0, abs_sum = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w.data() + (row * nb + b) * 17;
+        int isum = 0;
+        for (int j = 0; j < 16; ++j) {
+          isum += values[blk[1 + j] & 15] * qx[32 * b + j];
+          isum += values[blk[1 + j] >> 4] * qx[32 * b + j + 16];
+        }
+        const double term = std::ldexp(1.0, blk[0] - 128) * dx[b] * isum;
+        sum += term;
+        abs_sum += std::fabs(term);
+      }
+      want[t * rows + row] = sum;
+      mag[t * rows + row] = abs_sum;
+    }
+  }
+  for (const auto& target : cpu::available_targets()) {
+    TargetGuard g(target.bits);
+    std::vector<float> y(want.size());
+    ops::matmul(m, x.data(), n, y.data(), nullptr);
+    double worst = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      const double err = std::fabs(y[i] - want[i]);
+      worst = std::max(worst, err / mag[i]);
+      ASSERT_LE(err, 1e-5 * mag[i]) << target.name << " token " << i / rows << " row " << i % rows
+                                    << ": " << y[i] << " vs " << want[i];
+    }
+    std::printf("  %-6s MXFP4 max |y - formula| / sum |term| = %.2e\n", target.name.c_str(), worst);
   }
 }
 

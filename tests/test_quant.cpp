@@ -1,13 +1,17 @@
 // The GGUF block types: the type table, dequantization against ggml's own results
 // (fixtures written by ggml, ../shared/fixtures/quants), quantization (bytes equal to
-// ggml's for the 32-value types, RMS error within 2% of ggml's for the K-quants), and
-// the reader's checks of tensor types and sizes.
+// ggml's for the 32-value types, RMS error within 2% of ggml's for the K-quants), MXFP4
+// against values worked out from the format's definition, and the reader's checks of
+// tensor types and sizes.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
 #include "quant/blocks.h"
@@ -62,7 +66,7 @@ TEST(QuantTypes, TableMatchesGgml) {
                       {2, "Q4_0", 32, 18},    {3, "Q4_1", 32, 20},    {6, "Q5_0", 32, 22},
                       {7, "Q5_1", 32, 24},    {8, "Q8_0", 32, 34},    {10, "Q2_K", 256, 84},
                       {11, "Q3_K", 256, 110}, {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
-                      {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292}};
+                      {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292}, {39, "MXFP4", 32, 17}};
   for (const Row& r : rows) {
     const quant::TypeInfo* t = quant::find_type(r.id);
     ASSERT_NE(t, nullptr) << r.name;
@@ -75,7 +79,8 @@ TEST(QuantTypes, TableMatchesGgml) {
     EXPECT_EQ(static_cast<uint32_t>(parsed), r.id);
   }
   EXPECT_FALSE(quant::find_type(15)->weight);  // Q8_K is an activation format
-  for (uint32_t id : {4u, 5u, 9u, 16u, 20u, 23u, 24u, 28u, 29u, 34u, 35u, 39u, 40u, 1000u}) {
+  EXPECT_TRUE(quant::find_type(39)->weight);
+  for (uint32_t id : {4u, 5u, 9u, 16u, 20u, 23u, 24u, 28u, 29u, 34u, 35u, 40u, 1000u}) {
     EXPECT_EQ(quant::find_type(id), nullptr) << id;
   }
   EXPECT_EQ(quant::type_name(16), "IQ2_XXS");
@@ -87,6 +92,10 @@ TEST(QuantTypes, TableMatchesGgml) {
   EXPECT_EQ(t, Type::kQ4_K);
   EXPECT_EQ(quant::row_bytes(Type::kQ4_K, 4096), 16u * 144u);
   EXPECT_DOUBLE_EQ(quant::bits_per_weight(Type::kQ6_K), 6.5625);
+  EXPECT_DOUBLE_EQ(quant::bits_per_weight(Type::kMXFP4), 4.25);
+  EXPECT_TRUE(quant::parse_type("mxfp4", &t));
+  EXPECT_EQ(t, Type::kMXFP4);
+  EXPECT_NE(std::string(quant::supported_weight_types()).find("MXFP4"), std::string::npos);
 }
 
 TEST(QuantTypes, ScalePackingRoundTrips) {
@@ -187,6 +196,179 @@ TEST(QuantFixtures, QuantizationMatchesGgml) {
 }
 
 // ---------------------------------------------------------------------------------
+// MXFP4, against its definition: 32 values share an E8M0 exponent e (scale 2^(e-127)),
+// and each value is an FP4 E2M1 number (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5,
+// 1, 1.5, 2, 3, 4, 6). Value j sits in the low nibble of byte 1 + j, value j + 16 in its
+// high nibble; byte 0 is e.
+
+// The E2M1 number of a 4-bit code, decoded from its bits (code 8, "-0", is 0).
+double e2m1(int code) {
+  const int exp = (code >> 1) & 3, man = code & 1;
+  const double mag = exp == 0 ? 0.5 * man : (1.0 + 0.5 * man) * std::ldexp(1.0, exp - 1);
+  return (code & 8) ? -mag : mag;
+}
+
+// 17 bytes of a block with exponent e and codes lo[16] (values 0-15), hi[16] (16-31).
+std::vector<uint8_t> mxfp4_block(uint8_t e, const int* lo, const int* hi) {
+  std::vector<uint8_t> b(17);
+  b[0] = e;
+  for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<uint8_t>(lo[j] | (hi[j] << 4));
+  return b;
+}
+
+TEST(QuantMxfp4, DequantizesHandBuiltBlocks) {
+  // The E2M1 table, written out, against the bit decoding above.
+  const double table[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(e2m1(c), (c & 8 ? -1 : 1) * table[c & 7]) << c;
+  // Every code in both halves of the block: 0..15 in the low nibbles, 15..0 in the high.
+  int lo[16], hi[16];
+  for (int j = 0; j < 16; ++j) lo[j] = j, hi[j] = 15 - j;
+  // e = 0 and 1 give subnormal floats (0.5 * 2^-127 = 2^-128), 127 is scale 1, 254 scale
+  // 2^127, where values of 2 and more overflow f32 to infinity (in ggml too); 255 (NaN in
+  // E8M0) reads as scale 2^128.
+  for (int e = 0; e < 256; ++e) {
+    const auto blk = mxfp4_block(static_cast<uint8_t>(e), lo, hi);
+    float y[32];
+    quant::dequantize_row(Type::kMXFP4, blk.data(), y, 32);
+    const double scale = std::ldexp(1.0, e - 127);
+    for (int j = 0; j < 32; ++j) {
+      const int code = j < 16 ? lo[j] : hi[j - 16];
+      const double v = e2m1(code) * scale;  // exact in a float unless it overflows
+      const float want =
+          std::fabs(v) >= 0x1p128 ? std::copysign(INFINITY, v) : static_cast<float>(v);
+      ASSERT_EQ(y[j], want) << "e " << e << " value " << j << " code " << code;
+      // Code 8 (E2M1's -0) is +0, as ggml stores the codes' values as integers.
+      if (code == 0 || code == 8) {
+        ASSERT_FALSE(std::signbit(y[j])) << "e " << e;
+      }
+    }
+  }
+  // Scales by hand at a few exponents: value 1.0 (code 2) times 2^(e - 127).
+  struct Case {
+    int e;
+    float one;
+  };
+  for (const Case& c : {Case{127, 1.0f}, Case{128, 2.0f}, Case{126, 0.5f}, Case{130, 8.0f},
+                        Case{0, 0x1p-127f}, Case{1, 0x1p-126f}, Case{254, 0x1p127f}}) {
+    int l[16] = {2}, h[16] = {};
+    float y[32];
+    quant::dequantize_row(Type::kMXFP4, mxfp4_block(static_cast<uint8_t>(c.e), l, h).data(), y, 32);
+    EXPECT_EQ(y[0], c.one) << "e " << c.e;
+    EXPECT_EQ(y[1], 0.0f);
+  }
+  EXPECT_EQ(quant::e8m0_to_f32_half(0), 0x1p-128f);
+  EXPECT_EQ(quant::e8m0_to_f32_half(1), 0x1p-127f);
+  EXPECT_EQ(quant::e8m0_to_f32_half(128), 1.0f);
+  EXPECT_EQ(quant::e8m0_to_f32_half(255), 0x1p127f);
+}
+
+// Random blocks at magnitudes from 2^-30 to 2^30, a few outliers, an all-zero block.
+std::vector<float> mxfp4_source(int64_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float mag = std::ldexp(1.0f, static_cast<int>(r.next_u64() % 61) - 30);
+    for (int j = 0; j < 32; ++j) {
+      x[32 * b + j] = b == 5 ? 0.0f : r.normal() * mag * (j == 7 && b % 3 == 0 ? 10.0f : 1.0f);
+    }
+  }
+  return x;
+}
+
+// With the block's largest magnitude amax between 8 and 16 times the half scale d (and
+// 12 d the largest value), a value within 12 d is at most half a gap from a code (the
+// widest gap, 8 d to 12 d, gives 2 d <= amax / 4), and one above 12 d clips to it
+// (error < 4 d <= amax / 2). On normal data the RMS error is about a tenth of the RMS
+// value.
+TEST(QuantMxfp4, RoundTripErrorIsBounded) {
+  const int64_t n = 32 * 512;
+  const auto x = mxfp4_source(n, 42);
+  std::vector<uint8_t> q(quant::row_bytes(Type::kMXFP4, n));
+  std::vector<float> y(static_cast<size_t>(n));
+  quant::quantize_row(Type::kMXFP4, x.data(), q.data(), n);
+  quant::dequantize_row(Type::kMXFP4, q.data(), y.data(), n);
+  double rel_sum = 0;
+  int rel_n = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    double amax = 0;
+    for (int j = 0; j < 32; ++j)
+      amax = std::max(amax, std::fabs(static_cast<double>(x[32 * b + j])));
+    const double d = std::ldexp(1.0, q[17 * b] - 128);
+    if (amax == 0) {
+      ASSERT_EQ(q[17 * b], 0) << b;
+      for (int j = 0; j < 32; ++j) ASSERT_EQ(y[32 * b + j], 0.0f) << b;
+      continue;
+    }
+    ASSERT_GE(amax / d, 7.99) << "block " << b;  // 8, less log2f's rounding just below 2^k
+    ASSERT_LT(amax / d, 16.0) << "block " << b;
+    double err2 = 0, x2 = 0;
+    for (int j = 0; j < 32; ++j) {
+      const double v = x[32 * b + j], err = std::fabs(y[32 * b + j] - v);
+      ASSERT_LE(err, std::fabs(v) <= 12 * d ? 2 * d : std::fabs(v) - 12 * d)
+          << "block " << b << " value " << j << ": " << v << " -> " << y[32 * b + j];
+      ASSERT_LE(err, amax / 2);
+      err2 += err * err;
+      x2 += v * v;
+    }
+    rel_sum += std::sqrt(err2 / x2);
+    ++rel_n;
+  }
+  const double rel = rel_sum / rel_n;
+  std::printf("  MXFP4 mean per-block RMS error / RMS value: %.4f\n", rel);
+  EXPECT_LT(rel, 0.15);
+  EXPECT_GT(rel, 0.03);  // a 4-bit format: a smaller error would mean a broken test
+  // A parallel quantization gives the same bytes.
+  std::vector<uint8_t> q2(q.size());
+  quant::quantize_parallel(Type::kMXFP4, x.data(), q2.data(), n, nullptr);
+  EXPECT_EQ(q, q2);
+}
+
+// Each value's code is the nearest one for the block's exponent, the lowest code on ties
+// (0 rather than 8 for zero; 4 d for 5 d), checked by a search over the 16 codes; the
+// exponent follows floor(log2(amax)) + 125 at exact powers of two and between them.
+TEST(QuantMxfp4, QuantizerPicksTheNearestCode) {
+  auto x = mxfp4_source(32 * 256, 7);
+  // Exact ties and values on the grid, in block 10 (amax 12 -> e = 128, d = 1): midpoints
+  // 0.5, 2.5, 3.5, 5, 7, 10, 14 (above 12: clipped) and their negatives.
+  const float ties[] = {12.0f, 0.5f,   2.5f, 3.5f,  5.0f, 7.0f,   10.0f, -0.5f, -2.5f, -5.0f,
+                        -7.0f, -10.0f, 0.0f, -0.0f, 6.0f, -12.0f, 1.5f,  0.25f, 11.0f, 9.0f};
+  for (size_t j = 0; j < 32; ++j) x[320 + j] = j < std::size(ties) ? ties[j] : 0.75f;
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint8_t> q(quant::row_bytes(Type::kMXFP4, n));
+  quant::quantize_row(Type::kMXFP4, x.data(), q.data(), n);
+  EXPECT_EQ(q[17 * 10], 128);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const uint8_t e = q[17 * b];
+    const double d = std::ldexp(1.0, e - 127);  // the E2M1 numbers' scale
+    for (int j = 0; j < 32; ++j) {
+      const int code = j < 16 ? q[17 * b + 1 + j] & 15 : q[17 * b + 1 + j - 16] >> 4;
+      const double v = x[32 * b + j];
+      int best = 0;
+      for (int c = 1; c < 16; ++c) {
+        if (std::fabs(e2m1(c) * d - v) < std::fabs(e2m1(best) * d - v)) best = c;
+      }
+      ASSERT_EQ(code, best) << "block " << b << " value " << j << " (" << v << ", e " << int(e)
+                            << ")";
+    }
+  }
+  // Exponents by hand: amax in [2^k, 2^(k+1)) gives e = k + 125.
+  struct Case {
+    float amax;
+    int e;
+  };
+  for (const Case& c :
+       {Case{1.0f, 125}, Case{1.5f, 125}, Case{2.0f, 126}, Case{6.0f, 127}, Case{0.75f, 124},
+        Case{0x1p-100f, 25}, Case{0x1p100f, 225}, Case{0x1.8p127f, 252}, Case{0.0f, 0}}) {
+    EXPECT_EQ(quant::mxfp4_exponent(c.amax), c.e) << c.amax;
+    float blk[32] = {};
+    blk[3] = -c.amax;  // the sign does not matter
+    uint8_t out[17];
+    quant::quantize_row(Type::kMXFP4, blk, out, 32);
+    EXPECT_EQ(out[0], c.e) << c.amax;
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // The reader's checks of tensor types and sizes.
 
 // A GGUF image with one tensor `t` of type id `type` and shape `dims`, followed by
@@ -236,7 +418,7 @@ std::string parse_error(const std::vector<uint8_t>& img) {
 TEST(QuantReader, SizesComeFromTypeAndShape) {
   for (Type t : {Type::kF32, Type::kF16, Type::kBF16, Type::kQ4_0, Type::kQ4_1, Type::kQ5_0,
                  Type::kQ5_1, Type::kQ8_0, Type::kQ2_K, Type::kQ3_K, Type::kQ4_K, Type::kQ5_K,
-                 Type::kQ6_K, Type::kQ8_K}) {
+                 Type::kQ6_K, Type::kQ8_K, Type::kMXFP4}) {
     const auto& ti = quant::info(t);
     const uint64_t cols = 2 * 256, rows = 3;
     const size_t bytes = quant::row_bytes(t, cols) * rows;
@@ -271,7 +453,7 @@ TEST(QuantReader, SizeThatDisagreesWithTheNextTensorIsRejected) {
 }
 
 TEST(QuantReader, UnreadableTypesAreListedWithoutData) {
-  for (uint32_t id : {16u, 23u, 34u, 39u, 200u}) {
+  for (uint32_t id : {16u, 23u, 34u, 40u, 200u}) {
     auto img = one_tensor_image(id, {256, 2}, 512);
     io::GgufFile f(img.data(), img.size(), "x.gguf");
     EXPECT_EQ(f.tensors()[0].data, nullptr);

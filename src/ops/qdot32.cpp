@@ -1,7 +1,10 @@
-// Products of the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with activations
-// quantized to 8 bits per block of 32 (see qkernels.h). Compiled for every Highway
-// target: x86 AVX2/AVX3 use vpmaddubsw + vpmaddwd (vpdpbusd where AVX512-VNNI is
-// present), the other targets the same integer arithmetic in scalar code.
+// Products of the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) with
+// activations quantized to 8 bits per block of 32 (see qkernels.h). Compiled for every
+// Highway target: x86 AVX2/AVX3 use vpmaddubsw + vpmaddwd (vpdpbusd where AVX512-VNNI is
+// present), the other targets the same integer arithmetic in scalar code. MXFP4's 4-bit
+// codes become their integer values (doubled E2M1, -12..12) through a 16-byte table
+// lookup (vpshufb), so its blocks take the signed path of Q4_0 with the block scale
+// 2^(e - 128) in place of an f16 d.
 #include "ops/qkernels.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -38,7 +41,8 @@ constexpr size_t BlockBytes(Type t) {
          : t == Type::kQ4_0 ? sizeof(quant::BlockQ4_0)
          : t == Type::kQ4_1 ? sizeof(quant::BlockQ4_1)
          : t == Type::kQ5_0 ? sizeof(quant::BlockQ5_0)
-                            : sizeof(quant::BlockQ5_1);
+         : t == Type::kQ5_1 ? sizeof(quant::BlockQ5_1)
+                            : sizeof(quant::BlockMXFP4);
 }
 
 inline int RoundAct(float v) {
@@ -163,35 +167,47 @@ HWY_INLINE V DotU8I8(V u, V s) {
   if constexpr (!kWide) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-// A weight block's codes: signed (q - offset; Q8_0, Q4_0, Q5_0) or unsigned with a min
-// (Q4_1, Q5_1); `scale` and `min` are its f16 fields.
+// A weight block's codes: signed (q - offset; Q8_0, Q4_0, Q5_0; MXFP4's table values) or
+// unsigned with a min (Q4_1, Q5_1); `scale` and `min` are its f16 fields (MXFP4: the
+// half scale of its exponent, no min).
 template <Type kT>
 struct Block32 {
   __m256i w;
   float scale, min;
 };
 
+// MXFP4's values of the 16 codes, in each 128-bit lane of a vpshufb table.
+HWY_INLINE __m128i Mxfp4Table() {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kMxfp4Values));
+}
+
 template <Type kT>
 HWY_INLINE Block32<kT> Decode(const uint8_t* p) {
   Block32<kT> b;
-  uint16_t h[2];
-  std::memcpy(h, p, 4);
-  b.scale = F16(h[0]);
   b.min = 0.0f;
-  if constexpr (kT == Type::kQ8_0) {
-    b.w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-  } else if constexpr (kT == Type::kQ4_0) {
-    b.w = _mm256_sub_epi8(Nibbles(p + 2), _mm256_set1_epi8(8));
-  } else if constexpr (kT == Type::kQ5_0) {
-    b.w = _mm256_sub_epi8(_mm256_or_si256(Nibbles(p + 6), HighBits(p + 2)), _mm256_set1_epi8(16));
-  } else if constexpr (kT == Type::kQ4_1) {
-    b.min = F16(h[1]);
-    b.w = Nibbles(p + 4);
+  if constexpr (kT == Type::kMXFP4) {
+    b.scale = quant::e8m0_to_f32_half(p[0]);
+    b.w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(Mxfp4Table()), Nibbles(p + 1));
+    return b;
   } else {
-    b.min = F16(h[1]);
-    b.w = _mm256_or_si256(Nibbles(p + 8), HighBits(p + 4));
+    uint16_t h[2];
+    std::memcpy(h, p, 4);
+    b.scale = F16(h[0]);
+    if constexpr (kT == Type::kQ8_0) {
+      b.w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+    } else if constexpr (kT == Type::kQ4_0) {
+      b.w = _mm256_sub_epi8(Nibbles(p + 2), _mm256_set1_epi8(8));
+    } else if constexpr (kT == Type::kQ5_0) {
+      b.w = _mm256_sub_epi8(_mm256_or_si256(Nibbles(p + 6), HighBits(p + 2)), _mm256_set1_epi8(16));
+    } else if constexpr (kT == Type::kQ4_1) {
+      b.min = F16(h[1]);
+      b.w = Nibbles(p + 4);
+    } else {
+      b.min = F16(h[1]);
+      b.w = _mm256_or_si256(Nibbles(p + 8), HighBits(p + 4));
+    }
+    return b;
   }
-  return b;
 }
 
 constexpr bool HasMin(Type t) { return t == Type::kQ4_1 || t == Type::kQ5_1; }
@@ -214,11 +230,25 @@ HWY_INLINE void Block(const uint8_t* p, int64_t b, const Act32* a, __m256* acc, 
 }
 
 #if HWY_TARGET == HWY_AVX3
-// Q8_0 and Q4_0 with 512-bit vectors: an even block and the odd block after it side by
-// side. The low and high halves are the 256-bit kernel's even and odd accumulators, with
+// Q8_0, Q4_0 and MXFP4 with 512-bit vectors: an even block and the odd block after it side
+// by side. The low and high halves are the 256-bit kernel's even and odd accumulators, with
 // the same integers and the same float operations in every lane, so both targets give the
 // same bits and each pair of blocks costs half the instructions.
-constexpr bool HasPairKernel(Type t) { return t == Type::kQ8_0 || t == Type::kQ4_0; }
+constexpr bool HasPairKernel(Type t) {
+  return t == Type::kQ8_0 || t == Type::kQ4_0 || t == Type::kMXFP4;
+}
+
+// The scale of the block at p: its f16 d, or MXFP4's half scale.
+template <Type kT>
+HWY_INLINE float BlockScale(const uint8_t* p) {
+  if constexpr (kT == Type::kMXFP4) {
+    return quant::e8m0_to_f32_half(p[0]);
+  } else {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return F16(h);
+  }
+}
 
 // The signed codes of blocks b (low half) and b + 1 (high half); p points at block b.
 template <Type kT>
@@ -229,17 +259,23 @@ HWY_INLINE __m512i PairCodes(const uint8_t* p) {
         _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBytes + 2)), 1);
   } else {
-    static_assert(kT == Type::kQ4_0, "pair kernels: Q8_0 and Q4_0");
+    static_assert(kT == Type::kQ4_0 || kT == Type::kMXFP4, "pair kernels: Q8_0, Q4_0, MXFP4");
+    constexpr size_t kQs = kT == Type::kQ4_0 ? 2 : 1;
     // Each block's 16 nibble bytes in two 128-bit lanes: [b, b, b + 1, b + 1]; the second
     // lane of each pair takes the high nibbles, as Nibbles() lays them out.
-    const __m512i q = _mm512_inserti64x4(
-        _mm512_castsi256_si512(
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2)))),
-        _mm256_broadcastsi128_si256(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kBytes + 2))),
-        1);
-    const __m512i nib = _mm512_mask_blend_epi64(0xCC, q, _mm512_srli_epi16(q, 4));
-    return _mm512_sub_epi8(_mm512_and_si512(nib, _mm512_set1_epi8(0x0F)), _mm512_set1_epi8(8));
+    const __m512i q =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(
+                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kQs)))),
+                           _mm256_broadcastsi128_si256(
+                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kBytes + kQs))),
+                           1);
+    const __m512i nib = _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, q, _mm512_srli_epi16(q, 4)),
+                                         _mm512_set1_epi8(0x0F));
+    if constexpr (kT == Type::kMXFP4) {
+      return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(Mxfp4Table()), nib);
+    } else {
+      return _mm512_sub_epi8(nib, _mm512_set1_epi8(8));
+    }
   }
 }
 
@@ -258,10 +294,7 @@ HWY_INLINE void DotRowPairs(const uint8_t* w, int64_t nb, const Act32* a, float*
     const __m512i codes = PairCodes<kT>(p);
     const __m512i u = _mm512_abs_epi8(codes);
     const __mmask64 neg = _mm512_movepi8_mask(codes);
-    uint16_t h0, h1;
-    std::memcpy(&h0, p, 2);
-    std::memcpy(&h1, p + kBytes, 2);
-    const float s0 = F16(h0), s1 = F16(h1);
+    const float s0 = BlockScale<kT>(p), s1 = BlockScale<kT>(p + kBytes);
     HWY_UNROLL(8)
     for (int t = 0; t < T; ++t) {
       const __m512i xq = _mm512_loadu_si512(a[t].q + 32 * b);
@@ -346,27 +379,38 @@ void QuantizeActs32(const float* x, int64_t cols, uint8_t* out) {
 
 constexpr bool HasMin(Type t) { return t == Type::kQ4_1 || t == Type::kQ5_1; }
 
-// The 32 codes of a block (signed for Q8_0/Q4_0/Q5_0), its scale and min.
+// The 32 codes of a block (signed for Q8_0/Q4_0/Q5_0, MXFP4's table values), its scale
+// and min.
 template <Type kT>
 HWY_INLINE size_t Decode(const uint8_t* p, int* w, float* scale, float* min) {
-  uint16_t h[2];
-  std::memcpy(h, p, 4);
-  *scale = f16_to_f32(h[0]);
-  *min = HasMin(kT) ? f16_to_f32(h[1]) : 0.0f;
-  if constexpr (kT == Type::kQ8_0) {
-    for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>(p[2 + j]);
-    return sizeof(quant::BlockQ8_0);
-  } else {
-    const size_t qs = kT == Type::kQ4_0 ? 2 : kT == Type::kQ4_1 ? 4 : kT == Type::kQ5_0 ? 6 : 8;
-    uint32_t qh = 0;
-    if (kT == Type::kQ5_0) std::memcpy(&qh, p + 2, 4);
-    if (kT == Type::kQ5_1) std::memcpy(&qh, p + 4, 4);
-    const int off = kT == Type::kQ4_0 ? 8 : kT == Type::kQ5_0 ? 16 : 0;
+  if constexpr (kT == Type::kMXFP4) {
+    *scale = quant::e8m0_to_f32_half(p[0]);
+    *min = 0.0f;
     for (int j = 0; j < 16; ++j) {
-      w[j] = (p[qs + j] & 15) + static_cast<int>(((qh >> j) & 1u) << 4) - off;
-      w[j + 16] = (p[qs + j] >> 4) + static_cast<int>(((qh >> (j + 16)) & 1u) << 4) - off;
+      w[j] = quant::kMxfp4Values[p[1 + j] & 15];
+      w[j + 16] = quant::kMxfp4Values[p[1 + j] >> 4];
     }
-    return qs + 16;
+    return sizeof(quant::BlockMXFP4);
+  } else {
+    uint16_t h[2];
+    std::memcpy(h, p, 4);
+    *scale = f16_to_f32(h[0]);
+    *min = HasMin(kT) ? f16_to_f32(h[1]) : 0.0f;
+    if constexpr (kT == Type::kQ8_0) {
+      for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>(p[2 + j]);
+      return sizeof(quant::BlockQ8_0);
+    } else {
+      const size_t qs = kT == Type::kQ4_0 ? 2 : kT == Type::kQ4_1 ? 4 : kT == Type::kQ5_0 ? 6 : 8;
+      uint32_t qh = 0;
+      if (kT == Type::kQ5_0) std::memcpy(&qh, p + 2, 4);
+      if (kT == Type::kQ5_1) std::memcpy(&qh, p + 4, 4);
+      const int off = kT == Type::kQ4_0 ? 8 : kT == Type::kQ5_0 ? 16 : 0;
+      for (int j = 0; j < 16; ++j) {
+        w[j] = (p[qs + j] & 15) + static_cast<int>(((qh >> j) & 1u) << 4) - off;
+        w[j + 16] = (p[qs + j] >> 4) + static_cast<int>(((qh >> (j + 16)) & 1u) << 4) - off;
+      }
+      return qs + 16;
+    }
   }
 }
 
@@ -444,6 +488,8 @@ void RowsTyped(Type t, const uint8_t* w, size_t row_bytes, int64_t cols, const u
       return RowsOf<Type::kQ5_0, kVnni>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     case Type::kQ5_1:
       return RowsOf<Type::kQ5_1, kVnni>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
+    case Type::kMXFP4:
+      return RowsOf<Type::kMXFP4, kVnni>(w, row_bytes, cols, acts, act_stride, n, y, ldy, r0, r1);
     default:
       return;
   }

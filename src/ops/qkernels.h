@@ -3,11 +3,12 @@
 // integer codes are multiplied with them in integer arithmetic (vpmaddubsw + vpmaddwd
 // on AVX2, vpdpbusd with AVX512-VNNI), one float multiply-add per block.
 //
-//   32-value weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): activations in blocks of 32,
-//     x ~ dx * qx (dx = max|x| / 127, qx = round_half_even(x * (127 / max|x|)), the
-//     rounding ggml's x86 code uses for its q8_0 activations), with the block's
+//   32-value weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): activations in blocks
+//     of 32, x ~ dx * qx (dx = max|x| / 127, qx = round_half_even(x * (127 / max|x|)),
+//     the rounding ggml's x86 code uses for its q8_0 activations), with the block's
 //     sx = dx * sum(qx) for the types with a min. Per weight block:
 //       Q8_0, Q4_0, Q5_0: dw * dx * sum(qw * qx)       (qw signed: q - 8, q - 16)
+//       MXFP4:            2^(e-128) * dx * sum(v[q] * qx)  (v: the 16 doubled E2M1 values)
 //       Q4_1, Q5_1:       dw * dx * sum(qw * qx) + m * sx
 //   K-quants (Q2_K .. Q6_K): activations as Q8_K (super-blocks of 256 with an f32 scale
 //     and the sums of each 16 codes, bsums), so the mins and code offsets are one

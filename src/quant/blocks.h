@@ -15,9 +15,12 @@
 //   Q5_K  d*sc*q - dmin*m             256 values, 8 sub-blocks of 32, 5-bit q, 6-bit sc and m
 //   Q6_K  d*sc*(q - 32)               256 values, 16 sub-blocks of 16, 6-bit q, int8 sc
 //   Q8_K  d*q (d is f32)              256 values, int8 q, with the sums of each 16 q
+//   MXFP4 kMxfp4Values[q] * 2^(e-128) 32 values, 4-bit q (an FP4 E2M1 code), 8-bit e
+//         (an E8M0 exponent shared by the block; see e8m0_to_f32_half)
 //
 // Where each value's bits sit (e = index in the block):
-//   Q4_0/Q4_1: e < 16 in the low nibble of qs[e], e >= 16 in the high nibble of qs[e-16].
+//   Q4_0/Q4_1/MXFP4: e < 16 in the low nibble of qs[e], e >= 16 in the high nibble of
+//         qs[e-16].
 //   Q5_0/Q5_1: as Q4, plus bit 4 of value e in bit e of the little-endian u32 qh.
 //   Q2_K: qs[32*(e/128) + e%32] bits 2*((e%128)/32) and up; scale/min byte scales[e/16]
 //         (low nibble scale, high nibble min).
@@ -92,12 +95,33 @@ struct BlockQ8_K {
   int8_t qs[256];
   int16_t bsums[16];
 };
+struct BlockMXFP4 {
+  uint8_t e;  // E8M0: the block's scale is 2^(e - 127)
+  uint8_t qs[16];
+};
 #pragma pack(pop)
 
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockMXFP4) == 17);
+
+// MXFP4's 16 codes: the FP4 E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+// negatives; code 8 is -0) doubled, so that they are integers; e8m0_to_f32_half halves
+// the block scale to compensate.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+
+// Half the E8M0 scale, 2^(e - 128), built from float bits: e >= 2 is the normal float
+// with exponent field e - 1; e = 1 (2^-127) and e = 0 (2^-128) are subnormals. e = 255,
+// NaN in E8M0, is read as the number 2^127, as ggml reads it.
+inline float e8m0_to_f32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 // Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins in 12 bytes. Bytes 0-3 hold scales
 // 0-3 in their low 6 bits, bytes 4-7 mins 0-3; scales 4-7 have their low 4 bits in the

@@ -151,6 +151,15 @@ void block_q8_k(const uint8_t* p, float* y) {
   for (int e = 0; e < 256; ++e) y[e] = b.d * static_cast<float>(b.qs[e]);
 }
 
+void block_mxfp4(const uint8_t* p, float* y) {
+  const auto b = load_block<BlockMXFP4>(p);
+  const float d = e8m0_to_f32_half(b.e);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(kMxfp4Values[b.qs[j] & 15]) * d;
+    y[j + 16] = static_cast<float>(kMxfp4Values[b.qs[j] >> 4]) * d;
+  }
+}
+
 }  // namespace
 
 void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
@@ -210,6 +219,9 @@ void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
       break;
     case Type::kQ8_K:
       block = block_q8_k;
+      break;
+    case Type::kMXFP4:
+      block = block_mxfp4;
       break;
     default:
       return;

@@ -10,15 +10,16 @@ namespace kivi::quant {
 namespace {
 
 // llama.cpp's ftype numbers (llama.h): plain K types use the _S variant's number,
-// the closest llama.cpp has to a file of one type.
+// the closest llama.cpp has to a file of one type; mxfp4 uses MXFP4_MOE's.
 const FileType kFileTypes[] = {
-    {"f32", Type::kF32, false, 0},    {"f16", Type::kF16, false, 1},
-    {"bf16", Type::kBF16, false, 32}, {"q8_0", Type::kQ8_0, false, 7},
-    {"q4_0", Type::kQ4_0, false, 2},  {"q4_1", Type::kQ4_1, false, 3},
-    {"q5_0", Type::kQ5_0, false, 8},  {"q5_1", Type::kQ5_1, false, 9},
-    {"q2_k", Type::kQ2_K, false, 10}, {"q3_k", Type::kQ3_K, false, 11},
-    {"q4_k", Type::kQ4_K, false, 14}, {"q5_k", Type::kQ5_K, false, 16},
-    {"q6_k", Type::kQ6_K, false, 18}, {"q4_k_m", Type::kQ4_K, true, 15},
+    {"f32", Type::kF32, false, 0},      {"f16", Type::kF16, false, 1},
+    {"bf16", Type::kBF16, false, 32},   {"q8_0", Type::kQ8_0, false, 7},
+    {"q4_0", Type::kQ4_0, false, 2},    {"q4_1", Type::kQ4_1, false, 3},
+    {"q5_0", Type::kQ5_0, false, 8},    {"q5_1", Type::kQ5_1, false, 9},
+    {"q2_k", Type::kQ2_K, false, 10},   {"q3_k", Type::kQ3_K, false, 11},
+    {"q4_k", Type::kQ4_K, false, 14},   {"q5_k", Type::kQ5_K, false, 16},
+    {"q6_k", Type::kQ6_K, false, 18},   {"q4_k_m", Type::kQ4_K, true, 15},
+    {"mxfp4", Type::kMXFP4, false, 38},
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {

@@ -2,8 +2,8 @@
 // that gives each tensor its type.
 //
 // A plain type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,
-// q6_k) stores every weight matrix in that type, like llama.cpp's `llama-quantize
-// --pure`. q4_k_m is llama.cpp's Q4_K_M mix (its llama_tensor_get_type, for models
+// q6_k, mxfp4) stores every weight matrix in that type, like llama.cpp's
+// `llama-quantize --pure`. q4_k_m is llama.cpp's Q4_K_M mix (its llama_tensor_get_type, for models
 // without experts), which stores most matrices as Q4_K and these as Q6_K:
 //   - output.weight, or token_embd.weight when the classifier is tied to it;
 //   - attn_v.weight and ffn_down.weight of layer i when use_more_bits(i, n_layers):

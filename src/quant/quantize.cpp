@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "core/f16.h"
@@ -97,6 +98,33 @@ void affine(const float* x, B* y) {
   if constexpr (kMax == 31) std::memcpy(y->qh, &qh, 4);
 }
 
+// The code whose value kMxfp4Values[i] * d is nearest x (the lowest code on ties, so 0
+// is code 0, never code 8; NaN gives code 0).
+inline int mxfp4_nearest(float x, float d) {
+  int best = 0;
+  float best_err = std::fabs(static_cast<float>(kMxfp4Values[0]) * d - x);
+  for (int i = 1; i < 16; ++i) {
+    const float err = std::fabs(static_cast<float>(kMxfp4Values[i]) * d - x);
+    if (err < best_err) {
+      best = i;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+void mxfp4(const float* x, BlockMXFP4* y) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    if (amax < std::fabs(x[j])) amax = std::fabs(x[j]);
+  }
+  y->e = mxfp4_exponent(amax);
+  const float d = e8m0_to_f32_half(y->e);
+  for (int j = 0; j < 16; ++j) {
+    y->qs[j] = static_cast<uint8_t>(mxfp4_nearest(x[j], d) | (mxfp4_nearest(x[j + 16], d) << 4));
+  }
+}
+
 template <class B, void (*F)(const float*, B*)>
 void blocks32(const float* x, void* dst, int64_t n) {
   auto* out = static_cast<uint8_t*>(dst);
@@ -108,6 +136,19 @@ void blocks32(const float* x, void* dst, int64_t n) {
 }
 
 }  // namespace
+
+uint8_t mxfp4_exponent(float amax) {
+  if (!(amax > 0.0f)) return 0;
+  // floor(log2(amax)) - 2 + 127 in f32, as the format's reference computes it: the
+  // largest magnitude is then 8 to 16 times the half scale 2^(e - 128), and values
+  // above 12 times it clip to the largest code. The reference converts the float to
+  // uint8_t with a C cast, which x86 compilers emit as a conversion to int32 (INT32_MIN
+  // when out of range) keeping the low byte; the same here, so that blocks whose max
+  // is below 2^-125 or infinite get the reference's exponents too.
+  const float f = std::floor(std::log2(amax)) - 2.0f + 127.0f;
+  const int32_t i = f >= -2147483648.0f && f < 2147483648.0f ? static_cast<int32_t>(f) : INT32_MIN;
+  return static_cast<uint8_t>(static_cast<uint32_t>(i) & 0xffu);
+}
 
 void quantize_row(Type t, const float* src, void* dst, int64_t n) {
   auto* out = static_cast<uint8_t*>(dst);
@@ -149,6 +190,8 @@ void quantize_row(Type t, const float* src, void* dst, int64_t n) {
       return quantize_row_q6_k(src, dst, n);
     case Type::kQ8_K:
       return quantize_row_q8_k(src, dst, n);
+    case Type::kMXFP4:
+      return blocks32<BlockMXFP4, mxfp4>(src, dst, n);
   }
 }
 

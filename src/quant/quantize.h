@@ -10,6 +10,10 @@
 //   Q5_1  d = (max - min) / 31, m = min, q = trunc((x - min) / d + 0.5)
 // (x / d is computed as x * (1 / d) in f32, and d and m are stored as f16.)
 //
+// MXFP4 follows its reference too (bytes equal to ggml's): the shared exponent is
+// e = floor(log2(amax)) + 125 (mxfp4_exponent), and each value takes the code whose
+// value kMxfp4Values[q] * 2^(e - 128) is nearest, the lowest code on ties.
+//
 // The K-quants (quantize_k.cpp) search each sub-block's scale (and min) for the least
 // squared error, quantize the scales to the super-block's 4, 6 or 8 bits, then try the
 // neighbouring scale codes and keep the best; their RMS error is compared with ggml's
@@ -41,5 +45,9 @@ void quantize_row_q4_k(const float* x, void* dst, int64_t n);
 void quantize_row_q5_k(const float* x, void* dst, int64_t n);
 void quantize_row_q6_k(const float* x, void* dst, int64_t n);
 void quantize_row_q8_k(const float* x, void* dst, int64_t n);
+
+// MXFP4's shared exponent (E8M0) for a block whose largest magnitude is amax; 0 for
+// amax = 0.
+uint8_t mxfp4_exponent(float amax);
 
 }  // namespace kivi::quant

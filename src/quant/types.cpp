@@ -24,6 +24,7 @@ constexpr TypeInfo kTypes[] = {
     {Type::kQ5_K, "Q5_K", kBlockK, sizeof(BlockQ5_K), true},
     {Type::kQ6_K, "Q6_K", kBlockK, sizeof(BlockQ6_K), true},
     {Type::kQ8_K, "Q8_K", kBlockK, sizeof(BlockQ8_K), false},
+    {Type::kMXFP4, "MXFP4", kBlock32, sizeof(BlockMXFP4), true},
 };
 
 // ggml's names for every id it has defined (ggml.h); empty where an id was retired.
@@ -57,7 +58,7 @@ std::string type_name(uint32_t id) {
 }
 
 const char* supported_weight_types() {
-  return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+  return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4";
 }
 
 bool parse_type(const std::string& name, Type* out) {

@@ -3,9 +3,9 @@
 // block layouts are in quant/blocks.h.
 //
 // Weight types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K. Q8_K (ggml's activation format for K-quant dot products) can also be read and
-// dequantized, but is not accepted as a model weight. Every other ggml type (IQ*, TQ*,
-// MXFP4, ...) is named in errors but cannot be read.
+// Q6_K, MXFP4. Q8_K (ggml's activation format for K-quant dot products) can also be read
+// and dequantized, but is not accepted as a model weight. Every other ggml type (IQ*,
+// TQ*, NVFP4, ...) is named in errors but cannot be read.
 #pragma once
 
 #include <cstddef>
@@ -29,9 +29,10 @@ enum class Type : uint32_t {
   kQ6_K = 14,
   kQ8_K = 15,
   kBF16 = 30,
+  kMXFP4 = 39,
 };
 
-inline constexpr int kBlock32 = 32;  // values per block of Q4_0 .. Q8_0
+inline constexpr int kBlock32 = 32;  // values per block of Q4_0 .. Q8_0 and MXFP4
 inline constexpr int kBlockK = 256;  // values per super-block of the K-quants
 
 struct TypeInfo {
