@@ -2,19 +2,26 @@
 """Each architecture's forward pass against the numpy reference (llama_ref.py, written
 from the published model definitions), on small synthetic models with random weights.
 
-For every case of CASES this writes a 2-layer F32 model with `kivi synth` (random Q/K/V
-biases for qwen2 and for a llama that has them, random per-head Q/K norm weights for
-qwen3, llama3 RoPE divisors in rope_freqs.weight for the scaled llama), runs
+For every case of CASES (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss)
+this writes a 2-layer F32 model with `kivi synth` (random Q/K/V biases for qwen2 and for a
+llama that has them, random per-head Q/K norm weights for qwen3, llama3 RoPE divisors in
+rope_freqs.weight for the scaled llama; for gpt-oss random biases everywhere and sinks
+N(0, 1), and in one file (PATCH) the experts' gate and up biases scaled by 12 so that the
+SwiGLU's clamps at 7 bite), runs
     KIVI logits -m MODEL -p PROMPT --mode MODE --json     (plus --key-rope pre)
 and checks:
-  * max |engine logit - reference logit| <= --tol (default 1e-5; measured at most 3e-7)
-    at every position,
+  * max |engine logit - reference logit| <= --tol (default 1e-5; measured at most 3e-7,
+    1.2e-7 for gpt-oss) at every position,
     for the engine's prefill, stream and no-cache modes and for keys cached before RoPE;
   * each feature matters: the reference with the feature switched off (no biases, no
     QK norm, adjacent instead of NeoX pairs, unscaled RoPE, no sliding window, one expert
-    instead of two) differs from the engine by
-    more than 10 x --tol (measured: 6e-4 for llama3 scaling, 9e-3 to 1.4 for the rest), so
-    an engine that ignored the feature would fail;
+    instead of two; for gpt-oss no sinks, no output, router or expert biases, plain
+    SwiGLU or no clamps, YaRN without its ramp (every pair interpolated), without its
+    cos/sin factor, or with transformers' untruncated correction range) differs from the
+    engine by more than 10 x --tol (measured: 4e-4 for gemma2's attention soft cap,
+    6e-4 for llama3 scaling, 9e-4 for YaRN's truncation, 1.7e-3 to 6.7e-3 for the other
+    RoPE scalings, 5e-3 to 1.7 for the rest), so an engine that ignored the feature
+    would fail;
   * a sliding-window model (window 24 in layer 0 of 2, far shorter than the prompt)
     agrees too: the windowed layer's cache evicts whole blocks as the prompt streams;
   * the scaled llama's rope_freqs.weight equals the divisors that transformers'
@@ -25,6 +32,7 @@ Exit status 0 when everything agrees, 1 otherwise.
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,6 +42,7 @@ import numpy as np
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_ref  # noqa: E402
 import llama_ref as ref  # noqa: E402
 
 SHAPE = ["--layers", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
@@ -70,7 +79,29 @@ CASES = [
     # factor apply.
     ("phi3-longrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "4"],
      ["long_factors", "rope_mscale"]),
+    # gpt-oss: Q/K/V and output biases, a sink logit per head, YaRN (factor 32 over 512
+    # positions: original context 16, so the ramp spans pairs 0 to 3 and the rest are
+    # interpolated), layer 0 windowed (pattern 2), 8 experts (2 per token) with biases,
+    # a router bias and the clamped SwiGLU.
+    ("gpt-oss", ["--arch", "gpt-oss", "--head-dim", "64", "--rope-theta", "150000", "--experts", "8",
+                 "--experts-used", "2", "--rope-scaling", "yarn", "--sliding-window", "24", "--classifier",
+                 "separate"],
+     ["bias", "out_bias", "sinks", "yarn_ramp", "yarn_truncate", "rope_mscale", "oai_swiglu", "expert_bias",
+      "router_bias", "swa"]),
+    # YaRN as in the released models (factor 32 over 4096 trained positions: pairs 8 to 18):
+    # factor 4 over 8192, original context 2048, the ramp spans pairs 6 to 16.
+    ("gpt-oss-yarn", ["--arch", "gpt-oss", "--head-dim", "64", "--rope-theta", "150000", "--experts", "4",
+                      "--experts-used", "2", "--rope-scaling", "yarn", "--rope-scaling-factor", "4", "--ctx",
+                      "8192", "--sliding-window", "24"],
+     ["yarn_ramp", "rope_mscale"]),
+    # The SwiGLU's clamps (gate <= 7, |up| <= 7) do not bite with synth's biases (N(0, 0.5^2)):
+    # this file has its experts' gate and up biases scaled by PATCH (to N(0, 6^2)).
+    ("gpt-oss-clamp", ["--arch", "gpt-oss", "--head-dim", "64", "--rope-theta", "150000", "--experts", "4",
+                       "--experts-used", "2", "--rope-scaling", "yarn", "--sliding-window", "24"],
+     ["clamp", "oai_swiglu"]),
 ]
+# Tensors (name after "blk.N.") scaled in place in a case's F32 file after synth wrote it.
+PATCH = {"gpt-oss-clamp": {"ffn_gate_exps.bias": 12.0, "ffn_up_exps.bias": 12.0}}
 RUNS = [("prefill", []), ("stream", []), ("no-cache", []), ("prefill", ["--key-rope", "pre"]),
         ("stream", ["--key-rope", "pre"])]
 
@@ -103,6 +134,27 @@ def without(model, feature):
         return dataclasses.replace(model, attn_softcap=0.0)
     if feature == "final_softcap":
         return dataclasses.replace(model, final_softcap=0.0)
+    if feature == "out_bias":
+        return dataclasses.replace(model, bo=None)
+    if feature == "sinks":
+        return dataclasses.replace(model, sinks=None)
+    if feature == "router_bias":
+        return dataclasses.replace(model, router_b=None)
+    if feature == "expert_bias":  # gate, up and down
+        return dataclasses.replace(model, b1=None, b2=None, b3=None)
+    if feature == "oai_swiglu":  # plain SwiGLU silu(gate) * up instead
+        return dataclasses.replace(model, swiglu_oai=None)
+    if feature == "clamp":  # gpt-oss's SwiGLU without its clamps
+        return dataclasses.replace(model, swiglu_oai=(model.swiglu_oai[0], math.inf))
+    if feature in ("yarn_ramp", "yarn_truncate"):
+        # yarn_ramp: every pair interpolated (divided by the factor), as linear scaling;
+        # yarn_truncate: the correction range not floored and ceiled (transformers with
+        # gpt-oss's "truncate": false; llama.cpp truncates)
+        y = model.yarn
+        inv = ref.yarn_inv_freq(model.head_size, model.rope_theta, y["factor"], y["original_ctx"],
+                                y["beta_fast"], y["beta_slow"], ramp=feature != "yarn_ramp",
+                                truncate=feature != "yarn_truncate")[0]
+        return dataclasses.replace(model, inv_freq=inv)
     if feature == "rope_scaling" and model.arch == "gemma3":  # the global layers unscaled
         hs = model.head_size
         return dataclasses.replace(
@@ -114,6 +166,20 @@ def without(model, feature):
     raise ValueError(feature)
 
 
+def scale_tensors(path, factors):
+    """Multiply the F32 tensors blk.N.<name> of a GGUF file by factors[name], in place."""
+    buf, _, infos, base = gguf_ref._read_header(path)
+    with open(path, "r+b") as f:
+        for name, dims, ttype, offset in infos:
+            key = name.split(".", 2)[2] if name.startswith("blk.") else name
+            if key in factors:
+                if ttype != gguf_ref.GGML_F32:
+                    raise ValueError("%s: %s is not F32" % (path, name))
+                a = np.frombuffer(buf, dtype="<f4", count=int(np.prod(dims)), offset=base + offset)
+                f.seek(base + offset)
+                f.write((a * np.float32(factors[key])).astype("<f4").tobytes())
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
@@ -122,15 +188,28 @@ def main():
     ap.add_argument("--shared", default=os.path.join(root, "..", "shared"))
     ap.add_argument("--chars", type=int, default=480, help="prompt length in characters (default 480)")
     ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--cases", default="", help="comma-separated cases to run (default: all): "
+                    + ",".join(c[0] for c in CASES))
     a = ap.parse_args()
+    cases = [c for c in CASES if not a.cases or c[0] in a.cases.split(",")]
+    unknown = set(a.cases.split(",")) - {c[0] for c in CASES} if a.cases else set()
+    if unknown:
+        ap.error("unknown cases: " + ", ".join(sorted(unknown)))
     prompt = ref.read_text(os.path.join(a.shared, "data", "tinytales.txt"))[:a.chars]
     failures = []
     print("%-14s %-22s %6s %12s %5s" % ("model", "engine run", "tokens", "max|diff|", "worst"))
     with tempfile.TemporaryDirectory() as tmp:
-        for name, opts, features in CASES:
+        for name, opts, features in cases:
             path = os.path.join(tmp, name + ".gguf")
             subprocess.run([a.kivi, "synth", *SHAPE, *opts, "-o", path], check=True, capture_output=True)
+            if name in PATCH:
+                scale_tensors(path, PATCH[name])
             model = ref.load_model(path)
+            if model.yarn:
+                y = model.yarn
+                print("%-14s YaRN factor %g, original context %g: ramp over pairs %g to %g of %d, cos/sin times %.4f"
+                      % (name, y["factor"], y["original_ctx"], y["low"], y["high"], model.head_size // 2,
+                         model.rope_mscale))
             if "rope_scaling" in features and model.arch == "llama":
                 hs = model.head_size
                 base = 1.0 / model.rope_theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)

@@ -3,9 +3,11 @@
 
 Follows the llama2.c model math and tokenizer, with
 KIVI-style KV cache quantization simulated as it is deployed when streaming.
-GGUF models (F32/F16/BF16 weights, gguf_ref.py) of the architectures llama, qwen2
-and qwen3 follow the published model definitions (Hugging Face transformers'
-modeling_llama, modeling_qwen2, modeling_qwen3):
+GGUF models (F32/F16/BF16 weights, and MXFP4 experts, gguf_ref.py) of the architectures
+llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and gpt-oss follow the published
+model definitions (Hugging Face transformers' modeling_llama, modeling_qwen2,
+modeling_qwen3, modeling_qwen3_moe, modeling_gemma2, modeling_gemma3, modeling_phi3,
+modeling_gpt_oss), with llama.cpp's choices where the two differ (noted below):
   * qwen2: q_proj, k_proj and v_proj have biases; RoPE by rotate_half, i.e. channel
     i of a head pairs with channel i + D/2 (llama.cpp's NEOX mode).
   * qwen3: no biases; q_norm and k_norm are RMSNorms over head_dim applied to each
@@ -14,6 +16,15 @@ modeling_llama, modeling_qwen2, modeling_qwen3):
   * llama: GGUF stores Q and K permuted so that RoPE rotates adjacent pairs (2i, 2i+1),
     as llama2.c does. Llama 3.1 scaling ("rope_type": "llama3") is
     _compute_llama3_parameters: see llama3_inv_freq.
+  * gpt-oss (llama.cpp's openai-moe): Q/K/V and output biases; rotate_half RoPE with
+    YaRN (yarn_inv_freq: llama.cpp floors and ceils the correction range, which
+    transformers skips for gpt-oss's "truncate": false; cos and sin times
+    1 + 0.1 ln factor); score scale 1/sqrt(head_dim); one learned sink logit per head in
+    each softmax's denominator; even layers windowed (attention.sliding_window, pattern
+    2); post_attention_norm is the FFN's pre-norm; a router with a bias, the softmax of
+    the top experts_used logits weighting experts whose gate, up and down projections
+    have biases, and the clamped SwiGLU min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7,
+    7) + 1) (glu, moe_ffn).
 Everything is computed in float64 except where a storage format is emulated.
 
 Library:
@@ -134,8 +145,20 @@ class Model:
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     inv_freq_local: np.ndarray = None  # [hs/2] of the sliding layers, or None: inv_freq
-    rope_mscale: float = 1.0       # LongRoPE: cos and sin times this
+    rope_mscale: float = 1.0       # LongRoPE, YaRN: cos and sin times this
     inv_freq_short: np.ndarray = None  # LongRoPE: the short factors' frequencies (for checks)
+    # gpt-oss (transformers' modeling_gpt_oss; llama.cpp's openai-moe): an attention output
+    # bias, one sink logit per query head joining each softmax's denominator, a router
+    # bias, biases on every expert's three projections and the clamped SwiGLU
+    # (alpha, limit) of swiglu_oai; YaRN RoPE (yarn_inv_freq) with its parameters in yarn.
+    bo: np.ndarray = None          # [L, dim]
+    sinks: np.ndarray = None       # [L, n_heads]
+    router_b: np.ndarray = None    # [L, E]
+    b1: np.ndarray = None          # [L, E, hidden] gate bias
+    b2: np.ndarray = None          # [L, E, dim]    down bias
+    b3: np.ndarray = None          # [L, E, hidden] up bias
+    swiglu_oai: tuple = None       # (alpha, limit) or None: silu(gate) * up
+    yarn: dict = None              # factor, original_ctx, low, high, beta_fast, beta_slow (for checks)
 
     @property
     def head_size(self):
@@ -162,14 +185,53 @@ def llama3_inv_freq(hs, theta, factor, low_freq_factor, high_freq_factor, origin
     return np.where(medium, smoothed, out)
 
 
+def yarn_corr_dims(hs, base, original_ctx, beta_fast=32.0, beta_slow=1.0, truncate=True):
+    """YaRN's correction range as llama.cpp computes it (ggml_rope_yarn_corr_dims): the
+    pair index at which a frequency turns beta times over the original context,
+    corr(beta) = hs * ln(original_ctx / (2 pi beta)) / (2 ln base); low = max(0,
+    floor(corr(beta_fast))), high = min(hs - 1, ceil(corr(beta_slow))). (transformers
+    floors and ceils likewise unless rope_scaling has "truncate": false, which
+    gpt-oss's config.json sets; llama.cpp always truncates. truncate=False: no floor
+    and ceil.)"""
+    def corr(beta):
+        return hs * math.log(original_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
+    lo, hi = corr(beta_fast), corr(beta_slow)
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    return max(0.0, float(lo)), min(hs - 1.0, float(hi))
+
+
+def yarn_inv_freq(hs, base, factor, original_ctx, beta_fast=32.0, beta_slow=1.0, ramp=True, truncate=True):
+    """YaRN RoPE frequencies (ggml's rope_yarn with ext_factor 1, as llama.cpp runs
+    rope.scaling.type yarn; transformers' _compute_yarn_parameters): pair i keeps its
+    frequency base^(-2i/hs) (extrapolation) below the correction range, takes it divided
+    by factor (interpolation) above it, and mixes the two linearly across it:
+    r = 1 - clamp((i - low) / max(0.001, high - low), 0, 1), frequency
+    interp * (1 - r) + extrap * r. ramp=False: interpolation everywhere; truncate: see
+    yarn_corr_dims. Returns
+    (inv_freq [hs/2], mscale, (low, high)); mscale = 1 + 0.1 ln(factor) multiplies cos and
+    sin (llama.cpp: attn_factor get_mscale(factor) / (1 + 0.1 ln factor) = 1, times
+    rope_yarn's own 1 + 0.1 ln(1 / freq_scale))."""
+    extrap = 1.0 / base ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    interp = extrap / factor
+    low, high = yarn_corr_dims(hs, base, original_ctx, beta_fast, beta_slow, truncate)
+    i = np.arange(hs // 2, dtype=np.float64)
+    r = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+    if not ramp:
+        r = np.zeros_like(r)
+    mscale = 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
+    return interp * (1.0 - r) + extrap * r, mscale, (low, high)
+
+
 def load_gguf_model(path):
-    """A llama, qwen2 or qwen3 GGUF with F32/F16/BF16 weights. RoPE divisors in
+    """A llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 or gpt-oss GGUF with
+    F32/F16/BF16 weights (or MXFP4 ones, dequantized by gguf_ref). RoPE divisors in
     rope_freqs.weight are applied as llama.cpp applies them (frequency / divisor);
     callers that want to check them against llama3_inv_freq can read model.inv_freq."""
     import gguf_ref
     meta, t = gguf_ref.read_gguf(path)
     arch = meta["general.architecture"]
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"):
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt-oss"):
         raise ValueError("%s: architecture %s is not in the reference" % (path, arch))
     A = arch + "."
     dim = int(meta[A + "embedding_length"])
@@ -216,6 +278,20 @@ def load_gguf_model(path):
     if meta.get(A + "rope.scaling.type") == "linear":  # positions divided by the factor
         linear = float(meta[A + "rope.scaling.factor"])
         inv = inv / linear
+    # YaRN (gpt-oss): llama.cpp's original context defaults to the training context, its
+    # beta_fast and beta_slow to 32 and 1 (gpt-oss reads no keys for them), and
+    # rope.scaling.attn_factor, when present, multiplies the cos/sin scale.
+    yarn = None
+    yarn_args = None
+    if meta.get(A + "rope.scaling.type") == "yarn":
+        factor = float(meta.get(A + "rope.scaling.factor", 1.0)) or 1.0
+        orig = float(meta.get(A + "rope.scaling.original_context_length", meta[A + "context_length"]))
+        yarn_args = (factor, orig, 32.0, 1.0)
+        inv, ymscale, (lo, hi) = yarn_inv_freq(hs, theta, *yarn_args)
+        if "rope_freqs.weight" in t:  # ggml divides each pair's angle before the mix (linear in it)
+            inv = inv / t["rope_freqs.weight"]
+        mscale = ymscale * float(meta.get(A + "rope.scaling.attn_factor", 1.0))
+        yarn = dict(factor=factor, original_ctx=orig, beta_fast=32.0, beta_slow=1.0, low=lo, high=hi)
     gemma = arch in ("gemma2", "gemma3")
     # Sliding-window attention (llama.cpp's keys): window W; the pattern a period N
     # (layer l windowed iff l % N < N - 1) or one flag per layer; none: every layer.
@@ -227,6 +303,8 @@ def load_gguf_model(path):
         pat = meta.get(A + "attention.sliding_window_pattern")
         if pat is None and gemma:
             pat = 2 if arch == "gemma2" else 6
+        if pat is None and arch == "gpt-oss":  # llama.cpp: load_swa_pattern(ml, 2), even layers
+            pat = 2
         if pat is None:
             flags = [True] * L
         elif isinstance(pat, (list, tuple, np.ndarray)):
@@ -245,24 +323,36 @@ def load_gguf_model(path):
     elif arch == "gemma2" and A + "rope.freq_base_swa" in meta:
         inv_local = 1.0 / float(meta[A + "rope.freq_base_swa"]) ** (
             np.arange(0, hs, 2, dtype=np.float64) / hs) / linear
+    elif arch == "gpt-oss" and A + "rope.freq_base_swa" in meta:
+        # llama.cpp: the windowed layers' own base with the same scaling (and YaRN range)
+        base_swa = float(meta[A + "rope.freq_base_swa"])
+        inv_local = (yarn_inv_freq(hs, base_swa, *yarn_args)[0] if yarn_args else
+                     1.0 / base_swa ** (np.arange(0, hs, 2, dtype=np.float64) / hs) / linear)
     # query_pre_attn_scalar: hidden_size / heads for the 27B models (46 and 62 layers),
     # else head_dim.
     attn_scale = None
     if gemma and L == (46 if arch == "gemma2" else 62):
         attn_scale = (dim // n_heads) ** -0.5
+    # gpt-oss: post_attention_norm is the FFN's pre-norm (transformers'
+    # post_attention_layernorm), not a norm of the attention output as in Gemma.
+    oss = arch == "gpt-oss"
+    if oss:
+        rms_ffn, post_att = stack("post_attention_norm.weight"), None
+    else:
+        rms_ffn, post_att = stack("ffn_norm.weight"), opt_stack("post_attention_norm.weight")
     return Model(dim=dim, hidden_dim=hidden, n_layers=L, n_heads=n_heads,
                  n_kv_heads=n_kv, vocab_size=tok_emb.shape[0], seq_len=int(meta[A + "context_length"]),
                  tok_emb=tok_emb, rms_att=stack("attn_norm.weight"), wq=stack("attn_q.weight"),
                  wk=stack("attn_k.weight"), wv=stack("attn_v.weight"), wo=stack("attn_output.weight"),
-                 rms_ffn=stack("ffn_norm.weight"), w1=stack("ffn_gate%s.weight" % ffn),
+                 rms_ffn=rms_ffn, w1=stack("ffn_gate%s.weight" % ffn),
                  w2=stack("ffn_down%s.weight" % ffn), w3=stack("ffn_up%s.weight" % ffn),
                  rms_final=t["output_norm.weight"],
                  router=stack("ffn_gate_inp.weight") if moe else None,
                  experts_used=int(meta[A + "expert_used_count"]) if moe else 0,
                  wcls=t.get("output.weight", tok_emb), arch=arch, head_dim=hs, rope_theta=theta,
                  rms_eps=float(meta.get(A + "attention.layer_norm_rms_epsilon", RMS_EPS)),
-                 rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"), inv_freq=inv,
-                 post_att=opt_stack("post_attention_norm.weight"),
+                 rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt-oss"),
+                 inv_freq=inv, post_att=post_att,
                  post_ffn=opt_stack("post_ffw_norm.weight"), embed_scale=gemma, gelu=gemma,
                  attn_scale=attn_scale,
                  attn_softcap=float(meta.get(A + "attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
@@ -271,7 +361,10 @@ def load_gguf_model(path):
                  inv_freq_local=inv_local, rope_mscale=mscale, inv_freq_short=inv_short,
                  bq=opt_stack("attn_q.bias"), bk=opt_stack("attn_k.bias"), bv=opt_stack("attn_v.bias"),
                  q_norm=opt_stack("attn_q_norm.weight"), k_norm=opt_stack("attn_k_norm.weight"),
-                 windows=windows)
+                 windows=windows, bo=opt_stack("attn_output.bias"), sinks=opt_stack("attn_sinks.weight"),
+                 router_b=opt_stack("ffn_gate_inp.bias") if moe else None,
+                 b1=opt_stack("ffn_gate%s.bias" % ffn), b2=opt_stack("ffn_down%s.bias" % ffn),
+                 b3=opt_stack("ffn_up%s.bias" % ffn), swiglu_oai=(1.702, 7.0) if oss else None, yarn=yarn)
 
 
 def load_model(path):
@@ -654,11 +747,15 @@ def rope(x, positions, inv_freq=None, neox=False, mscale=1.0):
 ATTN_BLOCK = 64  # queries per block (only keys 0..end of block are computed)
 
 
-def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0, scale=None, softcap=0.0):
+def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0, scale=None, softcap=0.0, sinks=None):
     """Causal GQA attention. q [T, nh, hs]; k, v [T, nkv, hs]; returns [T, nh*hs].
     window > 0: the query at position t sees only keys s with t - s < window.
     scale: the score scale (default 1/sqrt(hs)); softcap > 0: scaled scores s become
     softcap * tanh(s / softcap) (transformers' Gemma2 attn_logit_softcapping).
+    sinks [nh] (gpt-oss): query head h's softmax gets one more logit, sinks[h], that
+    takes probability but has no value (transformers' GptOss eager_attention_forward
+    concatenates it to the scaled scores and drops its column after the softmax;
+    llama.cpp's soft_max with sinks adds exp(sink - max) to the sum).
 
     Optional streaming view of a quantized cache: the query at position t sees key s
     as kq[s] if s < nk[t] else k[s], and value s as vq[s] if s < nv[t] else v[s].
@@ -693,9 +790,16 @@ def attention(q, k, v, kq=None, nk=None, vq=None, nv=None, window=0, scale=None,
         np.copyto(s, -np.inf, where=(ts > tq)[None, :, None, :])   # causal
         if window > 0:
             np.copyto(s, -np.inf, where=(tq - ts >= window)[None, :, None, :])   # sliding window
-        s -= s.max(axis=-1, keepdims=True)
+        mx = s.max(axis=-1, keepdims=True)
+        if sinks is not None:
+            sk = sinks.reshape(nkv, 1, grp, 1)                 # query head h = kv * grp + g
+            mx = np.maximum(mx, sk)
+        s -= mx
         np.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
+        den = s.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            den = den + np.exp(sk - mx)
+        s /= den
         p = s.reshape(nkv, B * grp, t1)
         o = p @ vh[:, :t1]
         if vq is not None:
@@ -736,6 +840,7 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
         def rot(x, positions):
             return rope(x, positions, inv_freq, m.rope_neox, m.rope_mscale)
 
+        sinks = m.sinks[l] if m.sinks is not None else None
         xb = rmsnorm(x, m.rms_att[l], norm_eps)
         q = xb @ m.wq[l].T
         k = xb @ m.wk[l].T
@@ -763,12 +868,14 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
             if pre:
                 k, kq = rot(k, pos), rot(kq, pos)
             o = attention(q, k, v, kq, nk, vq, nv, window=window, scale=m.attn_scale,
-                          softcap=m.attn_softcap)
+                          softcap=m.attn_softcap, sinks=sinks)
         else:
             if pre:
                 k = rot(k, pos)
-            o = attention(q, k, v, window=window, scale=m.attn_scale, softcap=m.attn_softcap)
+            o = attention(q, k, v, window=window, scale=m.attn_scale, softcap=m.attn_softcap, sinks=sinks)
         o = o @ m.wo[l].T
+        if m.bo is not None:  # gpt-oss: o_proj has a bias
+            o = o + m.bo[l]
         if m.post_att is not None:
             o = rmsnorm(o, m.post_att[l], norm_eps)
         x = x + o
@@ -776,11 +883,13 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
         if m.router is None:
             h1 = xb @ m.w1[l].T
             h3 = xb @ m.w3[l].T
-            if m.gelu:  # gelu_pytorch_tanh
-                act = 0.5 * h1 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h1 + 0.044715 * h1 ** 3)))
-            else:
-                act = h1 / (1.0 + np.exp(-h1))
-            f = (act * h3) @ m.w2[l].T
+            if m.b1 is not None:
+                h1 = h1 + m.b1[l]
+            if m.b3 is not None:
+                h3 = h3 + m.b3[l]
+            f = glu(m, h1, h3) @ m.w2[l].T
+            if m.b2 is not None:
+                f = f + m.b2[l]
         else:
             f = moe_ffn(m, l, xb)
         if m.post_ffn is not None:
@@ -792,11 +901,32 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
     return logits
 
 
+def glu(m, gate, up):
+    """The gated activation: gelu_pytorch_tanh(gate) * up (Gemma), gpt-oss's clamped
+    SwiGLU (transformers' GptOssExperts; ggml's swiglu_oai): gate = min(gate, limit),
+    up = clamp(up, -limit, limit), gate * sigmoid(alpha * gate) * (up + 1), or else
+    SwiGLU silu(gate) * up."""
+    if m.gelu:
+        return 0.5 * gate * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3))) * up
+    if m.swiglu_oai is not None:
+        alpha, limit = m.swiglu_oai
+        gate = np.minimum(gate, limit)
+        up = np.clip(up, -limit, limit)
+        return gate / (1.0 + np.exp(-alpha * gate)) * (up + 1.0)
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
 def moe_ffn(m, l, xb):
     """A mixture of experts as transformers' Qwen3MoeSparseMoeBlock computes it: the
     router's softmax over every expert, the top experts_used probabilities (ties: the
-    lower expert), renormalized to sum 1, weighting each chosen expert's SwiGLU."""
+    lower expert), renormalized to sum 1, weighting each chosen expert's SwiGLU.
+    gpt-oss (GptOssTopKRouter) adds a bias to the router logits and takes the softmax
+    of the top experts_used logits alone: the same experts and the same weights, since
+    renormalized top probabilities are exp(l_j) / sum over the chosen exp(l_k). Its
+    experts have biases on the gate, up and down projections (b1, b3, b2)."""
     logits = xb @ m.router[l].T                      # [T, E]
+    if m.router_b is not None:
+        logits = logits + m.router_b[l]
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     out = np.zeros_like(xb)
@@ -806,7 +936,14 @@ def moe_ffn(m, l, xb):
         for e, we in zip(top, w):
             h1 = m.w1[l][e] @ xb[i]
             h3 = m.w3[l][e] @ xb[i]
-            out[i] += we * (m.w2[l][e] @ ((h1 / (1.0 + np.exp(-h1))) * h3))
+            if m.b1 is not None:
+                h1 = h1 + m.b1[l][e]
+            if m.b3 is not None:
+                h3 = h3 + m.b3[l][e]
+            y = m.w2[l][e] @ glu(m, h1, h3)
+            if m.b2 is not None:
+                y = y + m.b2[l][e]
+            out[i] += we * y
     return out
 
 
