@@ -48,7 +48,7 @@ int cmd_synth(int argc, char** argv) {
   a.add("preset", 0, "NAME",
         "A named shape: llama-3.2-1b, llama-2-7b, llama-3-8b, qwen2.5-0.5b, qwen3-0.6b, "
         "qwen3-30b-a3b, mixtral-8x7b, gemma-3-4b, gemma-3-12b, gemma-2-2b, phi-3-mini, phi-4, "
-        "gpt-oss-20b, tiny.");
+        "phi-4-mini, gpt-oss-20b, tiny.");
   a.add("arch", 0, "ARCH",
         "Architecture: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NeoX RoPE), qwen3 "
         "(per-head Q/K RMSNorm, NeoX RoPE), qwen3moe (qwen3 with a mixture of experts), gemma2 "
@@ -59,6 +59,9 @@ int cmd_synth(int argc, char** argv) {
         "Default: the preset's, else llama.");
   a.add("head-dim", 0, "HD",
         "Head dimension when it differs from dim / heads (qwen3-style; 2 to 1024, even).");
+  a.add("rope-dims", 0, "N",
+        "Partial rotary embeddings: RoPE turns the first N channels of each head (even, 2 to the "
+        "head dimension; Phi-4-mini: 96 of 128). Default: the preset's, else the whole head.");
   a.add("experts", 0, "E",
         "A mixture of E experts in every layer, each a SwiGLU of --ffn channels (qwen3moe; llama "
         "files with experts are Mixtral-style). Default: the preset's, else none.");
@@ -192,6 +195,14 @@ int cmd_synth(int argc, char** argv) {
     c.key_length = static_cast<int>(a.integer("head-dim", 2, 1024));
     overridden = true;
   }
+  if (a.given("rope-dims")) {
+    c.rope_dims = static_cast<int>(a.integer("rope-dims", 2, 1024));
+    if (c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim()) {
+      fail("--rope-dims %d: expected an even number of 2 to the head dimension %d", c.rope_dims,
+           c.head_dim());
+    }
+    overridden = true;
+  }
   if (a.given("experts")) {
     c.n_experts = static_cast<int>(a.integer("experts", 1, 4096));
     overridden = true;
@@ -278,26 +289,20 @@ int cmd_synth(int argc, char** argv) {
                                              a.str("tokenizer-config"), a.given("vocab"));
   }
   model::validate_synth_config(c);
+  // A preset's LongRoPE (its factor is the last long divisor) follows the shape options.
+  const bool preset_longrope = !c.rope_factors_long.empty() && !a.given("rope-scaling");
+  const float preset_factor = preset_longrope ? c.rope_factors_long.back() : 0.0f;
   c.rope_freq_factors.clear();
   c.rope_factors_long.clear();
-  if (longrope) {
-    // LongRoPE of a model trained on ctx / F tokens: short divisors 1 to 1.25 and long
-    // ones 1 to F over the pairs, the attention factor sqrt(1 + ln F / ln original).
-    const int half = c.head_dim() / 2;
-    const double F = scaling.factor;
-    c.rope_orig_ctx = std::max(1, static_cast<int>(c.ctx / F));
-    for (int i = 0; i < half; ++i) {
-      const double x = half > 1 ? static_cast<double>(i) / (half - 1) : 0.0;
-      c.rope_freq_factors.push_back(static_cast<float>(1.0 + 0.25 * x));
-      c.rope_factors_long.push_back(static_cast<float>(1.0 + (F - 1.0) * x));
-    }
-    c.rope_attn_factor =
-        c.rope_orig_ctx > 1
-            ? static_cast<float>(std::sqrt(1.0 + std::log(F) / std::log(c.rope_orig_ctx)))
-            : 1.0f;
+  if (preset_longrope) {
+    model::synthetic_long_rope(c, preset_factor, c.rope_orig_ctx);
+  } else if (longrope) {
+    // LongRoPE of a model trained on ctx / F tokens.
+    model::synthetic_long_rope(c, scaling.factor,
+                               std::max(1, static_cast<int>(c.ctx / scaling.factor)));
   } else if (scaling.factor > 0.0f) {
     c.rope_freq_factors = model::llama3_rope_factors(
-        c.head_dim(), c.rope_theta, scaling.factor, scaling.low_freq_factor,
+        c.rope_dim(), c.rope_theta, scaling.factor, scaling.low_freq_factor,
         scaling.high_freq_factor, scaling.original_ctx);
   }
   c.synthetic = true;

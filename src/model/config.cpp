@@ -33,6 +33,11 @@ void ModelConfig::validate(const std::string& src) const {
   }
   if (head_dim() % 2 != 0)
     fail("%s: head dimension %d is odd; RoPE needs it even", src.c_str(), head_dim());
+  if (rope_dims != 0) {
+    range("rope.dimension_count", rope_dims, 2, head_dim());
+    if (rope_dims % 2 != 0)
+      fail("%s: rope.dimension_count = %d is odd; RoPE rotates pairs", src.c_str(), rope_dims);
+  }
   if (!(rope_theta > 0.0f)) fail("%s: rope.freq_base = %g, expected > 0", src.c_str(), rope_theta);
   if (!(norm_eps > 0.0f) || norm_eps > 1.0f)
     fail("%s: layer_norm_rms_epsilon = %g, expected in (0, 1]", src.c_str(), norm_eps);
@@ -61,9 +66,9 @@ void ModelConfig::validate(const std::string& src) const {
          src.c_str(), swa_layers.size(), n_layers);
   }
   if (!rope_freq_factors.empty()) {
-    if (static_cast<int>(rope_freq_factors.size()) != head_dim() / 2) {
-      fail("%s: rope_freqs.weight has %zu elements, expected head_dim / 2 = %d", src.c_str(),
-           rope_freq_factors.size(), head_dim() / 2);
+    if (static_cast<int>(rope_freq_factors.size()) != rope_dim() / 2) {
+      fail("%s: rope_freqs.weight has %zu elements, expected the rotated dims / 2 = %d",
+           src.c_str(), rope_freq_factors.size(), rope_dim() / 2);
     }
     for (size_t i = 0; i < rope_freq_factors.size(); ++i) {
       const float f = rope_freq_factors[i];

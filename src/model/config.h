@@ -69,6 +69,9 @@ struct ModelConfig {
   bool synthetic = false;         // random weights, for speed measurement only
   // Architecture features (set from `arch` by apply_arch_defaults, then from the file).
   int key_length = 0;  // head dimension when it is not dim / n_heads (0: dim / n_heads)
+  // Channels of a head that RoPE rotates (rope.dimension_count; Phi-4-mini: 96 of 128):
+  // pairs beyond rope_dim() / 2 pass unrotated. 0: the whole head.
+  int rope_dims = 0;
   attn::RopeStyle rope_style = attn::RopeStyle::kAdjacent;
   float rope_freq_scale =
       1.0f;  // linear RoPE scaling: every angle times this (1 / rope.scaling.factor)
@@ -126,6 +129,7 @@ struct ModelConfig {
   TpSlice tp;
 
   int head_dim() const { return key_length > 0 ? key_length : dim / n_heads; }
+  int rope_dim() const { return rope_dims > 0 ? rope_dims : head_dim(); }
   // The frequency divisors at a context of ctx tokens (LongRoPE's long ones past
   // rope_orig_ctx), or null.
   const float* freq_factors(int ctx) const {

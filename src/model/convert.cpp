@@ -35,7 +35,7 @@ void add_llama_metadata(io::GgufWriter& w, const ModelConfig& c, const std::stri
     w.add_u32(A + "expert_used_count", c.n_experts_used);
     w.add_u32(A + "expert_feed_forward_length", c.hidden_dim);
   }
-  w.add_u32(A + "rope.dimension_count", c.head_dim());
+  w.add_u32(A + "rope.dimension_count", c.rope_dim());
   w.add_u32(A + "attention.head_count", c.n_heads);
   w.add_u32(A + "attention.head_count_kv", c.n_kv_heads);
   if (c.key_length > 0) {

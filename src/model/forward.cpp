@@ -59,16 +59,31 @@ void fill_yarn_row(float* row, int64_t pos, int hd, float theta, float freq_scal
 }
 
 void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, int ctx, bool local) {
-  const int hd = c.head_dim();
+  // The rotated channels' pairs come first in the row (a NeoX model's rotated channels are
+  // moved there at load: model/model.cpp); the rest pass unrotated, unscaled.
+  const int hd = c.head_dim(), rd = c.rope_dim();
   const float theta = local ? c.rope_theta_swa : c.rope_theta;
   const float scale = local ? c.rope_freq_scale_swa : c.rope_freq_scale;
   if (c.yarn_orig_ctx > 0) {
-    fill_yarn_row(row, pos, hd, theta, scale, c.yarn_orig_ctx, c.yarn_beta_fast, c.yarn_beta_slow);
+    fill_yarn_row(row, pos, rd, theta, scale, c.yarn_orig_ctx, c.yarn_beta_fast, c.yarn_beta_slow);
   } else {
-    fill_rope_row(row, pos, hd, theta, scale, local ? nullptr : c.freq_factors(ctx));
+    fill_rope_row(row, pos, rd, theta, scale, local ? nullptr : c.freq_factors(ctx));
   }
   if (c.rope_attn_factor != 1.0f)
-    for (int i = 0; i < hd; ++i) row[i] *= c.rope_attn_factor;
+    for (int i = 0; i < rd; ++i) row[i] *= c.rope_attn_factor;
+  for (int i = rd; i < hd; i += 2) {
+    row[i] = 1.0f;
+    row[i + 1] = 0.0f;
+  }
+}
+
+void fill_rope_rotation(float* row, int64_t pos, const ModelConfig& c, int ctx, bool local) {
+  fill_rope_row(row, pos, c, ctx, local);
+  for (int i = 0; i < c.head_dim(); i += 2) {
+    const double r = std::hypot(static_cast<double>(row[i]), static_cast<double>(row[i + 1]));
+    row[i] = static_cast<float>(row[i] / r);
+    row[i + 1] = static_cast<float>(row[i + 1] / r);
+  }
 }
 
 void fill_rope_table(float* table, int ctx, const ModelConfig& c, bool local) {

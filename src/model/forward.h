@@ -118,6 +118,9 @@ void fill_yarn_row(float* row, int64_t pos, int head_dim, float theta, float fre
 // `ctx`: the context the rows serve (it picks LongRoPE's factors).
 void fill_rope_row(float* row, int64_t pos, const ModelConfig& c, int ctx, bool local = false);
 void fill_rope_table(float* table, int ctx, const ModelConfig& c, bool local = false);
+// The same row as a pure rotation (each pair's cos, sin of unit length: LongRoPE's attention
+// factor and YaRN's magnitude divided out), for turning keys that carry them already.
+void fill_rope_rotation(float* row, int64_t pos, const ModelConfig& c, int ctx, bool local = false);
 // Gemma's embedding scale: x [n, dim] times sqrt(dim) when the model has it.
 void scale_embedding(const ModelConfig& c, float* x, int n);
 // Gemma's RMSNorm of a sublayer's output x [n, dim] before the residual add, in place,

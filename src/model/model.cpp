@@ -240,11 +240,11 @@ static void read_long_rope(const io::GgufFile& f, const std::string& path, const
   }
   if (!c.rope_freq_factors.empty())
     fail("%s: rope_freqs.weight and LongRoPE factors together", path.c_str());
-  const uint64_t half = static_cast<uint64_t>(c.head_dim() / 2);
+  const uint64_t half = static_cast<uint64_t>(c.rope_dim() / 2);
   auto read = [&](const io::GgufTensor* t, const char* name) {
     if (t->dims.size() != 1 || t->dims[0] != half) {
-      fail("%s: tensor '%s' should be a vector of head_dim / 2 = %llu elements", path.c_str(), name,
-           (unsigned long long)half);
+      fail("%s: tensor '%s' should be a vector of the rotated dims / 2 = %llu elements",
+           path.c_str(), name, (unsigned long long)half);
     }
     std::vector<float> v(half);
     quant::dequantize_row(weight_type(path, *t)->type, t->data, v.data(),
@@ -308,7 +308,7 @@ static void read_rope_scaling(const io::GgufFile& f, const std::string& path, co
     if (f.find_tensor("rope_freqs.weight")) return;  // the stored divisors win
     try {
       c.rope_freq_factors =
-          llama3_rope_factors(c.head_dim(), c.rope_theta, static_cast<float>(number("factor", 8.0)),
+          llama3_rope_factors(c.rope_dim(), c.rope_theta, static_cast<float>(number("factor", 8.0)),
                               static_cast<float>(number("low_freq_factor", 1.0)),
                               static_cast<float>(number("high_freq_factor", 4.0)),
                               static_cast<float>(number("original_context_length", 8192.0)));
@@ -321,6 +321,52 @@ static void read_rope_scaling(const io::GgufFile& f, const std::string& path, co
       "%s: %srope.scaling.type = '%s' is not supported (supported: none, linear, llama3, yarn, "
       "longrope)",
       path.c_str(), A.c_str(), type.c_str());
+}
+
+// NeoX RoPE pairs channel i of a head with i + D/2; a partial rotary head (rope_dim r < D)
+// pairs i with i + r/2 among its first r channels and leaves the rest. Ordering every
+// head's query and key channels (both alike, so every score is unchanged) as [0, r/2),
+// D/2 - r/2 unrotated ones, [r/2, r), the other unrotated ones turns the rotated pairs
+// into (j, j + D/2) for j < r/2, the kernels' whole-head pairing, with the identity in the
+// pairs beyond (model/forward.cpp fill_rope_row). Values and outputs keep their order.
+std::vector<int> partial_rotary_order(int D, int r) {
+  std::vector<int> order(D);
+  const int h = r / 2, H = D / 2, pass = H - h;
+  for (int j = 0; j < h; ++j) {
+    order[j] = j;
+    order[H + j] = h + j;
+  }
+  for (int j = 0; j < pass; ++j) {
+    order[h + j] = r + j;
+    order[H + h + j] = r + pass + j;
+  }
+  return order;
+}
+
+void Model::reorder_partial_rotary(Model& m) {
+  const ModelConfig& c = m.cfg_;
+  const int D = c.head_dim();
+  const std::vector<int> order = partial_rotary_order(D, c.rope_dim());
+  auto rows = [&](const ops::Matrix& w, AlignedBuffer<uint8_t>& buf) {
+    const size_t rb = quant::row_bytes(w.dtype, static_cast<uint64_t>(w.cols));
+    buf.reset(rb * static_cast<size_t>(w.rows), false);
+    for (int64_t r = 0; r < w.rows; ++r)
+      std::memcpy(buf.data() + rb * r, w.row(r / D * D + order[r % D]), rb);
+    return ops::Matrix{buf.data(), w.dtype, w.rows, w.cols};
+  };
+  auto vec = [&](std::vector<float>& v) {
+    if (v.empty()) return;
+    std::vector<float> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = v[i / D * D + order[i % D]];
+    v = std::move(o);
+  };
+  m.reordered_.resize(2 * m.w_.layers.size());
+  for (size_t l = 0; l < m.w_.layers.size(); ++l) {
+    LayerWeights& L = m.w_.layers[l];
+    L.wq = rows(L.wq, m.reordered_[2 * l]);
+    L.wk = rows(L.wk, m.reordered_[2 * l + 1]);
+    for (auto* v : {&L.bq, &L.bk, &L.q_norm, &L.k_norm}) vec(*v);
+  }
 }
 
 std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::string& tok_path) {
@@ -412,6 +458,18 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
                           static_cast<int64_t>(rf->dims[0]));
   }
   c.validate(path);
+  // Partial rotary embeddings: RoPE turns the first rope.dimension_count channels of a head.
+  if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
+      rd && *rd != static_cast<uint64_t>(c.head_dim())) {
+    if (*rd < 2 || *rd > static_cast<uint64_t>(c.head_dim()) || *rd % 2 != 0) {
+      fail(
+          "%s: %srope.dimension_count = %llu, expected an even number of 2 to the head "
+          "dimension %d",
+          path.c_str(), A.c_str(), (unsigned long long)*rd, c.head_dim());
+    }
+    c.rope_dims = static_cast<int>(*rd);
+  }
+  c.validate(path);
   read_rope_scaling(f, path, A, c);  // needs the validated head dimension
   // llama.cpp runs phi3 files without their window (the converters' value is not the
   // model's); so does kivi.cpp, to give the same logits.
@@ -427,13 +485,6 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
       fail("%s: architecture gpt-oss without %sattention.sliding_window", path.c_str(), A.c_str());
   }
   c.validate(path);
-  if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
-      rd && *rd != static_cast<uint64_t>(c.head_dim())) {
-    fail(
-        "%s: %srope.dimension_count = %llu but the head dimension is %d; partial rotary "
-        "embeddings are not supported",
-        path.c_str(), A.c_str(), (unsigned long long)*rd, c.head_dim());
-  }
 
   const int64_t dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size,
                 qd = c.q_dim();
@@ -576,6 +627,8 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   }
   w.output_norm = vec("output_norm.weight", dim);
   w.output = c.shared_classifier ? w.token_embd : matrix("output.weight", vocab, dim);
+  if (c.rope_style == attn::RopeStyle::kNeox && c.rope_dim() < c.head_dim())
+    reorder_partial_rotary(*m);
 
   if (!tok_path.empty()) {
     m->tok_ =

@@ -81,6 +81,7 @@ class Model {
   friend void shard_tensor_parallel(Model& m, TpComm* comm);
   static std::unique_ptr<Model> load_llama2c(const std::string& path, const std::string& tok);
   static std::unique_ptr<Model> load_gguf(const std::string& path, const std::string& tok);
+  static void reorder_partial_rotary(Model& m);
 
   ModelConfig cfg_;
   Weights w_;
@@ -89,8 +90,13 @@ class Model {
   std::unique_ptr<io::Llama2cCheckpoint> l2c_;
   std::string path_, format_;
   TpComm* tp_comm_ = nullptr;
-  std::vector<AlignedBuffer<uint8_t>> owned_;  // column slices copied out of the file
+  std::vector<AlignedBuffer<uint8_t>> owned_;      // column slices copied out of the file
+  std::vector<AlignedBuffer<uint8_t>> reordered_;  // Q and K rows of partial rotary heads
 };
+
+// The channel order a NeoX model with partial rotary embeddings (rope_dim r of head_dim D)
+// runs its query and key heads in: new channel j holds the file's channel order[j].
+std::vector<int> partial_rotary_order(int D, int r);
 
 // The configuration a llama2.c header describes (RMS eps 1e-5 and RoPE theta 10000, the
 // llama2.c values, are the defaults); not yet validated.

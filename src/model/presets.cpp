@@ -1,5 +1,7 @@
 #include "model/presets.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace kivi::model {
@@ -35,6 +37,27 @@ static ModelConfig windows(ModelConfig c, int window, int pattern, float factor 
   c.sliding_window = window;
   c.set_swa_pattern(pattern);
   c.rope_freq_scale = 1.0f / factor;
+  return c;
+}
+
+void synthetic_long_rope(ModelConfig& c, float factor, int orig) {
+  const int half = c.rope_dim() / 2;
+  c.rope_freq_factors.clear();
+  c.rope_factors_long.clear();
+  for (int i = 0; i < half; ++i) {
+    const double x = half > 1 ? static_cast<double>(i) / (half - 1) : 0.0;
+    c.rope_freq_factors.push_back(static_cast<float>(1.0 + 0.25 * x));
+    c.rope_factors_long.push_back(static_cast<float>(1.0 + (factor - 1.0) * x));
+  }
+  c.rope_orig_ctx = orig;
+  c.rope_attn_factor =
+      orig > 1 ? static_cast<float>(std::sqrt(1.0 + std::log(factor) / std::log(orig))) : 1.0f;
+}
+
+// Phi-4-mini: RoPE on `dims` channels, LongRoPE by `factor` over `orig` tokens.
+static ModelConfig long_rope(ModelConfig c, int dims, float factor, int orig) {
+  c.rope_dims = dims;
+  synthetic_long_rope(c, factor, orig);
   return c;
 }
 
@@ -109,6 +132,13 @@ const std::vector<Preset>& presets() {
        "Phi-4 (14B) shape (phi3): 40 layers, dim 5120, 40 heads, 10 KV heads, ffn 17920, vocab "
        "100352, fused QKV and gate-up",
        shape(40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, false, "phi3"), RopeScaling{}},
+      {"phi-4-mini",
+       "Phi-4-mini shape (phi3): 32 layers, dim 3072, 24 heads of 128, 8 KV heads, ffn 8192, "
+       "vocab 200064, RoPE on 96 of 128 channels, LongRoPE (factor 32 over 4096), fused QKV "
+       "and gate-up",
+       long_rope(shape(32, 3072, 24, 8, 8192, 200064, 131072, 10000.0f, true, "phi3"), 96, 32.0f,
+                 4096),
+       RopeScaling{}},
       {"gpt-oss-20b",
        "gpt-oss-20b shape (gpt-oss): 24 layers, dim 2880, 64 heads of 64, 8 KV heads, 32 experts "
        "of ffn 2880 with 4 per token, vocab 201088, even layers windowed (128), YaRN (factor 32 "

@@ -24,6 +24,11 @@ struct Preset {
   RopeScaling rope_scaling;  // applied by `kivi synth` after its shape options
 };
 
+// Synthetic LongRoPE (Phi-3.5, Phi-4-mini style) over c's rotated channels for a model
+// trained on `orig` tokens: short divisors from 1 to 1.25 and long ones from 1 to `factor`
+// over the pairs, attention factor sqrt(1 + ln factor / ln orig) (1 when orig is 1).
+void synthetic_long_rope(ModelConfig& c, float factor, int orig);
+
 const std::vector<Preset>& presets();
 // Throws kivi::Error listing the names if unknown.
 const Preset& find_preset(const std::string& name);

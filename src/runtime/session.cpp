@@ -199,9 +199,8 @@ void Session::make_room() {
     if (post && opt_.overflow == ContextOverflow::kShift) {
       // The kept tokens move down by `count` positions: rotate their keys back by as much.
       std::vector<float> back(c.head_dim());
-      model::fill_rope_row(back.data(), count, c, ctx_, c.local_rope(l));
       // A pure rotation: the keys carry the attention factor once already.
-      for (float& x : back) x /= c.rope_attn_factor;
+      model::fill_rope_rotation(back.data(), count, c, ctx_, c.local_rope(l));
       for (int i = 1; i < c.head_dim(); i += 2) back[i] = -back[i];
       cache_->rotate_keys(l, first, n - count, back.data(), c.rope_style == attn::RopeStyle::kNeox);
     }
