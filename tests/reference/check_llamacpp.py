@@ -8,7 +8,13 @@
     biases, NeoX RoPE) and
     qwen3 (per-head Q/K norms, head dimension apart from dim / heads, NeoX RoPE),
     qwen3moe, gemma3 (windowed layers with their own RoPE, post-norms, GeGLU) and gemma2
-    (soft caps) and phi3 (fused QKV and gate-up), in F32 and F16, from several prompts.
+    (soft caps), phi3 (fused QKV and gate-up) and gpt-oss (sinks, YaRN, biased experts,
+    the clamped SwiGLU), in F32 and F16, from several prompts.
+
+The arch set runs llama.cpp without its CPU flash-attention kernel, whose softmax and
+value sums are F16: in a random mixture of experts that rounding flips router choices that
+are near ties (gpt-oss, layer 3 of 4: the second expert ahead by 1.8e-4 in float64, behind
+by 9.4e-5 with F16 accumulation) and the greedy tokens part; the other path sums in F32.
 
 Both decode N tokens greedily from the same prompt ids; prints, per model, the number
 of equal tokens and the first position where they differ. Random weights give flat
@@ -99,13 +105,14 @@ def main():
         shutil.copyfile(script, mjs)
     failed = False
 
-    def compare(label, path, prompt, n, judge=False):
+    def compare(label, path, prompt, n, judge=False, flash=True):
         nonlocal failed
         out = subprocess.run([a.kivi, "generate", "-m", path, "-p", prompt, "-n", str(n), "--temp", "0",
                               "--json"], check=True, capture_output=True, text=True).stdout
         k = json.loads(out)
         ids = ",".join(str(i) for i in k["prompt_token_ids"])
-        ref = subprocess.run(["node", mjs, path, str(n), ids], check=True, capture_output=True, text=True,
+        ref = subprocess.run(["node", mjs, path, str(n), ids] + ([] if flash else ["noflash"]), check=True,
+                             capture_output=True, text=True,
                              cwd=a.node_dir).stdout.strip().splitlines()[-1]
         l = json.loads(ref)["tokens"]
         mine = k["token_ids"]
@@ -173,7 +180,8 @@ def main():
                     subprocess.run([a.kivi, "synth", *ARCH_SHAPE, *opts, "--outtype", t, "-o", path], check=True,
                                    capture_output=True)
                     for i, prompt in enumerate(PROMPTS):
-                        compare("%s %s prompt %d" % (name, t, i), path, prompt, a.n // 2, judge=True)
+                        compare("%s %s prompt %d" % (name, t, i), path, prompt, a.n // 2, judge=True,
+                                flash=False)
     return 1 if failed else 0
 
 
