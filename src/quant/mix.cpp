@@ -20,6 +20,7 @@ const FileType kFileTypes[] = {
     {"q4_k", Type::kQ4_K, false, 14},   {"q5_k", Type::kQ5_K, false, 16},
     {"q6_k", Type::kQ6_K, false, 18},   {"q4_k_m", Type::kQ4_K, true, 15},
     {"mxfp4", Type::kMXFP4, false, 38},
+    {"mxfp4_moe", Type::kMXFP4, false, 38, true},
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -65,6 +66,8 @@ bool is_converted(const TensorDesc& t) {
 
 Type tensor_type(const FileType& ft, const TensorDesc& t, int n_layers, bool tied_output) {
   Type type = ft.base;
+  // MXFP4_MOE: the experts' 3-D tensors MXFP4, every other matrix Q8_0 (gpt-oss's files).
+  if (ft.moe_mix) type = t.n_dims >= 3 ? Type::kMXFP4 : Type::kQ8_0;
   if (ft.k_m_mix) {
     const int layer = layer_of(t.name);
     if (t.name == "output.weight" || (tied_output && t.name == "token_embd.weight")) {

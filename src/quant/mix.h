@@ -8,6 +8,8 @@
 //   - output.weight, or token_embd.weight when the classifier is tied to it;
 //   - attn_v.weight and ffn_down.weight of layer i when use_more_bits(i, n_layers):
 //     i < n/8, or i >= 7n/8, or (i - n/8) % 3 == 2.
+// mxfp4_moe is llama.cpp's MXFP4_MOE (gpt-oss's own files): the experts' 3-D tensors in
+// MXFP4, every other matrix in Q8_0.
 // A matrix whose rows are not whole blocks of its type falls back as llama.cpp does:
 // Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0 (llama.cpp uses IQ4_NL,
 // which this engine does not write), then F16 if the rows are still not whole blocks.
@@ -27,6 +29,7 @@ struct FileType {
   Type base;         // the type of most matrices
   bool k_m_mix;      // Q6_K for the tensors listed above
   int llama_ftype;   // general.file_type as llama.cpp numbers it
+  bool moe_mix = false;  // experts (3-D tensors) MXFP4, other matrices Q8_0 (mxfp4_moe)
 };
 
 // The known file types, for help texts: "f32, f16, bf16, q8_0, ...".
