@@ -21,11 +21,12 @@ def q8_0_blob(n):
     return out
 
 
-def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
+def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0, rope_dims=0):
     """A one-layer model of `arch` (llama, qwen2 with Q/K/V biases, qwen3 with per-head Q/K
     norms, gemma2 and gemma3 with post-norms, caps and their RoPE keys); with q8_0 its matrices are Q8_0 (dim 32, the block size); with swa a sliding
     window of 4 tokens and its pattern as an array of one bool per layer; with experts > 0
-    a mixture of that many experts (2 used) in place of the FFN (qwen3moe)."""
+    a mixture of that many experts (2 used) in place of the FFN (qwen3moe); gpt-oss with
+    its sinks, biases, YaRN keys and post_attention_norm; rope_dims: partial rotary."""
     dim, hidden, vocab = (32, 32, 6) if q8_0 else (8, 16, 6)
     kvs = []
 
@@ -48,6 +49,12 @@ def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
         kv(arch + ".rope.freq_base_swa", 6, struct.pack("<f", 10000.0))
         if arch == "gemma2":
             kv(arch + ".attn_logit_softcapping", 6, struct.pack("<f", 50.0))
+    if rope_dims:
+        kv(arch + ".rope.dimension_count", 4, struct.pack("<I", rope_dims))
+    if arch == "gpt-oss":
+        kv(arch + ".rope.scaling.type", 8, gguf_string("yarn"))
+        kv(arch + ".rope.scaling.factor", 6, struct.pack("<f", 4.0))
+        kv(arch + ".rope.scaling.original_context_length", 4, struct.pack("<I", 8))
     if swa:
         kv(arch + ".attention.sliding_window", 4, struct.pack("<I", 4))
         kv(arch + ".attention.sliding_window_pattern", 9, struct.pack("<IQ", 7, 1) + b"\x01")
@@ -69,8 +76,14 @@ def write_gguf(path, arch="llama", q8_0=False, swa=False, experts=0):
                     ("blk.0.ffn_gate_exps.weight", [dim, hidden, experts]),
                     ("blk.0.ffn_down_exps.weight", [hidden, dim, experts]),
                     ("blk.0.ffn_up_exps.weight", [dim, hidden, experts])]
-    if arch == "qwen2":
+    if arch in ("qwen2", "gpt-oss"):
         tensors += [("blk.0.attn_q.bias", [dim]), ("blk.0.attn_k.bias", [hd]), ("blk.0.attn_v.bias", [hd])]
+    if arch == "gpt-oss":
+        tensors = [("blk.0.post_attention_norm.weight", [dim]) if t[0] == "blk.0.ffn_norm.weight" else t
+                   for t in tensors]
+        tensors += [("blk.0.attn_output.bias", [dim]), ("blk.0.attn_sinks.weight", [2]),
+                    ("blk.0.ffn_gate_inp.bias", [experts]), ("blk.0.ffn_gate_exps.bias", [hidden, experts]),
+                    ("blk.0.ffn_up_exps.bias", [hidden, experts]), ("blk.0.ffn_down_exps.bias", [dim, experts])]
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         tensors += [("blk.0.attn_q_norm.weight", [hd]), ("blk.0.attn_k_norm.weight", [hd])]
     if arch in ("gemma2", "gemma3"):
@@ -102,7 +115,8 @@ def write_quantized_gguf(path):
     """One tensor of every readable block type (ggml type id, block values, block bytes),
     two rows of one or two blocks each, with varied bytes."""
     types = [(1, 1, 2), (30, 1, 2), (2, 32, 18), (3, 32, 20), (6, 32, 22), (7, 32, 24), (8, 32, 34),
-             (10, 256, 84), (11, 256, 110), (12, 256, 144), (13, 256, 176), (14, 256, 210), (15, 256, 292)]
+             (10, 256, 84), (11, 256, 110), (12, 256, 144), (13, 256, 176), (14, 256, 210), (15, 256, 292),
+             (39, 32, 17)]
     infos, data, off = b"", b"", 0
     for tid, block, nbytes in types:
         cols = 256 if block == 256 else 64
@@ -270,6 +284,8 @@ def main():
     write_gguf(os.path.join(out, "model", "gemma2.gguf"), "gemma2")
     write_gguf(os.path.join(out, "model", "gemma3.gguf"), "gemma3", swa=True)
     write_gguf(os.path.join(out, "model", "phi3.gguf"), "phi3")
+    write_gguf(os.path.join(out, "model", "phi3-partial.gguf"), "phi3", rope_dims=2)
+    write_gguf(os.path.join(out, "model", "gpt-oss.gguf"), "gpt-oss", swa=True, experts=4)
     write_tokenizer(os.path.join(out, "tokenizer", "tiny.tok"))
     os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
     write_bpe(os.path.join(out, "bpe"))
