@@ -17,6 +17,7 @@
 #include "model/convert.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "runtime/engine_options.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "test_util.h"
@@ -465,12 +466,21 @@ TEST(Model, Int8TensorEquivalenceGivenTheSameFirstBatch) {
   expect_same_cache(a.cache(), b.cache(), "int8/tensor");
 }
 
+runtime::SamplerOptions sampler_options(float temp, int top_k, float top_p, uint64_t seed) {
+  runtime::SamplerOptions o;
+  o.temperature = temp;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.seed = seed;
+  return o;
+}
+
 TEST(Model, DecodeMakesNoHeapAllocations) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
   for (const char* f : {"f32", "f16", "int8", "kivi4", "kivi2"}) {
     Session s(m, options(f, f));
-    runtime::Sampler sampler(runtime::SamplerOptions{0.8f, 40, 0.95f, 1}, m.config().vocab_size);
+    runtime::Sampler sampler(sampler_options(0.8f, 40, 0.95f, 1), m.config().vocab_size);
     const float* logits = s.prefill(m.tokenizer().encode("Once upon a time", true));
     for (int i = 0; i < 5; ++i) logits = s.decode(sampler.sample(logits));  // warm up
     g_allocs = 0;
@@ -486,8 +496,7 @@ TEST(Sampler, SeededSamplingIsReproducible) {
   const auto& m = stories();
   auto run = [&](uint64_t seed, float temp, int top_k, float top_p) {
     Session s(m, options("f32", "f32"));
-    runtime::Sampler sampler(runtime::SamplerOptions{temp, top_k, top_p, seed},
-                             m.config().vocab_size);
+    runtime::Sampler sampler(sampler_options(temp, top_k, top_p, seed), m.config().vocab_size);
     std::vector<int> out;
     const float* logits = s.prefill(m.tokenizer().encode("Once upon a time", true));
     for (int i = 0; i < 60; ++i) {
@@ -508,14 +517,101 @@ TEST(Sampler, SeededSamplingIsReproducible) {
 TEST(Sampler, TopKAndTopPRestrictTheChoice) {
   std::vector<float> logits = {1.0f, 5.0f, 4.9f, -3.0f, 0.0f};
   for (uint64_t seed = 0; seed < 200; ++seed) {
-    runtime::Sampler k2(runtime::SamplerOptions{1.0f, 2, 1.0f, seed}, 5);
+    runtime::Sampler k2(sampler_options(1.0f, 2, 1.0f, seed), 5);
     const int t = k2.sample(logits.data());
     ASSERT_TRUE(t == 1 || t == 2);
-    runtime::Sampler p(runtime::SamplerOptions{1.0f, 0, 0.5f, seed}, 5);
+    runtime::Sampler p(sampler_options(1.0f, 0, 0.5f, seed), 5);
     ASSERT_EQ(p.sample(logits.data()), 1);  // token 1 alone holds >= 50%
   }
-  EXPECT_THROW(runtime::Sampler(runtime::SamplerOptions{-1.0f, 0, 1.0f, 0}, 5), Error);
-  EXPECT_THROW(runtime::Sampler(runtime::SamplerOptions{1.0f, 0, 0.0f, 0}, 5), Error);
+  EXPECT_THROW(runtime::Sampler(sampler_options(-1.0f, 0, 1.0f, 0), 5), Error);
+  EXPECT_THROW(runtime::Sampler(sampler_options(1.0f, 0, 0.0f, 0), 5), Error);
+}
+
+// min-p keeps the tokens of at least P times the top probability. With logits {0, ln 4,
+// ln 2, ln 1.5, -inf-ish} the probabilities are proportional to 1, 4, 2, 1.5: min_p 0.4
+// keeps 4 and 2 (>= 1.6), 0.3 adds 1.5 (>= 1.2) but not 1; 0.6 keeps 4 alone.
+TEST(Sampler, MinPKeepsTokensNearTheTop) {
+  const std::vector<float> logits = {0.0f, std::log(4.0f), std::log(2.0f), std::log(1.5f), -30.0f};
+  auto seen = [&](float min_p) {
+    std::vector<int> count(5);
+    for (uint64_t seed = 0; seed < 400; ++seed) {
+      auto o = sampler_options(1.0f, 0, 1.0f, seed);
+      o.min_p = min_p;
+      runtime::Sampler s(o, 5);
+      ++count[s.sample(logits.data())];
+    }
+    return count;
+  };
+  auto c = seen(0.4f);
+  EXPECT_EQ(c[0] + c[3] + c[4], 0);
+  EXPECT_GT(c[1], c[2]);
+  EXPECT_GT(c[2], 0);
+  c = seen(0.3f);
+  EXPECT_EQ(c[0] + c[4], 0);
+  EXPECT_GT(c[3], 0);
+  c = seen(0.6f);
+  EXPECT_EQ(c[1], 400);
+  auto bad = sampler_options(1.0f, 0, 1.0f, 0);
+  bad.min_p = 1.5f;
+  EXPECT_THROW(runtime::Sampler(bad, 5), Error);
+}
+
+// Logit bias, repeat, presence and frequency penalties, each against logits worked out by
+// hand: greedy choices show which adjusted logit leads.
+TEST(Sampler, BiasAndPenaltiesAdjustTheLogits) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.5f, -1.0f, 0.5f};
+  auto greedy = [&](const runtime::SamplerOptions& o, const std::vector<int>& prompt,
+                    const std::vector<int>& gen) {
+    runtime::Sampler s(o, 5);
+    s.observe_prompt(prompt);
+    for (int t : gen) s.accept(t);
+    return s.sample(logits.data());
+  };
+  auto o = sampler_options(0.0f, 0, 1.0f, 0);
+  EXPECT_EQ(greedy(o, {}, {}), 1);
+  // Bias: token 3 from -1 to 4.5 leads; -100 on token 1 leaves 2 (2.5) ahead.
+  o.logit_bias = {{3, 5.5f}};
+  EXPECT_EQ(greedy(o, {}, {}), 3);
+  o.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(greedy(o, {}, {}), 2);
+  // Repeat penalty 1.5 on token 1 (in the prompt's window): 3 / 1.5 = 2 < 2.5, so 2 leads;
+  // with a window of 1 token that is not token 1, token 1 keeps 3.
+  o = sampler_options(0.0f, 0, 1.0f, 0);
+  o.repeat_penalty = 1.5f;
+  EXPECT_EQ(greedy(o, {1, 4}, {}), 2);
+  o.repeat_last_n = 1;
+  EXPECT_EQ(greedy(o, {1, 4}, {}), 1);
+  // A negative logit is multiplied: token 3 at -1 * 1.5 stays last; token 2 at 2.5 / 1.5 =
+  // 1.67 and token 1 at 2: token 1 leads when both are penalized.
+  o.repeat_last_n = 64;
+  EXPECT_EQ(greedy(o, {1, 2, 3}, {}), 1);
+  // Presence 0.4 on generated token 1 (3 - 0.4 = 2.6 > 2.5) keeps it; frequency 0.3 over
+  // two occurrences (3 - 0.6 = 2.4) hands the lead to token 2.
+  o = sampler_options(0.0f, 0, 1.0f, 0);
+  o.presence_penalty = 0.4f;
+  EXPECT_EQ(greedy(o, {}, {1, 1}), 1);
+  o.presence_penalty = 0.0f;
+  o.frequency_penalty = 0.3f;
+  EXPECT_EQ(greedy(o, {}, {1, 1}), 2);
+  EXPECT_EQ(greedy(o, {}, {1}), 1);  // 2.7 > 2.5
+  // The prompt does not count for presence or frequency (OpenAI's rule).
+  EXPECT_EQ(greedy(o, {1, 1, 1}, {}), 1);
+  // Out of range, or a biased token outside the vocabulary: errors naming the option.
+  o = sampler_options(0.0f, 0, 1.0f, 0);
+  o.logit_bias = {{7, 1.0f}};
+  EXPECT_THROW(runtime::Sampler(o, 5), Error);
+  o.logit_bias = {{1, 101.0f}};
+  EXPECT_THROW(runtime::Sampler(o, 5), Error);
+  o = sampler_options(0.0f, 0, 1.0f, 0);
+  o.frequency_penalty = 2.5f;
+  EXPECT_THROW(runtime::Sampler(o, 5), Error);
+  o.frequency_penalty = 0.0f;
+  o.repeat_penalty = 0.0f;
+  EXPECT_THROW(runtime::Sampler(o, 5), Error);
+  EXPECT_EQ(runtime::parse_logit_bias("15:-100,3:2.5"),
+            (std::vector<std::pair<int, float>>{{15, -100.0f}, {3, 2.5f}}));
+  for (const char* bad : {"", "15", ":3", "x:1", "3:", "3:1,", "-2:1", "3:1x"})
+    EXPECT_THROW(runtime::parse_logit_bias(bad), Error) << bad;
 }
 
 }  // namespace

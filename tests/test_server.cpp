@@ -284,9 +284,9 @@ TEST(Server, UnimplementedFieldsAreRefusedByName) {
   KIVI_REQUIRE_MODEL();
   TestServer srv(kivi2_options(1, 2));
   auto c = srv.client();
-  for (const char* f : {"\"grammar\": \"root ::= \\\"a\\\"\"", "\"json_schema\": {}",
-                        "\"min_p\": 0.05", "\"repeat_penalty\": 1.1", "\"n_predict\": 8",
-                        "\"mirostat\": 2", "\"tool_choice\": \"auto\""}) {
+  for (const char* f :
+       {"\"grammar\": \"root ::= \\\"a\\\"\"", "\"json_schema\": {}", "\"typical_p\": 0.5",
+        "\"tfs_z\": 0.9", "\"n_predict\": 8", "\"mirostat\": 2", "\"tool_choice\": \"auto\""}) {
     const std::string body = std::string("{\"prompt\": \"Once\", \"max_tokens\": 2, ") + f + "}";
     const auto r = c.Post("/v1/completions", body, "application/json");
     ASSERT_TRUE(r) << f;
@@ -296,11 +296,52 @@ TEST(Server, UnimplementedFieldsAreRefusedByName) {
   }
   // Their neutral values change nothing and are accepted.
   const auto ok = c.Post("/v1/completions",
-                         "{\"prompt\": \"Once\", \"max_tokens\": 2, \"min_p\": 0, "
-                         "\"repeat_penalty\": 1, \"tool_choice\": \"none\"}",
+                         "{\"prompt\": \"Once\", \"max_tokens\": 2, \"typical_p\": 1, "
+                         "\"tfs_z\": 1, \"tool_choice\": \"none\"}",
                          "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// The sampler's fields reach the sampler: a logit bias of +100 makes a token the greedy
+// choice, penalties and min_p are accepted in range; out of range or a key that is not a
+// token id is a 400 naming the field.
+TEST(Server, SamplingFieldsReachTheSampler) {
+  KIVI_REQUIRE_MODEL();
+  TestServer srv(kivi2_options(1, 2));
+  auto c = srv.client();
+  const auto& tk = stories().tokenizer();
+  const int forced = tk.vocab_size() - 7;
+  const std::string body =
+      "{\"prompt\": \"Once\", \"max_tokens\": 3, \"temperature\": 0, "
+      "\"logit_bias\": {\"" +
+      std::to_string(forced) + "\": 100}}";
+  const auto r = c.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string piece = tk.token_text(forced);
+  const std::string text = json::parse(r->body)["choices"][0]["text"];
+  EXPECT_NE(text.find(piece.substr(piece.find_first_not_of(' '))), std::string::npos)
+      << text << " (forced token " << forced << " '" << piece << "')";
+  const auto plain =
+      c.Post("/v1/completions",
+             "{\"prompt\": \"Once\", \"max_tokens\": 8, \"temperature\": 0.7, \"seed\": 3, "
+             "\"min_p\": 0.05, \"presence_penalty\": 0.5, \"frequency_penalty\": 0.5, "
+             "\"repeat_penalty\": 1.1, \"repeat_last_n\": 16}",
+             "application/json");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->status, 200) << plain->body;
+  for (const char* f : {"\"logit_bias\": {\"abc\": 1}", "\"logit_bias\": {\"99999999\": 1}",
+                        "\"logit_bias\": {\"5\": 101}", "\"logit_bias\": [1]",
+                        "\"frequency_penalty\": 2.5", "\"presence_penalty\": -3", "\"min_p\": 1.5",
+                        "\"repeat_penalty\": 0", "\"repeat_last_n\": -2"}) {
+    const std::string b = std::string("{\"prompt\": \"Once\", \"max_tokens\": 2, ") + f + "}";
+    const auto e = c.Post("/v1/completions", b, "application/json");
+    ASSERT_TRUE(e) << f;
+    EXPECT_EQ(e->status, 400) << f;
+    const std::string name = std::string(f).substr(1, std::string(f).find('"', 1) - 1);
+    EXPECT_EQ(error_of(e)["param"], name) << e->body;
+  }
 }
 
 TEST(Server, ContentLengthIsJudgedBeforeTheBody) {

@@ -130,7 +130,24 @@ const std::vector<OptionSpec> kGenSpecs = {
     {"top-k", 0, "K", "Sample from the K most likely tokens (0 = off).", "40", kGen},
     {"top-p", 0, "P",
      "Sample from the smallest set of tokens whose probability reaches P (1 = off).", "0.95", kGen},
+    {"min-p", 0, "P",
+     "Sample only from tokens of at least P times the most likely token's probability (0 = off).",
+     "0", kGen},
     {"seed", 's', "S", "Random seed; the same seed gives the same text (-1 = a random one).", "42",
+     kGen},
+    {"repeat-penalty", 0, "R",
+     "Divide the positive logits (multiply the negative ones) of tokens seen among the last "
+     "--repeat-last-n tokens, the prompt's included, by R (1 = off; as llama.cpp).",
+     "1", kGen},
+    {"repeat-last-n", 0, "N", "Tokens the repeat penalty looks back over (-1 = all).", "64", kGen},
+    {"presence-penalty", 0, "P",
+     "Subtract P from the logit of every token generated so far (-2 to 2; as OpenAI).", "0", kGen},
+    {"frequency-penalty", 0, "F",
+     "Subtract F times its count from the logit of every token generated so far (-2 to 2; as "
+     "OpenAI).",
+     "0", kGen},
+    {"logit-bias", 0, "ID:BIAS,...",
+     "Add BIAS (-100 to 100) to the logit of token ID, e.g. 15043:-100 to all but ban it.", "",
      kGen},
     {"ignore-eos", 0, "",
      "Never sample an end token (EOS, BOS, end of turn): generate N tokens, for long runs and "
@@ -339,8 +356,54 @@ GenerationOptions parse_generation_options(const OptionValues& given, OptionSpel
   so.top_k = r.integer("top-k", 0, 1 << 24);
   const int64_t seed = r.integer64("seed", -1, INT64_MAX);
   so.seed = seed < 0 ? random_seed() : static_cast<uint64_t>(seed);
+  so.min_p = static_cast<float>(r.number("min-p"));
+  so.repeat_penalty = static_cast<float>(r.number("repeat-penalty"));
+  so.repeat_last_n = r.integer("repeat-last-n", -1, 1 << 24);
+  so.presence_penalty = static_cast<float>(r.number("presence-penalty"));
+  so.frequency_penalty = static_cast<float>(r.number("frequency-penalty"));
+  if (r.given("logit-bias") && !r.str("logit-bias").empty())
+    so.logit_bias = parse_logit_bias(r.str("logit-bias"));
+  for (const char* n : {"min-p", "repeat-penalty", "presence-penalty", "frequency-penalty"}) {
+    if (!std::isfinite(r.number(n)))
+      fail("%s = %g is not a number", r.name(n).c_str(), r.number(n));
+  }
+  try {
+    check_sampler_options(so);
+  } catch (const Error& e) {
+    // The sampler names CLI flags; the front end may spell them as keywords.
+    std::string msg = e.what();
+    for (const char* n : {"min-p", "repeat-penalty", "repeat-last-n", "presence-penalty",
+                          "frequency-penalty", "logit-bias"}) {
+      const std::string flag = std::string("--") + n, mine = r.name(n);
+      if (msg.rfind(flag, 0) == 0) msg = mine + msg.substr(flag.size());
+    }
+    fail("%s", msg.c_str());
+  }
   g.ignore_eos = r.flag("ignore-eos");
   return g;
+}
+
+std::vector<std::pair<int, float>> parse_logit_bias(const std::string& text) {
+  std::vector<std::pair<int, float>> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    const size_t colon = item.find(':');
+    char* e1 = nullptr;
+    char* e2 = nullptr;
+    const long id = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &e1, 10);
+    const double bias =
+        colon == std::string::npos ? 0.0 : std::strtod(item.c_str() + colon + 1, &e2);
+    if (colon == std::string::npos || e1 != item.c_str() + colon || colon == 0 || !e2 ||
+        *e2 != '\0' || e2 == item.c_str() + colon + 1 || id < 0 || id > (1 << 30) ||
+        !std::isfinite(bias)) {
+      fail("--logit-bias: '%s' is not ID:BIAS (e.g. 15043:-100)", item.c_str());
+    }
+    out.emplace_back(static_cast<int>(id), static_cast<float>(bias));
+    at = end + 1;
+  }
+  return out;
 }
 
 std::string spell_option(const std::string& name, OptionSpelling s) {

@@ -54,6 +54,8 @@ using OptionValues = std::map<std::string, std::string>;
 SessionOptions parse_session_options(const OptionValues& given,
                                      OptionSpelling spelling = OptionSpelling::kFlag);
 
+// "ID:BIAS,ID:BIAS" (token ids and logit biases) as pairs; kivi::Error naming a bad item.
+std::vector<std::pair<int, float>> parse_logit_bias(const std::string& text);
 // Parses and validates the given generation options (the sampler's ranges; seed -1 picks
 // a random seed); stop strings and end tokens are the caller's to add.
 GenerationOptions parse_generation_options(const OptionValues& given,

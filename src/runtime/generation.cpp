@@ -65,6 +65,7 @@ Continuation::Step Continuation::next(const float* logits) {
   if (done()) fail("internal: generation continued after it ended");
   const int token = sampler_.sample(logits);
   if (rule_.ends(token)) return end(StopReason::kEnd);
+  sampler_.accept(token);
   Step s;
   s.token = token;
   ++n_generated_;
@@ -95,6 +96,7 @@ void Generator::prefill(const std::vector<int>& prompt) {
     fail("the prompt of %zu tokens does not fit the %d tokens left in the context of %d",
          prompt.size(), s_.ctx() - s_.pos(), s_.ctx());
   }
+  cont_.sampler().observe_prompt(prompt);
   logits_ = s_.prefill(prompt);
 }
 

@@ -22,12 +22,48 @@ void check_sampler_options(const SamplerOptions& o) {
   if (o.top_k < 0) fail("--top-k = %d is out of range (valid: 0 or more)", o.top_k);
   if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
     fail("--top-p = %g is out of range (valid: greater than 0, up to 1)", o.top_p);
+  if (!(o.min_p >= 0.0f && o.min_p <= 1.0f))
+    fail("--min-p = %g is out of range (valid: 0 to 1)", o.min_p);
+  if (!(o.repeat_penalty > 0.0f && o.repeat_penalty <= 10.0f))
+    fail("--repeat-penalty = %g is out of range (valid: above 0, up to 10)", o.repeat_penalty);
+  if (o.repeat_last_n < -1)
+    fail("--repeat-last-n = %d is out of range (valid: -1 for all, 0 or more)", o.repeat_last_n);
+  if (!(o.presence_penalty >= -2.0f && o.presence_penalty <= 2.0f))
+    fail("--presence-penalty = %g is out of range (valid: -2 to 2)", o.presence_penalty);
+  if (!(o.frequency_penalty >= -2.0f && o.frequency_penalty <= 2.0f))
+    fail("--frequency-penalty = %g is out of range (valid: -2 to 2)", o.frequency_penalty);
+  for (const auto& [t, b] : o.logit_bias) {
+    if (!(b >= -100.0f && b <= 100.0f))
+      fail("--logit-bias: bias %g of token %d is out of range (valid: -100 to 100)", b, t);
+  }
 }
 
 Sampler::Sampler(const SamplerOptions& o, int vocab) : o_(o), rng_(o.seed) {
   check_sampler_options(o);
+  for (const auto& [t, b] : o.logit_bias) {
+    if (t < 0 || t >= vocab)
+      fail("--logit-bias: token id %d is outside the vocabulary (0 to %d)", t, vocab - 1);
+  }
   cand_.resize(vocab);
   probs_.resize(vocab);
+  if (o.adjusts()) adjusted_.resize(vocab);
+}
+
+void Sampler::observe_prompt(const std::vector<int>& tokens) {
+  if (o_.repeat_penalty == 1.0f || o_.repeat_last_n == 0) return;
+  const size_t keep =
+      o_.repeat_last_n < 0 ? tokens.size() : std::min(tokens.size(), size_t(o_.repeat_last_n));
+  recent_.assign(tokens.end() - static_cast<ptrdiff_t>(keep), tokens.end());
+}
+
+void Sampler::accept(int token) {
+  if (!o_.adjusts()) return;
+  if (o_.presence_penalty != 0.0f || o_.frequency_penalty != 0.0f) ++generated_[token];
+  if (o_.repeat_penalty != 1.0f && o_.repeat_last_n != 0) {
+    recent_.push_back(token);
+    if (o_.repeat_last_n > 0 && recent_.size() > static_cast<size_t>(o_.repeat_last_n))
+      recent_.erase(recent_.begin());
+  }
 }
 
 void Sampler::ban(const std::vector<int>& tokens) {
@@ -45,6 +81,26 @@ void Sampler::ban(const std::vector<int>& tokens) {
 
 int Sampler::sample(const float* logits) {
   const int n = static_cast<int>(cand_.size());
+  if (!adjusted_.empty()) {
+    std::copy(logits, logits + n, adjusted_.begin());
+    float* l = adjusted_.data();
+    for (const auto& [t, b] : o_.logit_bias) l[t] += b;
+    if (o_.repeat_penalty != 1.0f) {
+      // Each token of the window once, however often it occurs (as llama.cpp).
+      std::vector<int> seen(recent_);
+      std::sort(seen.begin(), seen.end());
+      seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+      for (int t : seen) {
+        if (t < 0 || t >= n) continue;
+        l[t] = l[t] > 0.0f ? l[t] / o_.repeat_penalty : l[t] * o_.repeat_penalty;
+      }
+    }
+    for (const auto& [t, c] : generated_) {
+      if (t >= 0 && t < n)
+        l[t] -= o_.presence_penalty + o_.frequency_penalty * static_cast<float>(c);
+    }
+    logits = l;
+  }
   int first = 0;
   while (!allowed(first)) ++first;
   if (o_.temperature == 0.0f) {
@@ -66,9 +122,10 @@ int Sampler::sample(const float* logits) {
     cand_[i] = {p, i};
     sum += p;
   }
-  // Candidates by probability, ties by id; keep top-k, then the top-p nucleus.
+  // Candidates by probability, ties by id; keep top-k, then the top-p nucleus, then the
+  // tokens of at least min_p times the top probability.
   int keep = n;
-  const bool truncate = (o_.top_k > 0 && o_.top_k < n) || o_.top_p < 1.0f;
+  const bool truncate = (o_.top_k > 0 && o_.top_k < n) || o_.top_p < 1.0f || o_.min_p > 0.0f;
   if (truncate) {
     auto by_prob = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
       return a.first != b.first ? a.first > b.first : a.second < b.second;
@@ -90,6 +147,12 @@ int Sampler::sample(const float* logits) {
           break;
         }
       }
+    }
+    if (o_.min_p > 0.0f) {
+      const float floor = o_.min_p * cand_[0].first;
+      int k = 1;
+      while (k < keep && cand_[k].first >= floor) ++k;
+      keep = k;
     }
     sum = 0.0;
     for (int i = 0; i < keep; ++i) sum += cand_[i].first;

@@ -215,6 +215,7 @@ bool Scheduler::admit_locked() {
     s.order = next_order_++;
     s.gen =
         std::make_unique<Continuation>(m_.tokenizer(), s.params.options(), s.params.prompt.back());
+    s.gen->sampler().observe_prompt(s.params.prompt);
     s.req->admitted(shared * plan_.block_tokens);
     ++stats_.admitted;
     stats_.prompt_tokens += n;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -211,9 +212,6 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   unsupported(body, "best_of", is_one);
   unsupported(body, "echo", is_false);
   unsupported(body, "suffix", [](const json&) { return false; });
-  unsupported(body, "presence_penalty", is_zero);
-  unsupported(body, "frequency_penalty", is_zero);
-  unsupported(body, "logit_bias", is_empty);
   unsupported(body, "tools", is_empty);
   unsupported(body, "functions", is_empty);
   unsupported(body, "logprobs", [&](const json& v) { return is_false(v); });
@@ -229,9 +227,6 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   unsupported(body, "grammar", never);
   unsupported(body, "json_schema", never);
   unsupported(body, "n_predict", never);
-  unsupported(body, "min_p", is_zero);
-  unsupported(body, "repeat_penalty", is_value(1.0));
-  unsupported(body, "repeat_last_n", is_zero);
   unsupported(body, "typical_p", is_value(1.0));
   unsupported(body, "tfs_z", is_value(1.0));
   unsupported(body, "mirostat", is_zero);
@@ -256,6 +251,32 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   }
   if (const json* v = field(body, "top_k"))
     s.top_k = static_cast<int>(integer(*v, "top_k", 0, tk.vocab_size()));
+  if (const json* v = field(body, "min_p")) s.min_p = static_cast<float>(number(*v, "min_p", 0, 1));
+  // OpenAI's penalties over the generated tokens, llama.cpp's repeat penalty over a window.
+  if (const json* v = field(body, "presence_penalty"))
+    s.presence_penalty = static_cast<float>(number(*v, "presence_penalty", -2, 2));
+  if (const json* v = field(body, "frequency_penalty"))
+    s.frequency_penalty = static_cast<float>(number(*v, "frequency_penalty", -2, 2));
+  if (const json* v = field(body, "repeat_penalty")) {
+    s.repeat_penalty = static_cast<float>(number(*v, "repeat_penalty", 0, 10));
+    if (s.repeat_penalty <= 0.0f) bad("repeat_penalty", "'repeat_penalty' must be greater than 0");
+  }
+  if (const json* v = field(body, "repeat_last_n"))
+    s.repeat_last_n = static_cast<int>(integer(*v, "repeat_last_n", -1, 1 << 24));
+  if (const json* v = field(body, "logit_bias")) {
+    // {"token id": bias}, as OpenAI's clients send it.
+    if (!v->is_object()) wrong_type("logit_bias", *v, "an object of token ids to biases");
+    for (const auto& [key, bias] : v->items()) {
+      char* end = nullptr;
+      const long id = std::strtol(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id >= tk.vocab_size()) {
+        bad("logit_bias", "'logit_bias' key '" + key + "' is not a token id of this model (0 to " +
+                              std::to_string(tk.vocab_size() - 1) + ")");
+      }
+      s.logit_bias.emplace_back(static_cast<int>(id),
+                                static_cast<float>(number(bias, "logit_bias", -100, 100)));
+    }
+  }
   s.seed = random_seed();
   if (const json* v = field(body, "seed")) {
     if (!v->is_number_integer()) wrong_type("seed", *v, "an integer");
