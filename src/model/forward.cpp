@@ -216,7 +216,6 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
   // Keys stored before RoPE: the cache gets them as the K projection leaves them, and
   // attention rotates each by its position.
   const bool pre_rope = !c.alibi && cache.config().key_rope == kv::KeyRope::kPre;
-  if (pre_rope) ap.rope = st.rope.data();
   ap.sinks = opt.sinks;
   // RoPE rows of the new tokens: their positions (with keys after RoPE, position_offset
   // past the tokens a context overflow dropped), beyond the table when needed; then the
