@@ -249,17 +249,8 @@ int cmd_synth(int argc, char** argv) {
       fail("--classifier: unknown value '%s' (valid: tied, separate)", k.c_str());
     c.shared_classifier = k == "tied";
   }
-  if (c.sliding_window > 0 && static_cast<int>(c.swa_layers.size()) != c.n_layers) {
-    // A preset's window pattern (its period, or every layer) over the new layer count.
-    model::ModelConfig old = c;
-    old.n_layers = static_cast<int>(c.swa_layers.size());
-    int period = -1;
-    for (int n = 0; n <= old.n_layers && period < 0; ++n) {
-      old.set_swa_pattern(n);
-      if (old.swa_layers == c.swa_layers) period = n;
-    }
-    c.set_swa_pattern(std::max(period, 0));
-  }
+  // A preset's window pattern (its period, or every layer) over the new layer count.
+  if (c.sliding_window > 0) c.refit_swa_pattern();
   if (a.given("sliding-window-pattern") && !a.given("sliding-window"))
     fail("--sliding-window-pattern needs --sliding-window");
   if (a.given("sliding-window")) {

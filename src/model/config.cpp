@@ -83,6 +83,18 @@ void ModelConfig::set_swa_pattern(int n) {
   for (int l = 0; l < n_layers; ++l) swa_layers[l] = n == 0 || l % n < n - 1;
 }
 
+void ModelConfig::refit_swa_pattern() {
+  if (static_cast<int>(swa_layers.size()) == n_layers) return;
+  ModelConfig old = *this;
+  old.n_layers = static_cast<int>(swa_layers.size());
+  int period = -1;
+  for (int n = 0; n <= old.n_layers && period < 0; ++n) {
+    old.set_swa_pattern(n);
+    if (old.swa_layers == swa_layers) period = n;
+  }
+  set_swa_pattern(std::max(period, 0));
+}
+
 std::vector<int> ModelConfig::layer_windows() const {
   if (sliding_window <= 0) return {};
   std::vector<int> w(n_layers);

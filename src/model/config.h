@@ -158,6 +158,9 @@ struct ModelConfig {
   // is windowed iff l % N < N - 1, so every N-th layer attends the whole context;
   // N = 1 windows no layer, N = 0 every layer).
   void set_swa_pattern(int n);
+  // After n_layers changed: swa_layers follows the period its old flags had (every
+  // layer windowed when they had none).
+  void refit_swa_pattern();
   // [n_layers] layer_window(l) of every layer (kv::CacheConfig::layer_window), or empty
   // when no layer has a window.
   std::vector<int> layer_windows() const;
