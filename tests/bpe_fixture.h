@@ -103,6 +103,29 @@ inline const char* kQwen2Regex =
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
 
+// o200k's (GPT-4o, gpt-oss), as tokenizer.json spells it.
+inline const char* kGpt4oRegex =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// A harmony vocabulary (gpt-oss's o200k_harmony in small): o200k's expression, a few
+// merges and harmony's special tokens.
+inline nlohmann::json harmony_tokenizer_json() {
+  return tiny_tokenizer_json({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"u", "s"}},
+                             {{"<|startoftext|>", true},
+                              {"<|endoftext|>", true},
+                              {"<|return|>", true},
+                              {"<|constrain|>", true},
+                              {"<|channel|>", true},
+                              {"<|start|>", true},
+                              {"<|end|>", true},
+                              {"<|message|>", true},
+                              {"<|call|>", true}},
+                             kGpt4oRegex);
+}
+
 // The chat vocabulary of the chat tests: a few merges and both formats' special tokens.
 inline nlohmann::json chat_tokenizer_json() {
   return tiny_tokenizer_json({{"h", "e"},

@@ -20,8 +20,11 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "runtime/chat.h"
 #include "runtime/scheduler.h"
 #include "server/http_server.h"
+#include "server/messages.h"
+#include "server/openai_response.h"
 #include "test_util.h"
 
 namespace kivi {
@@ -47,10 +50,12 @@ runtime::SchedulerOptions kivi2_options(int parallel, int queue) {
 // A scheduler and an HTTP server on a free loopback port, served by a thread.
 class TestServer {
  public:
-  explicit TestServer(const runtime::SchedulerOptions& so, server::ServerOptions o = {}) {
+  // Serves stories260K unless `model` is given.
+  explicit TestServer(const runtime::SchedulerOptions& so, server::ServerOptions o = {},
+                      const model::Model* model = nullptr) {
     o.port = 0;
     if (o.model_id.empty()) o.model_id = "stories260K";
-    sched_ = std::make_unique<runtime::Scheduler>(stories(), so);
+    sched_ = std::make_unique<runtime::Scheduler>(model ? *model : stories(), so);
     http_ = std::make_unique<server::HttpServer>(*sched_, o);
     port_ = http_->bind();
     thread_ = std::thread([this] { http_->run(); });
@@ -879,6 +884,106 @@ TEST(Server, BenchServeReportsConsistentNumbers) {
     EXPECT_NE(e.exit_code, 0) << bad;
     EXPECT_NE(e.err.find("error"), std::string::npos) << bad << ": " << e.err;
   }
+}
+
+// gpt-oss (harmony): a chat reply's reasoning (the analysis channel) goes to
+// message.reasoning_content and its answer to content, llama-server's fields; the markup
+// goes to neither. On a synthetic gpt-oss model, with the markup tokens favoured by
+// logit_bias so that replies hold some: the chat reply is what runtime/chat.h's split
+// makes of the raw text /v1/completions gives for the same prompt tokens and seed, and a
+// streamed reply's deltas add up to the whole one.
+TEST(Server, HarmonyRepliesSplitReasoningFromContent) {
+  test::TempDir dir;
+  const std::string path = dir.file("oss.gguf");
+  const auto made = test::run(test::kivi_cmd(
+      "synth --arch gpt-oss --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 --ffn 64 "
+      "--experts 4 --experts-used 2 --vocab 600 --ctx 512 -o '" +
+      path + "'"));
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const auto model = model::Model::load(path);
+  const tok::Tokenizer& tk = model->tokenizer();
+  // The conversation's tokens: harmony's turns, a reply in the history as the final
+  // channel's message.
+  const server::ChatFormatter chat(tk, "");
+  ASSERT_STREQ(chat.name(), "harmony");
+  EXPECT_TRUE(chat.has_reasoning());
+  const std::vector<server::ChatMessage> messages = {
+      {"system", "be brief"}, {"user", "hello"}, {"assistant", "hi"}, {"user", "again"}};
+  runtime::ChatPrompt turns(tk, "harmony");
+  const std::vector<int> prompt = chat.format(messages).tokens;
+  {
+    std::vector<int> want = turns.user_turn("hello", "be brief", true);
+    const auto tail = tk.encode(
+        "<|channel|>final<|message|>hi<|end|><|start|>user<|message|>again<|end|><|start|>"
+        "assistant",
+        false, false, true);
+    want.insert(want.end(), tail.begin(), tail.end());
+    EXPECT_EQ(prompt, want);  // (the same date: both are today's)
+  }
+  json bias = json::object();
+  for (const char* m : {"<|channel|>", "<|message|>", "<|start|>", "<|end|>"})
+    bias[std::to_string(tk.find_special(m))] = 4;
+  bias[std::to_string(tk.find_special("<|return|>"))] = -100;
+  bias[std::to_string(tk.find_special("<|call|>"))] = -100;
+  server::ServerOptions o;
+  o.model_id = "oss";
+  TestServer s(kivi2_options(2, 4), o, model.get());
+  auto c = s.client();
+  const json params = {{"max_tokens", 48}, {"temperature", 1.0}, {"seed", 5}, {"logit_bias", bias}};
+  json raw_body = params;
+  raw_body["prompt"] = prompt;
+  const auto raw = c.Post("/v1/completions", raw_body.dump(), "application/json");
+  ASSERT_TRUE(raw);
+  ASSERT_EQ(raw->status, 200) << raw->body;
+  const std::string text = json::parse(raw->body)["choices"][0]["text"];
+  EXPECT_NE(text.find("<|"), std::string::npos) << text;  // the markup is rendered
+  const runtime::ReplyParts want = runtime::split_harmony_reply(text);
+  json chat_body = params;
+  chat_body["messages"] = json::array();
+  for (const auto& m : messages)
+    chat_body["messages"].push_back({{"role", m.role}, {"content", m.content}});
+  const auto whole = c.Post("/v1/chat/completions", chat_body.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json w = json::parse(whole->body);
+  EXPECT_EQ(w["usage"]["prompt_tokens"], prompt.size());
+  const json& msg = w["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], want.content);
+  EXPECT_EQ(msg.value("reasoning_content", std::string()), want.reasoning);
+  EXPECT_EQ(msg.contains("reasoning_content"), !want.reasoning.empty());
+  EXPECT_EQ(want.content.find("<|"), std::string::npos) << want.content;
+  chat_body["stream"] = true;
+  const Streamed st = post_streamed(c, "/v1/chat/completions", chat_body);
+  ASSERT_TRUE(st.sent);
+  ASSERT_EQ(st.status, 200);
+  std::string content, reasoning;
+  for (const std::string& d : sse_data(st.sse)) {
+    if (d == "[DONE]") continue;
+    const json e = json::parse(d);
+    ASSERT_FALSE(e.contains("error")) << d;
+    const json& delta = e["choices"][0]["delta"];
+    content += delta.value("content", std::string());
+    reasoning += delta.value("reasoning_content", std::string());
+  }
+  EXPECT_EQ(content, want.content);
+  EXPECT_EQ(reasoning, want.reasoning);
+  EXPECT_TRUE(s.drained());
+}
+
+// The response bodies carry reasoning as llama-server does: message.reasoning_content
+// when there is some, delta.reasoning_content in a stream.
+TEST(Server, ReasoningContentInResponseBodies) {
+  const server::ResponseInfo info{server::Endpoint::kChat, "chatcmpl-x", 7, "m"};
+  const json b = json::parse(server::completion_body(info, "4", "stop", {3, 2}, "2+2=4"));
+  EXPECT_EQ(b["choices"][0]["message"]["content"], "4");
+  EXPECT_EQ(b["choices"][0]["message"]["reasoning_content"], "2+2=4");
+  const json plain = json::parse(server::completion_body(info, "4", "stop", {3, 2}));
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning_content"));
+  const std::string ev = server::chunk_reasoning(info, "thinking");
+  ASSERT_EQ(ev.rfind("data: ", 0), 0u);
+  const json e = json::parse(ev.substr(6));
+  EXPECT_EQ(e["object"], "chat.completion.chunk");
+  EXPECT_EQ(e["choices"][0]["delta"], (json{{"reasoning_content", "thinking"}}));
 }
 
 }  // namespace

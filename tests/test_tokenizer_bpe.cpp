@@ -124,6 +124,29 @@ TEST(PreTokenizer, Qwen2AndGpt2) {
   EXPECT_EQ(split("default", "ab,cd 12345"), (Strings{"ab", ",", "cd", " ", "123", "45"}));
 }
 
+TEST(PreTokenizer, Gpt4o) {
+  // Words split before an upper-case run that follows lower case; contractions in any case
+  // stay with their word.
+  EXPECT_EQ(split("gpt-4o", "HelloWorld"), (Strings{"Hello", "World"}));
+  EXPECT_EQ(split("gpt-4o", "HELLOworld helloWORLD"), (Strings{"HELLOworld", " hello", "WORLD"}));
+  EXPECT_EQ(split("gpt-4o", "I'M here, we'Ve"), (Strings{"I'M", " here", ",", " we'Ve"}));
+  EXPECT_EQ(split("gpt-4o", "12345 1234567"), (Strings{"123", "45", " ", "123", "456", "7"}));
+  // A leading non-letter joins the word; punctuation runs take trailing newlines.
+  EXPECT_EQ(split("gpt-4o", "a/b x!!\n\ny"), (Strings{"a", "/b", " x", "!!\n\n", "y"}));
+  EXPECT_EQ(split("gpt-4o", "a  b\n\n end   "), (Strings{"a", " ", " b", "\n\n", " end", "   "}));
+  // Combining marks stay with their letter (Llama 3's \p{L}+ leaves them to punctuation).
+  EXPECT_EQ(split("gpt-4o", "cafe\xCC\x81!"), (Strings{"cafe\xCC\x81", "!"}));
+  EXPECT_EQ(split("llama-bpe", "cafe\xCC\x81!"), (Strings{"cafe", "\xCC\x81!"}));
+  // CJK (Lo) is in both classes: a run is one piece.
+  EXPECT_EQ(split("gpt-4o", "\xE4\xB8\xAD\xE6\x96\x87 ok"),
+            (Strings{"\xE4\xB8\xAD\xE6\x96\x87", " ok"}));
+  // U+0085 is White_Space, as in the other expressions.
+  EXPECT_EQ(split("gpt-4o", "!\xC2\x85\xC2\x85"), (Strings{"!", "\xC2\x85\xC2\x85"}));
+  const tok::PreTokenizer p("gpt-4o");
+  EXPECT_FALSE(p.ignore_merges());  // llama.cpp: neither ignore_merges nor BOS for gpt-4o
+  EXPECT_FALSE(p.nfc());
+}
+
 TEST(PreTokenizer, UnknownNameIsAnErrorListingTheKnownOnes) {
   EXPECT_ERROR(tok::PreTokenizer("falcon"),
                "unknown pre-tokenizer 'falcon' (known: llama-bpe (Llama 3)");
@@ -224,6 +247,39 @@ TEST(Special, BosEosAndEndOfGeneration) {
   EXPECT_FALSE(tk.is_end_of_generation(256));
 }
 
+TEST(Special, HarmonyRepliesEndAtReturnOrCallAndShowTheirMarkup) {
+  // o200k_harmony: <|end|> closes a message inside the reply, <|return|> and <|call|> end
+  // the reply (llama.cpp removes <|end|> from the end-of-generation set when both exist).
+  auto tk = tiny(test::harmony_tokenizer_json(), R"({"eos_token": "<|return|>"})");
+  const int end = tk.find_special("<|end|>"), ret = tk.find_special("<|return|>"),
+            call = tk.find_special("<|call|>"), eot = tk.find_special("<|endoftext|>");
+  ASSERT_GE(end, 0);
+  EXPECT_EQ(tk.eos_id(), ret);
+  EXPECT_TRUE(tk.is_end_of_generation(ret));
+  EXPECT_TRUE(tk.is_end_of_generation(call));
+  EXPECT_TRUE(tk.is_end_of_generation(eot));
+  EXPECT_FALSE(tk.is_end_of_generation(end));
+  EXPECT_NE(tk.eot_id(), end);
+  tk.set_eot_id(end);  // even named by the file, <|end|> does not end the reply
+  EXPECT_FALSE(tk.is_end_of_generation(end));
+  // The message markup decodes to its text; the reply's end and other controls do not,
+  // and user text that spells markup is still text.
+  const auto ids =
+      tk.encode("<|channel|>final<|message|>hello<|return|><|endoftext|>", false, false, true);
+  EXPECT_EQ(tk.decode_all(ids), "<|channel|>final<|message|>hello");
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), end), 0);
+  const auto plain = tk.encode("<|end|>", false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), end), 0);
+  // Without <|call|> (Phi-3's vocabulary, say), <|end|> ends the reply and decodes to nothing.
+  auto j = test::harmony_tokenizer_json();
+  for (auto& a : j["added_tokens"]) {
+    if (a["content"] == "<|call|>") a["content"] = "<|other|>";
+  }
+  auto phi = tiny(j);
+  EXPECT_TRUE(phi.is_end_of_generation(phi.find_special("<|end|>")));
+  EXPECT_EQ(phi.decode_all(phi.encode("<|channel|>x<|end|>", false, false, true)), "x");
+}
+
 TEST(StreamDecoder, NeverSplitsACharacter) {
   auto tk = tiny(test::tiny_tokenizer_json({{"a", "b"}}, {}, test::kLlama3Regex));
   // "é" is bytes C3 A9; "😀" F0 9F 98 80: byte tokens are ids equal to the byte.
@@ -265,6 +321,10 @@ TEST(HfJson, AddedTokensPaddingAndTypes) {
   EXPECT_EQ(
       tok::parse_hf_tokenizer(test::tiny_tokenizer_json({{"a", "b"}}, {}, "").dump(), "", "t").pre,
       "gpt-2");
+  const auto o200k = tok::parse_hf_tokenizer(
+      test::tiny_tokenizer_json({{"a", "b"}}, {}, test::kGpt4oRegex).dump(), "", "t");
+  EXPECT_EQ(o200k.pre, "gpt-4o");
+  EXPECT_FALSE(o200k.add_bos);
 }
 
 TEST(HfJson, BadInputNamesTheProblem) {
@@ -399,9 +459,12 @@ TEST(Chat, FormatsDetectAndEncodeMarkupOnly) {
             runtime::ChatFormat::kGemma);
   EXPECT_EQ(runtime::detect_chat_format("{{ '<|user|>\n' + m + '<|end|>\n' }}"),
             runtime::ChatFormat::kPhi3);
+  EXPECT_EQ(runtime::detect_chat_format("{{ '<|start|>' + role + '<|channel|>final<|message|>' + "
+                                        "m + '<|end|>' }}"),
+            runtime::ChatFormat::kHarmony);
   EXPECT_FALSE(runtime::detect_chat_format("[INST] {{ m }} [/INST]").has_value());
   EXPECT_ERROR(runtime::parse_chat_format("vicuna"),
-               "unknown format 'vicuna' (known: llama3, chatml, gemma, phi3, plain)");
+               "unknown format 'vicuna' (known: llama3, chatml, gemma, phi3, harmony, plain)");
 
   auto tk = tiny(test::chat_tokenizer_json(), R"({"bos_token": "<|begin_of_text|>"})");
   EXPECT_ERROR(runtime::ChatPrompt(tk, ""), "the model has no chat template");

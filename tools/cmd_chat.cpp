@@ -74,9 +74,10 @@ bool read_line_everywhere(std::string& line, std::string& pending) {
 }
 
 // One line of --json output per turn: the mechanics a test checks.
+// `parts`: the reply's reasoning and answer, for a format that splits them (harmony).
 void print_turn_json(int turn, const std::vector<int>& prompt, int pos_before, int pos_after_prompt,
-                     const std::string& reply, const std::vector<int>& reply_ids, int pos_after,
-                     const char* stop) {
+                     const std::string& reply, const runtime::ReplyParts* parts,
+                     const std::vector<int>& reply_ids, int pos_after, const char* stop) {
   JsonWriter j;
   j.begin_object();
   j.kv("turn", turn);
@@ -85,6 +86,7 @@ void print_turn_json(int turn, const std::vector<int>& prompt, int pos_before, i
   j.end_array();
   j.kv("pos_before", pos_before).kv("pos_after_prompt", pos_after_prompt);
   j.kv("reply", reply);
+  if (parts) j.kv("reasoning", parts->reasoning).kv("content", parts->content);
   j.key("reply_token_ids").begin_array();
   for (int t : reply_ids) j.value(t);
   j.end_array();
@@ -94,14 +96,54 @@ void print_turn_json(int turn, const std::vector<int>& prompt, int pos_before, i
   std::fflush(stdout);
 }
 
+// Prints a reply as it streams: the answer to stdout; reasoning (harmony's analysis
+// channel), when the format has it, to stderr after "[reasoning] ", so that stdout holds
+// the answers only.
+class ReplyPrinter {
+ public:
+  explicit ReplyPrinter(bool split) {
+    if (split) parser_ = std::make_unique<runtime::HarmonyReplyParser>();
+  }
+  void push(const std::string& text) { show(parser_ ? parser_->push(text) : content(text)); }
+  // The reply's end: what the parser held, and a newline after reasoning.
+  void finish() {
+    if (parser_) show(parser_->finish());
+    if (in_reasoning_) std::fputs("\n", stderr);
+    in_reasoning_ = false;
+  }
+
+ private:
+  static runtime::ReplyParts content(const std::string& text) { return {"", text}; }
+  void show(const runtime::ReplyParts& p) {
+    if (!p.reasoning.empty()) {
+      if (!in_reasoning_) std::fputs("[reasoning] ", stderr);
+      in_reasoning_ = true;
+      std::fputs(p.reasoning.c_str(), stderr);
+      std::fflush(stderr);
+    }
+    if (!p.content.empty()) {
+      if (in_reasoning_) std::fputs("\n", stderr);
+      in_reasoning_ = false;
+      std::fputs(p.content.c_str(), stdout);
+      std::fflush(stdout);
+    }
+  }
+  std::unique_ptr<runtime::HarmonyReplyParser> parser_;
+  bool in_reasoning_ = false;
+};
+
 }  // namespace
 
 int cmd_chat(int argc, char** argv) {
   Args a(
-      "chat", "-m MODEL [--system TEXT] [--chat-template llama3|chatml|gemma|phi3|plain] [options]",
+      "chat",
+      "-m MODEL [--system TEXT] [--chat-template llama3|chatml|gemma|phi3|harmony|plain] "
+      "[options]",
       "Interactive chat: each line read from stdin is a user message, and the model's reply\n"
       "streams to stdout. The conversation uses the model's chat format, detected from its\n"
-      "tokenizer.chat_template (Llama 3 headers or ChatML), or the one --chat-template names.\n"
+      "tokenizer.chat_template (Llama 3 headers, ChatML, Gemma, Phi-3 or gpt-oss's harmony),\n"
+      "or the one --chat-template names. A harmony reply's reasoning goes to stderr, its\n"
+      "answer to stdout.\n"
       "Every turn appends to the same KV cache: the history is never processed again. A reply\n"
       "ends at the model's end-of-turn token (or after -n tokens); Ctrl-C stops a reply and\n"
       "returns to the prompt. End of input (Ctrl-D), Ctrl-C at the prompt or twice during a\n"
@@ -112,9 +154,8 @@ int cmd_chat(int argc, char** argv) {
   a.section("Chat");
   a.add("system", 0, "TEXT", "System message that opens the conversation.", "");
   a.add("chat-template", 0, "NAME",
-        "Chat format: llama3, chatml, gemma, phi3 or plain ('User: ...' / 'Assistant: ...' lines, "
-        "for any "
-        "model). Default: detected from the model's template.",
+        "Chat format: llama3, chatml, gemma, phi3, harmony or plain ('User: ...' / 'Assistant: "
+        "...' lines, for any model). Default: detected from the model's template.",
         "");
   add_generation_options(a, false);
   a.replace("max-tokens", "N",
@@ -235,6 +276,7 @@ int cmd_chat(int argc, char** argv) {
     const int pos_after_prompt = sess.pos();
     std::string reply;
     std::vector<int> ids;
+    ReplyPrinter printer(chat.has_reasoning());
     t0 = now_seconds();
     while (!gen.continuation().done()) {
       const runtime::Continuation::Step st =
@@ -242,11 +284,9 @@ int cmd_chat(int argc, char** argv) {
                                   : gen.next();
       if (st.token >= 0) ids.push_back(st.token);
       reply += st.text;
-      if (!json && !st.text.empty()) {
-        std::fputs(st.text.c_str(), stdout);
-        std::fflush(stdout);
-      }
+      if (!json && !st.text.empty()) printer.push(st.text);
     }
+    if (!json) printer.finish();
     // The reply's tokens go into the cache; an end marker does not (the next turn's
     // tokens write it).
     gen.feed_pending();
@@ -265,7 +305,10 @@ int cmd_chat(int argc, char** argv) {
     // One Ctrl-C stopped the reply; a second one ends the chat.
     if (g_interrupts.exchange(0) > 1) interrupted = true;
     if (json) {
-      print_turn_json(turn, prompt, pos_before, pos_after_prompt, reply, ids, sess.pos(), stop);
+      runtime::ReplyParts parts;
+      if (chat.has_reasoning()) parts = runtime::split_harmony_reply(reply);
+      print_turn_json(turn, prompt, pos_before, pos_after_prompt, reply,
+                      chat.has_reasoning() ? &parts : nullptr, ids, sess.pos(), stop);
     } else {
       std::fputs("\n", stdout);
       std::fflush(stdout);

@@ -79,9 +79,8 @@ void add_serve_options(Args& a) {
   a.add("alias", 0, "NAME",
         "Model id clients pass as 'model'. Default: the model file's name without extension.");
   a.add("chat-template", 0, "NAME",
-        "Chat format for /v1/chat/completions: llama3, chatml, gemma, phi3 or plain. Default: the "
-        "model's "
-        "template, else plain.");
+        "Chat format for /v1/chat/completions: llama3, chatml, gemma, phi3, harmony or plain. "
+        "Default: the model's template, else plain.");
   a.add("max-body", 0, "BYTES", "Largest request body accepted (413 beyond).", "4194304");
   a.add("cors", 0, "ORIGIN",
         "Let web pages from ORIGIN ('*' for any, or e.g. http://localhost:3000) call the API: "
@@ -153,8 +152,9 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   o.model_id = a.given("alias") ? a.str("alias") : model_id(m);
   o.chat_template = a.given("chat-template") ? a.str("chat-template") : "";
   if (!o.chat_template.empty() && o.chat_template != "llama3" && o.chat_template != "chatml" &&
-      o.chat_template != "gemma" && o.chat_template != "phi3" && o.chat_template != "plain") {
-    fail("--chat-template '%s': expected llama3, chatml, gemma, phi3 or plain",
+      o.chat_template != "gemma" && o.chat_template != "phi3" && o.chat_template != "harmony" &&
+      o.chat_template != "plain") {
+    fail("--chat-template '%s': expected llama3, chatml, gemma, phi3, harmony or plain",
          o.chat_template.c_str());
   }
   o.max_body_bytes = static_cast<size_t>(a.integer("max-body", 1024, int64_t{1} << 32));

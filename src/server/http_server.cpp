@@ -89,6 +89,8 @@ struct Stream {
   bool include_usage = false;
   int fd = -1;
   bool done = false;
+  // A chat format whose replies carry reasoning (harmony): splits the text as it comes.
+  std::unique_ptr<runtime::HarmonyReplyParser> reasoning;
 };
 
 }  // namespace
@@ -289,6 +291,8 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
     ResponseInfo info{e, new_response_id(e), unix_now(), s_.opt_.model_id};
     const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
     const int n_prompt = static_cast<int>(p.gen.prompt.size());
+    // harmony: the reply's reasoning goes to reasoning_content, its answer to content.
+    const bool split_reasoning = e == Endpoint::kChat && ctx.chat && ctx.chat->has_reasoning();
     if (!p.stream) {
       std::string text;
       RequestHandle::Update u;
@@ -312,9 +316,15 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
       } else if (u.reason == FinishReason::kCancelled) {
         send_error(res, ApiError(503, "The server is shutting down"));
       } else {
-        res.set_content(
-            completion_body(info, text, finish_name(u.reason), {n_prompt, u.completion_tokens}),
-            "application/json");
+        runtime::ReplyParts parts;
+        if (split_reasoning) {
+          parts = runtime::split_harmony_reply(text);
+        } else {
+          parts.content = std::move(text);
+        }
+        res.set_content(completion_body(info, parts.content, finish_name(u.reason),
+                                        {n_prompt, u.completion_tokens}, parts.reasoning),
+                        "application/json");
       }
       return;
     }
@@ -323,6 +333,7 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
     st->info = info;
     st->include_usage = p.include_usage;
     st->fd = fd;
+    if (split_reasoning) st->reasoning = std::make_unique<runtime::HarmonyReplyParser>();
     res.set_header("Cache-Control", "no-cache");
     done_guard.armed = false;  // the releaser below ends the count
     res.set_chunked_content_provider(
@@ -330,9 +341,21 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
         [this, st, n_prompt](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
           if (st->info.endpoint == Endpoint::kChat && !write(chunk_role(st->info))) return false;
+          // New text as chunks: reasoning and answer apart when the format splits them.
+          auto write_text = [&](const std::string& text, bool last) {
+            if (!st->reasoning) return text.empty() || write(chunk_text(st->info, text));
+            runtime::ReplyParts parts = st->reasoning->push(text);
+            if (last) {
+              const runtime::ReplyParts rest = st->reasoning->finish();
+              parts.reasoning += rest.reasoning;
+              parts.content += rest.content;
+            }
+            return (parts.reasoning.empty() || write(chunk_reasoning(st->info, parts.reasoning))) &&
+                   (parts.content.empty() || write(chunk_text(st->info, parts.content)));
+          };
           for (;;) {
             const RequestHandle::Update u = st->handle->wait(kPoll);
-            if (!u.text.empty() && !write(chunk_text(st->info, u.text))) return false;
+            if (!write_text(u.text, u.finished)) return false;
             if (u.finished) {
               bool ok = true;
               if (u.reason == FinishReason::kError) {

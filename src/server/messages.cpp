@@ -6,13 +6,6 @@ namespace kivi::server {
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const char* ws = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 bool is_system(const std::string& role) { return role == "system" || role == "developer"; }
 
 // The system prompt and the alternating turns, user first and last.
@@ -88,11 +81,7 @@ ChatFormatter::Prompt ChatFormatter::format(const std::vector<ChatMessage>& mess
     } else {
       // A reply in the history: its text as the model would have written it (the next
       // user turn closes it with the end marker).
-      const std::string reply = chat_->format() == runtime::ChatFormat::kLlama3 ||
-                                        chat_->format() == runtime::ChatFormat::kGemma
-                                    ? trim(t.text[i])
-                                    : t.text[i];
-      const std::vector<int> r = tk_.encode_segments({{reply, false}});
+      const std::vector<int> r = chat_->history_reply(t.text[i]);
       p.tokens.insert(p.tokens.end(), r.begin(), r.end());
     }
   }

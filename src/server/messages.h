@@ -1,6 +1,6 @@
 // A chat conversation (OpenAI `messages`) written as prompt tokens. Models with a known
-// chat format (llama3, chatml, gemma, phi3: runtime/chat.h, detected from the model's template or
-// chosen with --chat-template) get it; other models (base models such as stories260K)
+// chat format (llama3, chatml, gemma, phi3, harmony: runtime/chat.h, detected from the model's
+// template or chosen with --chat-template) get it; other models (base models such as stories260K)
 // get a plain transcript:
 //   {system}\n\nUser: {user}\nAssistant: {reply}\nUser: {user}\nAssistant:
 // with "\nUser:" as a stop string, so a base model's continuation ends where it starts
@@ -32,6 +32,9 @@ class ChatFormatter {
   ChatFormatter(const tok::Tokenizer& tk, const std::string& name);
 
   const char* name() const;
+  // Whether replies carry reasoning apart from the answer (harmony: runtime/chat.h's
+  // HarmonyReplyParser splits them into reasoning_content and content).
+  bool has_reasoning() const { return chat_ && chat_->has_reasoning(); }
 
   struct Prompt {
     std::vector<int> tokens;

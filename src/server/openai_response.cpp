@@ -76,11 +76,13 @@ std::string new_response_id(Endpoint e) {
 }
 
 std::string completion_body(const ResponseInfo& r, const std::string& text,
-                            const char* finish_reason, const Usage& u) {
+                            const char* finish_reason, const Usage& u,
+                            const std::string& reasoning) {
   json j = base(r, chat(r) ? "chat.completion" : "text_completion");
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}};
   if (chat(r)) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (!reasoning.empty()) choice["message"]["reasoning_content"] = reasoning;
   } else {
     choice["text"] = text;
   }
@@ -107,6 +109,15 @@ std::string chunk_text(const ResponseInfo& r, const std::string& text) {
     choice["text"] = text;
   }
   j["choices"] = json::array({choice});
+  return event(j);
+}
+
+std::string chunk_reasoning(const ResponseInfo& r, const std::string& text) {
+  json j = base(r, "chat.completion.chunk");
+  j["choices"] = json::array({{{"index", 0},
+                               {"delta", {{"reasoning_content", text}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
   return event(j);
 }
 

@@ -26,14 +26,19 @@ struct ResponseInfo {
 // A new id for an endpoint: "cmpl-" or "chatcmpl-" and 24 hex digits.
 std::string new_response_id(Endpoint e);
 
+// `reasoning`: a chat reply's reasoning apart from its answer (harmony), written as
+// message.reasoning_content (llama-server's field) when not empty.
 std::string completion_body(const ResponseInfo& r, const std::string& text,
-                            const char* finish_reason, const Usage& u);
+                            const char* finish_reason, const Usage& u,
+                            const std::string& reasoning = "");
 
 // One SSE event ("data: {...}\n\n"). chunk_role: the chat stream's first chunk, which
-// names the assistant's role; chunk_text: new text; chunk_finish: the last chunk with
-// the finish reason; chunk_usage: the usage chunk (stream_options.include_usage).
+// names the assistant's role; chunk_text: new text; chunk_reasoning: new reasoning of a
+// chat reply (delta.reasoning_content); chunk_finish: the last chunk with the finish
+// reason; chunk_usage: the usage chunk (stream_options.include_usage).
 std::string chunk_role(const ResponseInfo& r);
 std::string chunk_text(const ResponseInfo& r, const std::string& text);
+std::string chunk_reasoning(const ResponseInfo& r, const std::string& text);
 std::string chunk_finish(const ResponseInfo& r, const char* finish_reason);
 std::string chunk_usage(const ResponseInfo& r, const Usage& u);
 std::string sse_error(const std::string& error_json);

@@ -25,6 +25,19 @@ constexpr const char* kQwen2 =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WS
     "\\p{L}\\p{N}]+[\\r\\n]*|"
     "[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+";
+// GPT-4o and gpt-oss (tiktoken's o200k_base and o200k_harmony; tokenizer.json of
+// Xenova/gpt-4o and openai/gpt-oss): a word is a run of letters, upper or title case
+// first then lower case (so "HelloWorld" splits before the W; marks go with either),
+// with at most one leading non-letter and a contraction of any case; numbers of 1-3
+// digits; punctuation runs with trailing newlines or slashes; then Llama 3's whitespace
+// rules.
+constexpr const char* kGpt4o =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "\\p{N}{1,3}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS
+    "]+";
 // GPT-2 (openai/gpt-2 encoder.py; tokenizer.json's ByteLevel with use_regex).
 constexpr const char* kGpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
                               "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
@@ -51,6 +64,7 @@ const std::vector<Known>& known() {
       {"llama3", "alias of llama-bpe", {kLlama3}, true, false},
       {"llama-v3", "alias of llama-bpe", {kLlama3}, true, false},
       {"qwen2", "Qwen2, Qwen2.5, Qwen3", {kQwen2}, false, true},
+      {"gpt-4o", "GPT-4o, gpt-oss (o200k)", {kGpt4o}, false, false},
       {"gpt-2", "GPT-2", {kGpt2}, false, false},
       {"default",
        "llama.cpp's default for byte-level BPE",

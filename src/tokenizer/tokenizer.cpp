@@ -128,10 +128,14 @@ Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector
   return tk;
 }
 
-// End-of-generation markers recognized by their text (llama.cpp's list, the common ones).
-static const char* const kEndMarkers[] = {"<|eot_id|>",    "<|im_end|>",     "<|end|>",
-                                          "<end_of_turn>", "<|endoftext|>",  "<|eom_id|>",
-                                          "<EOT>",         "<|end_of_text|>"};
+// End-of-generation markers recognized by their text (llama.cpp's list, the common ones;
+// <|return|> and <|call|> end a harmony reply).
+static const char* const kEndMarkers[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>",         "<end_of_turn>", "<|endoftext|>",
+    "<|eom_id|>", "<EOT>",      "<|end_of_text|>", "<|return|>",    "<|call|>"};
+// The harmony markup a reply writes between its messages (see the header).
+static const char* const kHarmonyMarkup[] = {"<|start|>", "<|channel|>", "<|message|>",
+                                             "<|constrain|>", "<|end|>"};
 
 void Tokenizer::index_specials() {
   const int n = vocab_size();
@@ -146,10 +150,18 @@ void Tokenizer::index_specials() {
     std::stable_sort(v.begin(), v.end(),
                      [&](int a, int b) { return pieces_[a].size() > pieces_[b].size(); });
   }
+  auto control = [&](const char* text) {
+    const int id = find_special(text);
+    return id >= 0 && types_[id] == TokenType::kControl ? id : -1;
+  };
+  // A harmony vocabulary (o200k_harmony) ends replies with <|return|> or <|call|>; its
+  // <|end|> only ends a message inside the reply (llama.cpp's rule in llama-vocab.cpp).
+  const int harmony_end =
+      control("<|return|>") >= 0 && control("<|call|>") >= 0 ? control("<|end|>") : -1;
   if (eot_id_ < 0) {
     for (const char* m : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>"}) {
-      const int id = find_special(m);
-      if (id >= 0 && types_[id] == TokenType::kControl) {
+      const int id = control(m);
+      if (id >= 0 && id != harmony_end) {
         eot_id_ = id;
         break;
       }
@@ -160,11 +172,20 @@ void Tokenizer::index_specials() {
     if (id >= 0) eog_.push_back(id);
   }
   for (const char* m : kEndMarkers) {
-    const int id = find_special(m);
-    if (id >= 0 && types_[id] == TokenType::kControl) eog_.push_back(id);
+    const int id = control(m);
+    if (id >= 0) eog_.push_back(id);
   }
   std::sort(eog_.begin(), eog_.end());
   eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
+  rendered_.clear();
+  if (harmony_end >= 0) {
+    eog_.erase(std::remove(eog_.begin(), eog_.end(), harmony_end), eog_.end());
+    for (const char* m : kHarmonyMarkup) {
+      const int id = control(m);
+      if (id >= 0) rendered_.push_back(id);
+    }
+    std::sort(rendered_.begin(), rendered_.end());
+  }
 }
 
 void Tokenizer::set_eot_id(int id) {
@@ -459,6 +480,8 @@ void Tokenizer::encode_spm(std::string_view text, bool dummy_prefix, std::vector
 std::string Tokenizer::decode(int prev, int token) const {
   if (token < 0 || token >= vocab_size()) return std::string();
   const TokenType t = types_[token];
+  if (t == TokenType::kControl && std::binary_search(rendered_.begin(), rendered_.end(), token))
+    return pieces_[token];
   if (t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUnused) return {};
   if (bpe_) return token_text(token);
   if (t == TokenType::kByte) {

@@ -12,6 +12,14 @@
 // In both, control tokens (<|eot_id|>, <s>, ...) are recognized in text only where the
 // caller asks for it (parse_special: a chat template's markup), never in user text;
 // user-defined tokens (tokenizer.json's added tokens that are not special) always are.
+//
+// A harmony vocabulary (gpt-oss's o200k_harmony: control tokens <|return|> and <|call|>)
+// is told by those two tokens, as llama.cpp tells it: a reply ends at <|return|> or
+// <|call|>, and <|end|>, which only closes a message inside the reply (its reasoning),
+// is not an end of generation; the markup between messages (<|start|>, <|channel|>,
+// <|message|>, <|constrain|>, <|end|>) decodes to its text, so that a reply's channels
+// can be told apart (runtime/chat.h). They stay control tokens: user text that spells
+// them is still text.
 #pragma once
 
 #include <cstdint>
@@ -90,7 +98,7 @@ class Tokenizer {
 
   // Text of `token` following `prev`: U+2581 becomes a space, the leading space of
   // the first piece after BOS is dropped, <0xNN> pieces become the raw byte, and
-  // control tokens decode to nothing.
+  // control tokens decode to nothing (harmony's markup to its text: see above).
   std::string decode(int prev, int token) const;
   // Concatenated decode of a sequence (the first token's predecessor is `prev`).
   std::string decode_all(const std::vector<int>& tokens, int prev = -1) const;
@@ -115,7 +123,7 @@ class Tokenizer {
   // End of turn (<|eot_id|>, <|im_end|>) or -1.
   int eot_id() const { return eot_id_; }
   // Tokens that end generation: EOS, EOT, end-of-message, and control tokens whose text
-  // is a known end marker (as llama.cpp's end-of-generation set).
+  // is a known end marker (as llama.cpp's end-of-generation set; harmony's <|end|> is not).
   bool is_end_of_generation(int token) const;
   bool add_bos() const { return add_bos_; }
   bool add_eos() const { return add_eos_; }
@@ -153,7 +161,8 @@ class Tokenizer {
   std::shared_ptr<const BpeModel> bpe_;  // set for byte-level BPE
   // Control and user-defined tokens by first byte, longest first, for recognizing them in text.
   std::vector<std::vector<int>> special_by_byte_;
-  std::vector<int> eog_;  // sorted
+  std::vector<int> eog_;       // sorted
+  std::vector<int> rendered_;  // sorted: control tokens that decode to their text (harmony)
 
   Tokenizer() = default;
   void index_specials();

