@@ -344,13 +344,15 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
   oss.yarn_orig_ctx = 32;
   oss.shared_classifier = false;
   // Partial rotary embeddings: NeoX (Phi-4-mini's kind, 12 of 16 channels, with LongRoPE)
-  // and adjacent pairs (llama, 10 of 16).
+  // and adjacent pairs (llama, 10 of 16, with 5 llama3 divisors).
   auto pp = pl;
   pp.rope_dims = 12;
   pp.rope_freq_factors.resize(6);
   pp.rope_factors_long.resize(6);
   auto lp = small("llama");
   lp.rope_dims = 10;
+  lp.rope_theta = 500000.0f;
+  lp.rope_freq_factors = model::llama3_rope_factors(10, 500000.0f, 32.0f, 1.0f, 4.0f, 8192.0f);
   for (const auto& [name, c] :
        std::vector<std::pair<std::string, model::ModelConfig>>{{"phi3 partial rotary", pp},
                                                                {"llama partial rotary", lp},

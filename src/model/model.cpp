@@ -448,15 +448,6 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
   c.shared_classifier = f.find_tensor("output.weight") == nullptr;
   // Llama files may carry Q/K/V biases as well (llama.cpp reads them when present).
   if (arch == "llama" && f.find_tensor("blk.0.attn_q.bias")) c.attn_bias = true;
-  if (const io::GgufTensor* rf = f.find_tensor("rope_freqs.weight")) {
-    if (rf->dims.size() != 1 || rf->dims[0] > (1u << 16)) {
-      fail("%s: tensor 'rope_freqs.weight' should be a vector of head_dim / 2 elements",
-           path.c_str());
-    }
-    c.rope_freq_factors.resize(static_cast<size_t>(rf->dims[0]));
-    quant::dequantize_row(weight_type(path, *rf)->type, rf->data, c.rope_freq_factors.data(),
-                          static_cast<int64_t>(rf->dims[0]));
-  }
   c.validate(path);
   // Partial rotary embeddings: RoPE turns the first rope.dimension_count channels of a head.
   if (auto rd = f.get_uint_opt(A + "rope.dimension_count");
@@ -468,6 +459,15 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path, const std::stri
           path.c_str(), A.c_str(), (unsigned long long)*rd, c.head_dim());
     }
     c.rope_dims = static_cast<int>(*rd);
+  }
+  if (const io::GgufTensor* rf = f.find_tensor("rope_freqs.weight")) {
+    if (rf->dims.size() != 1 || rf->dims[0] > (1u << 16)) {
+      fail("%s: tensor 'rope_freqs.weight' should be a vector of the rotated dims / 2 elements",
+           path.c_str());
+    }
+    c.rope_freq_factors.resize(static_cast<size_t>(rf->dims[0]));
+    quant::dequantize_row(weight_type(path, *rf)->type, rf->data, c.rope_freq_factors.data(),
+                          static_cast<int64_t>(rf->dims[0]));
   }
   c.validate(path);
   read_rope_scaling(f, path, A, c);  // needs the validated head dimension

@@ -7,7 +7,9 @@ this writes a 2-layer F32 model with `kivi synth` (random Q/K/V biases for qwen2
 llama that has them, random per-head Q/K norm weights for qwen3, llama3 RoPE divisors in
 rope_freqs.weight for the scaled llama; for gpt-oss random biases everywhere and sinks
 N(0, 1), and in one file (PATCH) the experts' gate and up biases scaled by 12 so that the
-SwiGLU's clamps at 7 bite), runs
+SwiGLU's clamps at 7 bite; partial rotary embeddings, rope.dimension_count 24 of a 32-channel
+head as Phi-4-mini's 96 of 128, in phi3-partial (NeoX pairs), phi3-partial-longrope and
+llama-partial (adjacent pairs)), runs
     KIVI logits -m MODEL -p PROMPT --mode MODE --json     (plus --key-rope pre)
 and checks:
   * max |engine logit - reference logit| <= --tol (default 1e-5; measured at most 3e-7,
@@ -17,11 +19,16 @@ and checks:
     QK norm, adjacent instead of NeoX pairs, unscaled RoPE, no sliding window, one expert
     instead of two; for gpt-oss no sinks, no output, router or expert biases, plain
     SwiGLU or no clamps, YaRN without its ramp (every pair interpolated), without its
-    cos/sin factor, or with transformers' untruncated correction range) differs from the
+    cos/sin factor, or with transformers' untruncated correction range; for partial
+    rotary embeddings the whole head turned with frequencies base^(-2i/D), the first
+    n_rot channels turned with those frequencies of a whole head instead of
+    base^(-2i/n_rot), NeoX pairs (i, i + D/2) instead of (i, i + n_rot/2), or LongRoPE's
+    attention factor on the channels that pass as well) differs from the
     engine by more than 10 x --tol (measured: 4e-4 for gemma2's attention soft cap,
-    6e-4 for llama3 scaling, 9e-4 for YaRN's truncation, 1.7e-3 to 6.7e-3 for the other
-    RoPE scalings, 5e-3 to 1.7 for the rest), so an engine that ignored the feature
-    would fail;
+    6e-4 for llama3 scaling, 9e-4 for YaRN's truncation, 1.2e-3 for the attention factor
+    on the passing channels, 1.7e-3 to 6.7e-3 for the other RoPE scalings and the
+    partial-RoPE mistakes, 5e-3 to 1.7 for the rest), so an engine that ignored the
+    feature would fail;
   * a sliding-window model (window 24 in layer 0 of 2, far shorter than the prompt)
     agrees too: the windowed layer's cache evicts whole blocks as the prompt streams;
   * the scaled llama's rope_freqs.weight equals the divisors that transformers'
@@ -79,6 +86,22 @@ CASES = [
     # factor apply.
     ("phi3-longrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "4"],
      ["long_factors", "rope_mscale"]),
+    # Partial rotary embeddings (rope.dimension_count < head dim; Phi-4-mini turns 96 of
+    # 128 channels): 24 of 32 here. RoPE turns channels 0..23 with frequencies
+    # base^(-2i/24), NeoX pairs (i, i + 12); channels 24..31 pass unchanged.
+    ("phi3-partial", ["--arch", "phi3", "--head-dim", "32", "--rope-dims", "24", "--rope-theta", "250000",
+                      "--classifier", "separate"],
+     ["partial_rope", "n_rot_freqs", "n_rot_pairs"]),
+    # With LongRoPE (12 long and short factors, trained on 128 of 512 positions): the
+    # attention factor scales the turned channels alone.
+    ("phi3-partial-longrope", ["--arch", "phi3", "--head-dim", "32", "--rope-dims", "24", "--rope-scaling",
+                               "longrope", "--rope-scaling-factor", "4"],
+     ["partial_rope", "n_rot_pairs", "long_factors", "rope_mscale", "unscaled_pass"]),
+    # Adjacent pairs (2i, 2i+1) for i < 12 in a llama head of 32 channels, with llama3
+    # scaling: rope_freqs.weight holds 12 divisors.
+    ("llama-partial", ["--arch", "llama", "--head-dim", "32", "--rope-dims", "24", "--rope-theta", "500000",
+                       "--rope-scaling", "llama3", "--rope-scaling-factor", "32", "--classifier", "separate"],
+     ["partial_rope", "n_rot_freqs", "rope_scaling"]),
     # gpt-oss: Q/K/V and output biases, a sink logit per head, YaRN (factor 32 over 512
     # positions: original context 16, so the ramp spans pairs 0 to 3 and the rest are
     # interpolated), layer 0 windowed (pattern 2), 8 experts (2 per token) with biases,
@@ -114,6 +137,22 @@ def without(model, feature):
         return dataclasses.replace(model, q_norm=None, k_norm=None)
     if feature == "neox":
         return dataclasses.replace(model, rope_neox=False)
+    if feature in ("partial_rope", "n_rot_freqs"):
+        # partial_rope: rope.dimension_count ignored, every channel turned with frequencies
+        # base^(-2i/hs) (the file's divisors, LongRoPE's or rope_freqs', on the first
+        # n_rot/2 pairs); n_rot_freqs: the first n_rot channels turned, but with the
+        # frequencies base^(-2i/hs) of a whole head.
+        hs, n_rot = model.head_size, model.n_rot
+        div = (1.0 / model.rope_theta ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)) / model.inv_freq
+        inv = 1.0 / model.rope_theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+        if feature == "partial_rope":
+            return dataclasses.replace(model, rope_dims=hs, inv_freq=inv / np.concatenate(
+                [div, np.ones(hs // 2 - n_rot // 2)]))
+        return dataclasses.replace(model, inv_freq=inv[:n_rot // 2] / div)
+    if feature == "n_rot_pairs":  # NeoX pairs (i, i + hs/2) instead of (i, i + n_rot/2)
+        return dataclasses.replace(model, rope_mistake="pairs_half_head")
+    if feature == "unscaled_pass":  # LongRoPE's attention factor on the channels that do not turn too
+        return dataclasses.replace(model, rope_mistake="scale_pass")
     if feature == "swa":
         return dataclasses.replace(model, windows=None)
     if feature == "top1":  # a mixture of experts that followed its first choice alone
@@ -151,16 +190,16 @@ def without(model, feature):
         # yarn_truncate: the correction range not floored and ceiled (transformers with
         # gpt-oss's "truncate": false; llama.cpp truncates)
         y = model.yarn
-        inv = ref.yarn_inv_freq(model.head_size, model.rope_theta, y["factor"], y["original_ctx"],
+        inv = ref.yarn_inv_freq(model.n_rot, model.rope_theta, y["factor"], y["original_ctx"],
                                 y["beta_fast"], y["beta_slow"], ramp=feature != "yarn_ramp",
                                 truncate=feature != "yarn_truncate")[0]
         return dataclasses.replace(model, inv_freq=inv)
     if feature == "rope_scaling" and model.arch == "gemma3":  # the global layers unscaled
-        hs = model.head_size
+        hs = model.n_rot
         return dataclasses.replace(
             model, inv_freq=1.0 / model.rope_theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs))
     if feature == "rope_scaling":
-        hs = model.head_size
+        hs = model.n_rot
         return dataclasses.replace(
             model, inv_freq=1.0 / model.rope_theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs))
     raise ValueError(feature)
@@ -197,7 +236,7 @@ def main():
         ap.error("unknown cases: " + ", ".join(sorted(unknown)))
     prompt = ref.read_text(os.path.join(a.shared, "data", "tinytales.txt"))[:a.chars]
     failures = []
-    print("%-14s %-22s %6s %12s %5s" % ("model", "engine run", "tokens", "max|diff|", "worst"))
+    print("%-21s %-25s %6s %12s %5s" % ("model", "engine run", "tokens", "max|diff|", "worst"))
     with tempfile.TemporaryDirectory() as tmp:
         for name, opts, features in cases:
             path = os.path.join(tmp, name + ".gguf")
@@ -205,17 +244,22 @@ def main():
             if name in PATCH:
                 scale_tensors(path, PATCH[name])
             model = ref.load_model(path)
+            if model.n_rot < model.head_size:
+                print("%-21s partial RoPE: channels 0..%d of %d turn (%s pairs), %d pass"
+                      % (name, model.n_rot - 1, model.head_size,
+                         "NeoX (i, i + %d)" % (model.n_rot // 2) if model.rope_neox else "adjacent",
+                         model.head_size - model.n_rot))
             if model.yarn:
                 y = model.yarn
-                print("%-14s YaRN factor %g, original context %g: ramp over pairs %g to %g of %d, cos/sin times %.4f"
-                      % (name, y["factor"], y["original_ctx"], y["low"], y["high"], model.head_size // 2,
+                print("%-21s YaRN factor %g, original context %g: ramp over pairs %g to %g of %d, cos/sin times %.4f"
+                      % (name, y["factor"], y["original_ctx"], y["low"], y["high"], model.n_rot // 2,
                          model.rope_mscale))
             if "rope_scaling" in features and model.arch == "llama":
-                hs = model.head_size
+                hs = model.n_rot
                 base = 1.0 / model.rope_theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
                 want = ref.llama3_inv_freq(hs, model.rope_theta, **LLAMA3)
                 rel = float(np.max(np.abs(model.inv_freq - want) / want))
-                print("%-14s rope_freqs.weight vs llama3 formula: max relative difference %.1e (%d of %d pairs scaled)"
+                print("%-21s rope_freqs.weight vs llama3 formula: max relative difference %.1e (%d of %d pairs scaled)"
                       % (name, rel, int(np.sum(np.abs(base / want - 1) > 1e-9)), hs // 2))
                 if not rel <= 1e-6:
                     failures.append("%s: rope_freqs.weight differs from the llama3 formula by %.1e" % (name, rel))
@@ -227,7 +271,7 @@ def main():
                 label = mode + (" " + " ".join(extra) if extra else "")
                 if r.returncode != 0:
                     failures.append("%s %s: engine failed: %s" % (name, label, r.stderr.strip()))
-                    print("%-14s %-22s ERROR" % (name, label))
+                    print("%-21s %-25s ERROR" % (name, label))
                     continue
                 out = json.loads(r.stdout)
                 ids = [int(t) for t in out["tokens"]]
@@ -240,7 +284,7 @@ def main():
                 per_pos = np.abs(got - want).max(axis=1)
                 worst = int(per_pos.argmax())
                 ok = bool(per_pos[worst] <= a.tol)
-                print("%-14s %-22s %6d %12.3e %5d%s" % (name, label, len(ids), per_pos[worst], worst,
+                print("%-21s %-25s %6d %12.3e %5d%s" % (name, label, len(ids), per_pos[worst], worst,
                                                           "" if ok else "  FAIL"))
                 if not ok:
                     failures.append("%s %s: max |diff| %.3e at position %d exceeds %.1e"
@@ -249,7 +293,7 @@ def main():
                     for f in features:
                         off = ref.forward_logits(without(model, f), ids)
                         effect = float(np.abs(got - off).max())
-                        print("%-14s %-22s %6s %12.3e  (engine vs reference without it)" % (name, "without " + f, "",
+                        print("%-21s %-25s %6s %12.3e  (engine vs reference without it)" % (name, "without " + f, "",
                                                                                             effect))
                         if not effect > 10 * a.tol:
                             failures.append("%s: switching off %s changes the logits by only %.1e" % (name, f, effect))

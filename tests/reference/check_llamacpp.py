@@ -8,8 +8,10 @@
     biases, NeoX RoPE) and
     qwen3 (per-head Q/K norms, head dimension apart from dim / heads, NeoX RoPE),
     qwen3moe, gemma3 (windowed layers with their own RoPE, post-norms, GeGLU) and gemma2
-    (soft caps), phi3 (fused QKV and gate-up) and gpt-oss (sinks, YaRN, biased experts,
-    the clamped SwiGLU), in F32 and F16, from several prompts.
+    (soft caps), phi3 (fused QKV and gate-up; LongRoPE; partial rotary embeddings, 24 of
+    32 channels turned, with LongRoPE) and gpt-oss (sinks, YaRN, biased experts, the
+    clamped SwiGLU), in F32 and F16, from several prompts. (llama.cpp refuses llama files
+    with partial rotary embeddings: check_arch.py's llama-partial covers those.)
 
 The arch set runs llama.cpp without its CPU flash-attention kernel, whose softmax and
 value sums are F16: in a random mixture of experts that rounding flips router choices that
@@ -66,6 +68,13 @@ ARCH_CASES = [
     # take the short ones.
     ("phi3-longrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "4"]),
     ("phi3-shortrope", ["--arch", "phi3", "--rope-scaling", "longrope", "--rope-scaling-factor", "1"]),
+    # Partial rotary embeddings as in Phi-4-mini (96 of 128): RoPE turns 24 of each head's 32
+    # channels (NeoX pairs (i, i + 12)), with LongRoPE's 12 long factors and its attention
+    # factor on the turned channels alone.
+    # (No llama case: llama.cpp refuses llama files whose rope.dimension_count differs from
+    # the head dimension, "invalid n_rot: 24, expected 32"; check_arch.py covers them.)
+    ("phi3-partial", ["--arch", "phi3", "--rope-dims", "24", "--rope-scaling", "longrope",
+                      "--rope-scaling-factor", "4"]),
     # gpt-oss: experts with biases and the clamped SwiGLU, sinks, Q/K/V/output biases,
     # YaRN (trained on 1024 / 32 tokens, so the ramp spans the pairs), windows of 16 tokens
     # in the even layers.

@@ -25,6 +25,14 @@ modeling_gpt_oss), with llama.cpp's choices where the two differ (noted below):
     the top experts_used logits weighting experts whose gate, up and down projections
     have biases, and the clamped SwiGLU min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7,
     7) + 1) (glu, moe_ffn).
+Every architecture honours <arch>.rope.dimension_count (n_rot, llama.cpp's n_dims of
+ggml_rope_ext; transformers' partial_rotary_factor): when it is less than the head
+dimension (Phi-4-mini: 96 of 128) RoPE turns only the first n_rot channels of each query
+and key head, with frequencies base^(-2i/n_rot), NeoX pairs (i, i + n_rot/2) or adjacent
+pairs (2i, 2i+1) within them, and the other channels pass unchanged (LongRoPE's attention
+factor and YaRN's magnitude scale only the turned ones); rope_freqs.weight and LongRoPE's
+factors then have n_rot/2 entries. (llama.cpp itself refuses n_rot != head_dim for
+llama, and asserts it in its qwen2, qwen3 and qwen3moe graphs.)
 Everything is computed in float64 except where a storage format is emulated.
 
 Library:
@@ -120,8 +128,10 @@ class Model:
     head_dim: int = 0            # 0: dim // n_heads
     rope_theta: float = ROPE_THETA
     rms_eps: float = RMS_EPS
-    rope_neox: bool = False      # rotate_half pairs (i, i + D/2) instead of (2i, 2i+1)
-    inv_freq: np.ndarray = None  # [hs/2] RoPE inverse frequencies; None: theta^(-2i/hs)
+    rope_neox: bool = False      # rotate_half pairs (i, i + n_rot/2) instead of (2i, 2i+1)
+    inv_freq: np.ndarray = None  # [n_rot/2] RoPE inverse frequencies; None: theta^(-2i/hs)
+    rope_dims: int = 0           # n_rot: RoPE turns channels 0..n_rot-1 of each head (0: all)
+    rope_mistake: str = None     # for checks only: a wrong partial RoPE (see rope)
     bq: np.ndarray = None        # [L, n_heads*hs] (qwen2)
     bk: np.ndarray = None        # [L, kv_dim]
     bv: np.ndarray = None        # [L, kv_dim]
@@ -144,7 +154,7 @@ class Model:
     attn_scale: float = None       # None: 1/sqrt(head_size)
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
-    inv_freq_local: np.ndarray = None  # [hs/2] of the sliding layers, or None: inv_freq
+    inv_freq_local: np.ndarray = None  # [n_rot/2] of the sliding layers, or None: inv_freq
     rope_mscale: float = 1.0       # LongRoPE, YaRN: cos and sin times this
     inv_freq_short: np.ndarray = None  # LongRoPE: the short factors' frequencies (for checks)
     # gpt-oss (transformers' modeling_gpt_oss; llama.cpp's openai-moe): an attention output
@@ -163,6 +173,10 @@ class Model:
     @property
     def head_size(self):
         return self.head_dim or self.dim // self.n_heads
+
+    @property
+    def n_rot(self):
+        return self.rope_dims or self.head_size
 
     @property
     def kv_dim(self):
@@ -240,6 +254,17 @@ def load_gguf_model(path):
     hs = int(meta.get(A + "attention.key_length", dim // n_heads))
     L = int(meta[A + "block_count"])
     theta = float(meta.get(A + "rope.freq_base", ROPE_THETA))
+    # Partial rotary embeddings (llama.cpp's n_rot, ggml_rope_ext's n_dims; transformers'
+    # partial_rotary_factor, Phi-4-mini 96 of 128): RoPE turns the first n_rot channels of
+    # each head with frequencies base^(-2i/n_rot), pairs within those channels, and the
+    # rest pass unchanged. Every frequency vector below has n_rot/2 entries, as have
+    # rope_freqs.weight and LongRoPE's factors; YaRN's correction range is in pairs of n_rot.
+    n_rot = int(meta.get(A + "rope.dimension_count", hs))
+    if n_rot % 2 or not 2 <= n_rot <= hs:
+        raise ValueError("%s: rope.dimension_count %d is not even and within the head (%d)" % (path, n_rot, hs))
+
+    def plain_inv(base):
+        return 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
 
     def stack(name):
         return np.stack([t["blk.%d.%s" % (l, name)] for l in range(L)])
@@ -261,7 +286,11 @@ def load_gguf_model(path):
             up = t.pop(p + "ffn_up.weight")
             t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"] = up[:up.shape[0] // 2], up[up.shape[0] // 2:]
         meta = {k: v for k, v in meta.items() if not k.startswith(A + "attention.sliding_window")}
-    base_inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+        if name in t and t[name].shape != (n_rot // 2,):
+            raise ValueError("%s: %s has shape %s, expected (%d,) (rope.dimension_count %d / 2)"
+                             % (path, name, t[name].shape, n_rot // 2, n_rot))
+    base_inv = plain_inv(theta)
     inv = base_inv
     if "rope_freqs.weight" in t:
         inv = inv / t["rope_freqs.weight"]
@@ -287,7 +316,7 @@ def load_gguf_model(path):
         factor = float(meta.get(A + "rope.scaling.factor", 1.0)) or 1.0
         orig = float(meta.get(A + "rope.scaling.original_context_length", meta[A + "context_length"]))
         yarn_args = (factor, orig, 32.0, 1.0)
-        inv, ymscale, (lo, hi) = yarn_inv_freq(hs, theta, *yarn_args)
+        inv, ymscale, (lo, hi) = yarn_inv_freq(n_rot, theta, *yarn_args)
         if "rope_freqs.weight" in t:  # ggml divides each pair's angle before the mix (linear in it)
             inv = inv / t["rope_freqs.weight"]
         mscale = ymscale * float(meta.get(A + "rope.scaling.attn_factor", 1.0))
@@ -318,16 +347,14 @@ def load_gguf_model(path):
                  else meta[A + "feed_forward_length"])
     inv_local = None
     if arch == "gemma3":
-        inv_local = 1.0 / float(meta.get(A + "rope.freq_base_swa", 10000.0)) ** (
-            np.arange(0, hs, 2, dtype=np.float64) / hs)
+        inv_local = plain_inv(float(meta.get(A + "rope.freq_base_swa", 10000.0)))
     elif arch == "gemma2" and A + "rope.freq_base_swa" in meta:
-        inv_local = 1.0 / float(meta[A + "rope.freq_base_swa"]) ** (
-            np.arange(0, hs, 2, dtype=np.float64) / hs) / linear
+        inv_local = plain_inv(float(meta[A + "rope.freq_base_swa"])) / linear
     elif arch == "gpt-oss" and A + "rope.freq_base_swa" in meta:
         # llama.cpp: the windowed layers' own base with the same scaling (and YaRN range)
         base_swa = float(meta[A + "rope.freq_base_swa"])
-        inv_local = (yarn_inv_freq(hs, base_swa, *yarn_args)[0] if yarn_args else
-                     1.0 / base_swa ** (np.arange(0, hs, 2, dtype=np.float64) / hs) / linear)
+        inv_local = (yarn_inv_freq(n_rot, base_swa, *yarn_args)[0] if yarn_args else
+                     plain_inv(base_swa) / linear)
     # query_pre_attn_scalar: hidden_size / heads for the 27B models (46 and 62 layers),
     # else head_dim.
     attn_scale = None
@@ -350,6 +377,7 @@ def load_gguf_model(path):
                  router=stack("ffn_gate_inp.weight") if moe else None,
                  experts_used=int(meta[A + "expert_used_count"]) if moe else 0,
                  wcls=t.get("output.weight", tok_emb), arch=arch, head_dim=hs, rope_theta=theta,
+                 rope_dims=n_rot,
                  rms_eps=float(meta.get(A + "attention.layer_norm_rms_epsilon", RMS_EPS)),
                  rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt-oss"),
                  inv_freq=inv, post_att=post_att,
@@ -720,27 +748,45 @@ def rmsnorm(x, w, eps=RMS_EPS):
     return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
-def rope(x, positions, inv_freq=None, neox=False, mscale=1.0):
+def rope(x, positions, inv_freq=None, neox=False, mscale=1.0, mistake=None):
     """x: [T, heads, hs]; rotates pairs (2i, 2i+1) (or with neox, rotate_half's
-    (i, i + hs/2)) by pos * inv_freq[i] (default 10000^(-2i/hs)); mscale multiplies cos
-    and sin (LongRoPE's scaling_factor in transformers' Phi3)."""
+    (i, i + n_rot/2)) by pos * inv_freq[i] (default 10000^(-2i/hs)); mscale multiplies cos
+    and sin (LongRoPE's scaling_factor in transformers' Phi3).
+
+    Partial rotary embeddings: n_rot = 2 len(inv_freq) may be less than hs; then only
+    channels 0..n_rot-1 turn (pairs within them, as ggml_rope_ext with n_dims = n_rot and
+    transformers' q_rot = q[..., :rotary_dim]) and channels n_rot..hs-1 pass unchanged,
+    not multiplied by mscale. mistake (checks only, plausible engine errors):
+    "pairs_half_head": NeoX pairs (i, i + hs/2) for i < n_rot/2 instead; "scale_pass":
+    the passing channels multiplied by mscale too."""
     hs = x.shape[-1]
     if inv_freq is None:
         inv_freq = 1.0 / ROPE_THETA ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
-    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]   # [T, hs/2]
+    half = len(inv_freq)
+    n_rot = 2 * half
+    if n_rot > hs:
+        raise ValueError("%d RoPE frequencies for a head of %d channels" % (half, hs))
+    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]   # [T, n_rot/2]
     c = mscale * np.cos(ang)[:, None, :]
     s = mscale * np.sin(ang)[:, None, :]
+    out = x.copy()
+    if mistake == "scale_pass":
+        out[..., n_rot:] *= mscale
+    elif mistake not in (None, "pairs_half_head"):
+        raise ValueError(mistake)
     if neox:
         # transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, with
         # cos/sin repeated over both halves and rotate_half(x) = (-x2, x1).
-        x0 = x[..., :hs // 2]
-        x1 = x[..., hs // 2:]
-        return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
-    x0 = x[..., 0::2]
-    x1 = x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = x0 * c - x1 * s
-    out[..., 1::2] = x0 * s + x1 * c
+        off = hs // 2 if mistake == "pairs_half_head" else half
+        x0 = x[..., :half]
+        x1 = x[..., off:off + half]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., off:off + half] = x1 * c + x0 * s
+        return out
+    x0 = x[..., 0:n_rot:2]
+    x1 = x[..., 1:n_rot:2]
+    out[..., 0:n_rot:2] = x0 * c - x1 * s
+    out[..., 1:n_rot:2] = x0 * s + x1 * c
     return out
 
 
@@ -836,9 +882,11 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
     for l in range(m.n_layers):
         window = m.windows[l] if m.windows else 0
         inv_freq = m.inv_freq_local if window and m.inv_freq_local is not None else m.inv_freq
+        if inv_freq is None:
+            inv_freq = 1.0 / m.rope_theta ** (np.arange(0, m.n_rot, 2, dtype=np.float64) / m.n_rot)
 
         def rot(x, positions):
-            return rope(x, positions, inv_freq, m.rope_neox, m.rope_mscale)
+            return rope(x, positions, inv_freq, m.rope_neox, m.rope_mscale, m.rope_mistake)
 
         sinks = m.sinks[l] if m.sinks is not None else None
         xb = rmsnorm(x, m.rms_att[l], norm_eps)
