@@ -19,8 +19,7 @@ const FileType kFileTypes[] = {
     {"q2_k", Type::kQ2_K, false, 10},   {"q3_k", Type::kQ3_K, false, 11},
     {"q4_k", Type::kQ4_K, false, 14},   {"q5_k", Type::kQ5_K, false, 16},
     {"q6_k", Type::kQ6_K, false, 18},   {"q4_k_m", Type::kQ4_K, true, 15},
-    {"mxfp4", Type::kMXFP4, false, 38},
-    {"mxfp4_moe", Type::kMXFP4, false, 38, true},
+    {"mxfp4", Type::kMXFP4, false, 38}, {"mxfp4_moe", Type::kMXFP4, false, 38, true},
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {

@@ -25,10 +25,10 @@
 namespace kivi::quant {
 
 struct FileType {
-  const char* name;  // "q4_k_m"
-  Type base;         // the type of most matrices
-  bool k_m_mix;      // Q6_K for the tensors listed above
-  int llama_ftype;   // general.file_type as llama.cpp numbers it
+  const char* name;      // "q4_k_m"
+  Type base;             // the type of most matrices
+  bool k_m_mix;          // Q6_K for the tensors listed above
+  int llama_ftype;       // general.file_type as llama.cpp numbers it
   bool moe_mix = false;  // experts (3-D tensors) MXFP4, other matrices Q8_0 (mxfp4_moe)
 };
 
