@@ -167,15 +167,6 @@ std::string harmony_preamble(const std::string& date) {
          "message.<|end|>";
 }
 
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
-
 tok::Tokenizer harmony_tokenizer(const std::string& config = R"({"eos_token": "<|return|>"})") {
   return tok::parse_hf_tokenizer(test::harmony_tokenizer_json().dump(), config, "harmony.json")
       .tokenizer("harmony.json");
@@ -235,9 +226,9 @@ TEST(Harmony, TurnsAreTheTemplatesText) {
 TEST(Harmony, TheDateIsTodaysUnlessSet) {
   const auto tk = harmony_tokenizer();
   const runtime::ChatPrompt chat(tk, "harmony");
-  const std::string before = today();
+  const std::string before = test::local_date();
   const auto t = chat.user_turn("hi", "", true);
-  const std::string after = today();
+  const std::string after = test::local_date();
   const auto want = [&](const std::string& d) {
     return tk.encode(harmony_preamble(d) + "<|start|>user<|message|>hi<|end|><|start|>assistant",
                      false, false, true);
@@ -353,11 +344,11 @@ TEST(Chat, HarmonyTurnsFromASyntheticGptOssFile) {
   EXPECT_FALSE(tk.is_end_of_generation(tk.find_special("<|end|>")));
   EXPECT_TRUE(tk.is_end_of_generation(tk.find_special("<|return|>")));
   test::write_text(dir.file("in.txt"), "hello\nagain\n");
-  const std::string before = today();
+  const std::string before = test::local_date();
   const auto r = test::run(test::kivi_cmd("chat -m '" + path +
                                           "' --json -n 6 --temp 0 --system 'be brief' < '" +
                                           dir.file("in.txt") + "'"));
-  const std::string after = today();
+  const std::string after = test::local_date();
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto turns = json_lines(r.out);
   ASSERT_EQ(turns.size(), 2u) << r.out;

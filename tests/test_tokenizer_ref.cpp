@@ -315,15 +315,6 @@ void check_chat_first_turn(const Vocab& v, const char* how, const std::string& u
             nlohmann::json::parse(ref.out)["ids"].get<std::vector<int>>());
 }
 
-std::string local_date() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
-
 // gpt-oss's vocabulary (o200k_harmony) is o200k with harmony's special tokens at these ids.
 // The first turn of `kivi chat` on it is the text gpt-oss's template writes (spelled out
 // here) with the markup as those ids and the text between them encoded by transformers.js
@@ -355,11 +346,11 @@ TEST(TokenizerRef, HarmonyChatTurnOnO200k) {
   ASSERT_EQ(s.exit_code, 0) << s.err;
   const std::string system = "You are terse.", user = "What is 2+2? Say <|end|> or 'four'.";
   test::write_text(dir.file("in"), user + "\n");
-  const std::string before = local_date();
+  const std::string before = test::local_date();
   const auto r =
       test::run(test::kivi_cmd("chat -m '" + model + "' --json -n 2 --temp 0 --system '" + system +
                                "' < '" + dir.file("in") + "'"));
-  const std::string after = local_date();
+  const std::string after = test::local_date();
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto got = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')))["prompt_token_ids"]
                        .get<std::vector<int>>();

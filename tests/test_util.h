@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <ctime>
 #include <string>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -240,6 +241,17 @@ inline std::string synth_model(const TempDir& dir, const std::string& name,
   const std::string path = dir.file(name + ".gguf");
   model::write_synthetic_gguf(s, path);
   return path;
+}
+
+// Today's local date as YYYY-MM-DD (what a chat template's strftime_now writes), computed
+// here apart from the engine's.
+inline std::string local_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
 }
 
 // A GGUF of shape `c` written by hand as `dir`/`name`.gguf: `edit` may change the

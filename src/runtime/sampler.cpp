@@ -87,10 +87,10 @@ int Sampler::sample(const float* logits) {
     for (const auto& [t, b] : o_.logit_bias) l[t] += b;
     if (o_.repeat_penalty != 1.0f) {
       // Each token of the window once, however often it occurs (as llama.cpp).
-      std::vector<int> seen(recent_);
-      std::sort(seen.begin(), seen.end());
-      seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-      for (int t : seen) {
+      seen_.assign(recent_.begin(), recent_.end());  // no allocation once grown
+      std::sort(seen_.begin(), seen_.end());
+      seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
+      for (int t : seen_) {
         if (t < 0 || t >= n) continue;
         l[t] = l[t] > 0.0f ? l[t] / o_.repeat_penalty : l[t] * o_.repeat_penalty;
       }

@@ -68,6 +68,7 @@ class Sampler {
   std::vector<float> probs_;
   std::vector<float> adjusted_;             // [vocab] the adjusted logits, when any adjust
   std::vector<int> recent_;                 // the repeat penalty's window, oldest first
+  std::vector<int> seen_;                   // the window's distinct tokens (scratch)
   std::unordered_map<int, int> generated_;  // times each token was generated
 };
 
