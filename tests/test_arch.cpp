@@ -387,7 +387,9 @@ TEST(Arch, EnginePathsAgreeOnEveryArchitecture) {
     }
     EXPECT_GT(scale, 0.05) << name;
     EXPECT_LT(d_pre, 1e-5) << name;
-    EXPECT_EQ(d_stream, 0.0) << name;  // batched prefill is bit-identical to decoding
+    // The tiled prefill equals decoding up to float rounding (test_prefill; the stream
+    // prefill is bit for bit, test_model).
+    EXPECT_LT(d_stream, 1e-5) << name;
     EXPECT_LT(d_oracle, 1e-5) << name;
 
     // The server's batched forward: this prompt beside another in one step gives the

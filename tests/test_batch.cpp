@@ -169,7 +169,9 @@ TEST(BatchForward, EverySequenceGetsItsOwnLogitsBitForBit) {
             rows += k;
           }
           if (batch.empty()) break;
-          fwd.run(m, batch.data(), static_cast<int>(batch.size()), &tp, {});
+          model::ForwardOptions fo;
+          fo.prefill = attn::PrefillMode::kStream;  // bit for bit with decoding
+          fwd.run(m, batch.data(), static_cast<int>(batch.size()), &tp, fo);
           for (size_t j = 0; j < batch.size(); ++j) {
             const int s = who[j];
             fed[s] += batch[j].n;

@@ -67,6 +67,9 @@ SessionOptions options(const std::string& k, const std::string& v, int G = 32, i
                        kv::Int8Granularity gran = kv::Int8Granularity::kHead, int threads = 2) {
   SessionOptions o;
   o.threads = threads;
+  // These tests hold prefill to decoding bit for bit: the stream path (test_prefill
+  // checks the tiled one against it).
+  o.forward.prefill = attn::PrefillMode::kStream;
   o.cache.k = {kv::parse_format(k), gran};
   o.cache.v = {kv::parse_format(v), gran};
   o.cache.group_size = G;

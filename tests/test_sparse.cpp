@@ -384,6 +384,7 @@ TEST(Sparse, SessionWithFullBudgetGivesDenseLogits) {
         o.cache.residual = 16;
         o.cache.key_rope = kr;
         o.sparse = so;
+        o.forward.prefill = attn::PrefillMode::kStream;  // as the sparse layers attend
         runtime::Session s(*m, o);
         std::vector<float> all;
         const float* lg = s.prefill(prompt);

@@ -428,6 +428,7 @@ TEST(SparsePolicy, SessionPoliciesWithFullBudgetGiveDenseLogits) {
       o.cache.group_size = 16;
       o.cache.residual = 16;
       o.sparse = so;
+      o.forward.prefill = attn::PrefillMode::kStream;  // as the sparse layers attend
       runtime::Session s(*m, o);
       std::vector<float> all;
       const float* lg = s.prefill(prompt);

@@ -295,6 +295,7 @@ TEST(Swa, SparseSelectsInTheGlobalLayersOnly) {
   for (int i = 0; i < 300; ++i) prompt.push_back(3 + (i * 53) % 290);
   auto run = [&](int budget) {
     runtime::SessionOptions o = session_of(cc, 512);
+    o.forward.prefill = attn::PrefillMode::kStream;  // as the sparse layers attend
     if (budget > 0) {
       o.sparse.kind = sparse::Kind::kQuest;
       o.sparse.block = 16;

@@ -190,6 +190,7 @@ TEST(Synth, MixtureOfExpertsLoadsAndBatchesAsItStreams) {
   runtime::SessionOptions o;
   o.threads = 2;
   o.ctx = 128;
+  o.forward.prefill = attn::PrefillMode::kStream;  // bit for bit with decoding
   const std::vector<int> prompt = m->tokenizer().encode("Once upon a time there was a dog", true);
   const int V = m->config().vocab_size, n = static_cast<int>(prompt.size());
   std::vector<float> batched(static_cast<size_t>(n) * V);

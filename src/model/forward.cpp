@@ -155,7 +155,10 @@ ForwardState::ForwardState(const ModelConfig& c, int mb, int ctx, int n_threads,
       rope_rows(ctx),
       rope_batch(static_cast<size_t>(2 * mb) * c.head_dim()),
       rope_ptrs(2 * mb),
-      ws(n_threads, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx) {
+      ws(n_threads, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx),
+      pws(mb >= attn::kPrefillMinRows
+              ? attn::PrefillWorkspace(n_threads, c.n_heads, c.n_kv_heads, c.head_dim())
+              : attn::PrefillWorkspace()) {
   fill_rope_table(rope.data(), ctx, c);
   if (c.has_local_rope()) fill_rope_table(rope_local.data(), ctx, c, true);
   if (c.alibi) {
@@ -269,7 +272,22 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     // Block-sparse attention selects in the layers that see the whole context; a
     // sliding-window layer reads its window densely.
     const bool sparse = opt.sparse && opt.sparse->sparse_layer(l) && lw == 0;
-    for (int i = 0; i < n; ++i) {
+    // A chunk of tokens attends over query tiles where nothing evicts, borrows or
+    // observes per token (see the file comment).
+    const bool tiled = opt.prefill == attn::PrefillMode::kTiled && n >= attn::kPrefillMinRows &&
+                       !borrows && !cp.comm && !sparse && !opt.observer && lw == 0 &&
+                       st.pws.threads() > 0;
+    if (tiled) {
+      if (pre_rope) {
+        ap.rope =
+            (local ? st.rope_local : st.rope).data() + static_cast<size_t>(cache.evicted(l)) * hd;
+      }
+      const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
+      attn::append_and_prefill(cache, l, st.k.data(), st.v.data(), n, st.q.data(), st.att.data(),
+                               ap, pool, st.pws);
+      if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
+    }
+    for (int i = 0; i < n && !tiled; ++i) {
       // Under context parallelism only the shard holding the position stores the token.
       if (!borrows && (!cp.comm || cp.owns(pos0 + i))) {
         cache.append(l, st.k.data() + static_cast<size_t>(i) * kvd,

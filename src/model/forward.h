@@ -3,15 +3,21 @@
 // with Qwen2's Q/K/V biases and Qwen3's per-head Q/K RMSNorm where the
 // architecture has them (model/config.h), both applied before RoPE.
 //
-// Prefill of n tokens runs every matrix product batched over the tokens, then
-// appends and attends token by token with the decode kernel, so that the cache
-// ends in exactly the state that feeding the tokens one at a time leaves, and the
-// logits agree bit for bit with token-by-token decoding.
+// Prefill of n tokens runs every matrix product batched over the tokens and appends
+// the tokens one at a time, so that the cache ends in exactly the state that feeding
+// them one at a time leaves. Attention runs over query tiles (attn/prefill.h: each
+// stored block read once per tile, what each query saw at its own append honoured, the
+// result equal to token-by-token decoding up to float rounding), or, with
+// ForwardOptions::prefill = kStream, token by token with the decode kernel, bit for bit
+// what decoding the tokens one at a time gives. Layers that evict within a chunk (their
+// own sliding window), borrow another layer's cache, attend block-sparsely, run context
+// parallel or are observed always take the stream path.
 #pragma once
 
 #include <vector>
 
 #include "attn/attention.h"
+#include "attn/prefill.h"
 #include "core/aligned.h"
 #include "kv/kv_cache.h"
 #include "model/context_parallel.h"
@@ -51,6 +57,7 @@ struct ForwardState {
   int64_t position_offset = 0;
   std::vector<float> slopes;  // [n_heads] ALiBi slopes (when enabled)
   attn::Workspace ws;
+  attn::PrefillWorkspace pws;  // the tiled prefill's
   // Context parallelism (ForwardOptions::cp): the positions fed so far over every shard,
   // and the attention states of a batch [max_batch][n_heads][head_dim + 2] with scratch.
   int64_t cp_pos = 0;
@@ -75,7 +82,8 @@ struct ForwardOptions {
   double* attn_seconds = nullptr;  // when set, the time spent in attn::decode is added to it
   sparse::SparseAttention* sparse =
       nullptr;  // block-sparse attention for the layers it selects in, or null
-  AttentionObserver* observer = nullptr;  // or null
+  AttentionObserver* observer = nullptr;                  // or null
+  attn::PrefillMode prefill = attn::PrefillMode::kTiled;  // how a chunk of tokens attends
   // Context parallelism (model/context_parallel.h): the cache holds only this rank's
   // shard of the positions; cp.comm null: the whole context.
   CpShard cp;

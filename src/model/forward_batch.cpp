@@ -28,7 +28,8 @@ BatchForward::BatchForward(const ModelConfig& c, int max_rows, int max_seqs, int
 }
 
 void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int n_seqs,
-                          ThreadPool* pool, const attn::Params& ap, bool per_sequence) {
+                          ThreadPool* pool, const attn::Params& ap, bool per_sequence,
+                          attn::PrefillMode prefill) {
   const ModelConfig& c = m.config();
   const int qd = c.q_dim(), kvd = c.kv_dim();
   // One sequence's rows in order: append the token, then attend over the cache as it
@@ -44,6 +45,16 @@ void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int 
                       st_.v.data() + static_cast<size_t>(r0) * kvd, n);
     }
     attn::Params p = ap;
+    // A chunk of a prefilling sequence attends over query tiles (attn/prefill.h).
+    if (prefill == attn::PrefillMode::kTiled && n >= attn::kPrefillMinRows && !borrows &&
+        cache.window(l) == 0 && st_.pws.threads() > 0) {
+      if (ap.rope) p.rope = ap.rope + static_cast<size_t>(cache.evicted(l)) * c.head_dim();
+      attn::append_and_prefill(cache, l, st_.k.data() + static_cast<size_t>(r0) * kvd,
+                               st_.v.data() + static_cast<size_t>(r0) * kvd, n,
+                               st_.q.data() + static_cast<size_t>(r0) * qd,
+                               st_.att.data() + static_cast<size_t>(r0) * qd, p, inner, st_.pws);
+      return;
+    }
     for (int i = 0; i < n; ++i) {
       const size_t r = static_cast<size_t>(r0 + i);
       if (!borrows) cache.append(l, st_.k.data() + r * kvd, st_.v.data() + r * kvd);
@@ -159,7 +170,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     const int lw = c.layer_window(l);
     ap.window = lw > 0 && opt.window > 0 ? std::min(lw, opt.window) : std::max(lw, opt.window);
     const double t0 = opt.attn_seconds ? now_seconds() : 0.0;
-    attend(m, l, seqs, n_seqs, pool, ap, per_sequence);
+    attend(m, l, seqs, n_seqs, pool, ap, per_sequence, opt.prefill);
     if (opt.attn_seconds) *opt.attn_seconds += now_seconds() - t0;
     ops::matmul(L.wo, st_.att.data(), rows, st_.xb2.data(), pool);
     output_bias(c, L, st_.xb2.data(), rows);

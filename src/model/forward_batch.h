@@ -11,7 +11,9 @@
 // Attention is threaded in one of two ways, with the same result: across sequences
 // (each worker takes whole sequences, with a workspace of its own) when there are at
 // least two sequences per worker and each has one row; otherwise sequence after
-// sequence, each split across (KV head, chunk) tasks by attn::decode.
+// sequence, each split across (KV head, chunk) tasks by attn::decode, or across (KV
+// head, query tile) tasks by attn::prefill for a chunk of a prefilling sequence (then
+// equal to model::forward's tiled path for it, up to float rounding).
 #pragma once
 
 #include <vector>
@@ -52,7 +54,7 @@ class BatchForward {
 
  private:
   void attend(const Model& m, int layer, const BatchSequence* seqs, int n_seqs, ThreadPool* pool,
-              const attn::Params& ap, bool per_sequence);
+              const attn::Params& ap, bool per_sequence, attn::PrefillMode prefill);
 
   int max_seqs_, ctx_;
   ForwardState st_;                         // activations [max_rows], RoPE, attention workspace

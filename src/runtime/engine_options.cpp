@@ -74,6 +74,11 @@ const std::vector<OptionSpec> kSpecs = {
      "dequantize-then-attend) or fast (integer dot products with the query and the softmax "
      "weights rounded to int16; ~1e-3 relative error, faster on x86).",
      "exact", kKv},
+    {"prefill", 0, "MODE",
+     "How a prompt chunk attends: tiled (query tiles against each stored block, which is read "
+     "once per tile; equal to stream up to float rounding) or stream (token by token with the "
+     "decode kernels, bit for bit what decoding one token at a time gives).",
+     "tiled", kKv},
     {"window", 0, "N",
      "Sliding-window attention over the last N tokens (0 = full). With --context-overflow "
      "window: the window kept in the cache (default: the context minus the sink blocks and one "
@@ -453,6 +458,7 @@ SessionOptions parse_session_options(const OptionValues& given, OptionSpelling s
     c.share_map = parse_share_map(r.str("kv-share-map"), r.name("kv-share-map"));
 
   o.forward.precision = attn::parse_precision(r.str("attn-precision"));
+  o.forward.prefill = attn::parse_prefill_mode(r.str("prefill"));
   o.forward.window = r.integer("window", 0, model::kMaxContext);
   o.overflow = parse_context_overflow(r.str("context-overflow"));
   o.sinks = r.integer("sinks", 0, 512);

@@ -102,13 +102,14 @@ class Engine(unittest.TestCase):
             if "--key-flush" in kv:
                 opts.update(key_flush="group", scale_dtype="f32")
             s = self.model.session(**opts)
+            expect = {}
             for mode in ("prefill", "stream"):
-                expect = cli_logits(prompt, "--mode", mode, *kv)
+                expect[mode] = cli_logits(prompt, "--mode", mode, *kv)
                 got = s.logits(prompt, mode=mode)
-                self.assertEqual(got.shape, expect.shape)
-                np.testing.assert_array_equal(got, expect, "%s %s" % (kv, mode))
+                self.assertEqual(got.shape, expect[mode].shape)
+                np.testing.assert_array_equal(got, expect[mode], "%s %s" % (kv, mode))
             ids = self.model.tokenize(prompt)
-            np.testing.assert_array_equal(s.logits(ids), expect)
+            np.testing.assert_array_equal(s.logits(ids), expect["prefill"])
             self.assertEqual(s.pos, len(ids))
 
     def test_prefill_and_decode(self):
@@ -118,8 +119,9 @@ class Engine(unittest.TestCase):
         s.reset()
         last = s.prefill(ids[:4])
         np.testing.assert_array_equal(last, full[3])
+        # Decoding one token at a time equals the tiled prefill's rows up to float rounding.
         for i in range(4, len(ids)):
-            np.testing.assert_array_equal(s.decode(ids[i]), full[i])
+            np.testing.assert_allclose(s.decode(ids[i]), full[i], rtol=0, atol=1e-4)
         st = s.memory_stats()
         self.assertEqual(st["n_tokens"], len(ids))
         self.assertLess(st["bytes_used"], st["f32_bytes"] * 2)
@@ -142,7 +144,9 @@ class Engine(unittest.TestCase):
         # From text instead of a file, the model by path, batched: the same scores.
         by_text = kivi.perplexity(common.MODEL, text=text, ctx=128, mode="batched", kv_cache="kivi2", residual=32)
         self.assertEqual(by_text["mode"], "batched")
-        self.assertEqual((by_text["ppl"], by_text["tokens"]), (got["ppl"], got["tokens"]))
+        # (batched: the tiled prefill, equal to streaming up to float rounding)
+        self.assertEqual(by_text["tokens"], got["tokens"])
+        self.assertLess(abs(by_text["ppl"] / got["ppl"] - 1), 1e-4)
 
     def test_kld_fields(self):
         with tempfile.TemporaryDirectory() as d:
