@@ -176,45 +176,80 @@ void Scores(const float* HWY_RESTRICT Q, int QP, int D, const float* HWY_RESTRIC
   }
 }
 
-// O[QP][D] += P[QP][J] V[n][D]: four queries by NV vectors of channels per step.
-template <int NV, class DF>
-HWY_INLINE void AccumColumns(DF df, const float* HWY_RESTRICT P, int n, const float* HWY_RESTRICT V,
-                             int D, int c, float* HWY_RESTRICT O) {
-  const int N = static_cast<int>(hn::Lanes(df));
-  hn::Vec<DF> acc[4][NV];
-  for (int q = 0; q < 4; ++q)
-    for (int v = 0; v < NV; ++v)
-      acc[q][v] = hn::LoadU(df, O + static_cast<size_t>(q) * D + c + v * N);
-  for (int j = 0; j < n; ++j) {
-    hn::Vec<DF> vr[NV];
-    for (int v = 0; v < NV; ++v) vr[v] = hn::LoadU(df, V + static_cast<size_t>(j) * D + c + v * N);
-    for (int q = 0; q < 4; ++q) {
-      const auto b = hn::Set(df, P[static_cast<size_t>(q) * J + j]);
-      for (int v = 0; v < NV; ++v) acc[q][v] = hn::MulAdd(b, vr[v], acc[q][v]);
-    }
-  }
-  for (int q = 0; q < 4; ++q)
-    for (int v = 0; v < NV; ++v)
-      hn::StoreU(acc[q][v], df, O + static_cast<size_t>(q) * D + c + v * N);
-}
-
-void Accum(const float* P, int QP, int n, const float* V, int D, float* O) {
+// O[QP][D] += P[QP][J] V[n][D]: four queries by two vectors of channels per step (one
+// at the end of the row, then single lanes), accumulators in named registers.
+void Accum(const float* HWY_RESTRICT P, int QP, int n, const float* HWY_RESTRICT V, int D,
+           float* HWY_RESTRICT O) {
   const hn::ScalableTag<float> df;
   const int N = static_cast<int>(hn::Lanes(df));
   for (int q = 0; q < QP; q += 4) {
-    const float* Pq = P + static_cast<size_t>(q) * J;
-    float* Oq = O + static_cast<size_t>(q) * D;
+    const float* p0 = P + static_cast<size_t>(q) * J;
+    float* o0 = O + static_cast<size_t>(q) * D;
     int c = 0;
-    for (; c + 2 * N <= D; c += 2 * N) AccumColumns<2>(df, Pq, n, V, D, c, Oq);
-    for (; c + N <= D; c += N) AccumColumns<1>(df, Pq, n, V, D, c, Oq);
+    for (; c + 2 * N <= D; c += 2 * N) {
+      float* o = o0 + c;
+      auto a00 = hn::LoadU(df, o), a01 = hn::LoadU(df, o + N);
+      auto a10 = hn::LoadU(df, o + D), a11 = hn::LoadU(df, o + D + N);
+      auto a20 = hn::LoadU(df, o + 2 * D), a21 = hn::LoadU(df, o + 2 * D + N);
+      auto a30 = hn::LoadU(df, o + 3 * D), a31 = hn::LoadU(df, o + 3 * D + N);
+      for (int j = 0; j < n; ++j) {
+        const float* vr = V + static_cast<size_t>(j) * D + c;
+        const auto v0 = hn::LoadU(df, vr), v1 = hn::LoadU(df, vr + N);
+        auto b = hn::Set(df, p0[j]);
+        a00 = hn::MulAdd(b, v0, a00);
+        a01 = hn::MulAdd(b, v1, a01);
+        b = hn::Set(df, p0[J + j]);
+        a10 = hn::MulAdd(b, v0, a10);
+        a11 = hn::MulAdd(b, v1, a11);
+        b = hn::Set(df, p0[2 * J + j]);
+        a20 = hn::MulAdd(b, v0, a20);
+        a21 = hn::MulAdd(b, v1, a21);
+        b = hn::Set(df, p0[3 * J + j]);
+        a30 = hn::MulAdd(b, v0, a30);
+        a31 = hn::MulAdd(b, v1, a31);
+      }
+      hn::StoreU(a00, df, o);
+      hn::StoreU(a01, df, o + N);
+      hn::StoreU(a10, df, o + D);
+      hn::StoreU(a11, df, o + D + N);
+      hn::StoreU(a20, df, o + 2 * D);
+      hn::StoreU(a21, df, o + 2 * D + N);
+      hn::StoreU(a30, df, o + 3 * D);
+      hn::StoreU(a31, df, o + 3 * D + N);
+    }
+    for (; c + N <= D; c += N) {
+      float* o = o0 + c;
+      auto a0 = hn::LoadU(df, o), a1 = hn::LoadU(df, o + D);
+      auto a2 = hn::LoadU(df, o + 2 * D), a3 = hn::LoadU(df, o + 3 * D);
+      for (int j = 0; j < n; ++j) {
+        const auto v0 = hn::LoadU(df, V + static_cast<size_t>(j) * D + c);
+        a0 = hn::MulAdd(hn::Set(df, p0[j]), v0, a0);
+        a1 = hn::MulAdd(hn::Set(df, p0[J + j]), v0, a1);
+        a2 = hn::MulAdd(hn::Set(df, p0[2 * J + j]), v0, a2);
+        a3 = hn::MulAdd(hn::Set(df, p0[3 * J + j]), v0, a3);
+      }
+      hn::StoreU(a0, df, o);
+      hn::StoreU(a1, df, o + D);
+      hn::StoreU(a2, df, o + 2 * D);
+      hn::StoreU(a3, df, o + 3 * D);
+    }
     for (; c < D; ++c) {
       for (int r = 0; r < 4; ++r) {
-        float a = Oq[static_cast<size_t>(r) * D + c];
-        for (int j = 0; j < n; ++j) a += Pq[static_cast<size_t>(r) * J + j] * V[j * D + c];
-        Oq[static_cast<size_t>(r) * D + c] = a;
+        float a = o0[static_cast<size_t>(r) * D + c];
+        for (int j = 0; j < n; ++j) a += p0[static_cast<size_t>(r) * J + j] * V[j * D + c];
+        o0[static_cast<size_t>(r) * D + c] = a;
       }
     }
   }
+}
+
+// The largest of s[J] (J a multiple of the lanes).
+float RowMax(const float* s) {
+  const hn::ScalableTag<float> df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  auto m = hn::LoadU(df, s);
+  for (int j = N; j < J; j += N) m = hn::Max(m, hn::LoadU(df, s + j));
+  return hn::GetLane(hn::MaxOfLanes(df, m));
 }
 
 // Scales o[D] by f.
@@ -336,16 +371,15 @@ void PrefillTile(const detail::PrefillTask& task) {
           if (slopes) s[j] += slopes[r] * static_cast<float>(t0 + j - q_pos);
         }
       }
-      float mx = kNegInf;
-      for (int j = 0; j < vis_end; ++j) mx = std::max(mx, s[j]);
-      if (mx == kNegInf) {  // nothing visible in this run
+      const float mx = vis_end > 0 ? RowMax(s) : kNegInf;  // (hidden columns hold -inf)
+      if (mx == kNegInf) {                                 // nothing visible in this run
         std::fill(s, s + J, 0.0f);
         if (need_vq && need_vf)
           std::fill(S2 + static_cast<size_t>(qi) * J, S2 + (qi + 1) * J, 0.0f);
         continue;
       }
       const float m_new = std::max(M[qi], mx);
-      const float f = M[qi] == kNegInf ? 0.0f : std::exp(M[qi] - m_new);
+      const float f = M[qi] == m_new ? 1.0f : M[qi] == kNegInf ? 0.0f : std::exp(M[qi] - m_new);
       const float sum = ExpRow(s, m_new);
       Dn[qi] = Dn[qi] * f + sum;
       M[qi] = m_new;
