@@ -25,6 +25,7 @@
 #include "server/http_server.h"
 #include "server/messages.h"
 #include "server/openai_response.h"
+#include "server_test_util.h"
 #include "test_util.h"
 
 namespace kivi {
@@ -33,88 +34,10 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+using test::error_of;
+using test::kivi2_options;
 using test::stories;
-
-runtime::SchedulerOptions kivi2_options(int parallel, int queue) {
-  runtime::SchedulerOptions o;
-  o.parallel = parallel;
-  o.queue = queue;
-  o.ctx = 512;
-  o.threads = 1;
-  o.prefill_chunk = 32;
-  o.cache.k = o.cache.v = {kv::Format::kKivi2};
-  o.cache.residual = 32;
-  return o;
-}
-
-// A scheduler and an HTTP server on a free loopback port, served by a thread.
-class TestServer {
- public:
-  // Serves stories260K unless `model` is given.
-  explicit TestServer(const runtime::SchedulerOptions& so, server::ServerOptions o = {},
-                      const model::Model* model = nullptr) {
-    o.port = 0;
-    if (o.model_id.empty()) o.model_id = "stories260K";
-    sched_ = std::make_unique<runtime::Scheduler>(model ? *model : stories(), so);
-    http_ = std::make_unique<server::HttpServer>(*sched_, o);
-    port_ = http_->bind();
-    thread_ = std::thread([this] { http_->run(); });
-  }
-  ~TestServer() {
-    http_->stop();
-    thread_.join();
-    sched_->stop();
-  }
-  int port() const { return port_; }
-  runtime::SchedulerStats stats() const { return sched_->stats(); }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    return c;
-  }
-  void pause() { sched_->pause(); }
-  void stop_http() { http_->stop(); }
-  void resume() { sched_->resume(); }
-  // Waits (bounded) until `done(stats)` holds; false on the deadline (generous: the
-  // suite also runs under sanitizers on 2 busy cores).
-  template <class F>
-  bool wait_for(F done, int ms = 60000) const {
-    const auto end = Clock::now() + std::chrono::milliseconds(ms);
-    while (Clock::now() < end) {
-      if (done(stats())) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return done(stats());
-  }
-  // Waits (bounded) until no sequence is active and the pool is empty.
-  bool drained(int ms = 60000) const {
-    return wait_for(
-        [](const runtime::SchedulerStats& s) {
-          return s.active == 0 && s.queued == 0 && s.blocks_used == 0 && s.blocks_reserved == 0;
-        },
-        ms);
-  }
-
- private:
-  std::unique_ptr<runtime::Scheduler> sched_;
-  std::unique_ptr<server::HttpServer> http_;
-  int port_ = 0;
-  std::thread thread_;
-};
-
-// The error object of a response: {"error": {"message", "type", "param", "code"}}.
-json error_of(const httplib::Result& r) {
-  EXPECT_TRUE(r);
-  if (!r) return {};
-  const json j = json::parse(r->body, nullptr, false);
-  EXPECT_TRUE(j.is_object() && j.contains("error")) << r->body;
-  if (!j.is_object() || !j.contains("error")) return {};
-  const json& e = j["error"];
-  EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << r->body;
-  EXPECT_TRUE(e["type"].is_string()) << r->body;
-  EXPECT_TRUE(e.contains("param") && e.contains("code")) << r->body;
-  return e;
-}
+using test::TestServer;
 
 // A raw connection, for what a well-behaved client never sends.
 int connect_to(int port) {

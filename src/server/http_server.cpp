@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/token_api.h"
 #include "server/connection.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -53,8 +54,8 @@ void send_error(httplib::Response& res, const ApiError& e) {
 
 // Counters are kept per route, not per path, so that clients cannot grow them.
 std::string route_of(const httplib::Request& req) {
-  for (const char* r :
-       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
+  for (const char* r : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                        "/metrics", "/tokenize", "/detokenize"}) {
     if (req.path == r) return r;
   }
   if (req.path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -109,7 +110,7 @@ class HttpServer::Impl {
 
   // The routes, in the order requests meet them.
   void add_checks();       // the body's length and the API key, from the headers
-  void add_info_routes();  // /health, /metrics, /v1/models
+  void add_info_routes();  // /health, /metrics, /v1/models, /tokenize, /detokenize
   void add_generation_routes(const ApiContext& ctx);  // completions and chat completions
   void add_error_handlers();  // error objects for the library's own statuses; counters
 
@@ -190,7 +191,8 @@ void HttpServer::Impl::add_checks() {
       return httplib::Server::HandlerResponse::Handled;
     }
     if (s_.opt_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.path.rfind("/v1/", 0) != 0 && req.path != "/metrics")
+    if (req.path.rfind("/v1/", 0) != 0 && req.path != "/metrics" && req.path != "/tokenize" &&
+        req.path != "/detokenize")
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     // The scheme is case-insensitive (RFC 7235): "bearer KEY" is accepted too.
@@ -223,6 +225,21 @@ void HttpServer::Impl::add_info_routes() {
   h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(prometheus_text(s_.sched_.stats(), s_.counters_.snapshot(), s_.opt_.model_id),
                     "text/plain; version=0.0.4; charset=utf-8");
+  });
+  // Text to token ids and back (server/token_api.h).
+  h.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      res.set_content(tokenize_body(req.body, s_.sched_.model().tokenizer()), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+  h.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      res.set_content(detokenize_body(req.body, s_.sched_.model().tokenizer()), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
   });
   const int64_t started = unix_now();
   h.Get("/v1/models", [this, started](const httplib::Request&, httplib::Response& res) {
