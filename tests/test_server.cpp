@@ -110,7 +110,7 @@ TEST(Server, BadRequestsGetTheirStatusAndAnErrorObject) {
        "stop"},
       {"/v1/completions", "{\"prompt\": \"hi\", \"seed\": \"x\"}", 400, "seed"},
       {"/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", 400, "n"},
-      {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 3}", 400, "logprobs"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 9}", 400, "logprobs"},
       {"/v1/completions", "{\"prompt\": 42}", 400, "prompt"},
       {"/v1/completions", "{\"prompt\": [\"a\", \"b\"]}", 400, "prompt"},
       {"/v1/completions", "{\"prompt\": [1, 99999]}", 400, "prompt"},
@@ -744,6 +744,7 @@ TEST(Server, OfficialOpenAiClient) {
   EXPECT_EQ(j["unknown_model"], 404);
   EXPECT_EQ(j["wrong_key"], 401);
   EXPECT_EQ(j["too_long"], 400);
+  EXPECT_GT(j["logprobs"], 0);
   EXPECT_TRUE(srv.drained());
 }
 

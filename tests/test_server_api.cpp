@@ -3,10 +3,13 @@
 // body answered with a 400 naming the field.
 #include <httplib.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "runtime/request.h"
+#include "runtime/session.h"
 #include "server/api_error.h"
 #include "server/token_api.h"
 #include "server_test_util.h"
@@ -115,6 +118,156 @@ TEST(ServerApi, TokenizeOverHttp) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_EQ(error_of(r)["param"], "tokens");
+}
+
+// token_logprob against a log-softmax written here in double: the value, the top-k in
+// order, ties to the lower id.
+TEST(ServerApi, TokenLogprobIsTheLogSoftmax) {
+  const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f, 2.0f};
+  double z = 0;
+  for (float x : logits) z += std::exp(static_cast<double>(x));
+  auto ref = [&](int i) { return static_cast<double>(logits[i]) - std::log(z); };
+  const runtime::TokenLogprob lp = runtime::token_logprob(logits.data(), 6, 4, 3);
+  EXPECT_EQ(lp.token, 4);
+  EXPECT_NEAR(lp.logprob, ref(4), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);  // 3.0 twice: the lower id first
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 5);
+  for (const auto& [id, v] : lp.top) EXPECT_NEAR(v, ref(id), 1e-6);
+  EXPECT_TRUE(runtime::token_logprob(logits.data(), 6, 0, 0).top.empty());
+  EXPECT_EQ(runtime::token_logprob(logits.data(), 6, 0, 99).top.size(), 6u);
+}
+
+json post_json(httplib::Client& c, const std::string& path, const json& body) {
+  auto r = c.Post(path, body.dump(), "application/json");
+  EXPECT_TRUE(r);
+  if (!r) return {};
+  EXPECT_EQ(r->status, 200) << r->body;
+  return json::parse(r->body, nullptr, false);
+}
+
+// Greedy completions with log-probabilities: each token's value is the log-softmax of the
+// logits a session computes for it (written here), the chosen token is the top one, and
+// the completions, chat and streamed forms agree.
+TEST(ServerApi, LogprobsOfGreedyTokens) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto& tk = m.tokenizer();
+  runtime::SchedulerOptions so = test::kivi2_options(2, 4);
+  TestServer s(so);
+  httplib::Client c = s.client();
+  const std::vector<int> prompt = tk.encode("Once upon a time, there was a", true);
+  const json body = {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 2}};
+  const json r = post_json(c, "/v1/completions", body);
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << r.dump();
+  const int n = r["usage"]["completion_tokens"].get<int>();
+  ASSERT_GT(n, 0);
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n));
+  ASSERT_EQ(lp["token_logprobs"].size(), static_cast<size_t>(n));
+  ASSERT_EQ(lp["top_logprobs"].size(), static_cast<size_t>(n));
+  // The same tokens through a session with the server's cache: their log-softmax.
+  runtime::SessionOptions o;
+  o.threads = 1;
+  o.ctx = so.ctx;
+  o.cache = so.cache;
+  runtime::Session ses(m, o);
+  const float* logits = ses.prefill(prompt);
+  const int V = m.config().vocab_size;
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    int best = 0;
+    for (int v = 1; v < V; ++v) best = logits[v] > logits[best] ? v : best;
+    double mx = logits[best], z = 0;
+    for (int v = 0; v < V; ++v) z += std::exp(static_cast<double>(logits[v]) - mx);
+    const double want = static_cast<double>(logits[best]) - mx - std::log(z);
+    EXPECT_EQ(lp["tokens"][i].get<std::string>(), tk.token_text(best, true)) << "token " << i;
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), want, 1e-3) << "token " << i;
+    ASSERT_LE(lp["top_logprobs"][i].size(), 2u);
+    EXPECT_NEAR(lp["top_logprobs"][i][tk.token_text(best, true)].get<double>(), want, 1e-3);
+    EXPECT_EQ(lp["text_offset"][i].get<int>(), static_cast<int>(text.size()));
+    text += tk.token_text(best, true);
+    logits = ses.decode(best);
+  }
+  EXPECT_EQ(text, r["choices"][0]["text"].get<std::string>());
+
+  // Chat: logprobs true with three alternatives, whole and streamed.
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
+                     {"max_tokens", 6},
+                     {"temperature", 0},
+                     {"logprobs", true},
+                     {"top_logprobs", 3}};
+  const json cr = post_json(c, "/v1/chat/completions", chat);
+  const json& content = cr["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), cr["usage"]["completion_tokens"].get<size_t>()) << cr.dump();
+  for (const json& e : content) {
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(e["top_logprobs"].size(), 3u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy: the top one
+    EXPECT_NEAR(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>(), 1e-6);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(),
+              e["top_logprobs"][1]["logprob"].get<double>());
+    std::string bytes;
+    for (const json& b : e["bytes"]) bytes += static_cast<char>(b.get<int>());
+    EXPECT_EQ(bytes, e["token"].get<std::string>());
+  }
+  json streamed = chat;
+  streamed["stream"] = true;
+  auto sr = c.Post("/v1/chat/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(sr);
+  json all = json::array();
+  size_t pos = 0;
+  const std::string& sb = sr->body;
+  while ((pos = sb.find("data: ", pos)) != std::string::npos) {
+    const size_t end = sb.find("\n\n", pos);
+    const std::string data = sb.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") break;
+    const json ev = json::parse(data);
+    for (const json& ch : ev["choices"]) {
+      if (ch["logprobs"].is_object())
+        for (const json& e : ch["logprobs"]["content"]) all.push_back(e);
+    }
+  }
+  ASSERT_EQ(all.size(), content.size()) << sb;
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i]["token"], content[i]["token"]);
+    EXPECT_NEAR(all[i]["logprob"].get<double>(), content[i]["logprob"].get<double>(), 1e-6);
+  }
+}
+
+TEST(ServerApi, LogprobFieldsAreChecked) {
+  KIVI_REQUIRE_MODEL();
+  TestServer s(test::kivi2_options(1, 4));
+  httplib::Client c = s.client();
+  const json msgs = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  struct Case {
+    const char* path;
+    json body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"/v1/chat/completions", {{"messages", msgs}, {"logprobs", "yes"}}, "logprobs"},
+      {"/v1/chat/completions",
+       {{"messages", msgs}, {"logprobs", true}, {"top_logprobs", 21}},
+       "top_logprobs"},
+      {"/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}}, "top_logprobs"},
+      {"/v1/completions", {{"prompt", "Hi"}, {"logprobs", 6}}, "logprobs"},
+      {"/v1/completions", {{"prompt", "Hi"}, {"logprobs", true}}, "logprobs"},
+      {"/v1/completions", {{"prompt", "Hi"}, {"logprobs", 1}, {"top_logprobs", 2}}, "top_logprobs"},
+  };
+  for (const Case& k : cases) {
+    auto r = c.Post(k.path, k.body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << k.body.dump() << " " << r->body;
+    EXPECT_EQ(error_of(r)["param"], k.param) << k.body.dump();
+  }
+  // Without them, "logprobs" is null.
+  auto r = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(json::parse(r->body)["choices"][0]["logprobs"].is_null()) << r->body;
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 #include "runtime/request.h"
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
 namespace kivi::runtime {
 
 const char* finish_reason_name(FinishReason r) {
@@ -18,6 +22,28 @@ const char* finish_reason_name(FinishReason r) {
   return "";
 }
 
+TokenLogprob token_logprob(const float* logits, int vocab, int token, int top_k) {
+  float mx = logits[0];
+  for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  double z = 0.0;
+  for (int i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i]) - mx);
+  const double log_z = mx + std::log(z);
+  TokenLogprob r;
+  r.token = token;
+  r.logprob = static_cast<float>(logits[token] - log_z);
+  const int k = std::clamp(top_k, 0, vocab);
+  if (k > 0) {
+    std::vector<int> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int i = 0; i < k; ++i)
+      r.top.emplace_back(ids[i], static_cast<float>(logits[ids[i]] - log_z));
+  }
+  return r;
+}
+
 RequestHandle::RequestHandle(int prompt_tokens) { state_.prompt_tokens = prompt_tokens; }
 
 RequestHandle::Update RequestHandle::wait(std::chrono::milliseconds timeout) {
@@ -27,6 +53,7 @@ RequestHandle::Update RequestHandle::wait(std::chrono::milliseconds timeout) {
   Update u = state_;
   state_.text.clear();
   state_.tokens.clear();
+  state_.logprobs.clear();
   return u;
 }
 
@@ -40,11 +67,13 @@ void RequestHandle::admitted(int shared_prompt_tokens) {
   cv_.notify_all();
 }
 
-void RequestHandle::push(const std::string& text, int token, int completion_tokens) {
+void RequestHandle::push(const std::string& text, int token, int completion_tokens,
+                         const TokenLogprob* lp) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_.text += text;
     if (token >= 0) state_.tokens.push_back(token);
+    if (token >= 0 && lp) state_.logprobs.push_back(*lp);
     state_.completion_tokens = completion_tokens;
     changed_ = true;
   }

@@ -10,12 +10,25 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/generation.h"
 #include "runtime/sampler.h"
 
 namespace kivi::runtime {
+
+// A generated token's log-probability under the model (log-softmax of its logits, before
+// sampling's penalties, bias and temperature), with the `top` most likely tokens.
+struct TokenLogprob {
+  int token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int, float>> top;  // (token, logprob), most likely first
+};
+
+// The log-probability of `token` and the top_k most likely of logits[vocab] (ties to the
+// lower id), in double for the normalizer.
+TokenLogprob token_logprob(const float* logits, int vocab, int token, int top_k);
 
 struct GenerationRequest {
   std::vector<int> prompt;  // token ids, BOS included where the model wants one
@@ -24,6 +37,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;  // stop strings
   std::vector<int> end_tokens;    // tokens that end the reply besides EOS/BOS (a chat format's)
   bool ignore_eos = false;        // never sample an end token (load tests, benchmarks)
+  int logprobs = -1;              // >= 0: each token's log-probability and that many alternatives
   // The same, as the generation options every front end uses (runtime/generation.h).
   GenerationOptions options() const;
 };
@@ -36,6 +50,7 @@ class RequestHandle {
   struct Update {
     std::string text;         // released since the last wait()
     std::vector<int> tokens;  // generated since the last wait() (text may lag behind them)
+    std::vector<TokenLogprob> logprobs;  // of those tokens, when the request asked
     bool admitted = false;
     bool finished = false;
     FinishReason reason = FinishReason::kNone;
@@ -56,7 +71,9 @@ class RequestHandle {
   // Scheduler side.
   void admitted(int shared_prompt_tokens);
   // New text (possibly empty) and, if token >= 0, the token just generated.
-  void push(const std::string& text, int token, int completion_tokens);
+  // `lp`: its log-probability, when the request asked.
+  void push(const std::string& text, int token, int completion_tokens,
+            const TokenLogprob* lp = nullptr);
   void finish(FinishReason r, int completion_tokens, const std::string& error = "");
   bool finished() const;
 

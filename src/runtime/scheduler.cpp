@@ -251,7 +251,13 @@ void Scheduler::sample(Slot& s) {
     s.tokens.push_back(st.token);
     ++s.n_generated;
   }
-  if (st.token >= 0 || !st.text.empty()) s.req->push(st.text, st.token, s.n_generated);
+  if (st.token >= 0 && s.params.logprobs >= 0) {
+    const TokenLogprob lp =
+        token_logprob(s.logits.data(), m_.config().vocab_size, st.token, s.params.logprobs);
+    s.req->push(st.text, st.token, s.n_generated, &lp);
+  } else if (st.token >= 0 || !st.text.empty()) {
+    s.req->push(st.text, st.token, s.n_generated);
+  }
   if (st.done) {
     end(s, st.reason == StopReason::kLength ? FinishReason::kLength : FinishReason::kStop);
   }

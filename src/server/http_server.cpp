@@ -92,6 +92,19 @@ struct Stream {
   bool done = false;
   // A chat format whose replies carry reasoning (harmony): splits the text as it comes.
   std::unique_ptr<runtime::HarmonyReplyParser> reasoning;
+  // Log-probabilities asked for: those of tokens not yet sent, which go with the next
+  // chunk of answer text (or the last chunk).
+  bool logprobs = false;
+  Logprobs pending;
+  // The pending log-probabilities for a chunk (null without them); clears them after.
+  const Logprobs* take_logprobs(Logprobs& out) {
+    if (!logprobs) return nullptr;
+    out = pending;
+    for (const auto& x : pending.items)
+      pending.text_offset += static_cast<int>(pending.tokenizer->token_text(x.token, true).size());
+    pending.items.clear();
+    return &out;
+  }
 };
 
 }  // namespace
@@ -310,12 +323,16 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
     const int n_prompt = static_cast<int>(p.gen.prompt.size());
     // harmony: the reply's reasoning goes to reasoning_content, its answer to content.
     const bool split_reasoning = e == Endpoint::kChat && ctx.chat && ctx.chat->has_reasoning();
+    const bool want_logprobs = p.gen.logprobs >= 0;
     if (!p.stream) {
       std::string text;
+      Logprobs lp;
+      lp.tokenizer = ctx.tokenizer;
       RequestHandle::Update u;
       for (;;) {
         u = handle->wait(kPoll);
         text += u.text;
+        lp.items.insert(lp.items.end(), u.logprobs.begin(), u.logprobs.end());
         if (u.finished) break;
         if (s_.stopping_) {
           handle->cancel();
@@ -340,7 +357,8 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
           parts.content = std::move(text);
         }
         res.set_content(completion_body(info, parts.content, finish_name(u.reason),
-                                        {n_prompt, u.completion_tokens}, parts.reasoning),
+                                        {n_prompt, u.completion_tokens}, parts.reasoning,
+                                        want_logprobs ? &lp : nullptr),
                         "application/json");
       }
       return;
@@ -351,6 +369,8 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
     st->include_usage = p.include_usage;
     st->fd = fd;
     if (split_reasoning) st->reasoning = std::make_unique<runtime::HarmonyReplyParser>();
+    st->logprobs = want_logprobs;
+    st->pending.tokenizer = ctx.tokenizer;
     res.set_header("Cache-Control", "no-cache");
     done_guard.armed = false;  // the releaser below ends the count
     res.set_chunked_content_provider(
@@ -359,8 +379,10 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
           if (st->info.endpoint == Endpoint::kChat && !write(chunk_role(st->info))) return false;
           // New text as chunks: reasoning and answer apart when the format splits them.
+          Logprobs lp;
           auto write_text = [&](const std::string& text, bool last) {
-            if (!st->reasoning) return text.empty() || write(chunk_text(st->info, text));
+            if (!st->reasoning)
+              return text.empty() || write(chunk_text(st->info, text, st->take_logprobs(lp)));
             runtime::ReplyParts parts = st->reasoning->push(text);
             if (last) {
               const runtime::ReplyParts rest = st->reasoning->finish();
@@ -368,10 +390,12 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
               parts.content += rest.content;
             }
             return (parts.reasoning.empty() || write(chunk_reasoning(st->info, parts.reasoning))) &&
-                   (parts.content.empty() || write(chunk_text(st->info, parts.content)));
+                   (parts.content.empty() ||
+                    write(chunk_text(st->info, parts.content, st->take_logprobs(lp))));
           };
           for (;;) {
             const RequestHandle::Update u = st->handle->wait(kPoll);
+            st->pending.items.insert(st->pending.items.end(), u.logprobs.begin(), u.logprobs.end());
             if (!write_text(u.text, u.finished)) return false;
             if (u.finished) {
               bool ok = true;
@@ -380,7 +404,9 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
               } else if (u.reason == FinishReason::kCancelled) {
                 ok = write(sse_error(ApiError(503, "The server is shutting down").json()));
               } else {
-                ok = write(chunk_finish(st->info, finish_name(u.reason)));
+                ok = write(
+                    chunk_finish(st->info, finish_name(u.reason),
+                                 st->pending.items.empty() ? nullptr : st->take_logprobs(lp)));
                 if (ok && st->include_usage)
                   ok = write(chunk_usage(st->info, {n_prompt, u.completion_tokens}));
               }

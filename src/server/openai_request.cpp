@@ -214,8 +214,27 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   unsupported(body, "suffix", [](const json&) { return false; });
   unsupported(body, "tools", is_empty);
   unsupported(body, "functions", is_empty);
-  unsupported(body, "logprobs", [&](const json& v) { return is_false(v); });
-  unsupported(body, "top_logprobs", is_zero);
+  // Log-probabilities: chat takes logprobs (a boolean) and top_logprobs (0 to 20), a
+  // completion logprobs (the alternatives, 0 to 5; null or absent for none).
+  if (e == Endpoint::kChat) {
+    bool want = false;
+    if (const json* lp = field(body, "logprobs")) {
+      if (!lp->is_boolean()) wrong_type("logprobs", *lp, "a boolean");
+      want = lp->get<bool>();
+    }
+    int top = 0;
+    if (const json* t = field(body, "top_logprobs")) {
+      top = static_cast<int>(integer(*t, "top_logprobs", 0, 20));
+      if (!want && top > 0) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    r.gen.logprobs = want ? top : -1;
+  } else {
+    if (const json* lp = field(body, "logprobs")) {
+      if (lp->is_boolean()) wrong_type("logprobs", *lp, "an integer");
+      r.gen.logprobs = static_cast<int>(integer(*lp, "logprobs", 0, 5));
+    }
+    unsupported(body, "top_logprobs", is_zero);
+  }
   unsupported(body, "response_format", [](const json& v) {
     return v.is_object() && v.contains("type") && v["type"] == "text";
   });

@@ -2,12 +2,13 @@
 // generation request, with every field checked: a body that is not UTF-8 or not JSON,
 // a field of the wrong type or out of range, an unknown model, a prompt longer than
 // the context or max_tokens beyond it, a feature this server does not implement
-// (n > 1, logprobs, tools, ...) are ApiErrors naming the field. Unknown fields are
+// (n > 1, tools, ...) are ApiErrors naming the field. Unknown fields are
 // ignored, as OpenAI's clients send fields servers may not know.
 //
 // Fields: model, prompt (a string, one string in an array, or token ids) or messages,
 // max_tokens (chat: also max_completion_tokens), temperature, top_p, top_k, seed, stop
-// (a string or up to 4), n (1), stream, stream_options.include_usage, ignore_eos.
+// (a string or up to 4), n (1), stream, stream_options.include_usage, ignore_eos,
+// logprobs (chat: a boolean, with top_logprobs 0 to 20; completions: 0 to 5 alternatives).
 // Defaults: max_tokens 16 for completions (OpenAI's), the rest of the context for
 // chat; temperature 1, top_p 1, top_k off; a random seed.
 #pragma once

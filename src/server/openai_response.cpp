@@ -32,6 +32,49 @@ json finish(const char* reason) { return reason && *reason ? json(reason) : json
 
 std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// A choice's "logprobs" (see Logprobs).
+json logprobs_json(const ResponseInfo& r, const Logprobs* lp) {
+  if (!lp) return nullptr;
+  const tok::Tokenizer& t = *lp->tokenizer;
+  if (chat(r)) {
+    json content = json::array();
+    for (const runtime::TokenLogprob& x : lp->items) {
+      const std::string s = t.token_text(x.token, true);
+      json top = json::array();
+      for (const auto& [id, v] : x.top) {
+        const std::string ts = t.token_text(id, true);
+        top.push_back({{"token", ts}, {"logprob", v}, {"bytes", bytes_of(ts)}});
+      }
+      content.push_back(
+          {{"token", s}, {"logprob", x.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), values = json::array(), tops = json::array(),
+       offsets = json::array();
+  int offset = lp->text_offset;
+  for (const runtime::TokenLogprob& x : lp->items) {
+    const std::string s = t.token_text(x.token, true);
+    tokens.push_back(s);
+    values.push_back(x.logprob);
+    json top = json::object();
+    for (const auto& [id, v] : x.top) top[t.token_text(id, true)] = v;
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += static_cast<int>(s.size());
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", values},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
 }  // namespace
 
 std::string ApiError::default_type(int status) {
@@ -76,10 +119,11 @@ std::string new_response_id(Endpoint e) {
 }
 
 std::string completion_body(const ResponseInfo& r, const std::string& text,
-                            const char* finish_reason, const Usage& u,
-                            const std::string& reasoning) {
+                            const char* finish_reason, const Usage& u, const std::string& reasoning,
+                            const Logprobs* lp) {
   json j = base(r, chat(r) ? "chat.completion" : "text_completion");
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}};
+  json choice = {
+      {"index", 0}, {"logprobs", logprobs_json(r, lp)}, {"finish_reason", finish(finish_reason)}};
   if (chat(r)) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
     if (!reasoning.empty()) choice["message"]["reasoning_content"] = reasoning;
@@ -100,9 +144,9 @@ std::string chunk_role(const ResponseInfo& r) {
   return event(j);
 }
 
-std::string chunk_text(const ResponseInfo& r, const std::string& text) {
+std::string chunk_text(const ResponseInfo& r, const std::string& text, const Logprobs* lp) {
   json j = base(r, chat(r) ? "chat.completion.chunk" : "text_completion");
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  json choice = {{"index", 0}, {"logprobs", logprobs_json(r, lp)}, {"finish_reason", nullptr}};
   if (chat(r)) {
     choice["delta"] = {{"content", text}};
   } else {
@@ -121,9 +165,10 @@ std::string chunk_reasoning(const ResponseInfo& r, const std::string& text) {
   return event(j);
 }
 
-std::string chunk_finish(const ResponseInfo& r, const char* finish_reason) {
+std::string chunk_finish(const ResponseInfo& r, const char* finish_reason, const Logprobs* lp) {
   json j = base(r, chat(r) ? "chat.completion.chunk" : "text_completion");
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}};
+  json choice = {
+      {"index", 0}, {"logprobs", logprobs_json(r, lp)}, {"finish_reason", finish(finish_reason)}};
   if (chat(r)) {
     choice["delta"] = json::object();
   } else {

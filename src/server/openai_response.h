@@ -6,8 +6,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "runtime/request.h"
 #include "server/openai_request.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kivi::server {
 
@@ -23,6 +26,16 @@ struct ResponseInfo {
   std::string model;
 };
 
+// Log-probabilities of generated tokens, written as a choice's "logprobs" (null without
+// them): chat {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+// "logprob", "bytes"}]}], "refusal": null}; completions {"tokens", "token_logprobs",
+// "top_logprobs": [{TOKEN: LOGPROB}], "text_offset"}, offsets counted from text_offset.
+struct Logprobs {
+  const tok::Tokenizer* tokenizer = nullptr;
+  std::vector<runtime::TokenLogprob> items;
+  int text_offset = 0;  // completions: where the first token's text starts in the reply
+};
+
 // A new id for an endpoint: "cmpl-" or "chatcmpl-" and 24 hex digits.
 std::string new_response_id(Endpoint e);
 
@@ -30,16 +43,18 @@ std::string new_response_id(Endpoint e);
 // message.reasoning_content (llama-server's field) when not empty.
 std::string completion_body(const ResponseInfo& r, const std::string& text,
                             const char* finish_reason, const Usage& u,
-                            const std::string& reasoning = "");
+                            const std::string& reasoning = "", const Logprobs* lp = nullptr);
 
 // One SSE event ("data: {...}\n\n"). chunk_role: the chat stream's first chunk, which
 // names the assistant's role; chunk_text: new text; chunk_reasoning: new reasoning of a
 // chat reply (delta.reasoning_content); chunk_finish: the last chunk with the finish
 // reason; chunk_usage: the usage chunk (stream_options.include_usage).
 std::string chunk_role(const ResponseInfo& r);
-std::string chunk_text(const ResponseInfo& r, const std::string& text);
+std::string chunk_text(const ResponseInfo& r, const std::string& text,
+                       const Logprobs* lp = nullptr);
 std::string chunk_reasoning(const ResponseInfo& r, const std::string& text);
-std::string chunk_finish(const ResponseInfo& r, const char* finish_reason);
+std::string chunk_finish(const ResponseInfo& r, const char* finish_reason,
+                         const Logprobs* lp = nullptr);
 std::string chunk_usage(const ResponseInfo& r, const Usage& u);
 std::string sse_error(const std::string& error_json);
 inline const char* sse_done() { return "data: [DONE]\n\n"; }

@@ -1,6 +1,6 @@
 // Drives a running `kivi serve` with the official OpenAI JavaScript client:
 //   node client_test.mjs BASE_URL API_KEY MODEL
-// a completion, a streamed chat, the model list, and errors (unknown model, wrong key,
+// a completion, a streamed chat, log-probabilities, the model list, and errors (unknown model, wrong key,
 // a prompt longer than the context). Prints one JSON line of results; exits 1 on the
 // first check that fails, naming it.
 import OpenAI from "openai";
@@ -71,6 +71,23 @@ const whole = await client.chat.completions.create({
   temperature: 0,
 });
 check(whole.choices[0].message.content === text, "streamed and whole chat agree");
+
+// Log-probabilities through the client's types: one entry per token, the greedy token on
+// top of its alternatives.
+const withLp = await client.chat.completions.create({
+  model,
+  messages: [{ role: "user", content: "Tell me about a cat." }],
+  max_tokens: 8,
+  temperature: 0,
+  logprobs: true,
+  top_logprobs: 2,
+});
+const lp = withLp.choices[0].logprobs.content;
+check(lp.length === withLp.usage.completion_tokens, "one logprob per token");
+check(lp.every((e) => e.logprob <= 0 && e.top_logprobs.length === 2), "logprob values");
+check(lp.every((e) => e.top_logprobs[0].token === e.token), "greedy token on top");
+check(lp.map((e) => e.token).join("").trim() === withLp.choices[0].message.content.trim(), "logprob tokens spell the reply");
+results.logprobs = lp.length;
 
 const models = await client.models.list();
 check(models.data.some((m) => m.id === model), "model list");
