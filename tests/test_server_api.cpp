@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/tensor_parallel.h"
 #include "runtime/request.h"
 #include "runtime/session.h"
 #include "server/api_error.h"
@@ -268,6 +269,113 @@ TEST(ServerApi, LogprobFieldsAreChecked) {
                   "application/json");
   ASSERT_TRUE(r);
   EXPECT_TRUE(json::parse(r->body)["choices"][0]["logprobs"].is_null()) << r->body;
+}
+
+// Session::embed: unit length; the last token's embedding is the direction of the hidden
+// state the classifier turns into that position's logits (checked against a prefill's
+// logits); mean pooling differs; the same input gives the same bits, over several chunks.
+TEST(ServerApi, EmbeddingsAreTheFinalHiddenStates) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto& tk = m.tokenizer();
+  runtime::SessionOptions o;
+  o.threads = 2;
+  o.ctx = 512;
+  runtime::Session s(m, o);
+  std::string text;
+  for (int i = 0; i < 8; ++i) text += "Lily had a small cat named Max. ";
+  const std::vector<int> ids = tk.encode(text, true);
+  ASSERT_GT(ids.size(), 64u);  // more than one prefill chunk
+  const auto last = s.embed(ids, runtime::Session::Pooling::kLast);
+  const auto mean = s.embed(ids, runtime::Session::Pooling::kMean);
+  EXPECT_EQ(s.embed(ids, runtime::Session::Pooling::kMean), mean);
+  EXPECT_EQ(s.pos(), 0);
+  const int dim = m.config().dim, V = m.config().vocab_size;
+  ASSERT_EQ(last.size(), static_cast<size_t>(dim));
+  auto norm = [](const std::vector<float>& v) {
+    double n = 0;
+    for (float x : v) n += static_cast<double>(x) * x;
+    return std::sqrt(n);
+  };
+  EXPECT_NEAR(norm(last), 1.0, 1e-5);
+  EXPECT_NEAR(norm(mean), 1.0, 1e-5);
+  double dot = 0;
+  for (int d = 0; d < dim; ++d) dot += static_cast<double>(last[d]) * mean[d];
+  EXPECT_LT(dot, 0.9999);
+  // W e_last is the last position's logits over |h|: the same direction.
+  std::vector<float> from_embedding(V);
+  model::classify(m, last.data(), 1, from_embedding.data(), nullptr);
+  const float* logits = s.prefill(ids);
+  double ab = 0, aa = 0, bb = 0;
+  for (int v = 0; v < V; ++v) {
+    ab += static_cast<double>(from_embedding[v]) * logits[v];
+    aa += static_cast<double>(from_embedding[v]) * from_embedding[v];
+    bb += static_cast<double>(logits[v]) * logits[v];
+  }
+  EXPECT_GT(ab / std::sqrt(aa * bb), 1.0 - 1e-6);
+  EXPECT_THROW(s.embed({}, runtime::Session::Pooling::kMean), Error);
+  EXPECT_THROW(s.embed(std::vector<int>(600, 5), runtime::Session::Pooling::kMean), Error);
+}
+
+TEST(ServerApi, EmbeddingsOverHttp) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto& tk = m.tokenizer();
+  runtime::SchedulerOptions so = test::kivi2_options(1, 4);
+  TestServer srv(so);
+  httplib::Client c = srv.client();
+  const std::string a = "Once upon a time", b = "The cat sat on the mat.";
+  const json r =
+      post_json(c, "/v1/embeddings", {{"input", json::array({a, b})}, {"model", "stories260K"}});
+  ASSERT_EQ(r["object"], "list") << r.dump();
+  ASSERT_EQ(r["data"].size(), 2u);
+  runtime::SessionOptions o;
+  o.threads = 1;
+  o.ctx = so.ctx;
+  o.cache = so.cache;
+  runtime::Session s(m, o);
+  int tokens = 0;
+  for (int i = 0; i < 2; ++i) {
+    const json& d = r["data"][i];
+    EXPECT_EQ(d["object"], "embedding");
+    EXPECT_EQ(d["index"], i);
+    const std::vector<int> ids = tk.encode(i == 0 ? a : b, tk.add_bos());
+    tokens += static_cast<int>(ids.size());
+    const auto want = s.embed(ids, runtime::Session::Pooling::kMean);
+    const auto got = d["embedding"].get<std::vector<float>>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t j = 0; j < got.size(); ++j) EXPECT_NEAR(got[j], want[j], 1e-5) << j;
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], tokens);
+  // One string, token ids and arrays of ids give the same vectors.
+  const std::vector<int> ids = tk.encode(a, tk.add_bos());
+  for (const json& input : {json(a), json(ids), json::array({ids})}) {
+    const json x = post_json(c, "/v1/embeddings", {{"input", input}});
+    ASSERT_EQ(x["data"].size(), 1u) << input.dump();
+    EXPECT_EQ(x["data"][0]["embedding"], r["data"][0]["embedding"]) << input.dump();
+  }
+  struct Case {
+    json body;
+    int status;
+    const char* param;
+  };
+  const Case cases[] = {
+      {json::object(), 400, "input"},
+      {{{"input", json::array()}}, 400, "input"},
+      {{{"input", 5}}, 400, "input"},
+      {{{"input", json::array({1, 99999})}}, 400, "input"},
+      {{{"input", json::array({json::array()})}}, 400, "input"},
+      {{{"input", "hi"}, {"dimensions", 8}}, 400, "dimensions"},
+      {{{"input", "hi"}, {"encoding_format", "base64"}}, 400, "encoding_format"},
+      {{{"input", "hi"}, {"model", "gpt-x"}}, 404, "model"},
+      {{{"input", std::string(4000, 'a')}}, 400, "input"},
+  };
+  for (const Case& k : cases) {
+    auto res = c.Post("/v1/embeddings", k.body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, k.status) << k.body.dump().substr(0, 80) << " " << res->body;
+    EXPECT_EQ(error_of(res)["param"], k.param) << k.body.dump().substr(0, 80);
+  }
 }
 
 }  // namespace

@@ -85,6 +85,10 @@ void add_serve_options(Args& a) {
   a.add("cors", 0, "ORIGIN",
         "Let web pages from ORIGIN ('*' for any, or e.g. http://localhost:3000) call the API: "
         "CORS headers on every response and answers to preflight requests. Default: off.");
+  a.add("pooling", 0, "HOW",
+        "Embeddings (/v1/embeddings): mean (the mean of every token's final hidden state) or "
+        "last (the last token's), each scaled to unit length.",
+        "mean");
   a.add("timeout", 0, "S",
         "Seconds a client may take to send a request or to read a response before it is dropped.",
         "10");
@@ -161,6 +165,9 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   o.cors_origin = a.str("cors");
   if (o.cors_origin.find_first_of("\r\n") != std::string::npos)
     fail("--cors '%s': an origin is one line", o.cors_origin.c_str());
+  o.pooling = a.str("pooling");
+  if (o.pooling != "mean" && o.pooling != "last")
+    fail("--pooling '%s': expected mean or last", o.pooling.c_str());
   o.read_timeout_s = o.write_timeout_s = static_cast<int>(a.integer("timeout", 1, 3600));
   return c;
 }

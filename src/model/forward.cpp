@@ -341,6 +341,13 @@ void forward(const Model& m, ForwardState& st, kv::KvCache& cache, const int* to
     check_finite_activations(m, st.x.data(), n, dim, l, pos0, tokens);
   }
   if (cp.comm) st.cp_pos += n;
+  if (opt.hidden) {
+    for (int i = 0; i < n; ++i) {
+      ops::rmsnorm(opt.hidden + static_cast<size_t>(i) * dim,
+                   st.x.data() + static_cast<size_t>(i) * dim, w.output_norm.data(), dim,
+                   c.norm_eps);
+    }
+  }
   if (!logits) return;
   const int first = all_logits ? 0 : n - 1;
   for (int i = first; i < n; ++i) {

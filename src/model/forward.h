@@ -84,6 +84,8 @@ struct ForwardOptions {
       nullptr;  // block-sparse attention for the layers it selects in, or null
   AttentionObserver* observer = nullptr;                  // or null
   attn::PrefillMode prefill = attn::PrefillMode::kTiled;  // how a chunk of tokens attends
+  // [n][dim]: every row's final hidden state after the output norm (embeddings), or null.
+  float* hidden = nullptr;
   // Context parallelism (model/context_parallel.h): the cache holds only this rank's
   // shard of the positions; cp.comm null: the whole context.
   CpShard cp;

@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -234,6 +235,35 @@ const float* Session::prefill(const std::vector<int>& tokens, float* all_logits)
   if (all_logits)
     std::memcpy(logits_.data(), all_logits + static_cast<size_t>(n - 1) * V, V * sizeof(float));
   return logits_.data();
+}
+
+std::vector<float> Session::embed(const std::vector<int>& tokens, Pooling pooling) {
+  const int n = static_cast<int>(tokens.size()), dim = m_.config().dim;
+  if (n == 0) fail("embedding: no tokens");
+  if (n > ctx_) fail("embedding: %d tokens exceed the context of %d", n, ctx_);
+  reset();
+  std::vector<double> sum(dim, 0.0);
+  std::vector<float> hidden(static_cast<size_t>(st_->max_batch) * dim), out(dim);
+  model::ForwardOptions fo = opt_.forward;
+  fo.hidden = hidden.data();
+  for (int i = 0, b = 0; i < n; i += b) {
+    b = std::min(st_->max_batch, n - i);
+    model::forward(m_, *st_, *cache_, tokens.data() + i, b, nullptr, false, pool_, fo);
+    for (int r = 0; r < b; ++r) {
+      const float* h = hidden.data() + static_cast<size_t>(r) * dim;
+      if (pooling == Pooling::kMean) {
+        for (int d = 0; d < dim; ++d) sum[d] += h[d];
+      } else if (i + r == n - 1) {
+        for (int d = 0; d < dim; ++d) sum[d] = h[d];
+      }
+    }
+  }
+  reset();
+  double norm = 0.0;
+  for (double x : sum) norm += x * x;
+  norm = std::sqrt(norm);
+  for (int d = 0; d < dim; ++d) out[d] = static_cast<float>(norm > 0 ? sum[d] / norm : 0.0);
+  return out;
 }
 
 const float* Session::decode(int token) {

@@ -85,6 +85,11 @@ class Session {
   // Feeds tokens (batched in chunks of max_batch) and returns the logits of the last
   // one. If all_logits is non-null it receives [n, vocab].
   const float* prefill(const std::vector<int>& tokens, float* all_logits = nullptr);
+  // An embedding of `tokens`: the final hidden states (after the output norm) pooled by
+  // their mean or the last token's, scaled to unit length. Runs from an empty cache and
+  // leaves it empty; throws kivi::Error for no tokens or more than the context.
+  enum class Pooling { kMean, kLast };
+  std::vector<float> embed(const std::vector<int>& tokens, Pooling pooling);
   // Feeds one token and returns its logits [vocab].
   const float* decode(int token);
   // Empties the cache.

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/token_api.h"
+#include "server/embeddings.h"
 #include "server/connection.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -125,6 +126,7 @@ class HttpServer::Impl {
   void add_checks();       // the body's length and the API key, from the headers
   void add_info_routes();  // /health, /metrics, /v1/models, /tokenize, /detokenize
   void add_generation_routes(const ApiContext& ctx);  // completions and chat completions
+  void add_embedding_routes(const ApiContext& ctx);   // /v1/embeddings
   void add_error_handlers();  // error objects for the library's own statuses; counters
 
  private:
@@ -168,6 +170,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   impl_->add_checks();
   impl_->add_info_routes();
   impl_->add_generation_routes(ctx);
+  impl_->add_embedding_routes(ctx);
   impl_->add_error_handlers();
 }
 
@@ -440,6 +443,36 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
   });
   h.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
     generate(Endpoint::kChat, req, res);
+  });
+}
+
+void HttpServer::Impl::add_embedding_routes(const ApiContext& ctx) {
+  http.Post("/v1/embeddings", [this, ctx](const httplib::Request& req, httplib::Response& res) {
+    try {
+      const std::vector<std::vector<int>> inputs = parse_embeddings_request(req.body, ctx);
+      std::lock_guard<std::mutex> lock(s_.embed_mu_);
+      if (!s_.embedder_) {
+        const runtime::SchedulerOptions& so = s_.sched_.options();
+        runtime::SessionOptions eo;
+        eo.ctx = so.ctx;
+        eo.threads = so.threads;
+        eo.cache = so.cache;
+        s_.embedder_ = std::make_unique<runtime::Session>(s_.sched_.model(), eo);
+      }
+      const auto pooling = s_.opt_.pooling == "last" ? runtime::Session::Pooling::kLast
+                                                     : runtime::Session::Pooling::kMean;
+      std::vector<std::vector<float>> out;
+      int tokens = 0;
+      for (const auto& ids : inputs) {
+        out.push_back(s_.embedder_->embed(ids, pooling));
+        tokens += static_cast<int>(ids.size());
+      }
+      res.set_content(embeddings_body(out, ctx.model_id, tokens), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, ApiError(500, std::string("embedding failed: ") + e.what()));
+    }
   });
 }
 

@@ -15,9 +15,11 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "runtime/scheduler.h"
+#include "runtime/session.h"
 #include "server/messages.h"
 #include "server/metrics.h"
 
@@ -33,10 +35,11 @@ struct ServerOptions {
   // CORS: "" (default) sends no CORS headers and answers no preflight; "*" or an origin
   // ("http://localhost:3000") lets web pages of that origin call the API.
   std::string cors_origin;
-  int read_timeout_s = 10;   // receiving a request
-  int write_timeout_s = 10;  // a client that stops reading
-  int keep_alive_s = 5;      // an idle connection between requests
-  int http_threads = 0;      // 0: slots + min(queue, 256) + 8
+  int read_timeout_s = 10;       // receiving a request
+  int write_timeout_s = 10;      // a client that stops reading
+  int keep_alive_s = 5;          // an idle connection between requests
+  int http_threads = 0;          // 0: slots + min(queue, 256) + 8
+  std::string pooling = "mean";  // embeddings: "mean" or "last" (server/embeddings.h)
 };
 
 class HttpServer {
@@ -66,6 +69,10 @@ class HttpServer {
   std::atomic<bool> stopping_{false};
   std::atomic<int> in_flight_{0};  // generation requests whose responses have not ended
   int port_ = -1;
+  // Embeddings run on a session of their own (the scheduler's cache format and threads),
+  // made on the first request, one request at a time.
+  std::mutex embed_mu_;
+  std::unique_ptr<runtime::Session> embedder_;
   std::unique_ptr<Impl> impl_;
 };
 
