@@ -1,6 +1,8 @@
-// OpenAI request bodies: the first byte picks the endpoint (completions or chat), the
-// rest is the body. Every input must give a request within the context or an ApiError;
-// anything else (a crash, a sanitizer report, another exception) is a failure.
+// Request bodies of the server: the first byte picks the endpoint (bits 1-2: 0 the
+// OpenAI generation endpoints, bit 0 completions or chat; 2 /tokenize, 4 /detokenize,
+// 6 /v1/embeddings), the rest is the body. Every input must give a request within the
+// context (ids within the vocabulary) or an ApiError; anything else (a crash, a
+// sanitizer report, another exception) is a failure.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -8,8 +10,10 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/embeddings.h"
 #include "server/messages.h"
 #include "server/openai_request.h"
+#include "server/token_api.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -56,6 +60,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto e = data[0] & 1 ? kivi::server::Endpoint::kChat : kivi::server::Endpoint::kCompletions;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
+    switch (data[0] & 6) {
+      case 2:
+        (void)kivi::server::tokenize_body(body, tokenizer());
+        return 0;
+      case 4:
+        (void)kivi::server::detokenize_body(body, tokenizer());
+        return 0;
+      case 6: {
+        for (const auto& ids : kivi::server::parse_embeddings_request(body, ctx)) {
+          if (ids.empty() || static_cast<int>(ids.size()) > ctx.ctx) __builtin_trap();
+          for (int id : ids) {
+            if (id < 0 || id >= tokenizer().vocab_size()) __builtin_trap();
+          }
+        }
+        return 0;
+      }
+      default:
+        break;
+    }
     const auto r = kivi::server::parse_request(e, body, ctx);
     const int n = static_cast<int>(r.gen.prompt.size());
     if (n < 1 || n >= ctx.ctx || r.gen.max_tokens < 1 || n + r.gen.max_tokens > ctx.ctx)

@@ -183,13 +183,19 @@ def write_bpe(folder):
 
 
 def write_openai(folder):
-    """fuzz_openai_request seeds: byte 0 picks the endpoint (0 completions, 1 chat)."""
+    """fuzz_openai_request seeds: byte 0 picks the endpoint (0 completions, 1 chat,
+    2 /tokenize, 4 /detokenize, 6 /v1/embeddings)."""
     seeds = [
         (0, {"model": "m", "prompt": "a the", "max_tokens": 5, "temperature": 0.5, "stop": ["\n", "User:"]}),
         (0, {"prompt": [1, 200, 40], "stream": True, "stream_options": {"include_usage": True}, "seed": 7}),
         (1, {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
                           {"role": "assistant", "content": [{"type": "text", "text": "b"}]},
                           {"role": "user", "content": "c"}], "max_completion_tokens": 9, "top_p": 0.9}),
+        (1, {"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 3}),
+        (0, {"prompt": "a", "logprobs": 2, "max_tokens": 3}),
+        (2, {"content": "a the User:", "add_special": True, "with_pieces": True}),
+        (4, {"tokens": [1, 200, 40, 262]}),
+        (6, {"input": ["a the", [1, 200, 40]], "model": "m", "encoding_format": "float"}),
     ]
     for i, (endpoint, body) in enumerate(seeds):
         with open(os.path.join(folder, f"req{i}.bin"), "wb") as f:
