@@ -559,8 +559,12 @@ int HttpServer::bind() {
 }
 
 void HttpServer::run() {
-  if (port_ < 0) bind();
-  impl_->http.listen_after_bind();
+  run_started_ = true;
+  if (!stopping_) {
+    if (port_ < 0) bind();
+    impl_->http.listen_after_bind();
+  }
+  run_done_ = true;
 }
 
 void HttpServer::stop() {
@@ -570,7 +574,15 @@ void HttpServer::stop() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (impl_) impl_->http.stop();
+  if (!impl_) return;
+  impl_->http.stop();
+  // The library's stop() does nothing before its listener runs: a stop that came while
+  // run() was starting would leave it accepting forever. Stop again until run() returns
+  // (run() itself returns at once when it starts after the stop).
+  while (run_started_ && !run_done_) {
+    if (impl_->http.is_running()) impl_->http.stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace kivi::server

@@ -67,6 +67,7 @@ class HttpServer {
   std::unique_ptr<ChatFormatter> chat_;
   HttpCounters counters_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> run_started_{false}, run_done_{false};  // run() entered, returned
   std::atomic<int> in_flight_{0};  // generation requests whose responses have not ended
   int port_ = -1;
   // Embeddings run on a session of their own (the scheduler's cache format and threads),
