@@ -25,6 +25,7 @@
 #include "attn/prefill.h"
 #include "attn/rope-inl.h"
 #include "attn/softmax-inl.h"
+#include "attn/stage-inl.h"
 
 #ifndef KIVI_ATTN_PREFILL_LAYOUT_ONCE
 #define KIVI_ATTN_PREFILL_LAYOUT_ONCE
@@ -66,51 +67,6 @@ namespace {
 
 constexpr int J = kPrefillKeys;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Stored tokens [t0, t0 + n) of head h (one block) dequantized into out[n][D].
-// ps, pz: [J][D] parameter staging; sp, zp: [D]; rs: [J].
-void StageStored(const kv::StreamView& s, int h, int t0, int n, float* out, float* ps, float* pz,
-                 float* sp, float* zp, float* rs) {
-  const int D = s.head_dim;
-  switch (s.fmt.format) {
-    case kv::Format::kF32:
-      StageRows(reinterpret_cast<const float*>(s.row(t0, h)), s.token_stride / 4, n, D, out);
-      return;
-    case kv::Format::kF16:
-      StageRows(reinterpret_cast<const f16_t*>(s.row(t0, h)), s.token_stride / 2, n, D, out);
-      return;
-    case kv::Format::kInt8: {
-      const bool grp = s.fmt.granularity == kv::Int8Granularity::kGroup;
-      LoadInt8Scales(s, t0, h, n, rs, ps);
-      DequantInt8(reinterpret_cast<const int8_t*>(s.row(t0, h)), s.token_stride, n, D, rs,
-                  grp ? ps : nullptr, s.group, grp ? D / s.group : 0, out);
-      return;
-    }
-    default:
-      break;
-  }
-  const int bits = kv::format_bits(s.fmt.format);
-  if (s.per_channel) {  // KIVI keys: group by group, each with its D scales and zeros
-    const int G = s.group;
-    for (int g0 = t0; g0 < t0 + n;) {
-      const int g1 = std::min(t0 + n, (g0 / G + 1) * G);
-      const size_t pi = s.group_params(g0, h);
-      LoadParams(s, pi, D, sp);
-      LoadParams(s, pi, D, zp, true);
-      DequantKiviKeys(s.group_codes(g0, h), G, g0 % G, g1 - g0, D, bits, sp, zp,
-                      out + static_cast<size_t>(g0 - t0) * D);
-      g0 = g1;
-    }
-    return;
-  }
-  // KIVI values: per-token parameters per group of Gc channels.
-  const int Gc = s.group, NG = D / Gc;
-  const size_t pi = s.param_base(t0, h) + static_cast<size_t>(t0 % s.block) * NG;
-  LoadParams(s, pi, n * NG, ps);
-  LoadParams(s, pi, n * NG, pz, true);
-  DequantKiviValues(s.quad_row(t0, h), t0 % 4, n, D, bits, Gc, ps, pz, static_cast<size_t>(NG),
-                    out);
-}
 
 // Full-precision rows of tokens [t0, t0 + n) of head h into out[n][D] (zeros before
 // the chunk's first full-precision row: no query reads them in this form).

@@ -32,6 +32,7 @@
 #include "attn/prefetch.h"
 #include "attn/rope-inl.h"
 #include "attn/softmax-inl.h"
+#include "attn/stage-inl.h"
 #include "attn/task.h"
 #include "attn/vec-inl.h"
 
@@ -152,46 +153,12 @@ void PrefetchParams(const Task& k, const kv::StreamView& st, int t, int end) {
 
 // --- 1. Scores ---------------------------------------------------------------------
 
-// The stored KIVI keys [t0, t0 + n) dequantized into kbuf, group by group.
-void StageKiviKeys(Task& k, int t0, int n) {
-  const kv::StreamView& K = k.K;
-  const int G = K.group, D = k.D, kbits = kv::format_bits(K.fmt.format);
-  for (int g0 = t0; g0 < t0 + n;) {
-    const int g1 = std::min(t0 + n, (g0 / G + 1) * G);
-    const size_t pi = K.group_params(g0, k.h);
-    LoadParams(K, pi, D, k.sp);
-    LoadParams(K, pi, D, k.zp, true);
-    DequantKiviKeys(K.group_codes(g0, k.h), G, g0 % G, g1 - g0, D, kbits, k.sp, k.zp,
-                    k.kbuf + static_cast<size_t>(g0 - t0) * D);
-    g0 = g1;
-  }
-}
-
 // Keys stored before RoPE: the stored keys [t0, t0 + n) (one tile, within one block)
 // dequantized into kbuf, rotated by their positions, and scored against every query
 // head of the KV head (one rotation serves all of them).
 void ScoreStoredTilePreRope(Task& k, int t0, int n, Prefetcher& pf) {
-  const kv::StreamView& K = k.K;
-  const int D = k.D, h = k.h;
-  switch (K.fmt.format) {
-    case kv::Format::kF32:
-      StageRows(reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, D, k.kbuf);
-      break;
-    case kv::Format::kF16:
-      StageRows(reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, D, k.kbuf);
-      break;
-    case kv::Format::kInt8: {
-      const bool grp = K.fmt.granularity == kv::Int8Granularity::kGroup;
-      LoadInt8Scales(K, t0, h, n, k.rs, k.vs);
-      DequantInt8(reinterpret_cast<const int8_t*>(K.row(t0, h)), K.token_stride, n, D, k.rs,
-                  grp ? k.vs : nullptr, K.group, grp ? D / K.group : 0, k.kbuf);
-      break;
-    }
-    default: {
-      StageKiviKeys(k, t0, n);
-      break;
-    }
-  }
+  const int D = k.D;
+  StageStored(k.K, k.h, t0, n, k.kbuf, k.vs, k.vz, k.sp, k.zp, k.rs);
   RotateRows(k.kbuf, n, D, k.a.rope + static_cast<size_t>(t0) * D, k.a.rope_style);
   DotRows(k.qn, k.rep, D, k.kbuf, static_cast<size_t>(D), n, k.scores(t0), k.ld, pf);
 }
@@ -234,7 +201,7 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
       return;
     }
     default: {  // KIVI keys the group kernels do not take: staged group by group
-      StageKiviKeys(k, t0, n);
+      StageStored(K, h, t0, n, k.kbuf, k.vs, k.vz, k.sp, k.zp, k.rs);
       DotRows(k.qn, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
       return;
     }
