@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 namespace kivi::runtime {
 
@@ -31,16 +30,19 @@ TokenLogprob token_logprob(const float* logits, int vocab, int token, int top_k)
   TokenLogprob r;
   r.token = token;
   r.logprob = static_cast<float>(logits[token] - log_z);
+  // The top k by insertion into a list of at most k (k <= 20 from the server): one pass
+  // over the logits, no allocation beyond the result.
   const int k = std::clamp(top_k, 0, vocab);
-  if (k > 0) {
-    std::vector<int> ids(vocab);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    for (int i = 0; i < k; ++i)
-      r.top.emplace_back(ids[i], static_cast<float>(logits[ids[i]] - log_z));
+  r.top.reserve(static_cast<size_t>(k));
+  for (int i = 0; i < vocab && k > 0; ++i) {
+    const float x = logits[i];
+    if (static_cast<int>(r.top.size()) == k && x <= logits[r.top.back().first]) continue;
+    if (static_cast<int>(r.top.size()) == k) r.top.pop_back();
+    auto at = r.top.end();
+    while (at != r.top.begin() && logits[(at - 1)->first] < x) --at;  // ties: the lower id first
+    r.top.insert(at, {i, x});
   }
+  for (auto& [id, v] : r.top) v = static_cast<float>(logits[id] - log_z);
   return r;
 }
 

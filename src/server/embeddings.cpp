@@ -1,10 +1,9 @@
 #include "server/embeddings.h"
 
-#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
-#include "tokenizer/unicode.h"
+#include "server/json_body.h"
 
 namespace kivi::server {
 
@@ -16,29 +15,12 @@ using nlohmann::json;
   throw ApiError(400, message, param);
 }
 
-// Token ids of one input given as ids, each checked.
-std::vector<int> ids_of(const json& a, const std::string& where, int vocab) {
-  std::vector<int> ids;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const json& v = a[i];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
-      bad("input", "'" + where + "[" + std::to_string(i) + "]' must be a token id from 0 to " +
-                       std::to_string(vocab - 1));
-    }
-    ids.push_back(static_cast<int>(v.get<int64_t>()));
-  }
-  return ids;
-}
-
 }  // namespace
 
 std::vector<std::vector<int>> parse_embeddings_request(const std::string& text,
                                                        const ApiContext& ctx) {
   const tok::Tokenizer& tk = *ctx.tokenizer;
-  if (!tok::utf8_is_valid(text)) throw ApiError(400, "the request body is not valid UTF-8");
-  const json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
-  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  const json body = json_object_body(text);
   if (body.contains("model") && !body["model"].is_null()) {
     if (!body["model"].is_string()) bad("model", "'model' must be a string");
     if (body["model"].get<std::string>() != ctx.model_id) {
@@ -61,7 +43,7 @@ std::vector<std::vector<int>> parse_embeddings_request(const std::string& text,
   if (it->is_string()) {
     out.push_back(text_ids(it->get<std::string>()));
   } else if (it->is_array() && !it->empty() && (*it)[0].is_number()) {
-    out.push_back(ids_of(*it, "input", V));
+    out.push_back(token_ids(*it, "input", "input", V));
   } else if (it->is_array() && !it->empty()) {
     for (size_t i = 0; i < it->size(); ++i) {
       const json& x = (*it)[i];
@@ -69,7 +51,7 @@ std::vector<std::vector<int>> parse_embeddings_request(const std::string& text,
       if (x.is_string()) {
         out.push_back(text_ids(x.get<std::string>()));
       } else if (x.is_array()) {
-        out.push_back(ids_of(x, where, V));
+        out.push_back(token_ids(x, where, "input", V));
       } else {
         bad("input", "'" + where + "' must be a string or an array of token ids");
       }

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/json_body.h"
 #include "tokenizer/unicode.h"
 
 namespace kivi::server {
@@ -182,12 +183,7 @@ std::vector<ChatMessage> chat_messages(const json& body) {
 
 ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiContext& ctx) {
   const tok::Tokenizer& tk = *ctx.tokenizer;
-  if (!tok::utf8_is_valid(body_text)) throw ApiError(400, "the request body is not valid UTF-8");
-  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
-  if (!body.is_object())
-    throw ApiError(400,
-                   std::string("the request body must be a JSON object, not ") + type_name(body));
+  json body = json_object_body(body_text, type_name);
 
   ParsedRequest r;
   r.endpoint = e;

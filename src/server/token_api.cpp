@@ -1,10 +1,10 @@
 #include "server/token_api.h"
 
-#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "server/api_error.h"
+#include "server/json_body.h"
 #include "tokenizer/unicode.h"
 
 namespace kivi::server {
@@ -12,15 +12,6 @@ namespace kivi::server {
 namespace {
 
 using nlohmann::json;
-
-// The body as a JSON object.
-json object_body(const std::string& text) {
-  if (!tok::utf8_is_valid(text)) throw ApiError(400, "the request body is not valid UTF-8");
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
-  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  return body;
-}
 
 bool flag(const json& body, const char* name, bool fallback) {
   const auto it = body.find(name);
@@ -34,7 +25,7 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 }  // namespace
 
 std::string tokenize_body(const std::string& text, const tok::Tokenizer& t) {
-  const json body = object_body(text);
+  const json body = json_object_body(text);
   const auto it = body.find("content");
   if (it == body.end() || it->is_null())
     throw ApiError(400, "'content' is required: the text to tokenize", "content");
@@ -65,23 +56,12 @@ std::string tokenize_body(const std::string& text, const tok::Tokenizer& t) {
 }
 
 std::string detokenize_body(const std::string& text, const tok::Tokenizer& t) {
-  const json body = object_body(text);
+  const json body = json_object_body(text);
   const auto it = body.find("tokens");
   if (it == body.end() || it->is_null())
     throw ApiError(400, "'tokens' is required: an array of token ids", "tokens");
   if (!it->is_array()) throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
-  std::vector<int> ids;
-  ids.reserve(it->size());
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& v = (*it)[i];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= t.vocab_size()) {
-      throw ApiError(400,
-                     "'tokens[" + std::to_string(i) + "]' must be a token id from 0 to " +
-                         std::to_string(t.vocab_size() - 1),
-                     "tokens");
-    }
-    ids.push_back(static_cast<int>(v.get<int64_t>()));
-  }
+  const std::vector<int> ids = token_ids(*it, "tokens", "tokens", t.vocab_size());
   return dump(json{{"content", t.decode_all(ids)}});
 }
 
