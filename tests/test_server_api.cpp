@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/prefill.h"
 #include "model/tensor_parallel.h"
 #include "runtime/request.h"
 #include "runtime/session.h"
@@ -376,6 +377,50 @@ TEST(ServerApi, EmbeddingsOverHttp) {
     EXPECT_EQ(res->status, k.status) << k.body.dump().substr(0, 80) << " " << res->body;
     EXPECT_EQ(error_of(res)["param"], k.param) << k.body.dump().substr(0, 80);
   }
+}
+
+// The next turn of a chat resumes the previous one's kept cache: usage reports the cached
+// prompt tokens, /metrics counts the hit, and the answer is the one a server without the
+// prefix cache gives.
+TEST(ServerApi, ChatTurnsResumeFromThePrefixCache) {
+  KIVI_REQUIRE_MODEL();
+  std::vector<std::string> answers[2];
+  json last_usage;
+  std::string metrics;
+  for (const bool cache : {true, false}) {
+    runtime::SchedulerOptions so = test::kivi2_options(2, 4);
+    so.prefix_cache = cache;
+    so.forward.prefill = attn::PrefillMode::kStream;  // bit for bit: the same answers
+    TestServer s(so);
+    httplib::Client c = s.client();
+    json messages = json::array({{{"role", "user"}, {"content", "Tell me a story about a cat."}}});
+    for (int turn = 0; turn < 3; ++turn) {
+      const json r = post_json(c, "/v1/chat/completions",
+                               {{"messages", messages}, {"max_tokens", 16}, {"temperature", 0}});
+      const std::string answer = r["choices"][0]["message"]["content"].get<std::string>();
+      answers[cache ? 0 : 1].push_back(answer);
+      const json& u = r["usage"];
+      const int cached = u["prompt_tokens_details"]["cached_tokens"].get<int>();
+      if (!cache || turn == 0) {
+        EXPECT_EQ(cached, 0) << r.dump();
+      } else {
+        // Most of the prompt: everything but the new message and whatever of the
+        // previous answer re-tokenizes differently.
+        EXPECT_GT(cached, u["prompt_tokens"].get<int>() / 2) << r.dump();
+        EXPECT_LT(cached, u["prompt_tokens"].get<int>()) << r.dump();
+      }
+      messages.push_back({{"role", "assistant"}, {"content", answer}});
+      messages.push_back({{"role", "user"}, {"content", turn == 0 ? "And then?" : "The end."}});
+    }
+    if (cache) {
+      ASSERT_TRUE(s.wait_for([](const runtime::SchedulerStats& st) { return st.active == 0; }));
+      metrics = c.Get("/metrics")->body;
+    }
+  }
+  EXPECT_EQ(answers[0], answers[1]);
+  EXPECT_NE(metrics.find("kivi_prefix_cache_queries_total 3"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kivi_prefix_cache_hits_total 2"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kivi_prefix_cache_sequences 1"), std::string::npos) << metrics;
 }
 
 }  // namespace

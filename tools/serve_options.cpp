@@ -74,6 +74,11 @@ void add_serve_options(Args& a) {
         "tokens.");
   a.add("prefill-chunk", 0, "N",
         "Prompt tokens processed per step (beside the decoding sequences' tokens).", "64");
+  a.add("prefix-cache", 0, "on|off",
+        "Keep each ended request's KV cache for later prompts that start with its tokens (the "
+        "next turn of a chat) and start requests after cached blocks of a shared prompt prefix; "
+        "kept caches are evicted, least recently used first, when memory or a slot is needed.",
+        "on");
   a.add("api-key", 0, "KEY",
         "Require 'Authorization: Bearer KEY' on /v1/* and /metrics. Default: $KIVI_API_KEY.");
   a.add("alias", 0, "NAME",
@@ -123,6 +128,9 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   s.parallel = static_cast<int>(a.integer("parallel", 1, 4096));
   s.queue = static_cast<int>(a.integer("queue", 0, 1 << 20));
   s.prefill_chunk = static_cast<int>(a.integer("prefill-chunk", 1, 1 << 16));
+  const std::string pc = a.str("prefix-cache");
+  if (pc != "on" && pc != "off") fail("--prefix-cache '%s': expected on or off", pc.c_str());
+  s.prefix_cache = pc == "on";
   if (a.given("kv-budget")) {
     const KvBudget b = parse_kv_budget(a.str("kv-budget"));
     s.kv_budget_bytes = b.bytes;

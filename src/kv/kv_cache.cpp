@@ -123,6 +123,33 @@ int KvCache::share_prefix(const int* tokens, int n) {
   return b;
 }
 
+bool KvCache::resumes_at_blocks() const {
+  return !cfg_.has_residual() || (cfg_.residual == 0 && block_ % cfg_.group_size == 0);
+}
+
+void KvCache::assume_shared(int n) {
+  if (n == 0) return;
+  if (!resumes_at_blocks())
+    fail("assume_shared: a cache with a residual window holds more than its blocks");
+  if (layers_[first_stored_].n != 0) fail("assume_shared: the cache is not empty");
+  if (n < 0 || n % block_ != 0 || n > published_ * block_) {
+    fail("assume_shared: %d tokens are not whole shared blocks (%d of %d tokens mapped)", n,
+         published_, block_);
+  }
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owner_[l] != l) continue;
+    Layer& L = layers_[l];
+    L.n = n;
+    L.k.n_stored = L.v.n_stored = n;
+  }
+}
+
+void KvCache::release_reservation() {
+  if (!shares_pool()) return;
+  pool_->unreserve(reservation_);
+  reservation_ = 0;
+}
+
 bool KvCache::reserve(int n_tokens) {
   if (!shares_pool()) return n_tokens <= cfg_.ctx;
   if (n_tokens > cfg_.ctx) return false;

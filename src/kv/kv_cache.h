@@ -267,9 +267,20 @@ class KvCache {
   // cache only; the tokens must be fed afterwards as usual). Returns the number of
   // blocks mapped.
   int share_prefix(const int* tokens, int n);
+  // Whether the published blocks alone hold the whole state at a block boundary, so
+  // that a sequence can start after them without computing them: true without a
+  // residual window (f32, f16, int8, KIVI with R = 0, whose key groups divide a block).
+  bool resumes_at_blocks() const;
+  // Takes the first n tokens (a multiple of the block size, within the blocks
+  // share_prefix mapped) as fed in every layer, without appending them: their stored
+  // contents are what appending them would write. Needs resumes_at_blocks().
+  void assume_shared(int n);
   // Reserves the blocks needed to grow to n_tokens; false (and nothing reserved) if
   // the pool cannot promise them.
   bool reserve(int n_tokens);
+  // Gives back what is reserved and not yet drawn (a sequence that stops growing but
+  // keeps its tokens).
+  void release_reservation();
   // Maps the logical blocks that tokens [0, n_tokens) fall in (before a step that
   // appends from several threads, so that no append allocates).
   void map_blocks(int n_tokens);

@@ -59,11 +59,12 @@ RequestHandle::Update RequestHandle::wait(std::chrono::milliseconds timeout) {
   return u;
 }
 
-void RequestHandle::admitted(int shared_prompt_tokens) {
+void RequestHandle::admitted(int shared_prompt_tokens, int cached_prompt_tokens) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_.admitted = true;
     state_.shared_prompt_tokens = shared_prompt_tokens;
+    state_.cached_prompt_tokens = cached_prompt_tokens;
     changed_ = true;
   }
   cv_.notify_all();

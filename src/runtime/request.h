@@ -57,6 +57,7 @@ class RequestHandle {
     int prompt_tokens = 0;
     int completion_tokens = 0;
     int shared_prompt_tokens = 0;  // prompt tokens whose storage is shared with other sequences
+    int cached_prompt_tokens = 0;  // prompt tokens taken from the prefix cache, not prefilled
     std::string error;
   };
 
@@ -69,7 +70,7 @@ class RequestHandle {
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   // Scheduler side.
-  void admitted(int shared_prompt_tokens);
+  void admitted(int shared_prompt_tokens, int cached_prompt_tokens = 0);
   // New text (possibly empty) and, if token >= 0, the token just generated.
   // `lp`: its log-probability, when the request asked.
   void push(const std::string& text, int token, int completion_tokens,

@@ -173,6 +173,50 @@ int Scheduler::prune_live_locked() const {
   return cancelling;
 }
 
+int Scheduler::pick_slot(const std::vector<int>& prompt, int* resume) const {
+  const int n = static_cast<int>(prompt.size());
+  int best = -1, empty = -1, lru = -1;
+  *resume = 0;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    const Slot& s = slots_[i];
+    if (s.active()) continue;
+    if (!s.kept()) {
+      if (empty < 0) empty = i;
+      continue;
+    }
+    if (lru < 0 || s.last_used < slots_[lru].last_used) lru = i;
+    // The prompt must go on past the kept tokens: its last token's logits come from
+    // feeding it.
+    if (s.fed < n && s.fed > *resume &&
+        std::equal(s.tokens.begin(), s.tokens.begin() + s.fed, prompt.begin())) {
+      best = i;
+      *resume = s.fed;
+    }
+  }
+  if (best >= 0) return best;
+  return empty >= 0 ? empty : lru;
+}
+
+void Scheduler::clear_slot(int i) {
+  Slot& s = slots_[i];
+  s.cache->clear();
+  s.tokens.clear();
+  s.fed = 0;
+  note({kClear, i});
+}
+
+bool Scheduler::evict_one(int except) {
+  int lru = -1;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    if (i == except || !slots_[i].kept()) continue;
+    if (lru < 0 || slots_[i].last_used < slots_[lru].last_used) lru = i;
+  }
+  if (lru < 0) return false;
+  clear_slot(lru);
+  ++stats_.prefix_evictions;
+  return true;
+}
+
 bool Scheduler::admit_locked() {
   bool any = false;
   while (!queue_.empty()) {
@@ -183,42 +227,56 @@ bool Scheduler::admit_locked() {
       queue_.pop_front();
       continue;
     }
-    Slot* free_slot = nullptr;
-    for (Slot& s : slots_) {
-      if (!s.active()) {
-        free_slot = &s;
-        break;
-      }
-    }
-    if (!free_slot) break;
-    Slot& s = *free_slot;
+    int resume = 0;
+    const int slot = pick_slot(w.params.prompt, &resume);
+    if (slot < 0) break;
+    Slot& s = slots_[slot];
     const int n = static_cast<int>(w.params.prompt.size());
-    const int slot = static_cast<int>(free_slot - slots_.data());
-    const int shared = s.cache->share_prefix(w.params.prompt.data(), n);
-    note({kShare, slot, n});
-    note_tokens(w.params.prompt.data(), n);
-    note({shared});
-    const bool reserved = s.cache->reserve(n + w.params.max_tokens);
+    const int B = plan_.block_tokens;
+    int shared = 0, cached = resume;
+    if (resume == 0) {
+      if (s.kept()) {
+        clear_slot(slot);
+        ++stats_.prefix_evictions;
+      }
+      shared = s.cache->share_prefix(w.params.prompt.data(), n);
+      // Start after the shared blocks when they hold the whole state, leaving at least
+      // the prompt's last token to feed.
+      if (opt_.prefix_cache && s.cache->resumes_at_blocks())
+        cached = std::min(shared * B, (n - 1) / B * B);
+      s.cache->assume_shared(cached);
+      note({kShare, slot, n});
+      note_tokens(w.params.prompt.data(), n);
+      note({shared, cached});
+    }
+    // Kept sequences give their blocks up, least recently used first, when this one
+    // needs them.
+    bool reserved = s.cache->reserve(n + w.params.max_tokens);
+    while (!reserved && evict_one(slot)) reserved = s.cache->reserve(n + w.params.max_tokens);
     note({kReserve, slot, n + w.params.max_tokens, reserved ? 1 : 0});
     if (!reserved) {
-      s.cache->clear();
-      note({kClear, slot});
+      if (resume == 0) clear_slot(slot);  // a kept sequence stays kept
       break;  // first come, first served: later requests wait behind this one
     }
     s.params = std::move(w.params);
     s.req = std::move(w.req);
     queue_.pop_front();
     s.tokens.assign(s.params.prompt.begin(), s.params.prompt.end());
-    s.fed = 0;
+    s.fed = cached;
     s.n_prompt = n;
     s.n_generated = 0;
     s.order = next_order_++;
     s.gen =
         std::make_unique<Continuation>(m_.tokenizer(), s.params.options(), s.params.prompt.back());
     s.gen->sampler().observe_prompt(s.params.prompt);
-    s.req->admitted(shared * plan_.block_tokens);
+    s.req->admitted(resume > 0 ? std::min(n, s.cache->blocks_shared() * B) : shared * B, cached);
     ++stats_.admitted;
     stats_.prompt_tokens += n;
+    if (opt_.prefix_cache) {
+      ++stats_.prefix_queries;
+      stats_.prefix_hits += cached > 0;
+      stats_.prefill_tokens_saved += static_cast<uint64_t>(cached);
+    }
     any = true;
   }
   return any;
@@ -232,10 +290,18 @@ void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
   }
   s.req->finish(r, s.n_generated, error);
   s.req.reset();
-  s.cache->clear();
-  note({kClear, static_cast<int32_t>(&s - slots_.data())});
   s.gen.reset();
+  const int slot = static_cast<int>(&s - slots_.data());
   std::lock_guard<std::mutex> lock(mu_);
+  if (opt_.prefix_cache && (r == FinishReason::kStop || r == FinishReason::kLength) && s.fed > 0) {
+    // Kept: the cache holds tokens[0, fed) (not the last sampled token, never fed).
+    s.tokens.resize(s.fed);
+    s.cache->release_reservation();
+    s.last_used = ++use_clock_;
+    note({kKeep, slot});
+  } else {
+    clear_slot(slot);
+  }
   if (r == FinishReason::kCancelled) {
     ++stats_.cancelled;
   } else if (r == FinishReason::kError) {
@@ -334,9 +400,14 @@ void Scheduler::publish_stats() {
 }
 
 void Scheduler::publish_stats_locked() {
-  int active = 0, prefilling = 0;
-  int64_t tokens = 0;
+  int active = 0, prefilling = 0, kept = 0, kept_blocks = 0;
+  int64_t tokens = 0, kept_tokens = 0;
   for (const Slot& s : slots_) {
+    if (s.kept()) {
+      ++kept;
+      kept_blocks += s.cache->blocks_mapped();
+      kept_tokens += s.fed;
+    }
     if (!s.active()) continue;
     ++active;
     prefilling += s.prefilling();
@@ -348,6 +419,9 @@ void Scheduler::publish_stats_locked() {
   const double f16 =
       static_cast<double>(tokens) * c.n_layers * 2.0 * c.n_kv_heads * c.head_dim * 2.0;
   stats_.active = active;
+  stats_.cached_sequences = kept;
+  stats_.cached_blocks = kept_blocks;
+  stats_.cached_tokens = kept_tokens;
   stats_.prefilling = prefilling;
   stats_.tokens_held = tokens;
   stats_.blocks_used = blocks_->used_blocks();

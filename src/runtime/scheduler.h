@@ -10,8 +10,19 @@
 // maps instead). The queue is bounded; a full queue refuses new requests.
 //
 // A sequence ends at an end-of-text token (EOS, BOS, or a chat format's end marker), a
-// stop string, max_tokens, or when its client cancels; its blocks and reservation go
-// back to the pool at once.
+// stop string, max_tokens, or when its client cancels; its reservation goes back to the
+// pool at once, and its blocks too unless the prefix cache keeps them.
+//
+// Prefix cache (SchedulerOptions::prefix_cache): a sequence that ends normally keeps
+// its cache in its slot (every layer's blocks and the KIVI residual window: the exact
+// state after its last token). A request whose prompt starts with all of a kept
+// sequence's tokens takes that slot and prefills only the rest (a multi-turn chat
+// resumes after its previous turn); otherwise it takes an empty slot, else the least
+// recently used kept one. A request in a fresh slot also starts after the published
+// blocks of an identical prompt prefix (a shared system prompt) when those blocks hold
+// the whole state (formats without a residual window, kv::KvCache::resumes_at_blocks).
+// Kept sequences are evicted, least recently used first, when admission needs their
+// blocks. Either way the logits are those of a cold prefill of the whole prompt.
 //
 // Under tensor parallelism (SchedulerOptions::link) one leader schedules and every
 // follower repeats its steps over its own shares of the weights and caches
@@ -49,7 +60,8 @@ struct SchedulerOptions {
   int64_t kv_budget_tokens = 0;  // or: the pool's size in tokens; both 0: parallel * ctx tokens
   kv::CacheConfig cache;         // formats, G, R, ...; the shape comes from the model
   model::ForwardOptions forward;
-  int threads = 0;  // 0 = all hardware threads
+  int threads = 0;            // 0 = all hardware threads
+  bool prefix_cache = false;  // keep ended sequences' caches for later prompts (see above)
   // Ranks that run every step together: the leader sends its records through the link,
   // followers repeat them. With a link the scheduler waits for start() (leader) or
   // follow() (follower), so that no record is sent before every rank has built its own.
@@ -80,7 +92,12 @@ struct SchedulerStats {
   uint64_t bytes_allocated = 0;  // used blocks plus the rings of active sequences
   uint64_t peak_bytes_allocated = 0;
   double compression_vs_f16 = 0;  // f16 bytes of tokens_held / bytes_allocated
-  std::string cache_format;       // e.g. "kivi2"
+  // Prefix cache: admissions, those that skipped some prefill, the prompt tokens not
+  // prefilled, the kept sequences evicted, and what the kept sequences hold now.
+  uint64_t prefix_queries = 0, prefix_hits = 0, prefill_tokens_saved = 0, prefix_evictions = 0;
+  int cached_sequences = 0, cached_blocks = 0;
+  int64_t cached_tokens = 0;
+  std::string cache_format;  // e.g. "kivi2"
 };
 
 class Scheduler {
@@ -125,8 +142,11 @@ class Scheduler {
     int fed = 0;              // tokens in the cache
     int n_prompt = 0, n_generated = 0;
     uint64_t order = 0;                 // admission order (prefill goes first come, first served)
+    uint64_t last_used = 0;             // when a kept sequence ended (least recently used first)
     std::unique_ptr<Continuation> gen;  // sampling, stop rule, text
     bool active() const { return req != nullptr; }
+    // Ended and kept by the prefix cache: the cache holds tokens[0, fed).
+    bool kept() const { return req == nullptr && fed > 0; }
     bool prefilling() const { return fed < n_prompt; }
   };
   struct Waiting {
@@ -136,6 +156,14 @@ class Scheduler {
 
   void loop();
   bool admit_locked();
+  // The slot for a prompt: the kept sequence that the prompt extends the most (*resume =
+  // its tokens), else an empty slot, else the least recently used kept one; -1 if
+  // every slot is active.
+  int pick_slot(const std::vector<int>& prompt, int* resume) const;
+  // Forgets slot i's tokens and gives its blocks back.
+  void clear_slot(int i);
+  // Evicts the least recently used kept sequence other than slot `except`; false if none.
+  bool evict_one(int except);
   int prune_live_locked() const;  // under mu_; returns SchedulerStats::cancelling  // moves waiting
                                   // requests into free slots; under mu_
   void step();
@@ -144,9 +172,9 @@ class Scheduler {
   void publish_stats();
   void publish_stats_locked();
   // What a step record holds (runtime/scheduler_follow.cpp): kShare slot n tokens[n]
-  // shared; kReserve slot tokens ok; kClear slot; kStep n (slot fed n logits tokens[n])
-  // * n; kStop.
-  enum Op : int32_t { kShare = 1, kReserve, kClear, kStep, kStop };
+  // shared assumed; kReserve slot tokens ok; kClear slot; kKeep slot; kStep n (slot fed
+  // n logits tokens[n]) * n; kStop.
+  enum Op : int32_t { kShare = 1, kReserve, kClear, kKeep, kStep, kStop };
   // The leader's record of cache operations since the last step (empty without a link).
   void note(std::initializer_list<int32_t> words);
   void note_tokens(const int* tokens, int n);
@@ -165,7 +193,8 @@ class Scheduler {
   std::vector<int> batch_slot_;              // [parallel]
   std::vector<int32_t> record_;              // leader: operations not yet sent
   uint64_t next_order_ = 0;
-  int max_chunk_ = 1;  // prompt tokens of one sequence per step
+  uint64_t use_clock_ = 0;  // orders kept sequences by when they ended
+  int max_chunk_ = 1;       // prompt tokens of one sequence per step
 
   mutable std::mutex mu_;  // queue_, stopping_, counters, stats_
   std::condition_variable cv_;

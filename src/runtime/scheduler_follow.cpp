@@ -106,6 +106,7 @@ void Scheduler::follow() {
             fail("serving over ranks: this rank shares %d prefix blocks where the leader shares %d",
                  shared, expected);
           }
+          s.cache->assume_shared(r.next());
           break;
         }
         case kReserve: {
@@ -124,6 +125,9 @@ void Scheduler::follow() {
           s.tokens.clear();
           break;
         }
+        case kKeep:
+          slots_[r.slot(n_slots)].cache->release_reservation();
+          break;
         case kStep:
           repeat_step(w, i);
           break;

@@ -360,8 +360,8 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
           parts.content = std::move(text);
         }
         res.set_content(completion_body(info, parts.content, finish_name(u.reason),
-                                        {n_prompt, u.completion_tokens}, parts.reasoning,
-                                        want_logprobs ? &lp : nullptr),
+                                        {n_prompt, u.completion_tokens, u.cached_prompt_tokens},
+                                        parts.reasoning, want_logprobs ? &lp : nullptr),
                         "application/json");
       }
       return;
@@ -411,7 +411,8 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
                     chunk_finish(st->info, finish_name(u.reason),
                                  st->pending.items.empty() ? nullptr : st->take_logprobs(lp)));
                 if (ok && st->include_usage)
-                  ok = write(chunk_usage(st->info, {n_prompt, u.completion_tokens}));
+                  ok = write(chunk_usage(st->info,
+                                         {n_prompt, u.completion_tokens, u.cached_prompt_tokens}));
               }
               ok = ok && write(sse_done());
               st->done = true;

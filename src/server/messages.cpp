@@ -67,7 +67,11 @@ ChatFormatter::Prompt ChatFormatter::format(const std::vector<ChatMessage>& mess
   if (!chat_) {
     std::string text = t.system.empty() ? "" : t.system + "\n\n";
     for (size_t i = 0; i < t.text.size(); ++i) {
-      text += (i % 2 == 0 ? "User: " : "Assistant: ") + t.text[i] + "\n";
+      // A reply as the model wrote it after "Assistant:" (usually from a space), so that
+      // the next turn's prompt starts with the tokens the server's cache holds.
+      const bool spaced =
+          i % 2 == 1 && !t.text[i].empty() && (t.text[i][0] == ' ' || t.text[i][0] == '\n');
+      text += (i % 2 == 0 ? "User: " : spaced ? "Assistant:" : "Assistant: ") + t.text[i] + "\n";
     }
     text += "Assistant:";
     p.tokens = tk_.encode(text, tk_.add_bos());

@@ -122,6 +122,27 @@ std::string prometheus_text(const runtime::SchedulerStats& s,
   w.one("kivi_kv_compression_ratio", "gauge",
         "Bytes an f16 cache would hold for the active tokens, divided by kivi_kv_bytes.",
         s.compression_vs_f16, fmt);
+  w.one("kivi_prefix_cache_queries_total", "counter",
+        "Requests admitted while the prefix cache is on.", static_cast<double>(s.prefix_queries));
+  w.one("kivi_prefix_cache_hits_total", "counter",
+        "Admitted requests that started after cached prompt tokens.",
+        static_cast<double>(s.prefix_hits));
+  w.one("kivi_prefix_cache_hit_rate", "gauge", "kivi_prefix_cache_hits_total / queries.",
+        s.prefix_queries > 0
+            ? static_cast<double>(s.prefix_hits) / static_cast<double>(s.prefix_queries)
+            : 0.0);
+  w.one("kivi_prefill_tokens_saved_total", "counter",
+        "Prompt tokens taken from the prefix cache instead of prefilled.",
+        static_cast<double>(s.prefill_tokens_saved));
+  w.one("kivi_prefix_cache_evictions_total", "counter",
+        "Ended sequences the prefix cache kept and then gave up for memory or a slot.",
+        static_cast<double>(s.prefix_evictions));
+  w.one("kivi_prefix_cache_sequences", "gauge", "Ended sequences the prefix cache keeps.",
+        s.cached_sequences);
+  w.one("kivi_prefix_cache_blocks", "gauge", "Blocks mapped by the kept sequences.",
+        s.cached_blocks, fmt);
+  w.one("kivi_prefix_cache_tokens", "gauge", "Tokens held by the kept sequences.",
+        static_cast<double>(s.cached_tokens), fmt);
   return w.str();
 }
 

@@ -17,6 +17,7 @@ namespace kivi::server {
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens taken from the prefix cache, not prefilled
 };
 
 struct ResponseInfo {
