@@ -3,7 +3,7 @@
 #   1. the release build's unit, end-to-end and reference tests (the perplexity
 #      reference in --strict mode, see tests/CMakeLists.txt);
 #   2. the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer;
-#   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 60);
+#   3. each libFuzzer target for a bounded time (KIVI_FUZZ_SECONDS, default 30);
 #   and first, that every C++ file is formatted as .clang-format says (scripts/format.sh).
 # Every build treats compiler warnings as errors (KIVI_WERROR=ON).
 set -euo pipefail
@@ -32,7 +32,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 step "fuzzers"
 scripts/build.sh fuzz
-seconds="${KIVI_FUZZ_SECONDS:-60}"
+seconds="${KIVI_FUZZ_SECONDS:-30}"
 corpus="build-fuzz/corpus"
 /usr/bin/python3 tests/fuzz/make_seeds.py "$corpus"
 for f in gguf llama2c model tokenizer bpe openai_request kv_file; do

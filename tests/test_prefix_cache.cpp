@@ -31,6 +31,7 @@ struct Case {
   std::string name;
   kv::CacheConfig cache;
   bool resumes_at_blocks;  // published blocks alone hold the state (no residual window)
+  bool kivi = false;       // a stream in a KIVI format
 };
 
 std::vector<Case> cases() {
@@ -43,6 +44,7 @@ std::vector<Case> cases() {
     c.cache.group_size = G;
     c.cache.residual = R;
     c.resumes_at_blocks = at_blocks;
+    c.kivi = kv::is_kivi(k) || kv::is_kivi(v);
     return c;
   };
   std::vector<Case> out = {
@@ -151,7 +153,18 @@ runtime::SchedulerStats settled(const Scheduler& s) {
 // the float differences of tiles and decoding (~3e-6 relative) round an int8 or KIVI code
 // the other way now and then.
 constexpr float kTiledTol = 1e-3f;
+// Under the sanitizers the token-by-token prefill alone (test_prefill covers the tiles).
+#ifdef KIVI_SANITIZE
+constexpr attn::PrefillMode kModes[] = {attn::PrefillMode::kStream};
+#else
 constexpr attn::PrefillMode kModes[] = {attn::PrefillMode::kStream, attn::PrefillMode::kTiled};
+#endif
+
+int common_prefix(const std::vector<int>& a, const std::vector<int>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return static_cast<int>(n);
+}
 
 std::vector<int> concat(std::vector<int> a, const std::vector<int>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -202,10 +215,40 @@ TEST(PrefixCache, NextTurnResumesAndMatchesAColdPrefill) {
     }
 }
 
-// A prompt that shares only a prefix with a kept sequence starts after the shared whole
-// blocks where those hold the state (no residual window), and from token 0 otherwise;
-// either way it gets a cold prefill's log-probabilities.
-TEST(PrefixCache, SharedPrefixBlocksSkipTheirPrefill) {
+// A kept sequence that shares a prefix with a new prompt is cut back to it when the
+// prefix is at least half of what it holds: KIVI's rings keep rewind_tokens more rows,
+// so every format cuts back exactly when the tokens to drop are that recent.
+TEST(PrefixCache, AKeptSequenceIsCutBackToTheCommonPrefix) {
+  KIVI_REQUIRE_MODEL();
+  const auto& tk = stories().tokenizer();
+  std::string system;
+  for (int i = 0; i < 3; ++i) system += kStory;
+  for (const attn::PrefillMode mode : kModes)
+    for (const Case& c : cases()) {
+      const std::string name = c.name + (mode == attn::PrefillMode::kTiled ? " tiled" : " stream");
+      Scheduler warm(stories(), options(c, true, mode));
+      const std::vector<int> a = tk.encode(system + "Tom had a big red ball.", true);
+      const std::vector<int> b = tk.encode(system + "The sun was hot and the sea was blue.", true);
+      const int common = common_prefix(a, b);
+      ASSERT_LT(static_cast<int>(a.size()) + 3 - common, 32) << name;  // within the rewind
+      run(warm, a, 4);
+      const Outcome got = run(warm, b, 10);
+      EXPECT_EQ(got.cached, common) << name;
+      const auto st = settled(warm);
+      EXPECT_EQ(st.prefix_hits, 1u) << name;
+      EXPECT_EQ(st.cached_sequences, 1) << name;  // b took a's slot
+      EXPECT_EQ(st.blocks_used, st.cached_blocks) << name;
+
+      Scheduler cold(stories(), options(c, false, mode));
+      expect_same(got, run(cold, b, 10), name,
+                  mode == attn::PrefillMode::kTiled ? kTiledTol : 0.0f);
+    }
+}
+
+// Tokens further back than the rewind have left KIVI's rings: such a prompt takes a fresh
+// slot, which starts after the shared whole blocks where those hold the whole state (no
+// residual window) and at token 0 otherwise. Formats without a residual cut back.
+TEST(PrefixCache, BeyondTheRewindAFreshSlotMapsTheSharedBlocks) {
   KIVI_REQUIRE_MODEL();
   const auto& tk = stories().tokenizer();
   std::string system;
@@ -215,22 +258,62 @@ TEST(PrefixCache, SharedPrefixBlocksSkipTheirPrefill) {
       const std::string name = c.name + (mode == attn::PrefillMode::kTiled ? " tiled" : " stream");
       Scheduler warm(stories(), options(c, true, mode));
       const int B = warm.cache_config().block();
-      const std::vector<int> a = tk.encode(system + "Tom had a big red ball.", true);
+      const std::vector<int> a =
+          tk.encode(system +
+                        "Tom had a big red ball. He liked to play with it in the park every "
+                        "day. One day the ball rolled into the river and Tom was sad. His "
+                        "dad helped him get it back. Then they went home and had a big "
+                        "dinner with cake, and Tom slept with the ball next to his bed.",
+                    true);
       const std::vector<int> b = tk.encode(system + "The sun was hot and the sea was blue.", true);
-      size_t common = 0;
-      while (common < a.size() && a[common] == b[common]) ++common;
-      ASSERT_GE(static_cast<int>(common), 2 * B) << c.name;
+      const int common = common_prefix(a, b);
+      ASSERT_GE(common, 2 * B) << name;
+      ASSERT_GT(static_cast<int>(a.size()) - common, 64 + 32) << name;  // past the rewind
+      ASSERT_GE(2 * common, static_cast<int>(a.size()) + 3) << name;    // worth cutting back
       run(warm, a, 4);
       const Outcome got = run(warm, b, 10);
-      const int expected = c.resumes_at_blocks ? static_cast<int>(common) / B * B : 0;
+      const int expected = !c.kivi ? common : c.resumes_at_blocks ? common / B * B : 0;
       EXPECT_EQ(got.cached, expected) << name;
-      EXPECT_EQ(settled(warm).prefix_hits, expected > 0 ? 1u : 0u) << name;
-      EXPECT_EQ(settled(warm).cached_sequences, 2) << name;  // both kept: two slots
+      const auto st = settled(warm);
+      EXPECT_EQ(st.prefix_hits, expected > 0 ? 1u : 0u) << name;
+      EXPECT_EQ(st.cached_sequences, c.kivi ? 2 : 1) << name;
 
       Scheduler cold(stories(), options(c, false, mode));
       expect_same(got, run(cold, b, 10), name,
                   mode == attn::PrefillMode::kTiled ? kTiledTol : 0.0f);
     }
+}
+
+// Concurrent requests with a common prefix (a shared system prompt): a joining request
+// starts after the blocks the running one has published when those hold the state.
+TEST(PrefixCache, AJoiningRequestStartsAfterPublishedBlocks) {
+  KIVI_REQUIRE_MODEL();
+  const auto& tk = stories().tokenizer();
+  std::string system;
+  for (int i = 0; i < 3; ++i) system += kStory;
+  for (const Case& c : cases()) {
+    Scheduler warm(stories(), options(c, true));
+    const int B = warm.cache_config().block();
+    const std::vector<int> a = tk.encode(system + "Tom had a big red ball.", true);
+    const std::vector<int> b = tk.encode(system + "The sun was hot and the sea was blue.", true);
+    const int common = common_prefix(a, b);
+    GenerationRequest r;
+    r.prompt = a;
+    r.max_tokens = 512 - static_cast<int>(a.size());
+    r.ignore_eos = true;
+    std::shared_ptr<RequestHandle> h;
+    ASSERT_EQ(warm.submit(r, &h), Scheduler::Submit::kQueued);
+    for (;;) {  // decoding: its prompt's blocks are published
+      const auto u = h->wait(std::chrono::milliseconds(100));
+      if (!u.tokens.empty() || u.finished) break;
+    }
+    ASSERT_FALSE(h->finished());
+    const Outcome got = run(warm, b, 10);
+    EXPECT_EQ(got.cached, c.resumes_at_blocks ? common / B * B : 0) << c.name;
+    h->cancel();
+    Scheduler cold(stories(), options(c, false));
+    expect_same(got, run(cold, b, 10), c.name);
+  }
 }
 
 // Kept sequences give up their blocks, least recently used first, when a request needs

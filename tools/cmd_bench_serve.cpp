@@ -98,6 +98,10 @@ int cmd_bench_serve(int argc, char** argv) {
              "control for prefix sharing).");
   a.add("ramp", 0, "S", "Start the clients spread over S seconds instead of at once.", "0");
   a.add("max-tokens", 0, "N", "max_tokens of every request.", "64");
+  a.add("turns", 0, "N",
+        "Requests per conversation: each later turn resends the previous prompt and reply with a "
+        "new message of --prompt-words words (what the prefix cache serves).",
+        "1");
   a.add("temp", 0, "T", "Sampling temperature of every request (each has its own seed).", "0.8");
   a.add_flag("stop-at-eos", 0,
              "Let requests end at an end-of-text token (default: ignore_eos, so every request "
@@ -123,6 +127,7 @@ int cmd_bench_serve(int argc, char** argv) {
   lo.distinct_system = a.flag("distinct-system");
   lo.ramp_seconds = a.number("ramp", 0, 86400);
   lo.max_tokens = static_cast<int>(a.integer("max-tokens", 1, 1 << 24));
+  lo.turns = static_cast<int>(a.integer("turns", 1, 10000));
   lo.temperature = a.number("temp", 0, 2);
   lo.ignore_eos = !a.flag("stop-at-eos");
   lo.seed = static_cast<uint64_t>(a.integer("seed", 0, INT64_MAX));
@@ -191,6 +196,7 @@ int cmd_bench_serve(int argc, char** argv) {
         .kv("requests", lo.requests)
         .kv("seconds_limit", lo.seconds)
         .kv("max_tokens", lo.max_tokens)
+        .kv("turns", lo.turns)
         .kv("system_words", lo.system_words)
         .kv("distinct_system", lo.distinct_system)
         .kv("ramp_s", lo.ramp_seconds)
@@ -204,10 +210,13 @@ int cmd_bench_serve(int argc, char** argv) {
         .kv("wall_s", r.wall_s)
         .kv("prompt_tokens", r.prompt_tokens)
         .kv("completion_tokens", r.completion_tokens)
+        .kv("cached_prompt_tokens", r.cached_tokens)
         .kv("tokens_per_second", r.tokens_per_second);
     write_percentiles(j, "ttft_ms", r.ttft_ms);
     write_percentiles(j, "itl_ms", r.itl_ms);
     write_percentiles(j, "tpot_ms", r.tpot_ms);
+    write_percentiles(j, "ttft_first_turn_ms", r.ttft_first_turn_ms);
+    write_percentiles(j, "ttft_later_turns_ms", r.ttft_later_turns_ms);
     if (r.metrics) {
       j.key("server").begin_object();
       j.kv("admitted", r.admitted)
@@ -230,6 +239,8 @@ int cmd_bench_serve(int argc, char** argv) {
           .kv("prompt_words", q.prompt_words)
           .kv("prompt_tokens", q.prompt_tokens)
           .kv("completion_tokens", q.completion_tokens)
+          .kv("cached_tokens", q.cached_tokens)
+          .kv("turn", q.turn)
           .kv("chunks", q.chunks)
           .kv("ttft_ms", q.ttft_ms)
           .kv("total_ms", q.total_ms);
@@ -249,6 +260,14 @@ int cmd_bench_serve(int argc, char** argv) {
                 static_cast<unsigned long long>(r.completion_tokens), r.tokens_per_second);
     std::printf("  time to first token (ms): p50 %.1f  p99 %.1f  mean %.1f  (%zu requests)\n",
                 r.ttft_ms.p50, r.ttft_ms.p99, r.ttft_ms.mean, r.ttft_ms.count);
+    if (lo.turns > 1) {
+      std::printf(
+          "  conversations of %d turns: time to first token (ms) p50 %.1f in first turns, %.1f "
+          "in later turns; %llu of %llu prompt tokens cached\n",
+          lo.turns, r.ttft_first_turn_ms.p50, r.ttft_later_turns_ms.p50,
+          static_cast<unsigned long long>(r.cached_tokens),
+          static_cast<unsigned long long>(r.prompt_tokens));
+    }
     std::printf(
         "  inter-token latency (ms): p50 %.2f  p99 %.2f  mean %.2f  (%zu gaps between chunks)\n",
         r.itl_ms.p50, r.itl_ms.p99, r.itl_ms.mean, r.itl_ms.count);

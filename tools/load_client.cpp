@@ -39,11 +39,12 @@ const char* const kWords[] = {
     "red",  "blue",  "small", "cat",  "jumped", "over", "fence",  "river", "boat",  "friend"};
 constexpr int kNumWords = sizeof(kWords) / sizeof(kWords[0]);
 
-// Runs one request; fills `r` and `gaps` (ms between successive text chunks).
-void one_request(httplib::Client& c, const LoadOptions& o, int i, Clock::time_point deadline,
-                 RequestResult& r, std::vector<double>& gaps) {
+// Runs one request; fills `r`, `gaps` (ms between successive text chunks) and `reply`.
+void one_request(httplib::Client& c, const LoadOptions& o, int i, const std::string& prompt,
+                 Clock::time_point deadline, RequestResult& r, std::vector<double>& gaps,
+                 std::string* reply) {
   json body = {
-      {"prompt", load_prompt(o, i, &r.prompt_words)},
+      {"prompt", prompt},
       {"max_tokens", o.max_tokens},
       {"temperature", o.temperature},
       {"seed", static_cast<int64_t>(mix(o.seed ^ (0x5EEDull + static_cast<uint64_t>(i))) >> 12)},
@@ -85,12 +86,17 @@ void one_request(httplib::Client& c, const LoadOptions& o, int i, Clock::time_po
       if (j.contains("usage") && j["usage"].is_object()) {
         r.prompt_tokens = j["usage"].value("prompt_tokens", 0);
         r.completion_tokens = j["usage"].value("completion_tokens", 0);
+        const json& d = j["usage"].contains("prompt_tokens_details")
+                            ? j["usage"]["prompt_tokens_details"]
+                            : json::object();
+        r.cached_tokens = d.is_object() ? d.value("cached_tokens", 0) : 0;
         usage = true;
       }
       if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
         const json& ch = j["choices"][0];
         if (ch.contains("text") && ch["text"].is_string() &&
             !ch["text"].get<std::string>().empty()) {
+          *reply += ch["text"].get<std::string>();
           const auto now = Clock::now();
           if (r.chunks == 0) {
             r.ttft_ms = ms_between(t0, now);
@@ -258,7 +264,10 @@ LoadReport run_load(const LoadOptions& o) {
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
   rep.requests.resize(static_cast<size_t>(std::max(0, o.requests)));
   std::vector<std::vector<double>> gaps(static_cast<size_t>(std::max(1, o.clients)));
-  std::atomic<int> next{0}, finished{0};
+  const int turns = std::max(1, o.turns);
+  LoadOptions later = o;  // a conversation's later messages: no system prompt
+  later.system_words = 0;
+  std::atomic<int> next{0}, sent{0}, finished{0};
   std::vector<std::thread> clients;
   for (int t = 0; t < std::max(1, o.clients); ++t) {
     clients.emplace_back([&, t] {
@@ -270,13 +279,28 @@ LoadReport run_load(const LoadOptions& o) {
         std::this_thread::sleep_until(std::min(at, deadline));
       }
       for (;;) {
-        if (Clock::now() >= deadline) return;
-        const int i = next.fetch_add(1);
-        if (i >= o.requests) return;
-        one_request(*c, o, i, deadline, rep.requests[static_cast<size_t>(i)],
-                    gaps[static_cast<size_t>(t)]);
-        const int f = finished.fetch_add(1) + 1;
-        if (o.progress) o.progress(f);
+        const int first = next.fetch_add(1) * turns;  // a conversation's first request
+        std::string history;
+        for (int k = 0; k < turns; ++k) {
+          const int i = first + k;
+          if (i >= o.requests || Clock::now() >= deadline) return;
+          RequestResult& r = rep.requests[static_cast<size_t>(i)];
+          r.turn = k;
+          std::string prompt;
+          if (k == 0) {
+            prompt = load_prompt(o, i, &r.prompt_words);
+          } else {
+            prompt = history + " " + load_prompt(later, i, &r.prompt_words);
+          }
+          std::string reply;
+          sent.fetch_add(1);
+          r.sent = true;
+          one_request(*c, o, i, prompt, deadline, r, gaps[static_cast<size_t>(t)], &reply);
+          history = prompt + reply;
+          const int f = finished.fetch_add(1) + 1;
+          if (o.progress) o.progress(f);
+          if (r.outcome != RequestResult::Outcome::kCompleted) break;  // the conversation ends
+        }
       }
     });
   }
@@ -285,15 +309,19 @@ LoadReport run_load(const LoadOptions& o) {
   mon.stop = true;
   monitor.join();
 
-  rep.sent = std::min(next.load(), o.requests);
-  rep.requests.resize(static_cast<size_t>(rep.sent));
-  std::vector<double> ttft, itl, tpot;
+  rep.sent = sent.load();
+  // Requests never sent (the time limit, or a conversation that ended early) are dropped.
+  rep.requests.erase(std::remove_if(rep.requests.begin(), rep.requests.end(),
+                                    [](const RequestResult& r) { return !r.sent; }),
+                     rep.requests.end());
+  std::vector<double> ttft, itl, tpot, ttft_first, ttft_later;
   for (const auto& r : rep.requests) {
     switch (r.outcome) {
       case RequestResult::Outcome::kCompleted:
         ++rep.completed;
         rep.prompt_tokens += static_cast<uint64_t>(r.prompt_tokens);
         rep.completion_tokens += static_cast<uint64_t>(r.completion_tokens);
+        rep.cached_tokens += static_cast<uint64_t>(r.cached_tokens);
         if (r.completion_tokens > 1 && r.ttft_ms >= 0)
           tpot.push_back((r.total_ms - r.ttft_ms) / (r.completion_tokens - 1));
         break;
@@ -307,12 +335,17 @@ LoadReport run_load(const LoadOptions& o) {
         ++rep.errors;
         break;
     }
-    if (r.ttft_ms >= 0) ttft.push_back(r.ttft_ms);
+    if (r.ttft_ms >= 0) {
+      ttft.push_back(r.ttft_ms);
+      (r.turn == 0 ? ttft_first : ttft_later).push_back(r.ttft_ms);
+    }
   }
   for (const auto& g : gaps) itl.insert(itl.end(), g.begin(), g.end());
   rep.ttft_ms = percentiles(ttft);
   rep.itl_ms = percentiles(itl);
   rep.tpot_ms = percentiles(tpot);
+  rep.ttft_first_turn_ms = percentiles(ttft_first);
+  rep.ttft_later_turns_ms = percentiles(ttft_later);
   rep.tokens_per_second =
       rep.wall_s > 0 ? static_cast<double>(rep.completion_tokens) / rep.wall_s : 0;
 

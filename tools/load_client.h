@@ -6,6 +6,12 @@
 // aggregate tokens/s counted from the responses' `usage`. It reads the server's
 // /metrics before, during (every 50 ms) and after the run for KV memory, admissions,
 // queue depth and the server's own token count.
+//
+// With turns > 1 a client holds conversations: turn k's prompt is turn k-1's prompt,
+// its reply and a new message of prompt-words words, as a chat client resends its
+// history; the server's prefix cache can then skip the history's prefill (the report
+// gives the time to first token of the later turns and the prompt tokens the server
+// reports as cached).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +35,7 @@ struct LoadOptions {
   bool distinct_system = false;
   double ramp_seconds = 0;  // client t starts at t / clients * ramp_seconds
   int max_tokens = 64;
+  int turns = 1;  // requests per conversation
   double temperature = 0.8;
   bool ignore_eos = true;  // every request generates max_tokens
   uint64_t seed = 1;
@@ -41,8 +48,11 @@ struct RequestResult {
   int status = 0;  // HTTP status (0: no response)
   int prompt_words = 0;
   int prompt_tokens = 0, completion_tokens = 0;  // from usage (completed requests)
-  int chunks = 0;                                // streamed text chunks
-  double ttft_ms = -1;                           // to the first text chunk
+  int cached_tokens = 0;                         // usage.prompt_tokens_details.cached_tokens
+  int turn = 0;                                  // within its conversation, from 0
+  bool sent = false;
+  int chunks = 0;       // streamed text chunks
+  double ttft_ms = -1;  // to the first text chunk
   double total_ms = 0;
   std::string error;
 };
@@ -65,11 +75,13 @@ struct LoadReport {
   double wall_s = 0;
   int sent = 0, completed = 0, rejected = 0, errors = 0, cut = 0;
   uint64_t prompt_tokens = 0, completion_tokens = 0;  // completed requests' usage
-  double tokens_per_second = 0;                       // completion_tokens / wall_s
+  uint64_t cached_tokens = 0;    // of prompt_tokens, those the server took from its prefix cache
+  double tokens_per_second = 0;  // completion_tokens / wall_s
   // ttft: to a request's first text chunk; itl: gaps between a request's successive text
   // chunks (a chunk holds the tokens that were ready when the server wrote, usually one);
   // tpot: per completed request, (total - ttft) / (completion_tokens - 1).
   Percentiles ttft_ms, itl_ms, tpot_ms;
+  Percentiles ttft_first_turn_ms, ttft_later_turns_ms;  // with turns > 1
   // From /metrics: deltas over the run, peaks seen during it.
   bool metrics = false;
   double admitted = 0, server_generated_tokens = 0;
@@ -80,7 +92,7 @@ struct LoadReport {
 };
 
 // The prompt of request i: the system words, then prompt_words_min..max words of a
-// fixed vocabulary.
+// fixed vocabulary. A conversation's later turns add the message alone (no system words).
 std::string load_prompt(const LoadOptions& o, int i, int* words = nullptr);
 
 LoadReport run_load(const LoadOptions& o);

@@ -130,6 +130,36 @@ void BlockPool::zero_block(int32_t b) {
   }
 }
 
+void BlockPool::copy_block(int32_t src, int32_t dst) {
+  const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    LayerStorage& L = layers_[l];
+    if (L.k.codes.size() == 0) continue;
+    if (src >= layer_blocks_[l] || dst >= layer_blocks_[l]) continue;
+    for (StreamStorage* s : {&L.k, &L.v}) {
+      const StreamLayout& lay = s->layout;
+      const size_t pb = lay.head_block_params * ps;
+      for (size_t h = 0; h < H; ++h) {
+        uint8_t* codes = s->codes.data() + h * s->code_head_stride;
+        std::memcpy(codes + dst * lay.head_block_bytes, codes + src * lay.head_block_bytes,
+                    lay.head_block_bytes);
+        if (pb) {
+          const size_t at = h * s->param_head_stride * ps;
+          std::memcpy(s->scales.data() + at + dst * pb, s->scales.data() + at + src * pb, pb);
+          if (s->zeros.size())
+            std::memcpy(s->zeros.data() + at + dst * pb, s->zeros.data() + at + src * pb, pb);
+        }
+      }
+      if (lay.shared_params) {
+        uint8_t* base = s->scales.data() + H * s->param_head_stride * ps;
+        const size_t n = lay.shared_params * ps;
+        std::memcpy(base + static_cast<size_t>(dst) * n, base + static_cast<size_t>(src) * n, n);
+      }
+    }
+  }
+  used_before_[dst] = 1;
+}
+
 bool BlockPool::try_reserve(int n) {
   if (n < 0 || n > available_blocks()) return false;
   reserved_ += n;

@@ -99,6 +99,8 @@ class BlockPool {
   void retain(int32_t b);
   // Drops one reference; at zero the block is free again and unpublished.
   void release(int32_t b);
+  // Copies block src's codes and parameters (every layer, keys and values) into dst.
+  void copy_block(int32_t src, int32_t dst);
   int refcount(int32_t b) const { return refs_[b]; }
 
   bool prefix_sharing() const { return sharing_; }

@@ -265,12 +265,14 @@ int values_quantized_after(const CacheConfig& c, int n) {
 int key_ring_capacity(const CacheConfig& c) {
   if (!is_kivi(c.k.format)) return 0;
   const int G = c.group_size, R = c.residual;
-  if (c.key_flush == KeyFlush::kBatch) return std::max(R, G);
+  if (c.key_flush == KeyFlush::kBatch) return std::max(R, G) + c.ring_slack;
   const int t = std::max(R + 1, G);
-  return (t + G - 1) / G * G;
+  return (t + G - 1) / G * G + c.ring_slack;
 }
 
-int value_ring_capacity(const CacheConfig& c) { return is_kivi(c.v.format) ? c.residual : 0; }
+int value_ring_capacity(const CacheConfig& c) {
+  return is_kivi(c.v.format) && c.residual > 0 ? c.residual + c.ring_slack : 0;
+}
 
 // Bytes of stored (non-residual) data for `nq` tokens of one stream, one layer: per head
 // the codes and the parameters (each of scale and zero point), and the parameters the

@@ -150,6 +150,63 @@ void KvCache::release_reservation() {
   reservation_ = 0;
 }
 
+bool KvCache::can_truncate(int n) const {
+  const Layer& L = layers_[first_stored_];
+  if (!shares_pool() || n < 1 || n > L.n || L.evicted != 0) return false;
+  const int stored[2] = {keys_quantized_after(cfg_, n), values_quantized_after(cfg_, n)};
+  const StreamStore* streams[2] = {&L.k, &L.v};
+  for (int i = 0; i < 2; ++i) {
+    const StreamStore& s = *streams[i];
+    // Tokens [stored, min(n_stored, n)) go back to the ring: their rows are there if no
+    // later token took their slots.
+    if (!is_kivi(s.lay.fmt.format) || stored[i] >= std::min(s.n_stored, n)) continue;
+    if (stored[i] < L.n - s.lay.ring_cap) return false;
+  }
+  return true;
+}
+
+bool KvCache::truncate(int n) {
+  if (!can_truncate(n)) {
+    fail("truncate(%d): the cache (%d tokens) cannot be cut back there", n,
+         layers_[first_stored_].n);
+  }
+  const int stored_k = keys_quantized_after(cfg_, n), stored_v = values_quantized_after(cfg_, n);
+  const int keep = (n + block_ - 1) / block_;  // logical blocks [0, keep) stay
+  // Blocks from `first_write` on are written again (new tokens, or re-quantized rows):
+  // they must be this cache's own and unpublished.
+  const int first_write = std::min({stored_k, stored_v, n}) / block_;
+  int copies = 0;
+  for (int b = first_write; b < keep; ++b) copies += readonly_[b] || b < published_;
+  if (copies > pool_->available_blocks() + reservation_) return false;
+  for (int b = first_write; b < keep; ++b) {
+    if (!readonly_[b] && b >= published_) continue;
+    const int32_t old = layers_[0].block_table[b];
+    const bool from_reservation = reservation_ > 0;
+    const int32_t fresh = pool_->allocate(from_reservation);
+    if (from_reservation) --reservation_;
+    pool_->copy_block(old, fresh);
+    pool_->release(old);
+    map_block(b, fresh, false);
+  }
+  for (int b = mapped_ - 1; b >= keep; --b) {
+    pool_->release(layers_[0].block_table[b]);
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+      if (owner_[l] == l) layers_[l].block_table[b] = -1;
+    }
+    readonly_[b] = 0;
+  }
+  mapped_ = std::min(mapped_, keep);
+  published_ = std::min(published_, first_write);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owner_[l] != l) continue;
+    Layer& L = layers_[l];
+    L.n = n;
+    L.k.n_stored = std::min(L.k.n_stored, stored_k);
+    L.v.n_stored = std::min(L.v.n_stored, stored_v);
+  }
+  return true;
+}
+
 bool KvCache::reserve(int n_tokens) {
   if (!shares_pool()) return n_tokens <= cfg_.ctx;
   if (n_tokens > cfg_.ctx) return false;

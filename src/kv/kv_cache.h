@@ -275,6 +275,17 @@ class KvCache {
   // share_prefix mapped) as fed in every layer, without appending them: their stored
   // contents are what appending them would write. Needs resumes_at_blocks().
   void assume_shared(int n);
+  // Whether truncate(n) can restore the state after the first n tokens: every token
+  // that streaming n tokens leaves in full precision still has its row in the residual
+  // ring (CacheConfig::ring_slack rows outlive their quantization); always for formats
+  // without a residual window.
+  bool can_truncate(int n) const;
+  // Cuts the cache back to its first n tokens (0 < n <= n_tokens, can_truncate(n)): the
+  // state streaming those n tokens would leave, bit for bit. Blocks past them return to
+  // the pool; a published or shared block that will be written again is copied first
+  // (one block drawn from the pool: false, and nothing changed, when none is free).
+  // Shared pools, caches without windows, every layer holding the same tokens.
+  bool truncate(int n);
   // Reserves the blocks needed to grow to n_tokens; false (and nothing reserved) if
   // the pool cannot promise them.
   bool reserve(int n_tokens);

@@ -59,6 +59,10 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   // are shared between sequences by prefix, so none is evicted); attention still reads
   // only the window (model::BatchForward).
   shaped_.layer_window.clear();
+  // Kept KIVI caches can be cut back this far: the rings keep that many more rows.
+  if (opt_.rewind_tokens < 0 || opt_.rewind_tokens > (1 << 20))
+    fail("rewind_tokens = %d, expected 0 to 2^20", opt_.rewind_tokens);
+  if (opt_.prefix_cache && shaped_.has_residual()) shaped_.ring_slack = opt_.rewind_tokens;
   auto tensor_scaled = [](const kv::StreamFormat& f) {
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
   };
@@ -173,10 +177,16 @@ int Scheduler::prune_live_locked() const {
   return cancelling;
 }
 
+// A kept sequence is cut back only for a common prefix of at least this many tokens
+// (every prompt shares its first token or two with every other).
+constexpr int kMinCut = 8;
+
 int Scheduler::pick_slot(const std::vector<int>& prompt, int* resume) const {
   const int n = static_cast<int>(prompt.size());
-  int best = -1, empty = -1, lru = -1;
-  *resume = 0;
+  int empty = -1, lru = -1;
+  int full = -1, full_len = 0;  // a kept sequence whose tokens all begin the prompt
+  int half = -1, half_len = 0;  // a cut back that keeps at least half of a kept sequence
+  int any = -1, any_len = 0;    // any cut back
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
     const Slot& s = slots_[i];
     if (s.active()) continue;
@@ -185,15 +195,31 @@ int Scheduler::pick_slot(const std::vector<int>& prompt, int* resume) const {
       continue;
     }
     if (lru < 0 || s.last_used < slots_[lru].last_used) lru = i;
-    // The prompt must go on past the kept tokens: its last token's logits come from
-    // feeding it.
-    if (s.fed < n && s.fed > *resume &&
-        std::equal(s.tokens.begin(), s.tokens.begin() + s.fed, prompt.begin())) {
-      best = i;
-      *resume = s.fed;
+    // The common prefix, short of the prompt's last token (whose logits come from
+    // feeding it).
+    const int limit = std::min(s.fed, n - 1);
+    int c = 0;
+    while (c < limit && s.tokens[c] == prompt[c]) ++c;
+    if (c == s.fed) {
+      if (c > full_len) full = i, full_len = c;
+      continue;
     }
+    if (c < kMinCut || !s.cache->can_truncate(c)) continue;
+    if (c > any_len) any = i, any_len = c;
+    if (2 * c >= s.fed && c > half_len) half = i, half_len = c;
   }
-  if (best >= 0) return best;
+  // A kept tail is given up for a short common prefix only when no slot is empty.
+  int cut = half, cut_len = half_len;
+  if (empty < 0 && any_len > cut_len) cut = any, cut_len = any_len;
+  if (full >= 0 && full_len >= cut_len) {
+    *resume = full_len;
+    return full;
+  }
+  if (cut >= 0) {
+    *resume = cut_len;
+    return cut;
+  }
+  *resume = 0;
   return empty >= 0 ? empty : lru;
 }
 
@@ -234,6 +260,19 @@ bool Scheduler::admit_locked() {
     const int n = static_cast<int>(w.params.prompt.size());
     const int B = plan_.block_tokens;
     int shared = 0, cached = resume;
+    if (resume > 0 && resume < s.fed) {
+      // Cut back to the common prefix; a block it must copy may need another kept
+      // sequence's memory first.
+      bool cut = s.cache->truncate(resume);
+      while (!cut && evict_one(slot)) cut = s.cache->truncate(resume);
+      if (cut) {
+        s.tokens.resize(resume);
+        s.fed = resume;
+        note({kTruncate, slot, resume});
+      } else {
+        resume = cached = 0;
+      }
+    }
     if (resume == 0) {
       if (s.kept()) {
         clear_slot(slot);

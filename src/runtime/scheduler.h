@@ -17,8 +17,11 @@
 // its cache in its slot (every layer's blocks and the KIVI residual window: the exact
 // state after its last token). A request whose prompt starts with all of a kept
 // sequence's tokens takes that slot and prefills only the rest (a multi-turn chat
-// resumes after its previous turn); otherwise it takes an empty slot, else the least
-// recently used kept one. A request in a fresh slot also starts after the published
+// resumes after its previous turn). One that shares a shorter prefix with it takes it
+// cut back to that prefix (kv::KvCache::truncate; KIVI caches keep `rewind_tokens`
+// more full-precision rows for this) when the prefix is at least half of what the slot
+// holds or no slot is empty; otherwise it takes an empty slot, else the least recently
+// used kept one. A request in a fresh slot also starts after the published
 // blocks of an identical prompt prefix (a shared system prompt) when those blocks hold
 // the whole state (formats without a residual window, kv::KvCache::resumes_at_blocks).
 // Kept sequences are evicted, least recently used first, when admission needs their
@@ -62,6 +65,7 @@ struct SchedulerOptions {
   model::ForwardOptions forward;
   int threads = 0;            // 0 = all hardware threads
   bool prefix_cache = false;  // keep ended sequences' caches for later prompts (see above)
+  int rewind_tokens = 64;     // with prefix_cache: how far a kept KIVI cache can be cut back
   // Ranks that run every step together: the leader sends its records through the link,
   // followers repeat them. With a link the scheduler waits for start() (leader) or
   // follow() (follower), so that no record is sent before every rank has built its own.
@@ -156,8 +160,9 @@ class Scheduler {
 
   void loop();
   bool admit_locked();
-  // The slot for a prompt: the kept sequence that the prompt extends the most (*resume =
-  // its tokens), else an empty slot, else the least recently used kept one; -1 if
+  // The slot for a prompt: the kept sequence that shares the longest usable prefix
+  // with it (*resume = that prefix's tokens: all the kept ones, or fewer when the slot
+  // can be cut back), else an empty slot, else the least recently used kept one; -1 if
   // every slot is active.
   int pick_slot(const std::vector<int>& prompt, int* resume) const;
   // Forgets slot i's tokens and gives its blocks back.
@@ -172,9 +177,9 @@ class Scheduler {
   void publish_stats();
   void publish_stats_locked();
   // What a step record holds (runtime/scheduler_follow.cpp): kShare slot n tokens[n]
-  // shared assumed; kReserve slot tokens ok; kClear slot; kKeep slot; kStep n (slot fed
-  // n logits tokens[n]) * n; kStop.
-  enum Op : int32_t { kShare = 1, kReserve, kClear, kKeep, kStep, kStop };
+  // shared assumed; kReserve slot tokens ok; kClear slot; kKeep slot; kTruncate slot n;
+  // kStep n (slot fed n logits tokens[n]) * n; kStop.
+  enum Op : int32_t { kShare = 1, kReserve, kClear, kKeep, kTruncate, kStep, kStop };
   // The leader's record of cache operations since the last step (empty without a link).
   void note(std::initializer_list<int32_t> words);
   void note_tokens(const int* tokens, int n);

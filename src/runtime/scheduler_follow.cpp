@@ -128,6 +128,13 @@ void Scheduler::follow() {
         case kKeep:
           slots_[r.slot(n_slots)].cache->release_reservation();
           break;
+        case kTruncate: {
+          Slot& s = slots_[r.slot(n_slots)];
+          const int n = r.next();
+          if (!s.cache->can_truncate(n) || !s.cache->truncate(n))
+            fail("serving over ranks: this rank cannot cut a cache back to %d tokens", n);
+          break;
+        }
         case kStep:
           repeat_step(w, i);
           break;
