@@ -421,6 +421,24 @@ TEST(ServerApi, ChatTurnsResumeFromThePrefixCache) {
   EXPECT_NE(metrics.find("kivi_prefix_cache_queries_total 3"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("kivi_prefix_cache_hits_total 2"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("kivi_prefix_cache_sequences 1"), std::string::npos) << metrics;
+  // Latency histograms: three requests each, buckets cumulative up to +Inf = count.
+  for (const char* h : {"kivi_request_queue_time_seconds", "kivi_time_to_first_token_seconds",
+                        "kivi_time_per_output_token_seconds", "kivi_e2e_request_latency_seconds"}) {
+    const std::string name = h;
+    EXPECT_NE(metrics.find("# TYPE " + name + " histogram"), std::string::npos) << name;
+    EXPECT_NE(metrics.find(name + "_count 3\n"), std::string::npos) << name;
+    EXPECT_NE(metrics.find(name + "_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << name;
+    double last = 0;
+    int buckets = 0;
+    for (size_t p = metrics.find(name + "_bucket{"); p != std::string::npos;
+         p = metrics.find(name + "_bucket{", p + 1)) {
+      const double v = std::stod(metrics.substr(metrics.find("} ", p) + 2));
+      EXPECT_GE(v, last) << name;
+      last = v;
+      ++buckets;
+    }
+    EXPECT_GT(buckets, 10) << name;
+  }
 }
 
 }  // namespace

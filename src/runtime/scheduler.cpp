@@ -80,6 +80,15 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   blocks_ = std::make_unique<kv::BlockPool>(shaped_, plan_.blocks);
   fwd_ = std::make_unique<model::BatchForward>(c, opt_.parallel + opt_.prefill_chunk, opt_.parallel,
                                                opt_.ctx, pool_.size(), shaped_.block());
+  // vLLM's buckets (seconds).
+  stats_.queue_time = stats_.request_latency =
+      Histogram({0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0});
+  stats_.time_to_first_token =
+      Histogram({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                 1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0});
+  stats_.time_per_output_token = Histogram({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                            0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0});
   slots_.resize(opt_.parallel);
   for (Slot& s : slots_) {
     s.cache = std::make_unique<kv::KvCache>(*blocks_, opt_.ctx);
@@ -146,7 +155,7 @@ Scheduler::Submit Scheduler::submit(GenerationRequest r, std::shared_ptr<Request
     return Submit::kQueueFull;
   }
   auto h = std::make_shared<RequestHandle>(n);
-  queue_.push_back({std::move(r), h});
+  queue_.push_back({std::move(r), h, now_seconds()});
   if (live_.size() >= 2 * static_cast<size_t>(opt_.parallel + opt_.queue)) prune_live_locked();
   live_.push_back(h);
   ++queue_version_;
@@ -305,6 +314,8 @@ bool Scheduler::admit_locked() {
     s.n_prompt = n;
     s.n_generated = 0;
     s.order = next_order_++;
+    s.submitted = w.submitted;
+    stats_.queue_time.observe(now_seconds() - s.submitted);
     s.gen =
         std::make_unique<Continuation>(m_.tokenizer(), s.params.options(), s.params.prompt.back());
     s.gen->sampler().observe_prompt(s.params.prompt);
@@ -347,6 +358,10 @@ void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
     ++stats_.errors;
   } else {
     ++stats_.completed;
+    const double now = now_seconds();
+    stats_.request_latency.observe(now - s.submitted);
+    if (s.n_generated > 1)
+      stats_.time_per_output_token.observe((now - s.first_token) / (s.n_generated - 1));
   }
 }
 
@@ -354,7 +369,11 @@ void Scheduler::sample(Slot& s) {
   const Continuation::Step st = s.gen->next(s.logits.data());
   if (st.token >= 0) {
     s.tokens.push_back(st.token);
-    ++s.n_generated;
+    if (++s.n_generated == 1) {
+      s.first_token = now_seconds();
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.time_to_first_token.observe(s.first_token - s.submitted);
+    }
   }
   if (st.token >= 0 && s.params.logprobs >= 0) {
     const TokenLogprob lp =

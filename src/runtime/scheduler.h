@@ -48,6 +48,7 @@
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 #include "model/model.h"
+#include "runtime/histogram.h"
 #include "runtime/request.h"
 #include "runtime/generation.h"
 #include "runtime/step_link.h"
@@ -101,6 +102,10 @@ struct SchedulerStats {
   uint64_t prefix_queries = 0, prefix_hits = 0, prefill_tokens_saved = 0, prefix_evictions = 0;
   int cached_sequences = 0, cached_blocks = 0;
   int64_t cached_tokens = 0;
+  // Latencies (seconds) of requests, as vLLM exports them: submission to admission,
+  // submission to the first generated token, the mean gap between later tokens, and
+  // submission to the end (requests that end normally).
+  Histogram queue_time, time_to_first_token, time_per_output_token, request_latency;
   std::string cache_format;  // e.g. "kivi2"
 };
 
@@ -145,9 +150,10 @@ class Scheduler {
     std::vector<int> tokens;  // prompt, then generated tokens
     int fed = 0;              // tokens in the cache
     int n_prompt = 0, n_generated = 0;
-    uint64_t order = 0;                 // admission order (prefill goes first come, first served)
-    uint64_t last_used = 0;             // when a kept sequence ended (least recently used first)
-    std::unique_ptr<Continuation> gen;  // sampling, stop rule, text
+    uint64_t order = 0;      // admission order (prefill goes first come, first served)
+    uint64_t last_used = 0;  // when a kept sequence ended (least recently used first)
+    double submitted = 0, first_token = 0;  // now_seconds() at submit() and the first token
+    std::unique_ptr<Continuation> gen;      // sampling, stop rule, text
     bool active() const { return req != nullptr; }
     // Ended and kept by the prefix cache: the cache holds tokens[0, fed).
     bool kept() const { return req == nullptr && fed > 0; }
@@ -156,6 +162,7 @@ class Scheduler {
   struct Waiting {
     GenerationRequest params;
     std::shared_ptr<RequestHandle> req;
+    double submitted = 0;  // now_seconds()
   };
 
   void loop();

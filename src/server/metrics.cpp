@@ -51,6 +51,24 @@ class Writer {
     family(name, type, help);
     sample(name, labels, v);
   }
+  // A histogram's cumulative buckets, sum and count.
+  void histogram(const char* name, const char* help, const runtime::Histogram& h) {
+    family(name, "histogram", help);
+    const std::string bucket = std::string(name) + "_bucket";
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h.counts.size(); ++i) {
+      cum += h.counts[i];
+      char le[32];
+      if (i < h.bounds.size()) {
+        std::snprintf(le, sizeof(le), "%g", h.bounds[i]);
+      } else {
+        std::snprintf(le, sizeof(le), "+Inf");
+      }
+      sample(bucket.c_str(), std::string("le=\"") + le + "\"", static_cast<double>(cum));
+    }
+    sample((std::string(name) + "_sum").c_str(), "", h.sum);
+    sample((std::string(name) + "_count").c_str(), "", static_cast<double>(h.count));
+  }
   std::string str() const { return out_; }
 
  private:
@@ -143,6 +161,17 @@ std::string prometheus_text(const runtime::SchedulerStats& s,
         s.cached_blocks, fmt);
   w.one("kivi_prefix_cache_tokens", "gauge", "Tokens held by the kept sequences.",
         static_cast<double>(s.cached_tokens), fmt);
+  w.histogram("kivi_request_queue_time_seconds", "From submission to admission (seconds).",
+              s.queue_time);
+  w.histogram("kivi_time_to_first_token_seconds",
+              "From submission to the first generated token (seconds).", s.time_to_first_token);
+  w.histogram("kivi_time_per_output_token_seconds",
+              "Mean gap between a request's generated tokens after the first (seconds), per "
+              "request that ends normally.",
+              s.time_per_output_token);
+  w.histogram("kivi_e2e_request_latency_seconds",
+              "From submission to the end, for requests that end normally (seconds).",
+              s.request_latency);
   return w.str();
 }
 
