@@ -138,7 +138,8 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   } else {
     // Every slot can hold a whole context, unless that is more than the memory
     // beside the weights: then most of that memory.
-    const kv::CacheConfig shaped = runtime::cache_shape_for(m.config(), s.cache, s.ctx);
+    kv::CacheConfig shaped = runtime::cache_shape_for(m.config(), s.cache, s.ctx);
+    if (s.prefix_cache && shaped.has_residual()) shaped.ring_slack = s.rewind_tokens;
     const runtime::PoolPlan plan = runtime::plan_pool(shaped, s);
     const uint64_t need =
         static_cast<uint64_t>(plan.blocks) * plan.block_bytes + plan.slot_bytes * s.parallel;

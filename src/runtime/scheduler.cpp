@@ -308,13 +308,13 @@ bool Scheduler::admit_locked() {
     }
     s.params = std::move(w.params);
     s.req = std::move(w.req);
-    queue_.pop_front();
+    s.submitted = w.submitted;
+    queue_.pop_front();  // w is gone from here on
     s.tokens.assign(s.params.prompt.begin(), s.params.prompt.end());
     s.fed = cached;
     s.n_prompt = n;
     s.n_generated = 0;
     s.order = next_order_++;
-    s.submitted = w.submitted;
     stats_.queue_time.observe(now_seconds() - s.submitted);
     s.gen =
         std::make_unique<Continuation>(m_.tokenizer(), s.params.options(), s.params.prompt.back());
