@@ -441,5 +441,85 @@ TEST(ServerApi, ChatTurnsResumeFromThePrefixCache) {
   }
 }
 
+// The events of a streamed response, parsed, up to [DONE].
+std::vector<json> sse_events(const std::string& body) {
+  std::vector<json> out;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") break;
+    out.push_back(json::parse(data));
+  }
+  return out;
+}
+
+// n choices are n sequences of the one prompt with seeds seed, seed + 1, ...: each equals
+// the single-choice answer with its seed, whole and streamed, and usage adds them up.
+TEST(ServerApi, SeveralChoicesAreSeveralSeededSequences) {
+  KIVI_REQUIRE_MODEL();
+  TestServer s(test::kivi2_options(4, 8));
+  httplib::Client c = s.client();
+  const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0.9}};
+  json many = base;
+  many["n"] = 3;
+  many["seed"] = 40;
+  const json r = post_json(c, "/v1/completions", many);
+  ASSERT_EQ(r["choices"].size(), 3u) << r.dump();
+  int completion = 0;
+  std::vector<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    const json& ch = r["choices"][i];
+    EXPECT_EQ(ch["index"].get<int>(), i);
+    json one = base;
+    one["seed"] = 40 + i;
+    const json single = post_json(c, "/v1/completions", one);
+    EXPECT_EQ(ch["text"], single["choices"][0]["text"]) << "choice " << i;
+    EXPECT_EQ(ch["finish_reason"], single["choices"][0]["finish_reason"]);
+    completion += single["usage"]["completion_tokens"].get<int>();
+    texts.push_back(ch["text"].get<std::string>());
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"].get<int>(), completion);
+  EXPECT_EQ(r["usage"]["prompt_tokens"],
+            post_json(c, "/v1/completions", base)["usage"]["prompt_tokens"]);
+  EXPECT_TRUE(texts[0] != texts[1] || texts[1] != texts[2]);  // different seeds
+
+  // Chat, streamed: every chunk names its choice; the pieces add up to the whole answers.
+  const json msgs = json::array({{{"role", "user"}, {"content", "Tell me a story"}}});
+  json chat = {
+      {"messages", msgs}, {"max_tokens", 10}, {"temperature", 0.9},
+      {"seed", 7},        {"n", 2},           {"stream_options", {{"include_usage", true}}}};
+  const json whole = post_json(c, "/v1/chat/completions", chat);
+  ASSERT_EQ(whole["choices"].size(), 2u) << whole.dump();
+  chat["stream"] = true;
+  auto sr = c.Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(sr);
+  std::string content[2];
+  int roles[2] = {0, 0}, finishes[2] = {0, 0}, usage = 0;
+  for (const json& ev : sse_events(sr->body)) {
+    ASSERT_FALSE(ev.contains("error")) << ev.dump();
+    if (ev.contains("usage") && ev["usage"].is_object()) {
+      ++usage;
+      EXPECT_EQ(ev["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
+    }
+    for (const json& ch : ev["choices"]) {
+      const int i = ch["index"].get<int>();
+      ASSERT_TRUE(i == 0 || i == 1) << ev.dump();
+      const json& d = ch["delta"];
+      if (d.contains("role")) ++roles[i];
+      if (d.contains("content")) content[i] += d["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) ++finishes[i];
+    }
+  }
+  EXPECT_EQ(usage, 1);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(content[i], whole["choices"][i]["message"]["content"].get<std::string>()) << i;
+  }
+  EXPECT_TRUE(s.drained());
+}
+
 }  // namespace
 }  // namespace kivi

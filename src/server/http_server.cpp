@@ -12,7 +12,10 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -84,19 +87,16 @@ const char* bad_content_length(const httplib::Request& req, size_t max) {
 
 const char* finish_name(FinishReason r) { return r == FinishReason::kLength ? "length" : "stop"; }
 
-// A streamed response's state, shared by the content provider and its releaser.
-struct Stream {
+// One choice's sequence and what its text still owes the client: log-probabilities of
+// tokens not yet sent (they go with the next chunk of answer text, or the last), and for
+// a chat format whose replies carry reasoning (harmony) the parser that splits it.
+struct ChoiceState {
   std::shared_ptr<RequestHandle> handle;
-  ResponseInfo info;
-  bool include_usage = false;
-  int fd = -1;
-  bool done = false;
-  // A chat format whose replies carry reasoning (harmony): splits the text as it comes.
   std::unique_ptr<runtime::HarmonyReplyParser> reasoning;
-  // Log-probabilities asked for: those of tokens not yet sent, which go with the next
-  // chunk of answer text (or the last chunk).
   bool logprobs = false;
   Logprobs pending;
+  bool finished = false;
+  RequestHandle::Update last;  // the final update (reason, counts, error)
   // The pending log-probabilities for a chunk (null without them); clears them after.
   const Logprobs* take_logprobs(Logprobs& out) {
     if (!logprobs) return nullptr;
@@ -107,6 +107,57 @@ struct Stream {
     return &out;
   }
 };
+
+// A streamed response's state, shared by the content provider and its releaser.
+struct Stream {
+  std::vector<ChoiceState> choices;
+  ResponseInfo info;
+  bool include_usage = false;
+  int fd = -1;
+  bool done = false;
+  void cancel() {
+    for (auto& c : choices) c.handle->cancel();
+  }
+};
+
+// A refused submission's answer.
+void send_submit_error(httplib::Response& res, Scheduler::Submit sub, const ParsedRequest& p) {
+  switch (sub) {
+    case Scheduler::Submit::kQueueFull:
+      res.set_header("Retry-After", "1");
+      send_error(res,
+                 ApiError(503,
+                          "The server is busy: every sequence slot is taken and the queue is full. "
+                          "Retry later.",
+                          "", "server_busy"));
+      return;
+    case Scheduler::Submit::kTooLong:
+      send_error(res, ApiError(400, "prompt plus max_tokens exceed the context", "max_tokens",
+                               "context_length_exceeded"));
+      return;
+    case Scheduler::Submit::kOverBudget:
+      send_error(res,
+                 ApiError(400,
+                          strfmt("prompt plus max_tokens (%zu tokens) need more KV cache than the "
+                                 "server's whole budget holds; lower max_tokens",
+                                 p.gen.prompt.size() + static_cast<size_t>(p.gen.max_tokens)),
+                          "max_tokens", "kv_budget_exceeded"));
+      return;
+    case Scheduler::Submit::kStopped:
+    case Scheduler::Submit::kQueued:
+      break;
+  }
+  send_error(res, ApiError(503, "The server is shutting down"));
+}
+
+// Ends a stream: `last` (an event, or nothing), then [DONE].
+bool finish_stream(Stream& st, httplib::DataSink& sink, const std::string& last) {
+  const bool ok = (last.empty() || sink.write(last.data(), last.size())) &&
+                  sink.write(sse_done(), std::strlen(sse_done()));
+  st.done = true;
+  if (ok) sink.done();
+  return ok;
+}
 
 }  // namespace
 
@@ -282,35 +333,17 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
       send_error(res, err);
       return;
     }
-    std::shared_ptr<RequestHandle> handle;
-    switch (s_.sched_.submit(p.gen, &handle)) {
-      case Scheduler::Submit::kQueued:
-        break;
-      case Scheduler::Submit::kQueueFull:
-        res.set_header("Retry-After", "1");
-        send_error(
-            res, ApiError(503,
-                          "The server is busy: every sequence slot is taken and the queue is full. "
-                          "Retry later.",
-                          "", "server_busy"));
-        return;
-      case Scheduler::Submit::kTooLong:
-        send_error(res, ApiError(400, "prompt plus max_tokens exceed the context", "max_tokens",
-                                 "context_length_exceeded"));
-        return;
-      case Scheduler::Submit::kOverBudget:
-        send_error(
-            res,
-            ApiError(
-                400,
-                strfmt("prompt plus max_tokens (%zu tokens) need more KV cache than the server's "
-                       "whole budget holds; lower max_tokens",
-                       p.gen.prompt.size() + static_cast<size_t>(p.gen.max_tokens)),
-                "max_tokens", "kv_budget_exceeded"));
-        return;
-      case Scheduler::Submit::kStopped:
-        send_error(res, ApiError(503, "The server is shutting down"));
-        return;
+    // n choices: n sequences of the one prompt with seeds seed, seed + 1, ...; all or none
+    // are queued.
+    std::vector<std::shared_ptr<RequestHandle>> handles(static_cast<size_t>(p.n));
+    for (int i = 0; i < p.n; ++i) {
+      runtime::GenerationRequest g = p.gen;
+      g.sampling.seed += static_cast<uint64_t>(i);
+      const Scheduler::Submit sub = s_.sched_.submit(std::move(g), &handles[i]);
+      if (sub == Scheduler::Submit::kQueued) continue;
+      for (int j = 0; j < i; ++j) handles[j]->cancel();
+      send_submit_error(res, sub, p);
+      return;
     }
     // Counted until the response ends, so that stop() lets it finish with a final event.
     s_.in_flight_.fetch_add(1);
@@ -327,107 +360,144 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
     // harmony: the reply's reasoning goes to reasoning_content, its answer to content.
     const bool split_reasoning = e == Endpoint::kChat && ctx.chat && ctx.chat->has_reasoning();
     const bool want_logprobs = p.gen.logprobs >= 0;
+    auto st = std::make_shared<Stream>();
+    st->info = info;
+    st->include_usage = p.include_usage;
+    st->fd = fd;
+    st->choices.resize(static_cast<size_t>(p.n));
+    for (int i = 0; i < p.n; ++i) {
+      ChoiceState& c = st->choices[i];
+      c.handle = handles[i];
+      if (split_reasoning) c.reasoning = std::make_unique<runtime::HarmonyReplyParser>();
+      c.logprobs = want_logprobs;
+      c.pending.tokenizer = ctx.tokenizer;
+    }
+    // With several choices each handle is polled briefly in turn.
+    const auto poll = p.n == 1 ? kPoll : std::chrono::milliseconds(2);
     if (!p.stream) {
-      std::string text;
-      Logprobs lp;
-      lp.tokenizer = ctx.tokenizer;
-      RequestHandle::Update u;
+      std::vector<std::string> texts(static_cast<size_t>(p.n));
       for (;;) {
-        u = handle->wait(kPoll);
-        text += u.text;
-        lp.items.insert(lp.items.end(), u.logprobs.begin(), u.logprobs.end());
-        if (u.finished) break;
+        bool all = true;
+        for (int i = 0; i < p.n; ++i) {
+          ChoiceState& c = st->choices[i];
+          if (c.finished) continue;
+          const RequestHandle::Update u = c.handle->wait(poll);
+          texts[i] += u.text;
+          c.pending.items.insert(c.pending.items.end(), u.logprobs.begin(), u.logprobs.end());
+          if (u.finished) {
+            c.finished = true;
+            c.last = u;
+          }
+          all = all && c.finished;
+        }
+        if (all) break;
         if (s_.stopping_) {
-          handle->cancel();
+          st->cancel();
           send_error(res, ApiError(503, "The server is shutting down"));
           return;
         }
         if (peer_closed(fd)) {
-          handle->cancel();
+          st->cancel();
           res.status = 499;  // the client closed the request (no one reads this)
           return;
         }
       }
-      if (u.reason == FinishReason::kError) {
-        send_error(res, ApiError(500, "generation failed: " + u.error));
-      } else if (u.reason == FinishReason::kCancelled) {
-        send_error(res, ApiError(503, "The server is shutting down"));
-      } else {
+      std::vector<Choice> out(static_cast<size_t>(p.n));
+      Usage usage{n_prompt, 0, 0};
+      for (int i = 0; i < p.n; ++i) {
+        const RequestHandle::Update& u = st->choices[i].last;
+        if (u.reason == FinishReason::kError) {
+          send_error(res, ApiError(500, "generation failed: " + u.error));
+          return;
+        }
+        if (u.reason == FinishReason::kCancelled) {
+          send_error(res, ApiError(503, "The server is shutting down"));
+          return;
+        }
         runtime::ReplyParts parts;
         if (split_reasoning) {
-          parts = runtime::split_harmony_reply(text);
+          parts = runtime::split_harmony_reply(texts[i]);
         } else {
-          parts.content = std::move(text);
+          parts.content = std::move(texts[i]);
         }
-        res.set_content(completion_body(info, parts.content, finish_name(u.reason),
-                                        {n_prompt, u.completion_tokens, u.cached_prompt_tokens},
-                                        parts.reasoning, want_logprobs ? &lp : nullptr),
-                        "application/json");
+        out[i] = Choice{std::move(parts.content), finish_name(u.reason), std::move(parts.reasoning),
+                        want_logprobs ? &st->choices[i].pending : nullptr};
+        usage.completion_tokens += u.completion_tokens;
+        usage.cached_tokens = std::max(usage.cached_tokens, u.cached_prompt_tokens);
       }
+      res.set_content(completion_body(info, out, usage), "application/json");
       return;
     }
-    auto st = std::make_shared<Stream>();
-    st->handle = handle;
-    st->info = info;
-    st->include_usage = p.include_usage;
-    st->fd = fd;
-    if (split_reasoning) st->reasoning = std::make_unique<runtime::HarmonyReplyParser>();
-    st->logprobs = want_logprobs;
-    st->pending.tokenizer = ctx.tokenizer;
     res.set_header("Cache-Control", "no-cache");
     done_guard.armed = false;  // the releaser below ends the count
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st, n_prompt](size_t, httplib::DataSink& sink) {
+        [this, st, n_prompt, poll](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-          if (st->info.endpoint == Endpoint::kChat && !write(chunk_role(st->info))) return false;
-          // New text as chunks: reasoning and answer apart when the format splits them.
+          const int n = static_cast<int>(st->choices.size());
+          if (st->info.endpoint == Endpoint::kChat) {
+            for (int i = 0; i < n; ++i)
+              if (!write(chunk_role(st->info, i))) return false;
+          }
+          // New text of choice i as chunks: reasoning and answer apart when the format
+          // splits them.
           Logprobs lp;
-          auto write_text = [&](const std::string& text, bool last) {
-            if (!st->reasoning)
-              return text.empty() || write(chunk_text(st->info, text, st->take_logprobs(lp)));
-            runtime::ReplyParts parts = st->reasoning->push(text);
+          auto write_text = [&](int i, const std::string& text, bool last) {
+            ChoiceState& c = st->choices[i];
+            if (!c.reasoning)
+              return text.empty() || write(chunk_text(st->info, text, c.take_logprobs(lp), i));
+            runtime::ReplyParts parts = c.reasoning->push(text);
             if (last) {
-              const runtime::ReplyParts rest = st->reasoning->finish();
+              const runtime::ReplyParts rest = c.reasoning->finish();
               parts.reasoning += rest.reasoning;
               parts.content += rest.content;
             }
-            return (parts.reasoning.empty() || write(chunk_reasoning(st->info, parts.reasoning))) &&
+            return (parts.reasoning.empty() ||
+                    write(chunk_reasoning(st->info, parts.reasoning, i))) &&
                    (parts.content.empty() ||
-                    write(chunk_text(st->info, parts.content, st->take_logprobs(lp))));
+                    write(chunk_text(st->info, parts.content, c.take_logprobs(lp), i)));
           };
           for (;;) {
-            const RequestHandle::Update u = st->handle->wait(kPoll);
-            st->pending.items.insert(st->pending.items.end(), u.logprobs.begin(), u.logprobs.end());
-            if (!write_text(u.text, u.finished)) return false;
-            if (u.finished) {
-              bool ok = true;
-              if (u.reason == FinishReason::kError) {
-                ok = write(sse_error(ApiError(500, "generation failed: " + u.error).json()));
-              } else if (u.reason == FinishReason::kCancelled) {
-                ok = write(sse_error(ApiError(503, "The server is shutting down").json()));
-              } else {
-                ok = write(
-                    chunk_finish(st->info, finish_name(u.reason),
-                                 st->pending.items.empty() ? nullptr : st->take_logprobs(lp)));
-                if (ok && st->include_usage)
-                  ok = write(chunk_usage(st->info,
-                                         {n_prompt, u.completion_tokens, u.cached_prompt_tokens}));
+            bool all = true;
+            for (int i = 0; i < n; ++i) {
+              ChoiceState& c = st->choices[i];
+              if (c.finished) continue;
+              const RequestHandle::Update u = c.handle->wait(poll);
+              c.pending.items.insert(c.pending.items.end(), u.logprobs.begin(), u.logprobs.end());
+              if (!write_text(i, u.text, u.finished)) return false;
+              if (u.finished) {
+                c.finished = true;
+                c.last = u;
+                if (u.reason == FinishReason::kError) {
+                  st->cancel();
+                  return finish_stream(
+                      *st, sink, sse_error(ApiError(500, "generation failed: " + u.error).json()));
+                }
+                if (u.reason == FinishReason::kCancelled) {
+                  return finish_stream(
+                      *st, sink, sse_error(ApiError(503, "The server is shutting down").json()));
+                }
+                if (!write(chunk_finish(st->info, finish_name(u.reason),
+                                        c.pending.items.empty() ? nullptr : c.take_logprobs(lp),
+                                        i)))
+                  return false;
               }
-              ok = ok && write(sse_done());
-              st->done = true;
-              if (ok) sink.done();
-              return ok;
+              all = all && c.finished;
+            }
+            if (all) {
+              Usage usage{n_prompt, 0, 0};
+              for (const ChoiceState& c : st->choices) {
+                usage.completion_tokens += c.last.completion_tokens;
+                usage.cached_tokens = std::max(usage.cached_tokens, c.last.cached_prompt_tokens);
+              }
+              return finish_stream(*st, sink,
+                                   st->include_usage ? chunk_usage(st->info, usage) : "");
             }
             if (s_.stopping_) {
               // Shutdown: the client learns why its stream ends, and the stream is whole.
-              st->handle->cancel();
-              st->done = true;
-              const bool ok =
-                  write(sse_error(ApiError(503, "The server is shutting down").json())) &&
-                  write(sse_done());
-              if (ok) sink.done();
-              return ok;
+              st->cancel();
+              return finish_stream(*st, sink,
+                                   sse_error(ApiError(503, "The server is shutting down").json()));
             }
             if (peer_closed(st->fd)) return false;
           }
@@ -435,7 +505,7 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
         // Runs when the response ends, also when writing failed: a stream that did not
         // finish is cancelled so its blocks return to the pool.
         [this, st](bool) {
-          if (!st->done) st->handle->cancel();
+          if (!st->done) st->cancel();
           s_.in_flight_.fetch_sub(1);
         });
   };

@@ -201,10 +201,7 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
   auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
   auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
-  if (const json* n = field(body, "n")) {
-    if (!n->is_number_integer()) wrong_type("n", *n, "an integer");
-    if (!is_one(*n)) bad("n", "'n' must be 1: this server returns one choice per request");
-  }
+  if (const json* n = field(body, "n")) r.n = static_cast<int>(integer(*n, "n", 1, kMaxChoices));
   unsupported(body, "best_of", is_one);
   unsupported(body, "echo", is_false);
   unsupported(body, "suffix", [](const json&) { return false; });

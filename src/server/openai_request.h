@@ -30,11 +30,15 @@ struct ApiContext {
   int ctx = 0;           // tokens per sequence
 };
 
+// Most choices one request may ask for (each is a sequence of its own in the batch).
+constexpr int kMaxChoices = 16;
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   runtime::GenerationRequest gen;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  int n = 1;                   // choices: n sequences from the one prompt (seeds seed + i)
 };
 
 // Throws ApiError.

@@ -119,35 +119,46 @@ std::string new_response_id(Endpoint e) {
   return buf;
 }
 
-std::string completion_body(const ResponseInfo& r, const std::string& text,
-                            const char* finish_reason, const Usage& u, const std::string& reasoning,
-                            const Logprobs* lp) {
+std::string completion_body(const ResponseInfo& r, const std::vector<Choice>& choices,
+                            const Usage& u) {
   json j = base(r, chat(r) ? "chat.completion" : "text_completion");
-  json choice = {
-      {"index", 0}, {"logprobs", logprobs_json(r, lp)}, {"finish_reason", finish(finish_reason)}};
-  if (chat(r)) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    if (!reasoning.empty()) choice["message"]["reasoning_content"] = reasoning;
-  } else {
-    choice["text"] = text;
+  j["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Choice& c = choices[i];
+    json choice = {{"index", i},
+                   {"logprobs", logprobs_json(r, c.logprobs)},
+                   {"finish_reason", finish(c.finish_reason)}};
+    if (chat(r)) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
+    } else {
+      choice["text"] = c.text;
+    }
+    j["choices"].push_back(std::move(choice));
   }
-  j["choices"] = json::array({choice});
   j["usage"] = usage_json(u);
   return dump(j);
 }
 
-std::string chunk_role(const ResponseInfo& r) {
+std::string completion_body(const ResponseInfo& r, const std::string& text,
+                            const char* finish_reason, const Usage& u, const std::string& reasoning,
+                            const Logprobs* lp) {
+  return completion_body(r, {Choice{text, finish_reason, reasoning, lp}}, u);
+}
+
+std::string chunk_role(const ResponseInfo& r, int index) {
   json j = base(r, "chat.completion.chunk");
-  j["choices"] = json::array({{{"index", 0},
+  j["choices"] = json::array({{{"index", index},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
   return event(j);
 }
 
-std::string chunk_text(const ResponseInfo& r, const std::string& text, const Logprobs* lp) {
+std::string chunk_text(const ResponseInfo& r, const std::string& text, const Logprobs* lp,
+                       int index) {
   json j = base(r, chat(r) ? "chat.completion.chunk" : "text_completion");
-  json choice = {{"index", 0}, {"logprobs", logprobs_json(r, lp)}, {"finish_reason", nullptr}};
+  json choice = {{"index", index}, {"logprobs", logprobs_json(r, lp)}, {"finish_reason", nullptr}};
   if (chat(r)) {
     choice["delta"] = {{"content", text}};
   } else {
@@ -157,19 +168,21 @@ std::string chunk_text(const ResponseInfo& r, const std::string& text, const Log
   return event(j);
 }
 
-std::string chunk_reasoning(const ResponseInfo& r, const std::string& text) {
+std::string chunk_reasoning(const ResponseInfo& r, const std::string& text, int index) {
   json j = base(r, "chat.completion.chunk");
-  j["choices"] = json::array({{{"index", 0},
+  j["choices"] = json::array({{{"index", index},
                                {"delta", {{"reasoning_content", text}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
   return event(j);
 }
 
-std::string chunk_finish(const ResponseInfo& r, const char* finish_reason, const Logprobs* lp) {
+std::string chunk_finish(const ResponseInfo& r, const char* finish_reason, const Logprobs* lp,
+                         int index) {
   json j = base(r, chat(r) ? "chat.completion.chunk" : "text_completion");
-  json choice = {
-      {"index", 0}, {"logprobs", logprobs_json(r, lp)}, {"finish_reason", finish(finish_reason)}};
+  json choice = {{"index", index},
+                 {"logprobs", logprobs_json(r, lp)},
+                 {"finish_reason", finish(finish_reason)}};
   if (chat(r)) {
     choice["delta"] = json::object();
   } else {

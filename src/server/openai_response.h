@@ -40,22 +40,32 @@ struct Logprobs {
 // A new id for an endpoint: "cmpl-" or "chatcmpl-" and 24 hex digits.
 std::string new_response_id(Endpoint e);
 
-// `reasoning`: a chat reply's reasoning apart from its answer (harmony), written as
-// message.reasoning_content (llama-server's field) when not empty.
+// One choice of a whole completion. `reasoning`: a chat reply's reasoning apart from its
+// answer (harmony), written as message.reasoning_content (llama-server's field) when not
+// empty.
+struct Choice {
+  std::string text;
+  const char* finish_reason = "stop";
+  std::string reasoning;
+  const Logprobs* logprobs = nullptr;
+};
+std::string completion_body(const ResponseInfo& r, const std::vector<Choice>& choices,
+                            const Usage& u);
+// One choice (index 0).
 std::string completion_body(const ResponseInfo& r, const std::string& text,
                             const char* finish_reason, const Usage& u,
                             const std::string& reasoning = "", const Logprobs* lp = nullptr);
 
-// One SSE event ("data: {...}\n\n"). chunk_role: the chat stream's first chunk, which
-// names the assistant's role; chunk_text: new text; chunk_reasoning: new reasoning of a
-// chat reply (delta.reasoning_content); chunk_finish: the last chunk with the finish
-// reason; chunk_usage: the usage chunk (stream_options.include_usage).
-std::string chunk_role(const ResponseInfo& r);
-std::string chunk_text(const ResponseInfo& r, const std::string& text,
-                       const Logprobs* lp = nullptr);
-std::string chunk_reasoning(const ResponseInfo& r, const std::string& text);
+// One SSE event ("data: {...}\n\n") about choice `index`. chunk_role: a chat choice's
+// first chunk, which names the assistant's role; chunk_text: new text; chunk_reasoning:
+// new reasoning of a chat reply (delta.reasoning_content); chunk_finish: the choice's last
+// chunk with the finish reason; chunk_usage: the usage chunk (stream_options.include_usage).
+std::string chunk_role(const ResponseInfo& r, int index = 0);
+std::string chunk_text(const ResponseInfo& r, const std::string& text, const Logprobs* lp = nullptr,
+                       int index = 0);
+std::string chunk_reasoning(const ResponseInfo& r, const std::string& text, int index = 0);
 std::string chunk_finish(const ResponseInfo& r, const char* finish_reason,
-                         const Logprobs* lp = nullptr);
+                         const Logprobs* lp = nullptr, int index = 0);
 std::string chunk_usage(const ResponseInfo& r, const Usage& u);
 std::string sse_error(const std::string& error_json);
 inline const char* sse_done() { return "data: [DONE]\n\n"; }

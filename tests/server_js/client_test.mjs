@@ -1,6 +1,6 @@
 // Drives a running `kivi serve` with the official OpenAI JavaScript client:
 //   node client_test.mjs BASE_URL API_KEY MODEL
-// a completion, a streamed chat, log-probabilities, the model list, and errors (unknown model, wrong key,
+// a completion, several choices, a streamed chat, log-probabilities, the model list, and errors (unknown model, wrong key,
 // a prompt longer than the context). Prints one JSON line of results; exits 1 on the
 // first check that fails, naming it.
 import OpenAI from "openai";
@@ -24,6 +24,12 @@ check(c.usage.prompt_tokens > 0 && c.usage.completion_tokens > 0, "completion us
 check(c.usage.total_tokens === c.usage.prompt_tokens + c.usage.completion_tokens, "usage total");
 results.completion = c.choices[0].text;
 results.completion_finish = c.choices[0].finish_reason;
+
+// Several choices: n sampled sequences of one prompt, each with its index.
+const many = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 8, temperature: 0.9, seed: 3, n: 3 });
+check(many.choices.length === 3, "n = 3 gives three choices");
+check(many.choices.every((ch, i) => ch.index === i && typeof ch.text === "string"), "choice indices");
+results.choices = many.choices.length;
 
 // A streamed chat: deltas concatenated, a finish reason, usage in the last chunk.
 const stream = await client.chat.completions.create({
