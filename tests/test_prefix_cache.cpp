@@ -177,6 +177,22 @@ const char* kStory =
     "catch!\" Lily threw the ball and Tom ran to get it. They laughed and played until the sun "
     "went down. Then their moms called them home for dinner. ";
 
+// The label of a case under a prefill mode.
+std::string label(const Case& c, attn::PrefillMode mode) {
+  return c.name + (mode == attn::PrefillMode::kTiled ? " tiled" : " stream");
+}
+
+// A shared system prompt of three stories (more than two blocks).
+std::string system_prompt() { return std::string(kStory) + kStory + kStory; }
+
+// `got` equals what a scheduler without the prefix cache gives for the same prompt.
+void expect_as_cold(const Case& c, attn::PrefillMode mode, const Outcome& got,
+                    const std::vector<int>& prompt, int max_tokens, const std::string& name) {
+  Scheduler cold(stories(), options(c, false, mode));
+  expect_same(got, run(cold, prompt, max_tokens), name,
+              mode == attn::PrefillMode::kTiled ? kTiledTol : 0.0f);
+}
+
 // The next turn of a conversation resumes the kept sequence: only the new tokens are
 // prefilled, and what comes out is what a cold prefill of the whole prompt gives.
 TEST(PrefixCache, NextTurnResumesAndMatchesAColdPrefill) {
@@ -184,7 +200,7 @@ TEST(PrefixCache, NextTurnResumesAndMatchesAColdPrefill) {
   const auto& tk = stories().tokenizer();
   for (const attn::PrefillMode mode : kModes)
     for (const Case& c : cases()) {
-      const std::string name = c.name + (mode == attn::PrefillMode::kTiled ? " tiled" : " stream");
+      const std::string name = label(c, mode);
       Scheduler warm(stories(), options(c, true, mode));
       const std::vector<int> p1 = tk.encode(kStory, true);
       const Outcome t1 = run(warm, p1, 20);
@@ -221,11 +237,10 @@ TEST(PrefixCache, NextTurnResumesAndMatchesAColdPrefill) {
 TEST(PrefixCache, AKeptSequenceIsCutBackToTheCommonPrefix) {
   KIVI_REQUIRE_MODEL();
   const auto& tk = stories().tokenizer();
-  std::string system;
-  for (int i = 0; i < 3; ++i) system += kStory;
+  const std::string system = system_prompt();
   for (const attn::PrefillMode mode : kModes)
     for (const Case& c : cases()) {
-      const std::string name = c.name + (mode == attn::PrefillMode::kTiled ? " tiled" : " stream");
+      const std::string name = label(c, mode);
       Scheduler warm(stories(), options(c, true, mode));
       const std::vector<int> a = tk.encode(system + "Tom had a big red ball.", true);
       const std::vector<int> b = tk.encode(system + "The sun was hot and the sea was blue.", true);
@@ -238,10 +253,7 @@ TEST(PrefixCache, AKeptSequenceIsCutBackToTheCommonPrefix) {
       EXPECT_EQ(st.prefix_hits, 1u) << name;
       EXPECT_EQ(st.cached_sequences, 1) << name;  // b took a's slot
       EXPECT_EQ(st.blocks_used, st.cached_blocks) << name;
-
-      Scheduler cold(stories(), options(c, false, mode));
-      expect_same(got, run(cold, b, 10), name,
-                  mode == attn::PrefillMode::kTiled ? kTiledTol : 0.0f);
+      expect_as_cold(c, mode, got, b, 10, name);
     }
 }
 
@@ -251,11 +263,10 @@ TEST(PrefixCache, AKeptSequenceIsCutBackToTheCommonPrefix) {
 TEST(PrefixCache, BeyondTheRewindAFreshSlotMapsTheSharedBlocks) {
   KIVI_REQUIRE_MODEL();
   const auto& tk = stories().tokenizer();
-  std::string system;
-  for (int i = 0; i < 3; ++i) system += kStory;
+  const std::string system = system_prompt();
   for (const attn::PrefillMode mode : kModes)
     for (const Case& c : cases()) {
-      const std::string name = c.name + (mode == attn::PrefillMode::kTiled ? " tiled" : " stream");
+      const std::string name = label(c, mode);
       Scheduler warm(stories(), options(c, true, mode));
       const int B = warm.cache_config().block();
       const std::vector<int> a =
@@ -277,10 +288,7 @@ TEST(PrefixCache, BeyondTheRewindAFreshSlotMapsTheSharedBlocks) {
       const auto st = settled(warm);
       EXPECT_EQ(st.prefix_hits, expected > 0 ? 1u : 0u) << name;
       EXPECT_EQ(st.cached_sequences, c.kivi ? 2 : 1) << name;
-
-      Scheduler cold(stories(), options(c, false, mode));
-      expect_same(got, run(cold, b, 10), name,
-                  mode == attn::PrefillMode::kTiled ? kTiledTol : 0.0f);
+      expect_as_cold(c, mode, got, b, 10, name);
     }
 }
 
@@ -289,8 +297,7 @@ TEST(PrefixCache, BeyondTheRewindAFreshSlotMapsTheSharedBlocks) {
 TEST(PrefixCache, AJoiningRequestStartsAfterPublishedBlocks) {
   KIVI_REQUIRE_MODEL();
   const auto& tk = stories().tokenizer();
-  std::string system;
-  for (int i = 0; i < 3; ++i) system += kStory;
+  const std::string system = system_prompt();
   for (const Case& c : cases()) {
     Scheduler warm(stories(), options(c, true));
     const int B = warm.cache_config().block();
@@ -311,8 +318,7 @@ TEST(PrefixCache, AJoiningRequestStartsAfterPublishedBlocks) {
     const Outcome got = run(warm, b, 10);
     EXPECT_EQ(got.cached, c.resumes_at_blocks ? common / B * B : 0) << c.name;
     h->cancel();
-    Scheduler cold(stories(), options(c, false));
-    expect_same(got, run(cold, b, 10), c.name);
+    expect_as_cold(c, attn::PrefillMode::kStream, got, b, 10, c.name);
   }
 }
 
