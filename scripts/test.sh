@@ -35,7 +35,7 @@ scripts/build.sh fuzz
 seconds="${KIVI_FUZZ_SECONDS:-30}"
 corpus="build-fuzz/corpus"
 /usr/bin/python3 tests/fuzz/make_seeds.py "$corpus"
-for f in gguf llama2c model tokenizer bpe openai_request kv_file; do
+for f in gguf llama2c model tokenizer bpe openai_request grammar kv_file; do
   echo "-- fuzz_$f for ${seconds}s"
   mkdir -p "$corpus/$f.out"
   build-fuzz/bin/fuzz_$f -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 \

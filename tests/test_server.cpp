@@ -214,7 +214,7 @@ TEST(Server, UnimplementedFieldsAreRefusedByName) {
   TestServer srv(kivi2_options(1, 2));
   auto c = srv.client();
   for (const char* f :
-       {"\"grammar\": \"root ::= \\\"a\\\"\"", "\"json_schema\": {}", "\"typical_p\": 0.5",
+       {"\"grammar\": 5", "\"json_schema\": {\"pattern\": \"a+\"}", "\"typical_p\": 0.5",
         "\"tfs_z\": 0.9", "\"n_predict\": 8", "\"mirostat\": 2", "\"tool_choice\": \"auto\""}) {
     const std::string body = std::string("{\"prompt\": \"Once\", \"max_tokens\": 2, ") + f + "}";
     const auto r = c.Post("/v1/completions", body, "application/json");
@@ -230,6 +230,44 @@ TEST(Server, UnimplementedFieldsAreRefusedByName) {
                          "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// A grammar decides the reply: greedy or sampled, the text is the grammar's sentence and
+// the reply ends when the grammar does, with finish_reason "stop"; a grammar that does
+// not compile is a 400 with its line and column.
+TEST(Server, GrammarConstrainsTheReply) {
+  KIVI_REQUIRE_MODEL();
+  TestServer srv(kivi2_options(1, 2));
+  auto c = srv.client();
+  for (const char* temp : {"0", "1"}) {
+    const std::string body = std::string(
+                                 "{\"prompt\": \"Once upon a time\", \"max_tokens\": 40, "
+                                 "\"temperature\": ") +
+                             temp +
+                             ", \"grammar\": \"root ::= (\\\"yes\\\" | \\\"no\\\") \\\".\\\"\"}";
+    const auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    const std::string text = j["choices"][0]["text"];
+    EXPECT_TRUE(text == "yes." || text == "no.") << text;
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  }
+  const auto bad =
+      c.Post("/v1/completions",
+             "{\"prompt\": \"Once\", \"grammar\": \"root ::= \\\"a\\\"\\nx ::= (\\\"b\\\"\"}",
+             "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(error_of(bad)["param"], "grammar");
+  EXPECT_NE(error_of(bad)["message"].get<std::string>().find("line 2, column 7"), std::string::npos)
+      << bad->body;
+  const auto both = c.Post("/v1/completions",
+                           "{\"prompt\": \"Once\", \"grammar\": \"root ::= \\\"a\\\"\", "
+                           "\"response_format\": {\"type\": \"json_object\"}}",
+                           "application/json");
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->status, 400) << both->body;
 }
 
 // The sampler's fields reach the sampler: a logit bias of +100 makes a token the greedy
@@ -746,6 +784,36 @@ TEST(Server, OfficialOpenAiClient) {
   EXPECT_EQ(j["wrong_key"], 401);
   EXPECT_EQ(j["too_long"], 400);
   EXPECT_GT(j["logprobs"], 0);
+  EXPECT_TRUE(srv.drained());
+}
+
+// Structured output through the OpenAI client, every reply validated by ajv (an
+// independent JSON-schema validator): 100 seeded runs per schema (10 under sanitizers).
+TEST(Server, StructuredOutputValidatesWithAjv) {
+  KIVI_REQUIRE_MODEL();
+  const std::string dir = std::string(KIVI_SOURCE_DIR) + "/tests/server_js";
+  if (!test::file_exists(dir + "/node_modules/openai/package.json") ||
+      !test::file_exists(dir + "/node_modules/ajv/package.json")) {
+    GTEST_SKIP() << "the OpenAI client or ajv is not installed (scripts/setup-server-client.sh "
+                    "needs npm and its registry)";
+  }
+  if (std::system("node --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+#ifdef KIVI_SANITIZE
+  const int runs = 10;
+#else
+  const int runs = 100;
+#endif
+  server::ServerOptions so;
+  so.api_key = "test-key";
+  TestServer srv(kivi2_options(2, 8), so);
+  const auto r = test::run("node '" + dir +
+                           "/structured_test.mjs' http://127.0.0.1:" + std::to_string(srv.port()) +
+                           "/v1 test-key stories260K " + std::to_string(runs));
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out << r.err;
+  EXPECT_EQ(j["person"]["stop"], runs);
+  EXPECT_EQ(j["measures"]["stop"], runs);
   EXPECT_TRUE(srv.drained());
 }
 

@@ -127,6 +127,7 @@ int cmd_bench_sparse(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_bench_serve(int argc, char** argv);
 int cmd_bench_comm(int argc, char** argv);
+int cmd_bench_grammar(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 
 }  // namespace kivi::tools

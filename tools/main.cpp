@@ -39,6 +39,7 @@ const char* kUsage =
     "  bench-serve  Load generator for the server: concurrent streaming clients, tokens/s, "
     "latency.\n"
     "  bench-comm   Under mpirun: the time of --dist tp's collectives between the ranks.\n"
+    "  bench-grammar Structured output's cost per token: grammar masks beside a decode step.\n"
     "  bench-sparse Decode attention per token, dense against block-sparse, selection timed "
     "apart.\n"
     "  eval         Long-context retrieval (passkey, needle, kv-retrieval) and the attention "
@@ -109,6 +110,7 @@ int run(int argc, char** argv) {
       {"serve", cmd_serve},
       {"bench-serve", cmd_bench_serve},
       {"bench-comm", cmd_bench_comm},
+      {"bench-grammar", cmd_bench_grammar},
       {"eval", cmd_eval},
   };
   try {

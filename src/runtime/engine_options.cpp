@@ -5,7 +5,12 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "core/error.h"
+#include "grammar/json_schema.h"
 #include "core/rng.h"
 #include "core/suggest.h"
 #include "core/sysinfo.h"
@@ -158,7 +163,59 @@ const std::vector<OptionSpec> kGenSpecs = {
      "Never sample an end token (EOS, BOS, end of turn): generate N tokens, for long runs and "
      "benchmarks (as llama.cpp's --ignore-eos).",
      "", kGen},
+    {"grammar-file", 0, "FILE",
+     "Constrain the reply to the sentences of a GBNF grammar (llama.cpp's format; the rule "
+     "'root' is where the reply starts).",
+     "", kGen},
+    {"json-schema", 0, "SCHEMA",
+     "Constrain the reply to a JSON document valid under SCHEMA: JSON text, or the path of a "
+     "file holding it ('{}' = any JSON value).",
+     "", kGen},
 };
+
+// The grammar --grammar-file or --json-schema asks for, or null.
+std::shared_ptr<const grammar::Grammar> read_grammar(const std::string& file,
+                                                     const std::string& schema,
+                                                     const std::string& file_flag,
+                                                     const std::string& schema_flag) {
+  if (!file.empty() && !schema.empty())
+    fail("%s and %s both constrain the reply; give one", file_flag.c_str(), schema_flag.c_str());
+  auto slurp = [](const std::string& path, const std::string& flag) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("%s: cannot read '%s'", flag.c_str(), path.c_str());
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  std::string gbnf;
+  std::string where;
+  if (!file.empty()) {
+    gbnf = slurp(file, file_flag);
+    where = file_flag + " " + file;
+  } else if (!schema.empty()) {
+    const size_t first = schema.find_first_not_of(" \t\r\n");
+    const bool inline_json =
+        first != std::string::npos &&
+        (schema[first] == '{' || schema[first] == '[' || schema == "true" || schema == "false");
+    const std::string text = inline_json ? schema : slurp(schema, schema_flag);
+    const nlohmann::ordered_json j =
+        nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) fail("%s: the schema is not valid JSON", schema_flag.c_str());
+    try {
+      gbnf = grammar::json_schema_to_gbnf(j);
+    } catch (const grammar::SchemaError& e) {
+      fail("%s: %s", schema_flag.c_str(), e.what());
+    }
+    where = schema_flag;
+  } else {
+    return nullptr;
+  }
+  try {
+    return std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(gbnf));
+  } catch (const grammar::GrammarError& e) {
+    fail("%s: %s", where.c_str(), e.what());
+  }
+}
 
 const OptionSpec* find_in(const std::vector<OptionSpec>& specs, const std::string& name) {
   for (const auto& s : specs)
@@ -385,6 +442,9 @@ GenerationOptions parse_generation_options(const OptionValues& given, OptionSpel
     fail("%s", msg.c_str());
   }
   g.ignore_eos = r.flag("ignore-eos");
+  g.grammar = read_grammar(r.given("grammar-file") ? r.str("grammar-file") : "",
+                           r.given("json-schema") ? r.str("json-schema") : "",
+                           r.name("grammar-file"), r.name("json-schema"));
   return g;
 }
 

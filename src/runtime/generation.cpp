@@ -50,6 +50,14 @@ Continuation::Continuation(const tok::Tokenizer& tk, const GenerationOptions& o,
   if (o.max_tokens < -1) fail("max_tokens = %d, expected -1 (no limit) or more", o.max_tokens);
   if (o.ignore_eos) sampler_.ban(rule_.all(tk.vocab_size()));
   if (o.max_tokens == 0) reason_ = StopReason::kLength;
+  if (o.grammar) {
+    auto trie = o.vocab_trie ? o.vocab_trie : std::make_shared<const grammar::VocabTrie>(tk);
+    if (trie->vocab() != tk.vocab_size())
+      fail("internal: the grammar's vocabulary trie is of another tokenizer");
+    mask_ = std::make_unique<grammar::TokenMask>(o.grammar, std::move(trie),
+                                                 rule_.all(tk.vocab_size()));
+    filter_.m = mask_.get();
+  }
 }
 
 Continuation::Step Continuation::end(StopReason r) {
@@ -63,8 +71,10 @@ Continuation::Step Continuation::end(StopReason r) {
 
 Continuation::Step Continuation::next(const float* logits) {
   if (done()) fail("internal: generation continued after it ended");
-  const int token = sampler_.sample(logits);
-  if (rule_.ends(token)) return end(StopReason::kEnd);
+  const int token = sampler_.sample(logits, mask_ ? &filter_ : nullptr);
+  // No token left (a finished grammar whose end tokens are banned) ends the reply too.
+  if (token < 0 || rule_.ends(token)) return end(StopReason::kEnd);
+  if (mask_) mask_->accept(token);
   sampler_.accept(token);
   Step s;
   s.token = token;
@@ -73,8 +83,10 @@ Continuation::Step Continuation::next(const float* logits) {
   if (text_.stopped()) {
     s.done = true;
     s.reason = reason_ = StopReason::kStopString;
-  } else if (o_.max_tokens >= 0 && n_generated_ >= o_.max_tokens) {
-    const Step rest = end(StopReason::kLength);
+  } else if ((o_.max_tokens >= 0 && n_generated_ >= o_.max_tokens) ||
+             (mask_ && !mask_->can_continue())) {
+    // A grammar that takes nothing more ends the reply without another forward step.
+    const Step rest = end(mask_ && !mask_->can_continue() ? StopReason::kEnd : StopReason::kLength);
     s.text += rest.text;
     s.done = true;
     s.reason = rest.reason;

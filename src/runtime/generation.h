@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "grammar/gbnf.h"
+#include "grammar/token_mask.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "runtime/text_stream.h"
@@ -30,6 +32,11 @@ struct GenerationOptions {
   bool ignore_eos = false;
   std::vector<std::string> stop;  // stop strings (the text ends before the first one)
   std::vector<int> end_tokens;    // tokens that end the reply besides the vocabulary's own
+  // Structured output: the reply's text is a sentence of this grammar. The reply ends
+  // when the grammar allows nothing more (or with an end token where it may end); the
+  // vocabulary's trie is built once per tokenizer and shared (built here when absent).
+  std::shared_ptr<const grammar::Grammar> grammar;
+  std::shared_ptr<const grammar::VocabTrie> vocab_trie;
 };
 
 class StopRule {
@@ -70,14 +77,23 @@ class Continuation {
   const std::string& text() const { return text_.text(); }
   const GenerationOptions& options() const { return o_; }
   Sampler& sampler() { return sampler_; }
+  // The grammar's masks (null without a grammar).
+  const grammar::TokenMask* token_mask() const { return mask_.get(); }
 
  private:
+  struct MaskFilter : TokenFilter {
+    grammar::TokenMask* m = nullptr;
+    bool allows(int token) override { return m->allows(token); }
+    const std::vector<char>& mask() override { return m->mask(); }
+  };
   const tok::Tokenizer& tk_;
   GenerationOptions o_;
   StopRule rule_;
   Sampler sampler_;
   tok::StreamDecoder decoder_;
   TextStream text_;
+  std::unique_ptr<grammar::TokenMask> mask_;
+  MaskFilter filter_;
   int n_generated_ = 0;
   StopReason reason_ = StopReason::kNone;
 };

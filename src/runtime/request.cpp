@@ -108,6 +108,7 @@ GenerationOptions GenerationRequest::options() const {
   o.ignore_eos = ignore_eos;
   o.stop = stop;
   o.end_tokens = end_tokens;
+  o.grammar = grammar;
   return o;
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -38,6 +39,7 @@ struct GenerationRequest {
   std::vector<int> end_tokens;    // tokens that end the reply besides EOS/BOS (a chat format's)
   bool ignore_eos = false;        // never sample an end token (load tests, benchmarks)
   int logprobs = -1;              // >= 0: each token's log-probability and that many alternatives
+  std::shared_ptr<const grammar::Grammar> grammar;  // structured output: the reply's grammar
   // The same, as the generation options every front end uses (runtime/generation.h).
   GenerationOptions options() const;
 };

@@ -79,7 +79,30 @@ void Sampler::ban(const std::vector<int>& tokens) {
   if (left == 0) fail("every token of the vocabulary is banned; nothing can be sampled");
 }
 
-int Sampler::sample(const float* logits) {
+bool Sampler::truncates() const {
+  const int n = static_cast<int>(cand_.size());
+  return (o_.top_k > 0 && o_.top_k < n) || o_.top_p < 1.0f || o_.min_p > 0.0f;
+}
+
+int Sampler::sample(const float* logits, TokenFilter* filter) {
+  if (filter == nullptr) return choose(logits);
+  if (o_.temperature == 0.0f || !truncates()) {
+    const int t = choose(logits);
+    if (filter->allows(t)) return t;
+  }
+  const std::vector<char>& mask = filter->mask();
+  bool any = false;
+  for (size_t t = 0; t < mask.size() && !any; ++t) {
+    any = mask[t] && (banned_.empty() || !banned_[t]);
+  }
+  if (!any) return -1;
+  mask_ = &mask;
+  const int t = choose(logits);
+  mask_ = nullptr;
+  return t;
+}
+
+int Sampler::choose(const float* logits) {
   const int n = static_cast<int>(cand_.size());
   if (!adjusted_.empty()) {
     std::copy(logits, logits + n, adjusted_.begin());
@@ -104,7 +127,7 @@ int Sampler::sample(const float* logits) {
   int first = 0;
   while (!allowed(first)) ++first;
   if (o_.temperature == 0.0f) {
-    if (banned_.empty()) return argmax(logits, n);
+    if (banned_.empty() && mask_ == nullptr) return argmax(logits, n);
     int best = first;
     for (int i = first + 1; i < n; ++i) {
       if (allowed(i) && logits[i] > logits[best]) best = i;
@@ -125,8 +148,7 @@ int Sampler::sample(const float* logits) {
   // Candidates by probability, ties by id; keep top-k, then the top-p nucleus, then the
   // tokens of at least min_p times the top probability.
   int keep = n;
-  const bool truncate = (o_.top_k > 0 && o_.top_k < n) || o_.top_p < 1.0f || o_.min_p > 0.0f;
-  if (truncate) {
+  if (truncates()) {
     auto by_prob = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
       return a.first != b.first ? a.first > b.first : a.second < b.second;
     };

@@ -8,6 +8,12 @@
 //                     frequency * c[t], c[t] = times t was generated so far.
 // Then: temperature, top-k, top-p, and min-p (keep the tokens whose probability is at
 // least min_p times the most probable one's), on the tempered probabilities.
+// A TokenFilter (a grammar) limits the choice to the tokens it allows, as if every other
+// token were banned. The sampler asks it about the token it would pick first and builds
+// the whole mask only when that token is refused: for greedy decoding the pick is then
+// the masked argmax, and for sampling without top-k, top-p and min-p a second draw from
+// the masked distribution after a refused first draw gives exactly the masked
+// distribution (p(t) + (1 - Z) p(t) / Z = p(t) / Z, Z the allowed mass).
 #pragma once
 
 #include <cstdint>
@@ -42,12 +48,21 @@ struct SamplerOptions {
 // the words of the CLI's range errors.
 void check_sampler_options(const SamplerOptions& o);
 
+class TokenFilter {
+ public:
+  virtual ~TokenFilter() = default;
+  virtual bool allows(int token) = 0;
+  // allowed[t] for the whole vocabulary (1 = allowed); valid until the next call.
+  virtual const std::vector<char>& mask() = 0;
+};
+
 class Sampler {
  public:
   // Throws kivi::Error for a logit_bias token outside the vocabulary.
   explicit Sampler(const SamplerOptions& o, int vocab);
-  // Picks a token from logits[vocab] (not modified).
-  int sample(const float* logits);
+  // Picks a token from logits[vocab] (not modified); with a filter, one it allows, or -1
+  // when it allows none that is not banned.
+  int sample(const float* logits, TokenFilter* filter = nullptr);
   // The prompt's tokens, for the repeat penalty's window (before the first sample).
   void observe_prompt(const std::vector<int>& tokens);
   // Records a generated token (for the penalties).
@@ -60,9 +75,14 @@ class Sampler {
   void set_rng(const Rng& r) { rng_ = r; }
 
  private:
-  bool allowed(int t) const { return banned_.empty() || !banned_[t]; }
+  bool allowed(int t) const {
+    return (banned_.empty() || !banned_[t]) && (mask_ == nullptr || (*mask_)[t]);
+  }
+  bool truncates() const;
+  int choose(const float* logits);
   SamplerOptions o_;
-  std::vector<char> banned_;  // [vocab] when any token is banned
+  const std::vector<char>* mask_ = nullptr;  // a filter's mask, during a filtered choice
+  std::vector<char> banned_;                 // [vocab] when any token is banned
   Rng rng_;
   std::vector<std::pair<float, int>> cand_;  // allocated once
   std::vector<float> probs_;

@@ -316,8 +316,13 @@ bool Scheduler::admit_locked() {
     s.n_generated = 0;
     s.order = next_order_++;
     stats_.queue_time.observe(now_seconds() - s.submitted);
-    s.gen =
-        std::make_unique<Continuation>(m_.tokenizer(), s.params.options(), s.params.prompt.back());
+    GenerationOptions go = s.params.options();
+    if (go.grammar) {
+      // The vocabulary's trie, built at the first request with a grammar.
+      if (!vocab_trie_) vocab_trie_ = std::make_shared<const grammar::VocabTrie>(m_.tokenizer());
+      go.vocab_trie = vocab_trie_;
+    }
+    s.gen = std::make_unique<Continuation>(m_.tokenizer(), go, s.params.prompt.back());
     s.gen->sampler().observe_prompt(s.params.prompt);
     s.req->admitted(resume > 0 ? std::min(n, s.cache->blocks_shared() * B) : shared * B, cached);
     ++stats_.admitted;
@@ -366,7 +371,13 @@ void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
 }
 
 void Scheduler::sample(Slot& s) {
-  const Continuation::Step st = s.gen->next(s.logits.data());
+  Continuation::Step st;
+  try {
+    st = s.gen->next(s.logits.data());
+  } catch (const Error& e) {  // a grammar that cannot go on (too ambiguous)
+    end(s, FinishReason::kError, e.what());
+    return;
+  }
   if (st.token >= 0) {
     s.tokens.push_back(st.token);
     if (++s.n_generated == 1) {

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
+#include "server/structured_output.h"
 #include "tokenizer/unicode.h"
 
 namespace kivi::server {
@@ -228,16 +229,12 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
     }
     unsupported(body, "top_logprobs", is_zero);
   }
-  unsupported(body, "response_format", [](const json& v) {
-    return v.is_object() && v.contains("type") && v["type"] == "text";
-  });
+  r.gen.grammar = parse_structured_output(body, body_text);
   // Fields llama.cpp's server and other clients send that this server does not implement.
   auto is_value = [](double x) {
     return [x](const json& v) { return v.is_number() && v.get<double>() == x; };
   };
   auto never = [](const json&) { return false; };
-  unsupported(body, "grammar", never);
-  unsupported(body, "json_schema", never);
   unsupported(body, "n_predict", never);
   unsupported(body, "typical_p", is_value(1.0));
   unsupported(body, "tfs_z", is_value(1.0));

@@ -202,6 +202,30 @@ def write_openai(folder):
             f.write(bytes([endpoint]) + json.dumps(body).encode())
 
 
+def write_grammar(folder):
+    """fuzz_grammar seeds: byte 0 even, GBNF text, a NUL and text to feed; odd, a JSON schema."""
+    grammars = [
+        'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"\0(1+2)-3',
+        'root ::= "{" ws ("\\"" [^"\\\\]* "\\"")? "}"\nws ::= [ \\t\\n]{0,3} # c\0{ "ab"}',
+        'root ::= yes\n   | no\nyes ::= "y\\u00e9"{1,3}\nno ::= [^a-z]? .\0y\u00e9y\u00e9',
+    ]
+    for i, g in enumerate(grammars):
+        with open(os.path.join(folder, f"gbnf{i}.bin"), "wb") as f:
+            f.write(b"\x00" + g.encode())
+    schemas = [
+        {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4},
+                                          "b": {"type": "integer", "minimum": -3, "maximum": 120},
+                                          "c": {"type": "array", "items": {"enum": ["x", 1, None]}, "maxItems": 2}},
+         "required": ["a"], "additionalProperties": False},
+        {"$defs": {"n": {"type": "object", "properties": {"k": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                         "required": ["k"]}}, "$ref": "#/$defs/n"},
+        {"anyOf": [{"type": "number"}, {"type": "null"}, {"const": {"q": [1, 2]}}, {"type": "string", "format": "date"}]},
+    ]
+    for i, sch in enumerate(schemas):
+        with open(os.path.join(folder, f"schema{i}.bin"), "wb") as f:
+            f.write(b"\x01" + json.dumps(sch).encode())
+
+
 M64 = (1 << 64) - 1
 P1, P2, P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
 
@@ -297,6 +321,8 @@ def main():
     write_bpe(os.path.join(out, "bpe"))
     os.makedirs(os.path.join(out, "openai_request"), exist_ok=True)
     write_openai(os.path.join(out, "openai_request"))
+    os.makedirs(os.path.join(out, "grammar"), exist_ok=True)
+    write_grammar(os.path.join(out, "grammar"))
     os.makedirs(os.path.join(out, "kv_file"), exist_ok=True)
     write_kv(os.path.join(out, "kv_file"))
 
