@@ -83,6 +83,7 @@ class Parser {
   int depth_ = 0;
   size_t elements_ = 0;
   bool next_rule_ = false;  // the last rule ended where the next one's name starts
+  std::unordered_map<std::string, int> generated_;  // the last number per generated base
 
   [[noreturn]] void error(const std::string& what, size_t at) const {
     at = std::min(at, s_.size());
@@ -141,11 +142,13 @@ class Parser {
   }
 
   uint32_t new_rule(const std::string& base, std::vector<Seq> body) {
+    // Generated names continue from the last one made for this base (a bounded
+    // repetition makes thousands).
+    int& k = generated_[base];
     std::string name;
-    for (int k = 1;; ++k) {
-      name = base + "-" + std::to_string(k);
-      if (!ids_.count(name)) break;
-    }
+    do {
+      name = base + "-" + std::to_string(++k);
+    } while (ids_.count(name));
     const uint32_t id = rule_id(name, i_);
     defined_at_[id] = i_;
     bodies_[id] = std::move(body);

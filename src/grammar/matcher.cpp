@@ -128,23 +128,27 @@ bool Matcher::accepting() const {
 
 bool Matcher::can_continue() const { return !stacks_.empty() && stacks_.back() != kAccept; }
 
-// Copies the nodes the live stacks use into a fresh arena.
+// Copies the nodes the live stacks use into a fresh arena (without recursion: a stack
+// may be as deep as the text is nested).
 void Matcher::compact() {
   ++epoch_;
   std::vector<Node> old;
   old.swap(nodes_);
   index_.clear();
   std::unordered_map<int32_t, int32_t> moved;
-  auto copy = [&](auto&& self, int32_t id) -> int32_t {
-    if (id < 0) return id;
-    auto it = moved.find(id);
-    if (it != moved.end()) return it->second;
-    const int32_t parent = self(self, old[id].parent);
-    const int32_t now = intern(old[id].pos, parent);
-    moved.emplace(id, now);
-    return now;
-  };
-  for (int32_t& id : stacks_) id = copy(copy, id);
+  std::vector<int32_t> chain;
+  for (int32_t& id : stacks_) {
+    if (id < 0) continue;
+    // The nodes from id down to the first one already copied (or the bottom).
+    chain.clear();
+    for (int32_t at = id; at >= 0 && !moved.count(at); at = old[at].parent) chain.push_back(at);
+    for (size_t k = chain.size(); k-- > 0;) {
+      const Node& n = old[chain[k]];
+      const int32_t parent = n.parent < 0 ? n.parent : moved.at(n.parent);
+      moved.emplace(chain[k], intern(n.pos, parent));
+    }
+    id = moved.at(id);
+  }
   normalize(stacks_);
 }
 
