@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "grammar/gbnf.h"
 #include "io/mapped_file.h"
 #include "model/model.h"
 #include "runtime/engine_options.h"
@@ -480,23 +481,35 @@ void bind_engine(pb::module_& m) {
           "generate",
           [](Session& self, const std::string& prompt, int max_tokens, double temperature,
              int top_k, double top_p, int64_t seed, bool ignore_eos,
-             const std::optional<std::vector<std::string>>& stop) {
+             const std::optional<std::vector<std::string>>& stop,
+             const std::optional<std::string>& grammar,
+             const std::optional<std::string>& json_schema) {
             // The CLI's parser and ranges (runtime/engine_options.h), keywords spelled here.
-            const runtime::OptionValues v{{"max-tokens", std::to_string(max_tokens)},
-                                          {"temp", strfmt("%.17g", temperature)},
-                                          {"top-k", std::to_string(top_k)},
-                                          {"top-p", strfmt("%.17g", top_p)},
-                                          {"seed", std::to_string(seed)},
-                                          {"ignore-eos", ignore_eos ? "true" : "false"}};
+            runtime::OptionValues v{{"max-tokens", std::to_string(max_tokens)},
+                                    {"temp", strfmt("%.17g", temperature)},
+                                    {"top-k", std::to_string(top_k)},
+                                    {"top-p", strfmt("%.17g", top_p)},
+                                    {"seed", std::to_string(seed)},
+                                    {"ignore-eos", ignore_eos ? "true" : "false"}};
+            if (json_schema) v["json-schema"] = *json_schema;
             runtime::GenerationOptions go =
                 runtime::parse_generation_options(v, runtime::OptionSpelling::kKeyword);
             if (stop) go.stop = *stop;
+            if (grammar) {
+              if (json_schema) fail("grammar and json_schema both constrain the reply; give one");
+              try {
+                go.grammar =
+                    std::make_shared<const grammar::Grammar>(grammar::Grammar::parse(*grammar));
+              } catch (const grammar::GrammarError& e) {
+                fail("grammar: %s", e.what());
+              }
+            }
             const auto& tk = self.model().tok();
             return std::make_unique<Generator>(self, tk.encode(prompt, tk.add_bos()), go);
           },
           pb::keep_alive<0, 1>(), "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.8,
           "top_k"_a = 40, "top_p"_a = 0.95, "seed"_a = 42, "ignore_eos"_a = false,
-          "stop"_a = pb::none(),
+          "stop"_a = pb::none(), "grammar"_a = pb::none(), "json_schema"_a = pb::none(),
           "Generates from `prompt` (BOS prepended as the vocabulary asks; the cache is emptied "
           "first) and\n"
           "returns an iterator of text pieces, each whole UTF-8 characters. temperature 0 is "
@@ -505,7 +518,9 @@ void bind_engine(pb::module_& m) {
           "The reply\n"
           "ends at an end token (EOS, BOS, end of turn), a stop string, max_tokens (-1: no "
           "limit) or a full\n"
-          "context; ignore_eos never samples the end tokens.")
+          "context; ignore_eos never samples the end tokens. grammar (GBNF text) or json_schema "
+          "(JSON text\n"
+          "or a file) makes the reply a sentence of the grammar, ending where it ends.")
       .def("logits", &Session::logits, "tokens"_a, "mode"_a = "prefill",
            "Logits float32 [n, vocab] after every position of `tokens` (ids, or a string encoded "
            "with BOS),\n"

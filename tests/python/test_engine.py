@@ -92,6 +92,26 @@ class Engine(unittest.TestCase):
             self.assertEqual(g.token_ids, out["token_ids"], kv)
             self.assertEqual(g.stop_reason, out["stop"], kv)
 
+    def test_structured_output_equals_the_cli(self):
+        schema = '{"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 99}, ' \
+                 '"name": {"type": "string", "maxLength": 8}}, "required": ["age", "name"], ' \
+                 '"additionalProperties": false}'
+        for seed in (1, 2, 3):
+            out = json.loads(cli("generate", "-p", "The answer:", "-n", "200", "--temp", "1", "--seed", str(seed),
+                                 "--json-schema", schema, "--json"))
+            g = self.model.session().generate("The answer:", max_tokens=200, temperature=1, seed=seed,
+                                              json_schema=schema)
+            text = "".join(g)
+            self.assertEqual(text, out["completion"])
+            doc = json.loads(text)
+            self.assertEqual(sorted(doc), ["age", "name"])
+            self.assertTrue(0 <= doc["age"] <= 99 and len(doc["name"]) <= 8, doc)
+        g = self.model.session().generate("Once", temperature=0.9, grammar='root ::= ("yes" | "no") "."')
+        self.assertIn("".join(g), ("yes.", "no."))
+        with self.assertRaises(kivi.Error) as cm:
+            self.model.session().generate("Once", grammar='root ::= "a" | b')
+        self.assertIn("line 1, column 16", str(cm.exception))
+
     def test_logits_equal_the_cli(self):
         prompt = "Tim had a red kite. He liked to fly his kite in the big green park near his house. " * 3
         for kv in ([], ["--kv-cache", "kivi2", "--residual", "32"], ["--kv-cache", "kivi4", "--key-flush", "group",
