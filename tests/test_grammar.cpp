@@ -2,6 +2,7 @@
 // token mask against a token-by-token walk of the plain matcher.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/token_mask.h"
+#include "runtime/sampler.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -241,6 +243,48 @@ TEST(TokenMask, EndTokensOnlyWhenComplete) {
   for (char c : m) n += c;
   EXPECT_EQ(n, 1);  // only the end
   EXPECT_THROW(tm.accept(a), Error);
+}
+
+// A filter that allows the even tokens, counting how often the sampler asks for a mask.
+struct EvenTokens : runtime::TokenFilter {
+  std::vector<char> m;
+  int masks = 0;
+  explicit EvenTokens(int n) : m(n) {
+    for (int t = 0; t < n; t += 2) m[t] = 1;
+  }
+  bool allows(int token) override { return token % 2 == 0; }
+  const std::vector<char>& mask() override {
+    ++masks;
+    return m;
+  }
+};
+
+// The sampler's check-first shortcut: greedy picks the masked argmax, and sampling without
+// truncation draws from the masked distribution p(t) / Z, with or without the shortcut.
+TEST(SamplerFilter, GreedyAndSampledFollowTheMask) {
+  const int n = 6;
+  const float logits[n] = {0.5f, 3.0f, 1.0f, 0.0f, -1.0f, 2.0f};
+  runtime::SamplerOptions greedy;
+  runtime::Sampler g(greedy, n);
+  EvenTokens f(n);
+  EXPECT_EQ(g.sample(logits, &f), 2);  // token 1 is the argmax but odd
+  EXPECT_EQ(f.masks, 1);
+  runtime::SamplerOptions o;
+  o.temperature = 1.0f;
+  o.seed = 11;
+  runtime::Sampler s(o, n);
+  const int draws = 200000;
+  std::vector<int> count(n);
+  for (int i = 0; i < draws; ++i) ++count[s.sample(logits, &f)];
+  double z = 0;
+  for (int t = 0; t < n; t += 2) z += std::exp(logits[t]);
+  for (int t = 0; t < n; ++t) {
+    const double want = t % 2 ? 0.0 : std::exp(logits[t]) / z;
+    EXPECT_NEAR(count[t] / double(draws), want, 0.005) << t;
+  }
+  // Only refused first draws asked for the mask (the odd tokens hold ~90% of p).
+  EXPECT_GT(f.masks, draws / 2);
+  EXPECT_LT(f.masks, draws);
 }
 
 }  // namespace

@@ -77,8 +77,6 @@ class Continuation {
   const std::string& text() const { return text_.text(); }
   const GenerationOptions& options() const { return o_; }
   Sampler& sampler() { return sampler_; }
-  // The grammar's masks (null without a grammar).
-  const grammar::TokenMask* token_mask() const { return mask_.get(); }
 
  private:
   struct MaskFilter : TokenFilter {
