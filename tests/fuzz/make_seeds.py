@@ -196,6 +196,11 @@ def write_openai(folder):
         (2, {"content": "a the User:", "add_special": True, "with_pieces": True}),
         (4, {"tokens": [1, 200, 40, 262]}),
         (6, {"input": ["a the", [1, 200, 40]], "model": "m", "encoding_format": "float"}),
+        (1, {"messages": [{"role": "user", "content": "a"}],
+             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {
+                 "type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]}}}}),
+        (0, {"prompt": "a", "grammar": "root ::= [a-z]+ \"!\"\n", "max_tokens": 4}),
+        (0, {"prompt": "a", "response_format": {"type": "json_object"}}),
     ]
     for i, (endpoint, body) in enumerate(seeds):
         with open(os.path.join(folder, f"req{i}.bin"), "wb") as f:
