@@ -223,19 +223,21 @@ bool TokenMask::allows(int token) {
 }
 
 const std::vector<char>& TokenMask::mask() {
-  const int32_t st = current().state;
-  const Matcher::Partial p = m_.partial();
-  for (const Cached& c : cache_) {
-    if (c.state == st && p.left == 0) return c.mask;
+  // Mid-character masks are not kept: their key would need the bytes read so far.
+  if (m_.partial().left != 0) {
+    compute(scratch_);
+    return scratch_;
   }
-  if (cache_.size() == kCacheEntries) cache_.erase(cache_.begin());
+  const int32_t st = current().state;
+  for (const Cached& c : cache_) {
+    if (c.state == st) return c.mask;
+  }
   std::vector<char> m;
   compute(m);
-  if (p.left != 0) {  // mid-character masks are not kept (their key would need the bytes)
-    cache_.push_back({kUnknown, std::move(m)});
-  } else {
-    cache_.push_back({current().state, std::move(m)});
-  }
+  // The walk may have reset the tables (and the cache with them): the state is renamed.
+  const int32_t now = current().state;
+  if (cache_.size() == kCacheEntries) cache_.erase(cache_.begin());
+  cache_.push_back({now, std::move(m)});
   return cache_.back().mask;
 }
 
@@ -331,6 +333,16 @@ void TokenMask::compute_slow(std::vector<char>& out) {
     }
     if (n.child_begin != n.child_end) path.push_back({e.node, n.child_begin});
   }
+}
+
+bool TokenMask::accept_text(std::string_view text) {
+  if (!m_.accept(text)) return false;
+  current_ = kUnknown;
+  if (m_.epoch() != epoch_) {
+    reset_tables();
+    epoch_ = m_.epoch();
+  }
+  return true;
 }
 
 void TokenMask::accept(int token) {

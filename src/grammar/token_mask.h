@@ -66,6 +66,9 @@ class TokenMask {
   void compute(std::vector<char>& out);
   // Takes the chosen token; throws kivi::Error when the grammar does not allow it.
   void accept(int token);
+  // Takes text the grammar starts from (a lazy grammar's trigger and what followed it);
+  // false, with nothing taken, when the grammar refuses it.
+  bool accept_text(std::string_view text);
   bool accepting() const { return m_.accepting(); }
   bool can_continue() const { return m_.can_continue(); }
   // Walk states interned so far (for the benchmark).
@@ -108,6 +111,7 @@ class TokenMask {
     std::vector<char> mask;
   };
   std::vector<Cached> cache_;  // most recent last
+  std::vector<char> scratch_;  // the last mid-character mask
   uint32_t epoch_ = 0;         // the matcher's epoch the tables belong to
   Matcher::Stacks tmp_;
 };

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/f16.h"
+#include "grammar/token_mask.h"
 #include "quant/dequant.h"
 
 namespace kivi::model {
@@ -34,6 +35,12 @@ std::string default_tokenizer_path(const std::string& model_path) {
     if (file_exists(p)) return p;
   }
   return "";
+}
+
+std::shared_ptr<const grammar::VocabTrie> Model::vocab_trie() const {
+  if (!tok_) fail("the model has no tokenizer, which a grammar needs");
+  std::call_once(trie_once_, [&] { trie_ = std::make_shared<const grammar::VocabTrie>(*tok_); });
+  return trie_;
 }
 
 size_t Model::weight_bytes() const {

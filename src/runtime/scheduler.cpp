@@ -318,9 +318,7 @@ bool Scheduler::admit_locked() {
     stats_.queue_time.observe(now_seconds() - s.submitted);
     GenerationOptions go = s.params.options();
     if (go.grammar) {
-      // The vocabulary's trie, built at the first request with a grammar.
-      if (!vocab_trie_) vocab_trie_ = std::make_shared<const grammar::VocabTrie>(m_.tokenizer());
-      go.vocab_trie = vocab_trie_;
+      go.vocab_trie = m_.vocab_trie();  // built at the first request with a grammar
     }
     s.gen = std::make_unique<Continuation>(m_.tokenizer(), go, s.params.prompt.back());
     s.gen->sampler().observe_prompt(s.params.prompt);

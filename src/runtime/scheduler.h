@@ -194,7 +194,6 @@ class Scheduler {
   void repeat_step(const std::vector<int32_t>& w, size_t& i);
 
   const model::Model& m_;
-  std::shared_ptr<const grammar::VocabTrie> vocab_trie_;  // built at the first grammar
   SchedulerOptions opt_;
   kv::CacheConfig shaped_;
   PoolPlan plan_;
