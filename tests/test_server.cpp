@@ -137,7 +137,8 @@ TEST(Server, BadRequestsGetTheirStatusAndAnErrorObject) {
        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": -1}",
        400, "max_completion_tokens"},
       {"/v1/chat/completions",
-       "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", 400, "tools"},
+       "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", 400,
+       "tools[0].type"},
   };
   for (const auto& k : cases) {
     const auto r = c.Post(k.path, k.body, "application/json");
@@ -814,6 +815,43 @@ TEST(Server, StructuredOutputValidatesWithAjv) {
   ASSERT_TRUE(j.is_object()) << r.out << r.err;
   EXPECT_EQ(j["person"]["stop"], runs);
   EXPECT_EQ(j["measures"]["stop"], runs);
+  EXPECT_TRUE(srv.drained());
+}
+
+// Tool calls through the OpenAI client on stories260K (a plain transcript: hermes calls):
+// "required" replies are calls whose arguments ajv validates against each function's
+// schema, for 40 seeds (8 under sanitizers); a named function, a stream, the round trip
+// with the tool's result, "auto" and the 400s of bad tools (tests/server_js/tools_test.mjs).
+TEST(Server, ToolCallsValidateAndRoundTrip) {
+  KIVI_REQUIRE_MODEL();
+  const std::string dir = std::string(KIVI_SOURCE_DIR) + "/tests/server_js";
+  if (!test::file_exists(dir + "/node_modules/openai/package.json") ||
+      !test::file_exists(dir + "/node_modules/ajv/package.json")) {
+    GTEST_SKIP() << "the OpenAI client or ajv is not installed (scripts/setup-server-client.sh "
+                    "needs npm and its registry)";
+  }
+  if (std::system("node --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+#ifdef KIVI_SANITIZE
+  const int runs = 8;
+#else
+  const int runs = 40;
+#endif
+  server::ServerOptions so;
+  so.api_key = "test-key";
+  // The tools' description alone is some 400 of stories260K's small tokens: a longer
+  // context than it was trained on (the text is meaningless either way).
+  runtime::SchedulerOptions o = kivi2_options(2, 8);
+  o.ctx = 1280;
+  TestServer srv(o, so);
+  const auto r =
+      test::run("node '" + dir + "/tools_test.mjs' http://127.0.0.1:" + std::to_string(srv.port()) +
+                "/v1 test-key stories260K " + std::to_string(runs));
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out << r.err;
+  EXPECT_GE(j["required"]["tool_calls"].get<int>(), runs * 8 / 10);
+  EXPECT_EQ(j["named"]["name"], "add");
+  EXPECT_GE(j["round_trip"]["calls"].get<int>(), 1);
   EXPECT_TRUE(srv.drained());
 }
 

@@ -13,6 +13,11 @@ constexpr int kMaxRepeat = 100000;         // largest m or n of x{m,n}
 constexpr size_t kMaxElements = 4u << 20;  // generated table size at most
 constexpr int kMaxNesting = 256;           // parentheses deep
 
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_';
+}
+
 }  // namespace
 
 GrammarError::GrammarError(const std::string& what, size_t offset, int line, int column)
@@ -117,10 +122,7 @@ class Parser {
     }
   }
 
-  static bool name_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-           c == '_';
-  }
+  static bool name_char(char c) { return is_name_char(c); }
 
   std::string parse_name() {
     const size_t start = i_;
@@ -503,5 +505,38 @@ class Parser {
 };
 
 Grammar Grammar::parse(std::string_view text) { return Parser(text).run(); }
+
+std::string prefix_rule_names(std::string_view g, std::string_view prefix) {
+  std::string out;
+  out.reserve(g.size() + g.size() / 4);
+  size_t i = 0;
+  // Copies up to and including `close`, escapes kept whole.
+  auto copy_until = [&](char close) {
+    out += g[i++];
+    while (i < g.size() && g[i] != close) {
+      if (g[i] == '\\' && i + 1 < g.size()) out += g[i++];
+      out += g[i++];
+    }
+    if (i < g.size()) out += g[i++];
+  };
+  while (i < g.size()) {
+    const char c = g[i];
+    if (c == '"') {
+      copy_until('"');
+    } else if (c == '[') {
+      copy_until(']');
+    } else if (c == '{') {
+      copy_until('}');
+    } else if (c == '#') {
+      while (i < g.size() && g[i] != '\n') out += g[i++];
+    } else if (is_name_char(c)) {
+      out += prefix;
+      while (i < g.size() && is_name_char(g[i])) out += g[i++];
+    } else {
+      out += g[i++];
+    }
+  }
+  return out;
+}
 
 }  // namespace kivi::grammar

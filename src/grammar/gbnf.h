@@ -77,4 +77,9 @@ class Grammar {
   uint32_t root_ = 0;
 };
 
+// The same grammar text with `prefix` before every rule name (definitions and
+// references; literals, classes, repetition bounds and comments untouched), so that
+// grammars made apart can be joined into one: "root" becomes prefix + "root".
+std::string prefix_rule_names(std::string_view gbnf, std::string_view prefix);
+
 }  // namespace kivi::grammar

@@ -19,7 +19,8 @@ namespace kivi::grammar {
 SchemaError::SchemaError(const std::string& message, std::string pointer)
     : Error(pointer.empty() ? "json schema: " + message
                             : "json schema at " + pointer + ": " + message),
-      pointer_(std::move(pointer)) {}
+      pointer_(std::move(pointer)),
+      message_(message) {}
 
 namespace {
 

@@ -30,9 +30,10 @@ class SchemaError : public Error {
  public:
   SchemaError(const std::string& message, std::string pointer);
   const std::string& pointer() const { return pointer_; }
+  const std::string& message() const { return message_; }  // without the pointer
 
  private:
-  std::string pointer_;
+  std::string pointer_, message_;
 };
 
 // GBNF text (rule `root`) whose sentences are exactly (a subset of) the JSON documents

@@ -226,6 +226,21 @@ std::vector<int> ChatPrompt::user_turn(const std::string& text, const std::strin
   return out;
 }
 
+std::vector<int> ChatPrompt::ipython_turn(const std::vector<std::string>& results) const {
+  if (format_ != ChatFormat::kLlama3) fail("internal: ipython turns are llama3's");
+  std::vector<std::string> keep;
+  keep.reserve(results.size());
+  std::vector<tok::TextSegment> seg = {{"<|eot_id|>", true}};
+  for (const std::string& r : results) {
+    keep.push_back(trim(r));
+    seg.push_back({"<|start_header_id|>ipython<|end_header_id|>\n\n", true});
+    seg.push_back({keep.back(), false});
+    seg.push_back({"<|eot_id|>", true});
+  }
+  seg.push_back({"<|start_header_id|>assistant<|end_header_id|>\n\n", true});
+  return tk_.encode_segments(seg);
+}
+
 std::vector<int> ChatPrompt::history_reply(const std::string& text) const {
   if (format_ == ChatFormat::kHarmony) {
     return tk_.encode_segments({{"<|channel|>final<|message|>", true}, {text, false}});

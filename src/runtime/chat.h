@@ -66,6 +66,9 @@ class ChatPrompt {
   // the turn goes on after it.
   std::vector<int> user_turn(const std::string& text, const std::string& system, bool first,
                              bool after_marker = false) const;
+  // llama3: tokens of tool results after a reply that called tools: the reply closed,
+  // each result in an ipython turn (trimmed), then the assistant's header.
+  std::vector<int> ipython_turn(const std::vector<std::string>& results) const;
   // Tokens of an assistant reply in the history (a conversation written whole, as the
   // server does): its text as the model would have written it after the assistant's
   // header (harmony: as the final channel's message); the next user turn closes it.

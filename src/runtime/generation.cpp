@@ -51,12 +51,46 @@ Continuation::Continuation(const tok::Tokenizer& tk, const GenerationOptions& o,
   if (o.ignore_eos) sampler_.ban(rule_.all(tk.vocab_size()));
   if (o.max_tokens == 0) reason_ = StopReason::kLength;
   if (o.grammar) {
-    auto trie = o.vocab_trie ? o.vocab_trie : std::make_shared<const grammar::VocabTrie>(tk);
-    if (trie->vocab() != tk.vocab_size())
+    trie_ = o.vocab_trie ? o.vocab_trie : std::make_shared<const grammar::VocabTrie>(tk);
+    if (trie_->vocab() != tk.vocab_size())
       fail("internal: the grammar's vocabulary trie is of another tokenizer");
-    mask_ = std::make_unique<grammar::TokenMask>(o.grammar, std::move(trie),
-                                                 rule_.all(tk.vocab_size()));
-    filter_.m = mask_.get();
+    if (o.trigger.word.empty()) {
+      start_grammar(0);
+    } else {
+      waiting_ = true;
+    }
+  }
+}
+
+void Continuation::start_grammar(size_t at) {
+  mask_ = std::make_unique<grammar::TokenMask>(o_.grammar, trie_, rule_.all(tk_.vocab_size()));
+  waiting_ = false;
+  if (at < raw_.size() && !mask_->accept_text(std::string_view(raw_).substr(at))) {
+    mask_.reset();  // not a sentence's start: the reply stays free
+    return;
+  }
+  filter_.m = mask_.get();
+}
+
+void Continuation::watch_trigger(int token) {
+  raw_ += trie_->text(token);
+  const std::string& w = o_.trigger.word;
+  if (o_.trigger.at_start) {
+    const size_t b = raw_.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return;
+    const size_t n = std::min(w.size(), raw_.size() - b);
+    if (raw_.compare(b, n, w, 0, n) != 0) {
+      waiting_ = false;  // the reply starts otherwise
+    } else if (n == w.size()) {
+      start_grammar(b);
+    }
+    return;
+  }
+  const size_t at = raw_.find(w, searched_);
+  if (at != std::string::npos) {
+    start_grammar(at);
+  } else if (raw_.size() >= w.size()) {
+    searched_ = raw_.size() - w.size() + 1;
   }
 }
 
@@ -74,7 +108,11 @@ Continuation::Step Continuation::next(const float* logits) {
   const int token = sampler_.sample(logits, mask_ ? &filter_ : nullptr);
   // No token left (a finished grammar whose end tokens are banned) ends the reply too.
   if (token < 0 || rule_.ends(token)) return end(StopReason::kEnd);
-  if (mask_) mask_->accept(token);
+  if (mask_) {
+    mask_->accept(token);
+  } else if (waiting_) {
+    watch_trigger(token);
+  }
   sampler_.accept(token);
   Step s;
   s.token = token;
@@ -94,9 +132,20 @@ Continuation::Step Continuation::next(const float* logits) {
   return s;
 }
 
+namespace {
+
+// The options with the model's vocabulary trie when a grammar needs one.
+GenerationOptions with_trie(const Session& s, const GenerationOptions& o) {
+  GenerationOptions out = o;
+  if (out.grammar && !out.vocab_trie) out.vocab_trie = s.model().vocab_trie();
+  return out;
+}
+
+}  // namespace
+
 Generator::Generator(Session& s, const GenerationOptions& o, int prev_token)
     : s_(s),
-      cont_(s.model().tokenizer(), o, prev_token),
+      cont_(s.model().tokenizer(), with_trie(s, o), prev_token),
       bounded_(s.options().overflow != ContextOverflow::kStop) {}
 
 void Generator::prefill(const std::vector<int>& prompt) {

@@ -24,6 +24,15 @@
 
 namespace kivi::runtime {
 
+// Where a lazy grammar starts: free text until `word` appears (anywhere, or only as the
+// reply's first text after white space when `at_start`), then the grammar from the
+// word's first byte on. Empty: the grammar holds from the first token. Text that reaches
+// the word but is not a sentence's start leaves the reply free.
+struct GrammarTrigger {
+  std::string word;
+  bool at_start = false;
+};
+
 struct GenerationOptions {
   int max_tokens = 256;  // generated tokens at most (the end token not counted); -1 = no limit
   SamplerOptions sampler;
@@ -37,6 +46,7 @@ struct GenerationOptions {
   // vocabulary's trie is built once per tokenizer and shared (built here when absent).
   std::shared_ptr<const grammar::Grammar> grammar;
   std::shared_ptr<const grammar::VocabTrie> vocab_trie;
+  GrammarTrigger trigger;  // a lazy grammar (tool calls in free text)
 };
 
 class StopRule {
@@ -90,8 +100,15 @@ class Continuation {
   Sampler sampler_;
   tok::StreamDecoder decoder_;
   TextStream text_;
+  void start_grammar(size_t at);
+  void watch_trigger(int token);
+
   std::unique_ptr<grammar::TokenMask> mask_;
   MaskFilter filter_;
+  std::shared_ptr<const grammar::VocabTrie> trie_;
+  bool waiting_ = false;  // a lazy grammar not started yet
+  std::string raw_;       // the tokens' texts while waiting
+  size_t searched_ = 0;   // raw_ before this holds no trigger
   int n_generated_ = 0;
   StopReason reason_ = StopReason::kNone;
 };

@@ -109,6 +109,7 @@ GenerationOptions GenerationRequest::options() const {
   o.stop = stop;
   o.end_tokens = end_tokens;
   o.grammar = grammar;
+  o.trigger = grammar_trigger;
   return o;
 }
 

@@ -40,6 +40,7 @@ struct GenerationRequest {
   bool ignore_eos = false;        // never sample an end token (load tests, benchmarks)
   int logprobs = -1;              // >= 0: each token's log-probability and that many alternatives
   std::shared_ptr<const grammar::Grammar> grammar;  // structured output: the reply's grammar
+  GrammarTrigger grammar_trigger;  // where the grammar starts (tool calls); empty: at once
   // The same, as the generation options every front end uses (runtime/generation.h).
   GenerationOptions options() const;
 };

@@ -87,12 +87,19 @@ const char* bad_content_length(const httplib::Request& req, size_t max) {
 
 const char* finish_name(FinishReason r) { return r == FinishReason::kLength ? "length" : "stop"; }
 
+// Calls as the client sees them, each with a new id.
+std::vector<runtime::ToolCall> with_ids(std::vector<runtime::ToolCall> calls) {
+  for (auto& c : calls) c.id = new_tool_call_id();
+  return calls;
+}
+
 // One choice's sequence and what its text still owes the client: log-probabilities of
 // tokens not yet sent (they go with the next chunk of answer text, or the last), and for
 // a chat format whose replies carry reasoning (harmony) the parser that splits it.
 struct ChoiceState {
   std::shared_ptr<RequestHandle> handle;
   std::unique_ptr<runtime::HarmonyReplyParser> reasoning;
+  std::unique_ptr<runtime::ToolCallParser> tools;  // a reply that may hold tool calls
   bool logprobs = false;
   Logprobs pending;
   bool finished = false;
@@ -369,6 +376,8 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
       ChoiceState& c = st->choices[i];
       c.handle = handles[i];
       if (split_reasoning) c.reasoning = std::make_unique<runtime::HarmonyReplyParser>();
+      if (p.tools.active())
+        c.tools = std::make_unique<runtime::ToolCallParser>(p.tool_syntax, p.tools.names());
       c.logprobs = want_logprobs;
       c.pending.tokenizer = ctx.tokenizer;
     }
@@ -415,13 +424,20 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
           return;
         }
         runtime::ReplyParts parts;
+        std::vector<runtime::ToolCall> calls;
         if (split_reasoning) {
           parts = runtime::split_harmony_reply(texts[i]);
+        } else if (ChoiceState& c = st->choices[i]; c.tools) {
+          parts.content = c.tools->push(texts[i]);
+          parts.content += c.tools->finish();
+          calls = with_ids(c.tools->calls());
         } else {
           parts.content = std::move(texts[i]);
         }
-        out[i] = Choice{std::move(parts.content), finish_name(u.reason), std::move(parts.reasoning),
-                        want_logprobs ? &st->choices[i].pending : nullptr};
+        out[i] =
+            Choice{std::move(parts.content), calls.empty() ? finish_name(u.reason) : "tool_calls",
+                   std::move(parts.reasoning), want_logprobs ? &st->choices[i].pending : nullptr,
+                   std::move(calls)};
         usage.completion_tokens += u.completion_tokens;
         usage.cached_tokens = std::max(usage.cached_tokens, u.cached_prompt_tokens);
       }
@@ -444,6 +460,14 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
           Logprobs lp;
           auto write_text = [&](int i, const std::string& text, bool last) {
             ChoiceState& c = st->choices[i];
+            if (c.tools) {
+              std::string content = c.tools->push(text);  // (before finish: sequenced)
+              if (last) content += c.tools->finish();
+              return (content.empty() ||
+                      write(chunk_text(st->info, content, c.take_logprobs(lp), i))) &&
+                     (!last || c.tools->calls().empty() ||
+                      write(chunk_tool_calls(st->info, with_ids(c.tools->calls()), i)));
+            }
             if (!c.reasoning)
               return text.empty() || write(chunk_text(st->info, text, c.take_logprobs(lp), i));
             runtime::ReplyParts parts = c.reasoning->push(text);
@@ -477,7 +501,8 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
                   return finish_stream(
                       *st, sink, sse_error(ApiError(503, "The server is shutting down").json()));
                 }
-                if (!write(chunk_finish(st->info, finish_name(u.reason),
+                const bool called = c.tools && !c.tools->calls().empty();
+                if (!write(chunk_finish(st->info, called ? "tool_calls" : finish_name(u.reason),
                                         c.pending.items.empty() ? nullptr : c.take_logprobs(lp),
                                         i)))
                   return false;

@@ -1,5 +1,8 @@
 #include "server/messages.h"
 
+#include <algorithm>
+
+#include "core/error.h"
 #include "server/api_error.h"
 
 namespace kivi::server {
@@ -8,11 +11,24 @@ namespace {
 
 bool is_system(const std::string& role) { return role == "system" || role == "developer"; }
 
-// The system prompt and the alternating turns, user first and last.
+// One side's turn: a user's text, an assistant's reply (and calls), or tool results.
+struct Turn {
+  enum Kind { kUser, kAssistant, kTool } kind;
+  std::string text;
+  std::vector<runtime::ToolCall> calls;
+  std::vector<std::string> results;
+};
+
+// The system prompt and the turns: user first, then an assistant's after each user's or
+// results; results after an assistant's calls; the last a user's or results.
 struct Turns {
   std::string system;
-  std::vector<std::string> text;  // user, assistant, user, ..., user
+  std::vector<Turn> turns;
 };
+
+[[noreturn]] void bad(const std::string& what) {
+  throw ApiError(400, "messages: " + what, "messages");
+}
 
 Turns to_turns(const std::vector<ChatMessage>& messages) {
   Turns t;
@@ -20,26 +36,36 @@ Turns to_turns(const std::vector<ChatMessage>& messages) {
   for (; i < messages.size() && is_system(messages[i].role); ++i) {
     t.system += (t.system.empty() ? "" : "\n\n") + messages[i].content;
   }
-  std::string last_role;
   for (; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    if (is_system(m.role)) {
-      throw ApiError(400, "messages: a " + m.role + " message must come before the conversation",
-                     "messages");
-    }
-    if (m.role == last_role) {
-      t.text.back() += "\n\n" + m.content;
+    if (is_system(m.role)) bad("a " + m.role + " message must come before the conversation");
+    const Turn::Kind kind = m.role == "user"        ? Turn::kUser
+                            : m.role == "assistant" ? Turn::kAssistant
+                                                    : Turn::kTool;
+    Turn* last = t.turns.empty() ? nullptr : &t.turns.back();
+    if (last && last->kind == kind) {  // one role twice: one turn
+      if (kind == Turn::kTool) {
+        last->results.push_back(m.content);
+      } else {
+        if (!m.content.empty()) last->text += (last->text.empty() ? "" : "\n\n") + m.content;
+        last->calls.insert(last->calls.end(), m.tool_calls.begin(), m.tool_calls.end());
+      }
       continue;
     }
-    if (last_role.empty() && m.role != "user") {
-      throw ApiError(400, "messages: the conversation must start with a user message", "messages");
-    }
-    t.text.push_back(m.content);
-    last_role = m.role;
+    if (!last && kind != Turn::kUser) bad("the conversation must start with a user message");
+    if (kind == Turn::kTool && last->calls.empty())
+      bad("a tool message must follow an assistant message with tool_calls");
+    if (kind == Turn::kUser && last && last->kind == Turn::kTool)
+      bad("a user message cannot follow tool results; the assistant answers them first");
+    Turn turn{kind, m.content, m.tool_calls, {}};
+    if (kind == Turn::kTool) turn = Turn{kind, "", {}, {m.content}};
+    t.turns.push_back(std::move(turn));
   }
-  if (t.text.empty()) throw ApiError(400, "messages: there is no user message", "messages");
-  if (last_role != "user") {
-    throw ApiError(400, "messages: the last message must be the user's", "messages");
+  if (t.turns.empty()) bad("there is no user message");
+  if (t.turns.back().kind == Turn::kAssistant) {
+    bad(t.turns.back().calls.empty()
+            ? "the last message must be the user's"
+            : "the assistant's tool_calls need their results (tool messages) after them");
   }
   return t;
 }
@@ -61,33 +87,74 @@ const char* ChatFormatter::name() const {
   return chat_ ? runtime::chat_format_name(chat_->format()) : "plain";
 }
 
-ChatFormatter::Prompt ChatFormatter::format(const std::vector<ChatMessage>& messages) const {
-  const Turns t = to_turns(messages);
+runtime::ToolSyntax ChatFormatter::tool_syntax() const {
+  if (!chat_) return runtime::plain_tool_syntax();
+  try {
+    return runtime::tool_syntax(chat_->format());
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "tools");
+  }
+}
+
+ChatFormatter::Prompt ChatFormatter::format(const std::vector<ChatMessage>& messages,
+                                            const std::vector<runtime::ToolFunction>* tools) const {
+  Turns t = to_turns(messages);
+  const bool any_calls = std::any_of(t.turns.begin(), t.turns.end(), [](const Turn& x) {
+    return x.kind != Turn::kUser && !x.calls.empty();
+  });
+  const bool offer = tools && !tools->empty();
+  const runtime::ToolSyntax syntax =
+      offer || any_calls ? tool_syntax() : runtime::ToolSyntax::kHermes;
+  const bool llama3 = syntax == runtime::ToolSyntax::kLlama3 && (offer || any_calls);
+  std::string first_user_head;  // llama3: the tools, at the head of the first user message
+  if (offer) {
+    const std::string tools_text = runtime::tools_instructions(syntax, *tools);
+    if (syntax == runtime::ToolSyntax::kLlama3) {
+      t.system = runtime::llama3_tools_system() + (t.system.empty() ? "" : "\n" + t.system);
+      first_user_head = tools_text;
+    } else {
+      t.system += (t.system.empty() ? "" : "\n\n") + tools_text;
+    }
+  }
+  // A turn's text as the format writes it: replies with their calls, results as a user
+  // turn (hermes).
+  auto text_of = [&](const Turn& x, size_t i) {
+    if (x.kind == Turn::kAssistant) return runtime::reply_with_calls(syntax, x.text, x.calls);
+    if (x.kind == Turn::kTool) return runtime::tool_results_text(x.results);
+    return i == 0 ? first_user_head + x.text : x.text;
+  };
   Prompt p;
   if (!chat_) {
     std::string text = t.system.empty() ? "" : t.system + "\n\n";
-    for (size_t i = 0; i < t.text.size(); ++i) {
+    for (size_t i = 0; i < t.turns.size(); ++i) {
+      const std::string x = text_of(t.turns[i], i);
+      if (t.turns[i].kind != Turn::kAssistant) {
+        text += "User: " + x + "\n";
+        continue;
+      }
       // A reply as the model wrote it after "Assistant:" (usually from a space), so that
       // the next turn's prompt starts with the tokens the server's cache holds.
-      const bool spaced =
-          i % 2 == 1 && !t.text[i].empty() && (t.text[i][0] == ' ' || t.text[i][0] == '\n');
-      text += (i % 2 == 0 ? "User: " : spaced ? "Assistant:" : "Assistant: ") + t.text[i] + "\n";
+      const bool spaced = !x.empty() && (x[0] == ' ' || x[0] == '\n');
+      text += (spaced ? "Assistant:" : "Assistant: ") + x + "\n";
     }
     text += "Assistant:";
     p.tokens = tk_.encode(text, tk_.add_bos());
     p.stop = {"\nUser:"};
     return p;
   }
-  for (size_t i = 0; i < t.text.size(); ++i) {
-    if (i % 2 == 0) {
-      const std::vector<int> turn = chat_->user_turn(t.text[i], t.system, i == 0);
-      p.tokens.insert(p.tokens.end(), turn.begin(), turn.end());
-    } else {
+  for (size_t i = 0; i < t.turns.size(); ++i) {
+    const Turn& x = t.turns[i];
+    std::vector<int> part;
+    if (x.kind == Turn::kAssistant) {
       // A reply in the history: its text as the model would have written it (the next
-      // user turn closes it with the end marker).
-      const std::vector<int> r = chat_->history_reply(t.text[i]);
-      p.tokens.insert(p.tokens.end(), r.begin(), r.end());
+      // turn closes it with the end marker).
+      part = chat_->history_reply(text_of(x, i));
+    } else if (x.kind == Turn::kTool && llama3) {
+      part = chat_->ipython_turn(x.results);
+    } else {
+      part = chat_->user_turn(text_of(x, i), t.system, i == 0);
     }
+    p.tokens.insert(p.tokens.end(), part.begin(), part.end());
   }
   p.end_tokens = end_tokens_;
   return p;

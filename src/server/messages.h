@@ -8,7 +8,9 @@
 //
 // Leading system (or developer) messages form the system prompt; then user and
 // assistant messages alternate (consecutive messages of one role are joined with a blank
-// line), and the last one is the user's.
+// line), and the last one is the user's. With tools (runtime/tool_calls.h) an assistant
+// message may carry calls, and the results follow it as tool messages (consecutive ones
+// return together); the conversation may then end with them.
 #pragma once
 
 #include <memory>
@@ -16,13 +18,15 @@
 #include <vector>
 
 #include "runtime/chat.h"
+#include "runtime/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kivi::server {
 
 struct ChatMessage {
-  std::string role;  // system, developer, user, assistant
+  std::string role;  // system, developer, user, assistant, tool
   std::string content;
+  std::vector<runtime::ToolCall> tool_calls = {};  // an assistant's calls
 };
 
 class ChatFormatter {
@@ -41,8 +45,13 @@ class ChatFormatter {
     std::vector<int> end_tokens;    // tokens that end the reply
     std::vector<std::string> stop;  // stop strings the format implies
   };
-  // Throws ApiError (400, param "messages") for a conversation it cannot write.
-  Prompt format(const std::vector<ChatMessage>& messages) const;
+  // The syntax of tool calls in this format; throws ApiError (400, param "tools") for a
+  // format that has none.
+  runtime::ToolSyntax tool_syntax() const;
+  // Throws ApiError (400, param "messages") for a conversation it cannot write. `tools`
+  // (may be null or empty) are shown to the model as the format's syntax does.
+  Prompt format(const std::vector<ChatMessage>& messages,
+                const std::vector<runtime::ToolFunction>* tools = nullptr) const;
 
  private:
   const tok::Tokenizer& tk_;

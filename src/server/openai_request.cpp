@@ -149,14 +149,26 @@ std::vector<ChatMessage> chat_messages(const json& body) {
     ChatMessage msg;
     msg.role = role->get<std::string>();
     if (msg.role != "system" && msg.role != "developer" && msg.role != "user" &&
-        msg.role != "assistant") {
+        msg.role != "assistant" && msg.role != "tool") {
       bad(where + ".role", "'" + where + ".role' = '" + msg.role +
-                               "' is not supported (system, developer, user, assistant)");
+                               "' is not supported (system, developer, user, assistant, tool)");
     }
-    if (field(x, "tool_calls") || field(x, "function_call")) {
-      bad(where, "tool calls are not supported by this server");
+    if (field(x, "function_call")) {
+      bad(where + ".function_call",
+          "'function_call' is deprecated and not supported; use 'tool_calls'");
     }
+    if (const json* calls = field(x, "tool_calls")) {
+      if (msg.role != "assistant")
+        bad(where + ".tool_calls", "only an assistant's message has tool_calls");
+      msg.tool_calls = parse_message_tool_calls(*calls, where);
+    }
+    if (const json* id = field(x, "tool_call_id"); id && !id->is_string())
+      wrong_type(where + ".tool_call_id", *id, "a string");
     const json* content = field(x, "content");
+    if (!content && !msg.tool_calls.empty()) {  // a reply that is only calls
+      out.push_back(std::move(msg));
+      continue;
+    }
     if (!content) bad(where + ".content", "'" + where + ".content' is required");
     if (content->is_string()) {
       msg.content = content->get<std::string>();
@@ -206,8 +218,13 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   unsupported(body, "best_of", is_one);
   unsupported(body, "echo", is_false);
   unsupported(body, "suffix", [](const json&) { return false; });
-  unsupported(body, "tools", is_empty);
-  unsupported(body, "functions", is_empty);
+  if (e == Endpoint::kChat) {
+    r.tools = parse_tools(body, body_text);
+  } else {
+    unsupported(body, "tools", is_empty);
+    unsupported(body, "functions", is_empty);
+    unsupported(body, "tool_choice", [](const json& v) { return v.is_string() && v == "none"; });
+  }
   // Log-probabilities: chat takes logprobs (a boolean) and top_logprobs (0 to 20), a
   // completion logprobs (the alternatives, 0 to 5; null or absent for none).
   if (e == Endpoint::kChat) {
@@ -240,7 +257,6 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   unsupported(body, "tfs_z", is_value(1.0));
   unsupported(body, "mirostat", is_zero);
   unsupported(body, "n_probs", is_zero);
-  unsupported(body, "tool_choice", [](const json& v) { return v.is_string() && v == "none"; });
 
   if (const json* s = field(body, "stream")) r.stream = boolean(*s, "stream");
   if (const json* so = field(body, "stream_options")) {
@@ -310,7 +326,12 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
   if (e == Endpoint::kCompletions) {
     r.gen.prompt = completion_prompt(body, tk);
   } else {
-    ChatFormatter::Prompt p = ctx.chat->format(chat_messages(body));
+    if (r.tools.active()) {
+      r.tool_syntax = ctx.chat->tool_syntax();
+      constrain_to_tools(r.tools, r.tool_syntax, r.gen);
+    }
+    ChatFormatter::Prompt p =
+        ctx.chat->format(chat_messages(body), r.tools.active() ? &r.tools.tools : nullptr);
     r.gen.prompt = std::move(p.tokens);
     r.gen.end_tokens = std::move(p.end_tokens);
     r.gen.stop.insert(r.gen.stop.end(), p.stop.begin(), p.stop.end());

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <random>
 
 #include "server/api_error.h"
@@ -76,6 +77,18 @@ json logprobs_json(const ResponseInfo& r, const Logprobs* lp) {
           {"text_offset", offsets}};
 }
 
+json tool_calls_json(const std::vector<runtime::ToolCall>& calls, bool indexed) {
+  json a = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) c["index"] = i;
+    a.push_back(std::move(c));
+  }
+  return a;
+}
+
 }  // namespace
 
 std::string ApiError::default_type(int status) {
@@ -131,6 +144,10 @@ std::string completion_body(const ResponseInfo& r, const std::vector<Choice>& ch
     if (chat(r)) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
+      if (!c.tool_calls.empty()) {
+        if (c.text.empty()) choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = tool_calls_json(c.tool_calls, false);
+      }
     } else {
       choice["text"] = c.text;
     }
@@ -143,7 +160,7 @@ std::string completion_body(const ResponseInfo& r, const std::vector<Choice>& ch
 std::string completion_body(const ResponseInfo& r, const std::string& text,
                             const char* finish_reason, const Usage& u, const std::string& reasoning,
                             const Logprobs* lp) {
-  return completion_body(r, {Choice{text, finish_reason, reasoning, lp}}, u);
+  return completion_body(r, {Choice{text, finish_reason, reasoning, lp, {}}}, u);
 }
 
 std::string chunk_role(const ResponseInfo& r, int index) {
@@ -175,6 +192,26 @@ std::string chunk_reasoning(const ResponseInfo& r, const std::string& text, int 
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
   return event(j);
+}
+
+std::string chunk_tool_calls(const ResponseInfo& r, const std::vector<runtime::ToolCall>& calls,
+                             int index) {
+  json j = base(r, "chat.completion.chunk");
+  j["choices"] = json::array({{{"index", index},
+                               {"delta", {{"tool_calls", tool_calls_json(calls, true)}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  return event(j);
+}
+
+std::string new_tool_call_id() {
+  static const char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mu);
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlnum[rng() % 62];
+  return id;
 }
 
 std::string chunk_finish(const ResponseInfo& r, const char* finish_reason, const Logprobs* lp,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/request.h"
+#include "runtime/tool_calls.h"
 #include "server/openai_request.h"
 #include "tokenizer/tokenizer.h"
 
@@ -42,12 +43,14 @@ std::string new_response_id(Endpoint e);
 
 // One choice of a whole completion. `reasoning`: a chat reply's reasoning apart from its
 // answer (harmony), written as message.reasoning_content (llama-server's field) when not
-// empty.
+// empty. `tool_calls`: the calls of a chat reply (message.tool_calls; content null when
+// the reply is only calls).
 struct Choice {
   std::string text;
   const char* finish_reason = "stop";
   std::string reasoning;
   const Logprobs* logprobs = nullptr;
+  std::vector<runtime::ToolCall> tool_calls;
 };
 std::string completion_body(const ResponseInfo& r, const std::vector<Choice>& choices,
                             const Usage& u);
@@ -64,6 +67,12 @@ std::string chunk_role(const ResponseInfo& r, int index = 0);
 std::string chunk_text(const ResponseInfo& r, const std::string& text, const Logprobs* lp = nullptr,
                        int index = 0);
 std::string chunk_reasoning(const ResponseInfo& r, const std::string& text, int index = 0);
+// The calls of a chat reply, whole (delta.tool_calls with index, id, type, name and
+// arguments).
+std::string chunk_tool_calls(const ResponseInfo& r, const std::vector<runtime::ToolCall>& calls,
+                             int index = 0);
+// A new id for a tool call: "call_" and 24 letters and digits.
+std::string new_tool_call_id();
 std::string chunk_finish(const ResponseInfo& r, const char* finish_reason,
                          const Logprobs* lp = nullptr, int index = 0);
 std::string chunk_usage(const ResponseInfo& r, const Usage& u);
