@@ -201,6 +201,15 @@ def write_openai(folder):
                  "type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]}}}}),
         (0, {"prompt": "a", "grammar": "root ::= [a-z]+ \"!\"\n", "max_tokens": 4}),
         (0, {"prompt": "a", "response_format": {"type": "json_object"}}),
+        (1, {"messages": [{"role": "user", "content": "a"}], "tool_choice": "required",
+             "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                 "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"]}}}]}),
+        (1, {"messages": [{"role": "user", "content": "a"},
+                          {"role": "assistant", "content": None, "tool_calls": [{"id": "c",
+                           "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                          {"role": "tool", "tool_call_id": "c", "content": "1"}],
+             "tools": [{"type": "function", "function": {"name": "f"}}],
+             "tool_choice": {"type": "function", "function": {"name": "f"}}}),
     ]
     for i, (endpoint, body) in enumerate(seeds):
         with open(os.path.join(folder, f"req{i}.bin"), "wb") as f:
