@@ -94,7 +94,7 @@ void check(const FormatCase& c, const Shape& s, int D, int n, int G, int R, bool
 TEST(Attention, EveryFormatShapeAndLengthOnEveryTarget) {
   const int D = 64, G = 32, R = 64;
   ThreadPool pool(2);
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     for (const auto& c : all_formats()) {
       for (const auto& s : kShapes) {
@@ -137,7 +137,7 @@ TEST(Attention, KiviKeyGroupSizesAndWindows) {
   ThreadPool pool(2);
   const auto formats = all_formats();
   double worst_fast = 0.0;
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     for (const auto& c : formats) {
       if (!kv::is_kivi(c.k.format)) continue;
@@ -199,7 +199,7 @@ TEST(Attention, ResultDoesNotDependOnThreadCount) {
 // general tests cover the 512-bit kernels there and the 256-bit ones on AVX2).
 TEST(Attention, WideAndNarrowExactKernelsOnAvx3) {
   int64_t avx3 = 0;
-  for (const auto& t : cpu::available_targets())
+  for (const auto& t : test::simd_targets())
     if (t.name == "AVX3") avx3 = t.bits;
   if (avx3 == 0) GTEST_SKIP() << "needs a CPU with AVX-512 (AVX3)";
   cpu::force_target_bits(avx3);
@@ -306,7 +306,7 @@ TEST(Attention, ExpOfNonPositive) {
   const size_t n_normal = x.size();
   for (float v : {-87.31f, -88.0f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()})
     x.push_back(v);
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     // Every length up to 20 covers the vector tail of every width.
     for (int len = 1; len <= 20; ++len) {
@@ -377,7 +377,7 @@ TEST(Attention, FastPathErrorBound) {
   // Measured worst case on these inputs: 7.0e-4 (docs/KERNELS.md); the bound leaves ~3x.
   const double kBound = 2e-3;
   double worst = 0.0;
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     for (const auto& c : all_formats()) {
       for (const auto& s : kShapes) {
@@ -416,7 +416,7 @@ TEST(Attention, FastPathErrorBound) {
 TEST(Attention, KeysBeforeRopeOnEveryTarget) {
   ThreadPool pool(2);
   double worst = 0.0;
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     for (const auto& c : all_formats()) {
       for (const auto& s : kShapes) {
@@ -466,7 +466,7 @@ TEST(Attention, KeysBeforeRopeOnEveryTarget) {
 // too, as one more task merged first; against the reference on every format and target.
 TEST(Attention, SinksBeforeTheWindow) {
   ThreadPool pool(2);
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     for (const auto& c : all_formats()) {
       for (int sinks : {1, 4, 40}) {
@@ -498,7 +498,7 @@ TEST(Attention, HeadSinksJoinTheDenominator) {
   ThreadPool pool(2);
   const int H = 8, Hkv = 2, D = 64;
   const std::vector<float> head_sinks = {-3.0f, 0.0f, 1.5f, 3.0f, -1e30f, 6.0f, 0.5f, 40.0f};
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     for (const auto& c : all_formats()) {
       for (int window : {0, 300}) {
@@ -541,7 +541,7 @@ TEST(Attention, HeadSinksJoinTheDenominator) {
 // a VNNI machine too, against the same bound. Runs only where the CPU has AVX3.
 TEST(Attention, FastPathWithoutVnniOnAvx3) {
   int64_t avx3 = 0;
-  for (const auto& t : cpu::available_targets())
+  for (const auto& t : test::simd_targets())
     if (t.name == "AVX3") avx3 = t.bits;
   if (avx3 == 0) GTEST_SKIP() << "needs a CPU with AVX-512 (AVX3)";
   cpu::force_target_bits(avx3);
@@ -643,7 +643,7 @@ TEST(Attention, MergeCoversBothOrdersEqualMaximaAndEmptyStates) {
 TEST(Attention, FastPathValueTailWithoutWindow) {
   const double kBound = 2e-3;
   double worst = 0.0;
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     for (const auto& c : all_formats()) {
       for (const auto& s : kShapes) {

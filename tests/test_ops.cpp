@@ -49,7 +49,7 @@ Weights random_weights(size_t n, uint64_t seed) {
 // Each SIMD target's matvec stays within float rounding of the double reference:
 // |y - y_ref| <= 1e-5 * sum_c |w_rc x_c| (a bound on the accumulated rounding error).
 TEST(Ops, MatvecMatchesReferenceOnEveryTarget) {
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     TargetGuard g(target.bits);
     for (auto [rows, cols] :
          {std::pair{1, 1}, {3, 7}, {64, 64}, {172, 64}, {64, 172}, {37, 301}, {512, 64}}) {
@@ -87,7 +87,7 @@ TEST(Ops, MatvecMatchesReferenceOnEveryTarget) {
 // rows side by side for a single token).
 TEST(Ops, MatmulIsBitIdenticalToMatvecAndThreadCount) {
   ThreadPool p1(1), p3(3);
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     TargetGuard g(target.bits);
     for (auto [rows, cols, n] : {std::tuple{172, 64, 7},
                                  {64, 172, 5},
@@ -117,7 +117,7 @@ TEST(Ops, MatmulIsBitIdenticalToMatvecAndThreadCount) {
 }
 
 TEST(Ops, F16BulkConversionMatchesScalar) {
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     TargetGuard g(target.bits);
     std::vector<f16_t> h(1000);
     for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<f16_t>(i * 65 + 3);
@@ -158,7 +158,7 @@ TEST(Ops, NormsAndActivations) {
   EXPECT_FLOAT_EQ(g[0], 0.0f);
   EXPECT_NEAR(g[1], 3.0 * 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
   EXPECT_NEAR(g[2], -2.0 / (1.0 + std::exp(2.0)), 1e-6);
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     TargetGuard tg(target.bits);
     EXPECT_NEAR(ops::dot(x.data(), w.data(), 100), ops::ref::dot(x.data(), w.data(), 100), 1e-4)
         << target.name;

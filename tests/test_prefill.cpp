@@ -110,7 +110,7 @@ std::vector<Outcome> run_case(const FormatCase& f, const Case& c, uint64_t seed)
   // Tiled on every SIMD target, with one and with two threads (the reference does not
   // depend on the target: computed once).
   std::vector<Outcome> outcomes;
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     cpu::force_target_bits(target.bits);
     Outcome o;
     o.target = target.name;

@@ -87,7 +87,7 @@ double error_bound(const QMatrix& q, const std::vector<float>& x, int64_t r) {
 }
 
 TEST(QMatmul, EveryTypeMatchesTheReferenceOnEveryTarget) {
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     TargetGuard g(target.bits);
     for (Type t : kWeightTypes) {
       const int block = quant::info(t).block;
@@ -125,7 +125,7 @@ TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
                                  {40, 256, 10}}) {
       const QMatrix q = random_matrix(t, rows, cols, 99 + static_cast<uint64_t>(t));
       const auto x = random_x(cols * n, 1);
-      for (const auto& target : cpu::available_targets()) {
+      for (const auto& target : test::simd_targets()) {
         TargetGuard g(target.bits);
         std::vector<float> y1(static_cast<size_t>(n * rows)), y3(y1.size()), yv(y1.size());
         ops::matmul(q.m(), x.data(), n, y1.data(), &p1);
@@ -149,7 +149,7 @@ TEST(QMatmul, BatchedEqualsPerTokenAndThreadCountDoesNotMatter) {
 // number of blocks (the last one runs alone), and 7 tokens leave a partial tile.
 TEST(QMatmul, X86KernelsGiveTheSameBitsOnEveryPath) {
   std::vector<cpu::Target> x86;
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     if (target.name == "AVX2" || target.name == "AVX3") x86.push_back(target);
   }
   if (x86.size() < 2) GTEST_SKIP() << "needs both AVX2 and AVX-512";
@@ -192,7 +192,7 @@ TEST(QMatmul, ActivationQuantizationIsTheSameOnEveryTarget) {
     const auto l = detail::act_layout(k, cols);
     AlignedBuffer<uint8_t> first(l.bytes), out(l.bytes);
     bool have_first = false;
-    for (const auto& target : cpu::available_targets()) {
+    for (const auto& target : test::simd_targets()) {
       TargetGuard g(target.bits);
       std::memset(out.data(), 0, l.bytes);
       detail::quantize_acts(k, x.data(), cols, out.data());
@@ -252,7 +252,7 @@ TEST(QMatmul, MatchesGgmlMatvecFixture) {
     std::vector<float> yr(64);
     ops::ref::matvec(m, x.data(), yr.data());
     for (int r = 0; r < 64; ++r) ASSERT_EQ(yr[r], want[r]) << name << " row " << r;
-    for (const auto& target : cpu::available_targets()) {
+    for (const auto& target : test::simd_targets()) {
       TargetGuard g(target.bits);
       std::vector<float> y(64);
       ops::matvec(m, x.data(), y.data(), nullptr);
@@ -312,7 +312,7 @@ TEST(QMatmul, Mxfp4MatchesTheBlockFormulaOnEveryTarget) {
       mag[t * rows + row] = abs_sum;
     }
   }
-  for (const auto& target : cpu::available_targets()) {
+  for (const auto& target : test::simd_targets()) {
     TargetGuard g(target.bits);
     std::vector<float> y(want.size());
     ops::matmul(m, x.data(), n, y.data(), nullptr);

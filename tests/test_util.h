@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "io/gguf_writer.h"
 #include "kv/format.h"
@@ -30,6 +31,23 @@
 #include "runtime/session.h"
 
 namespace kivi::test {
+
+// The SIMD targets a kernel test compares against its reference: every one this binary
+// and CPU have. Under sanitizers (some 10x slower) the best, AVX2 and the last (the
+// portable one): the widest, the common and the scalar code paths; the release tests
+// cover the rest.
+inline std::vector<cpu::Target> simd_targets() {
+  std::vector<cpu::Target> all = cpu::available_targets();
+#ifdef KIVI_SANITIZE
+  std::vector<cpu::Target> some;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i == 0 || i + 1 == all.size() || all[i].name == "AVX2") some.push_back(all[i]);
+  }
+  return some;
+#else
+  return all;
+#endif
+}
 
 inline std::string shared_dir() {
   const char* env = std::getenv("KIVI_SHARED_DIR");
