@@ -385,6 +385,52 @@ TEST(Scheduler, ConcurrentRequestsGiveTheTokensEachGivesAlone) {
 }
 
 // A shared prompt prefix is stored once, and the outputs do not change.
+// Requests with one prompt arriving together (an n > 1 request's choices): the first
+// prefills it, the others wait for its blocks and map them, and each gives the tokens it
+// gives alone with its own seed.
+TEST(Scheduler, ChoicesOfOnePromptShareItsBlocks) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto& tk = m.tokenizer();
+  std::string text;
+  for (int i = 0; i < 14; ++i) text += std::string(kTexts[i]) + " ";
+  for (const auto& cc : cache_cases()) {
+    SchedulerOptions o;
+    o.parallel = 3;
+    o.ctx = 512;
+    o.prefill_chunk = 32;
+    o.cache = cc.cache;
+    o.threads = 1;
+    Scheduler sched(m, o);
+    const int block = sched.cache_config().block();
+    GenerationRequest r;
+    r.prompt = tk.encode(text, true);
+    r.max_tokens = 12;
+    r.sampling.temperature = 1.0f;
+    ASSERT_GT(static_cast<int>(r.prompt.size()), 2 * block);
+    sched.pause();  // all three in the queue before the first step
+    std::vector<std::shared_ptr<RequestHandle>> hs(3);
+    for (int i = 0; i < 3; ++i) {
+      GenerationRequest q = r;
+      q.sampling.seed = 40 + static_cast<uint64_t>(i);
+      ASSERT_EQ(sched.submit(q, &hs[i]), Scheduler::Submit::kQueued);
+    }
+    sched.resume();
+    for (int i = 0; i < 3; ++i) {
+      const Outcome out = follow(hs[i]);
+      runtime::SamplerOptions so = r.sampling;
+      so.seed = 40 + static_cast<uint64_t>(i);
+      EXPECT_EQ(out.tokens, generate_alone(m, cc.cache, r.prompt, r.max_tokens, so)) << cc.name;
+      if (i == 0) {
+        EXPECT_EQ(out.shared_prompt_tokens, 0) << cc.name;
+      } else {  // at least the blocks the first had published when its prefill ended
+        EXPECT_GE(out.shared_prompt_tokens, block) << cc.name << " choice " << i;
+      }
+    }
+    wait_for_empty_pool(sched);
+  }
+}
+
 TEST(Scheduler, CommonPrefixIsStoredOnce) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();

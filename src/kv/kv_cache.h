@@ -300,6 +300,7 @@ class KvCache {
   // published is replaced by it and returned to the pool.
   void publish(const int* tokens);
   int blocks_mapped() const { return mapped_; }
+  int blocks_published() const { return published_; }  // logical blocks [0, n) are published
   int blocks_reserved() const { return reservation_; }
   int blocks_shared() const;  // mapped blocks held by other caches too
 

@@ -252,6 +252,18 @@ bool Scheduler::evict_one(int except) {
   return true;
 }
 
+bool Scheduler::waits_for_prefill(const std::vector<int>& prompt) const {
+  const int B = plan_.block_tokens;
+  for (const Slot& s : slots_) {
+    if (!s.active() || !s.prefilling()) continue;
+    const size_t n = std::min(prompt.size(), static_cast<size_t>(s.n_prompt));
+    size_t common = 0;
+    while (common < n && s.tokens[common] == prompt[common]) ++common;
+    if (static_cast<int>(common) / B > s.cache->blocks_published()) return true;
+  }
+  return false;
+}
+
 bool Scheduler::admit_locked() {
   bool any = false;
   while (!queue_.empty()) {
@@ -262,6 +274,7 @@ bool Scheduler::admit_locked() {
       queue_.pop_front();
       continue;
     }
+    if (waits_for_prefill(w.params.prompt)) break;
     int resume = 0;
     const int slot = pick_slot(w.params.prompt, &resume);
     if (slot < 0) break;

@@ -167,6 +167,10 @@ class Scheduler {
 
   void loop();
   bool admit_locked();
+  // Whether a prompt shares full blocks with a sequence still prefilling that has not
+  // published them yet: it then waits for them, to map them rather than compute and
+  // store them again (the n choices of one request, a system prompt sent together).
+  bool waits_for_prefill(const std::vector<int>& prompt) const;
   // The slot for a prompt: the kept sequence that shares the longest usable prefix
   // with it (*resume = that prefix's tokens: all the kept ones, or fewer when the slot
   // can be cut back), else an empty slot, else the least recently used kept one; -1 if
