@@ -202,8 +202,11 @@ int cmd_chat(int argc, char** argv) {
   const runtime::ChatPrompt chat(tk, a.str("chat-template"));
   note_if_synthetic(*m, "its replies are meaningless");
   // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
-  const std::unique_ptr<runtime::Session> session =
-      on_every_rank([&] { return std::make_unique<runtime::Session>(*m, session_options(a, *m)); });
+  const std::unique_ptr<runtime::Session> session = on_every_rank([&] {
+    runtime::SessionOptions so = session_options(a, *m);
+    so.rewind = go.lookup;  // speculation cuts rejected drafts back
+    return std::make_unique<runtime::Session>(*m, so);
+  });
   runtime::Session& sess = *session;
   go.end_tokens = chat.end_tokens();
   go.stop = chat.stop_strings();
@@ -278,7 +281,7 @@ int cmd_chat(int argc, char** argv) {
     std::vector<int> ids;
     ReplyPrinter printer(chat.has_reasoning());
     t0 = now_seconds();
-    while (!gen.continuation().done()) {
+    while (!gen.done()) {
       const runtime::Continuation::Step st =
           g_interrupts.load() > 0 ? gen.continuation().end(runtime::StopReason::kInterrupted)
                                   : gen.next();

@@ -27,6 +27,8 @@ struct Report {
   bool no_cache = false;
   double t_prefill = 0, t_save = 0, prefill_tps = 0, decode_tps = 0;
   uint64_t kv_saved_bytes = 0, kv_used = 0, kv_reserved = 0;
+  int lookup = 0, steps = 0;  // --lookup's draft size; forward passes after the prefill
+  runtime::Generator::Speculation spec;
 };
 
 void print_json(const Report& r) {
@@ -73,6 +75,14 @@ void print_json(const Report& r) {
          ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
   }
   j.kv("stop", r.stop);
+  j.kv("decode_steps", r.steps);
+  if (r.lookup > 0) {
+    j.key("lookup").begin_object();
+    j.kv("draft", r.lookup).kv("verifications", r.spec.rounds);
+    j.kv("drafted", r.spec.drafted).kv("accepted", r.spec.accepted);
+    j.kv("acceptance", r.spec.drafted ? double(r.spec.accepted) / r.spec.drafted : 0.0);
+    j.end_object();
+  }
   j.kv("context_overflow", runtime::context_overflow_name(r.opt.overflow));
   j.kv("dropped_tokens", r.sess ? r.sess->dropped() : int64_t{0});
   j.kv("overflows", r.sess ? r.sess->overflows() : 0);
@@ -96,6 +106,14 @@ void print_stats(const Report& r) {
       r.n_prompt, r.n_out, r.prefill_tps, r.decode_tps,
       r.no_cache ? "none (--no-kv-cache)" : describe_cache(r.sess->options().cache).c_str(),
       static_cast<unsigned long long>(r.kv_used), static_cast<unsigned long long>(r.kv_reserved));
+  if (r.lookup > 0) {
+    std::fprintf(stderr,
+                 "[lookup: %d of %d drafted tokens accepted (%.0f%%) in %d verifications; %.2f "
+                 "tokens per decode step]\n",
+                 r.spec.accepted, r.spec.drafted,
+                 r.spec.drafted ? 100.0 * r.spec.accepted / r.spec.drafted : 0.0, r.spec.rounds,
+                 r.steps ? double(r.n_out) / r.steps : 0.0);
+  }
   if (!r.kv_load.empty()) {
     std::fprintf(stderr,
                  "[KV cache loaded from %s: %d tokens in %.1f ms (%.1f of %.1f MiB mapped in "
@@ -181,6 +199,7 @@ int cmd_generate(int argc, char** argv) {
   const auto& tk = m->tokenizer();
   // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
   runtime::SessionOptions opt = on_every_rank([&] { return session_options(a, *m); });
+  opt.rewind = go.lookup;  // speculation cuts rejected drafts back
   const bool no_cache = a.flag("no-kv-cache");
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
   const bool bounded =
@@ -245,7 +264,7 @@ int cmd_generate(int argc, char** argv) {
   // Without a cache every step recomputes the whole sequence; the decisions are the same.
   runtime::Continuation nc(tk, go, prev);
   runtime::Continuation& cont = gen ? gen->continuation() : nc;
-  while (!cont.done()) {
+  while (gen ? !gen->done() : !cont.done()) {
     runtime::Continuation::Step st;
     if (gen) {
       st = gen->next();
@@ -273,7 +292,10 @@ int cmd_generate(int argc, char** argv) {
   const double t_decode = now_seconds() - t0;
   const int n_out = static_cast<int>(generated.size());
   const double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0.0;
-  const double decode_tps = t_decode > 0 && n_steps > 0 ? n_steps / t_decode : 0.0;
+  // Tokens the decode steps chose (the first comes from the prefill; an end token counts),
+  // per second: with --lookup a step may choose several.
+  const int decoded = n_out - 1 + (cont.reason() == runtime::StopReason::kEnd ? 1 : 0);
+  const double decode_tps = t_decode > 0 && n_steps > 0 ? std::max(decoded, 0) / t_decode : 0.0;
   const uint64_t kv_used = sess ? sess->kv_bytes_used() : 0;
   const uint64_t kv_reserved = sess ? sess->kv_bytes_reserved() : 0;
   Report r;
@@ -298,6 +320,9 @@ int cmd_generate(int argc, char** argv) {
   r.t_save = t_save;
   r.prefill_tps = prefill_tps;
   r.decode_tps = decode_tps;
+  r.lookup = go.lookup;
+  r.steps = n_steps;
+  if (gen) r.spec = gen->speculation();
   r.kv_saved_bytes = kv_saved_bytes;
   r.kv_used = kv_used;
   r.kv_reserved = kv_reserved;

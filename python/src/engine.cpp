@@ -230,7 +230,7 @@ Generator::Generator(Session& s, std::vector<int> prompt, const runtime::Generat
 }
 
 std::string Generator::next() {
-  if (gen_->continuation().done()) throw pb::stop_iteration();
+  if (gen_->done()) throw pb::stop_iteration();
   if (s_.epoch() != epoch_) {
     fail(
         "generate: the session was used by another call since this generation started; start a new "

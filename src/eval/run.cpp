@@ -26,7 +26,7 @@ Outcome run_prompt(runtime::Session& s, const Prompt& p, int max_tokens) {
   go.sampler.temperature = 0.0f;
   runtime::Generator gen(s, go, p.tokens.empty() ? -1 : p.tokens.back());
   gen.prefill(p.tokens);
-  while (!gen.continuation().done()) {
+  while (!gen.done()) {
     const runtime::Continuation::Step st = gen.next();
     o.generated += st.text;
     if (st.token >= 0) ++o.generated_tokens;

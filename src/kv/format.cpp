@@ -265,9 +265,12 @@ int values_quantized_after(const CacheConfig& c, int n) {
 int key_ring_capacity(const CacheConfig& c) {
   if (!is_kivi(c.k.format)) return 0;
   const int G = c.group_size, R = c.residual;
-  if (c.key_flush == KeyFlush::kBatch) return std::max(R, G) + c.ring_slack;
+  // Whole groups: a flushed group's rows are contiguous in the ring (they start at a
+  // multiple of G), however far the slack lets the ring run.
+  const int slack = (c.ring_slack + G - 1) / G * G;
+  if (c.key_flush == KeyFlush::kBatch) return std::max(R, G) + slack;
   const int t = std::max(R + 1, G);
-  return (t + G - 1) / G * G + c.ring_slack;
+  return (t + G - 1) / G * G + slack;
 }
 
 int value_ring_capacity(const CacheConfig& c) {

@@ -77,7 +77,7 @@ struct CacheConfig {
   KeyFlush key_flush = KeyFlush::kBatch;
   // KIVI: rows the residual rings keep past what streaming needs, so that the last
   // ring_slack tokens' full-precision rows outlive their quantization and a cache can be
-  // cut back by up to that many tokens (KvCache::truncate). 0 for single sessions.
+  // cut back by up to that many tokens (KvCache::truncate). 0 for sessions that do not speculate.
   int ring_slack = 0;
   ParamType param_type = ParamType::kF16;
   int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G

@@ -152,7 +152,7 @@ void KvCache::release_reservation() {
 
 bool KvCache::can_truncate(int n) const {
   const Layer& L = layers_[first_stored_];
-  if (!shares_pool() || n < 1 || n > L.n || L.evicted != 0) return false;
+  if (cfg_.has_window() || n < 1 || n > L.n || L.evicted != 0) return false;
   const int stored[2] = {keys_quantized_after(cfg_, n), values_quantized_after(cfg_, n)};
   const StreamStore* streams[2] = {&L.k, &L.v};
   for (int i = 0; i < 2; ++i) {
@@ -188,14 +188,15 @@ bool KvCache::truncate(int n) {
     pool_->release(old);
     map_block(b, fresh, false);
   }
-  for (int b = mapped_ - 1; b >= keep; --b) {
+  // An own pool keeps every block mapped; a shared one takes back those past the cut.
+  for (int b = mapped_ - 1; b >= keep && shares_pool(); --b) {
     pool_->release(layers_[0].block_table[b]);
     for (int l = 0; l < cfg_.n_layers; ++l) {
       if (owner_[l] == l) layers_[l].block_table[b] = -1;
     }
     readonly_[b] = 0;
   }
-  mapped_ = std::min(mapped_, keep);
+  if (shares_pool()) mapped_ = std::min(mapped_, keep);
   published_ = std::min(published_, first_write);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     if (owner_[l] != l) continue;

@@ -281,10 +281,11 @@ class KvCache {
   // without a residual window.
   bool can_truncate(int n) const;
   // Cuts the cache back to its first n tokens (0 < n <= n_tokens, can_truncate(n)): the
-  // state streaming those n tokens would leave, bit for bit. Blocks past them return to
-  // the pool; a published or shared block that will be written again is copied first
-  // (one block drawn from the pool: false, and nothing changed, when none is free).
-  // Shared pools, caches without windows, every layer holding the same tokens.
+  // state streaming those n tokens would leave, bit for bit. In a shared pool blocks past
+  // them return to the pool, and a published or shared block that will be written again
+  // is copied first (one block drawn from the pool: false, and nothing changed, when none
+  // is free). Caches without windows or dropped tokens, every layer holding the same
+  // tokens.
   bool truncate(int n);
   // Reserves the blocks needed to grow to n_tokens; false (and nothing reserved) if
   // the pool cannot promise them.

@@ -171,6 +171,13 @@ const std::vector<OptionSpec> kGenSpecs = {
      "Constrain the reply to a JSON document valid under SCHEMA: JSON text, or the path of a "
      "file holding it ('{}' = any JSON value).",
      "", kGen},
+    {"lookup", 0, "N",
+     "Speculative decoding by prompt lookup: draft up to N tokens (0 = off, at most 64) that "
+     "followed an earlier occurrence of the latest tokens and check them in one batched step. "
+     "The text is the same; text that repeats earlier text takes fewer steps.",
+     "0", kGen},
+    {"lookup-ngram", 0, "N",
+     "Tokens --lookup matches (the longest of N down to 1 that occurred before).", "3", kGen},
 };
 
 // The grammar --grammar-file or --json-schema asks for, or null.
@@ -442,6 +449,8 @@ GenerationOptions parse_generation_options(const OptionValues& given, OptionSpel
     fail("%s", msg.c_str());
   }
   g.ignore_eos = r.flag("ignore-eos");
+  g.lookup = r.integer("lookup", 0, 64);
+  g.lookup_ngram = r.integer("lookup-ngram", 1, 16);
   g.grammar = read_grammar(r.given("grammar-file") ? r.str("grammar-file") : "",
                            r.given("json-schema") ? r.str("json-schema") : "",
                            r.name("grammar-file"), r.name("json-schema"));

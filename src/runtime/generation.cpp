@@ -146,7 +146,15 @@ GenerationOptions with_trie(const Session& s, const GenerationOptions& o) {
 Generator::Generator(Session& s, const GenerationOptions& o, int prev_token)
     : s_(s),
       cont_(s.model().tokenizer(), with_trie(s, o), prev_token),
-      bounded_(s.options().overflow != ContextOverflow::kStop) {}
+      bounded_(s.options().overflow != ContextOverflow::kStop) {
+  if (o.lookup < 0 || o.lookup > 64) fail("--lookup %d: expected 0 to 64 tokens", o.lookup);
+  if (o.lookup_ngram < 1 || o.lookup_ngram > 16)
+    fail("--lookup-ngram %d: expected 1 to 16 tokens", o.lookup_ngram);
+  if (o.lookup > s.options().rewind) {
+    fail("--lookup %d: the session can cut back %d tokens (SessionOptions::rewind)", o.lookup,
+         s.options().rewind);
+  }
+}
 
 void Generator::prefill(const std::vector<int>& prompt) {
   if (prompt.empty()) {
@@ -159,9 +167,17 @@ void Generator::prefill(const std::vector<int>& prompt) {
   }
   cont_.sampler().observe_prompt(prompt);
   logits_ = s_.prefill(prompt);
+  if (cont_.options().lookup > 0) history_.insert(history_.end(), prompt.begin(), prompt.end());
 }
 
 Continuation::Step Generator::next() {
+  if (ready_.empty() && !cont_.done() && pending_ >= 0 && cont_.options().lookup > 0)
+    verify_drafts();
+  if (!ready_.empty()) {
+    const Continuation::Step st = ready_.front();
+    ready_.pop_front();
+    return st;
+  }
   if (cont_.done()) {
     Continuation::Step s;
     s.done = true;
@@ -176,6 +192,7 @@ Continuation::Step Generator::next() {
   }
   Continuation::Step step = cont_.next(logits_);
   pending_ = step.token;
+  if (cont_.options().lookup > 0 && step.token >= 0) history_.push_back(step.token);
   return step;
 }
 

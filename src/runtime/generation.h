@@ -11,6 +11,7 @@
 //   Generator     a Continuation driving a Session: prefill, then decode step by step.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,12 @@ struct GenerationOptions {
   std::shared_ptr<const grammar::Grammar> grammar;
   std::shared_ptr<const grammar::VocabTrie> vocab_trie;
   GrammarTrigger trigger;  // a lazy grammar (tool calls in free text)
+  // Speculative decoding by prompt lookup (a Generator's; runtime/speculative.h): each
+  // step drafts up to `lookup` tokens (0 = off) that followed the latest earlier
+  // occurrence of the last `lookup_ngram` (down to 1) tokens and verifies them in one
+  // batched forward. The tokens are those plain decoding gives.
+  int lookup = 0;
+  int lookup_ngram = 3;
 };
 
 class StopRule {
@@ -126,22 +133,41 @@ class Generator {
   void set_logits(const float* logits) { logits_ = logits; }
   // One token: decodes the previous one if needed, then chooses the next.
   Continuation::Step next();
+  // Whether the reply has ended and every step of it was returned by next().
+  bool done() const { return ready_.empty() && cont_.done(); }
   // Feeds the last chosen token when the reply ended with it unfed (max_tokens, a stop
   // string), so the cache holds the whole reply (chat turns); nothing when there is no room.
   void feed_pending();
   Continuation& continuation() { return cont_; }
   // The last chosen token when it is not in the cache yet, else -1.
   int pending() const { return pending_; }
-  // Decode steps run (forward passes after the prefill).
+  // Decode steps run (forward passes after the prefill; a verification is one).
   int decode_steps() const { return decode_steps_; }
+  // Speculation so far: verifications, tokens drafted and drafts accepted.
+  struct Speculation {
+    int rounds = 0;
+    int drafted = 0;
+    int accepted = 0;
+  };
+  const Speculation& speculation() const { return spec_; }
 
  private:
+  // One verification of a drafted run (runtime/speculative.cpp); false when there is no
+  // draft, and the step is a plain one.
+  bool verify_drafts();
+
   Session& s_;
   Continuation cont_;
   const float* logits_ = nullptr;
   int pending_ = -1;  // a chosen token not yet fed
   int decode_steps_ = 0;
   bool bounded_;
+  // Speculation: the text so far (lookup's haystack), steps verified but not yet
+  // returned, and the logits of a verification.
+  Speculation spec_;
+  std::vector<int> history_;
+  std::deque<Continuation::Step> ready_;
+  std::vector<float> all_logits_;
 };
 
 }  // namespace kivi::runtime

@@ -33,6 +33,17 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
                       : opt.threads > 0 ? opt.threads
                                         : hardware_threads();
   kv::CacheConfig cc = cache_shape_for(c, opt.cache, ctx_);
+  if (opt.rewind < 0 || opt.rewind > 4096)
+    fail("rewind = %d tokens, expected 0 to 4096", opt.rewind);
+  if (opt.rewind > 0) {
+    const char* no = opt.overflow != ContextOverflow::kStop ? "--context-overflow shift/window"
+                     : opt.sparse.enabled()                 ? "--sparse"
+                     : cc.has_window()                      ? "the model's sliding-window layers"
+                     : opt.cp && opt.cp->size() > 1         ? "context parallelism"
+                                                            : nullptr;
+    if (no) fail("speculative decoding cuts the cache back, which %s does not allow", no);
+    if (cc.has_residual()) cc.ring_slack = opt.rewind;
+  }
   if (opt.cp && opt.cp->size() > 1) {
     // Context parallelism: this rank's cache holds its shard of the positions.
     const int N = opt.cp->size();
@@ -235,6 +246,31 @@ const float* Session::prefill(const std::vector<int>& tokens, float* all_logits)
   if (all_logits)
     std::memcpy(logits_.data(), all_logits + static_cast<size_t>(n - 1) * V, V * sizeof(float));
   return logits_.data();
+}
+
+const float* Session::verify(const std::vector<int>& tokens, float* all_logits) {
+  const attn::PrefillMode mode = opt_.forward.prefill;
+  opt_.forward.prefill = attn::PrefillMode::kStream;
+  try {
+    prefill(tokens, all_logits);
+  } catch (...) {
+    opt_.forward.prefill = mode;
+    throw;
+  }
+  opt_.forward.prefill = mode;
+  return logits_.data();
+}
+
+void Session::truncate(int n) {
+  if (n == pos()) return;
+  if (n < 0 || n > pos() || pos() - n > opt_.rewind || (n > 0 && !cache_->can_truncate(n))) {
+    fail("the cache of %d tokens cannot be cut back to %d (rewind %d)", pos(), n, opt_.rewind);
+  }
+  if (n == 0) {
+    reset();
+  } else if (!cache_->truncate(n)) {
+    fail("internal: cutting the cache back to %d tokens failed", n);
+  }
 }
 
 std::vector<float> Session::embed(const std::vector<int>& tokens, Pooling pooling) {

@@ -47,6 +47,10 @@ struct SessionOptions {
   // Context parallelism (model/context_parallel.h): this rank's group; the cache then
   // holds ctx / size positions (null or one rank: the whole context).
   model::CpComm* cp = nullptr;
+  // Tokens the cache can be cut back by (speculative decoding drops rejected drafts:
+  // truncate()); KIVI's residual rings keep that many more rows. Needs the stop policy,
+  // no block selection, no sliding-window layers and one process.
+  int rewind = 0;
 };
 
 // Bytes a session allocates for `ctx` tokens: the KV cache reservation, the activations
@@ -92,6 +96,13 @@ class Session {
   std::vector<float> embed(const std::vector<int>& tokens, Pooling pooling);
   // Feeds one token and returns its logits [vocab].
   const float* decode(int token);
+  // Feeds tokens with the logits of every position ([n, vocab] into all_logits), each
+  // equal bit for bit to what decoding the tokens one by one gives (the stream attention
+  // path): speculative decoding's verification.
+  const float* verify(const std::vector<int>& tokens, float* all_logits);
+  // Cuts the cache back to its first n tokens, the state feeding only them leaves, bit
+  // for bit: pos() - n at most SessionOptions::rewind. Throws kivi::Error otherwise.
+  void truncate(int n);
   // Empties the cache.
   void reset();
   // Tokens dropped from the cache so far (shift and window policies), the number of

@@ -1,0 +1,168 @@
+// Speculative decoding by prompt lookup: the drafts lookup finds, and replies with
+// drafting equal to those without, token for token, greedy and sampled, for every cache
+// format (the verification's batched logits and the cut-back cache are exact); the cut
+// back itself against streaming; and the options a session refuses.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "runtime/generation.h"
+#include "runtime/session.h"
+#include "runtime/speculative.h"
+#include "test_util.h"
+
+namespace kivi::runtime {
+namespace {
+
+TEST(Lookup, DraftsWhatFollowedTheLatestOccurrence) {
+  using V = std::vector<int>;
+  // "1 2 3" occurred twice; the later one is taken.
+  EXPECT_EQ(lookup_draft({1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3}, 3, 4), (V{7, 8, 5, 1}));
+  // The longest n-gram with an occurrence wins over a later shorter one.
+  EXPECT_EQ(lookup_draft({4, 5, 6, 1, 6, 2, 4, 5, 6}, 3, 2), (V{1, 6}));
+  EXPECT_EQ(lookup_draft({4, 5, 6, 1, 6, 2, 4, 5, 6}, 1, 2), (V{2, 4}));
+  // Down to one token; the draft stops at the text's end.
+  EXPECT_EQ(lookup_draft({7, 3, 9, 3}, 3, 8), (V{9, 3}));
+  // A run of one token drafts its own continuation.
+  EXPECT_EQ(lookup_draft({5, 5, 5, 5}, 2, 3), (V{5}));
+  EXPECT_TRUE(lookup_draft({1, 2, 3}, 3, 4).empty());
+  EXPECT_TRUE(lookup_draft({}, 3, 4).empty());
+  EXPECT_TRUE(lookup_draft({1}, 3, 4).empty());
+}
+
+SessionOptions session_for(const test::FormatCase& f, int rewind) {
+  SessionOptions o;
+  o.threads = 2;
+  o.ctx = 512;
+  o.cache.k = f.k;
+  o.cache.v = f.v;
+  o.cache.group_size = 32;
+  o.cache.residual = 32;
+  o.rewind = rewind;
+  return o;
+}
+
+struct Reply {
+  std::vector<int> tokens;
+  std::string text;
+  Generator::Speculation spec;
+  int steps = 0;
+};
+
+Reply generate(const model::Model& m, const SessionOptions& so, const std::vector<int>& prompt,
+               GenerationOptions go) {
+  Session s(m, so);
+  Generator g(s, go, prompt.back());
+  g.prefill(prompt);
+  Reply r;
+  while (!g.done()) {
+    const Continuation::Step st = g.next();
+    if (st.token >= 0) r.tokens.push_back(st.token);
+    r.text += st.text;
+  }
+  r.spec = g.speculation();
+  r.steps = g.decode_steps();
+  return r;
+}
+
+// A prompt the model copies from: a story told twice and begun a third time.
+std::vector<int> copy_prompt(const tok::Tokenizer& tk) {
+  const std::string story =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her dog Max. One day, they found a big red ball under a tree.";
+  return tk.encode(story + " " + story + " Once upon a time, there was", true);
+}
+
+TEST(Speculative, RepliesEqualPlainDecodingForEveryFormat) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = test::stories();
+  const std::vector<int> prompt = copy_prompt(m.tokenizer());
+  int accepted = 0;
+  for (const auto& f : test::all_formats()) {
+    for (const float temp : {0.0f, 0.9f}) {
+      GenerationOptions go;
+      go.max_tokens = 120;
+      go.sampler.temperature = temp;
+      go.sampler.seed = 17;
+      const Reply plain = generate(m, session_for(f, 0), prompt, go);
+      for (const int draft : {1, 3, 6}) {
+        go.lookup = draft;
+        const Reply spec = generate(m, session_for(f, draft), prompt, go);
+        EXPECT_EQ(spec.tokens, plain.tokens) << f.name << " temp " << temp << " draft " << draft;
+        EXPECT_EQ(spec.text, plain.text) << f.name;
+        EXPECT_GT(spec.spec.rounds, 0) << f.name;
+        EXPECT_LT(spec.steps, plain.steps) << f.name << " temp " << temp << " draft " << draft;
+        accepted += spec.spec.accepted;
+        go.lookup = 0;
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+// Cutting back to n tokens leaves the cache feeding n tokens leaves: the next logits
+// are equal bit for bit.
+TEST(Speculative, TruncatedSessionEqualsStreaming) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = test::stories();
+  const std::vector<int> prompt = copy_prompt(m.tokenizer());
+  const int V = m.config().vocab_size;
+  for (const auto& f : test::all_formats()) {
+    Session a(m, session_for(f, 8)), b(m, session_for(f, 0));
+    a.prefill(std::vector<int>(prompt.begin(), prompt.begin() + 40));
+    b.prefill(std::vector<int>(prompt.begin(), prompt.begin() + 40));
+    std::vector<float> all(static_cast<size_t>(8) * V);
+    ASSERT_GT(prompt.size(), 40u + 6 * 4 + 8);
+    for (int round = 0, at = 40; round < 6; ++round, at += 4) {
+      // Feed 8, keep 3 of them (as if 2 of 7 drafts were accepted), then one more.
+      a.verify(std::vector<int>(prompt.begin() + at, prompt.begin() + at + 8), all.data());
+      a.truncate(at + 3);
+      for (int i = 0; i < 3; ++i) b.decode(prompt[at + i]);
+      const float* la = a.decode(prompt[at + 3]);
+      const float* lb = b.decode(prompt[at + 3]);
+      ASSERT_EQ(std::memcmp(la, lb, V * sizeof(float)), 0) << f.name << " round " << round;
+    }
+  }
+}
+
+// The rows a KIVI ring keeps for cutting back change nothing else: a ring slack that is
+// not a whole number of key groups once let a flushed group wrap around the ring's end.
+TEST(Speculative, RingSlackLeavesTheNumbersAlone) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = test::stories();
+  const std::vector<int> prompt = copy_prompt(m.tokenizer());
+  GenerationOptions go;
+  go.max_tokens = 120;
+  go.sampler.temperature = 0;
+  for (const char* name : {"kivi2", "K kivi4 / V kivi2"}) {
+    const auto& f = test::format_named(name);
+    const Reply a = generate(m, session_for(f, 0), prompt, go);
+    for (int slack : {1, 6, 40}) {
+      EXPECT_EQ(generate(m, session_for(f, slack), prompt, go).tokens, a.tokens)
+          << name << " slack " << slack;
+    }
+  }
+}
+
+TEST(Speculative, SessionsRefuseWhatTheyCannotCutBack) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = test::stories();
+  SessionOptions o = session_for(test::format_named("kivi2"), 4);
+  Session s(m, o);
+  s.prefill({1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_THROW(s.truncate(3), Error);  // 5 back, rewind 4
+  EXPECT_THROW(s.truncate(9), Error);
+  s.truncate(4);
+  EXPECT_EQ(s.pos(), 4);
+  o.overflow = ContextOverflow::kShift;
+  o.cache.key_rope = kv::KeyRope::kPre;
+  EXPECT_THROW(Session(m, o), Error);
+  GenerationOptions go;
+  go.lookup = 5;  // more than the session's rewind
+  Session t(m, session_for(test::format_named("kivi2"), 4));
+  EXPECT_THROW(Generator(t, go, 1), Error);
+}
+
+}  // namespace
+}  // namespace kivi::runtime
