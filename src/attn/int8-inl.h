@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cassert>
 
+#include "attn/kernels-inl.h"  // kMaxFastInt8Heads and the kernels' declarations
 #include "attn/prefetch.h"
 #include "attn/vec-inl.h"
 #include "attn/x86-inl.h"
