@@ -165,6 +165,7 @@ class Generator {
   // Speculation: the text so far (lookup's haystack), steps verified but not yet
   // returned, and the logits of a verification.
   Speculation spec_;
+  int draft_length_ = 0;  // the next draft's length at most (0: not started)
   std::vector<int> history_;
   std::deque<Continuation::Step> ready_;
   std::vector<float> all_logits_;

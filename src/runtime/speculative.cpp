@@ -6,9 +6,10 @@
 
 namespace kivi::runtime {
 
-std::vector<int> lookup_draft(const std::vector<int>& text, int ngram, int max_tokens) {
+std::vector<int> lookup_draft(const std::vector<int>& text, int ngram, int max_tokens,
+                              int min_ngram) {
   const int n_text = static_cast<int>(text.size());
-  for (int n = std::min(ngram, n_text - 1); n >= 1; --n) {
+  for (int n = std::min(ngram, n_text - 1); n >= std::max(1, min_ngram); --n) {
     const int* tail = text.data() + n_text - n;
     // The latest occurrence that ends before the tail starts... or overlaps it: a
     // repeated token run drafts its own continuation.
@@ -22,9 +23,18 @@ std::vector<int> lookup_draft(const std::vector<int>& text, int ngram, int max_t
   return {};
 }
 
+int next_draft_length(int length, int drafted, int accepted, int max) {
+  if (accepted == drafted) return std::min(max, 2 * length);
+  if (accepted == 0) return std::max(1, length / 2);
+  return std::min(max, accepted + 1);
+}
+
 bool Generator::verify_drafts() {
   const GenerationOptions& o = cont_.options();
-  std::vector<int> draft = lookup_draft(history_, o.lookup_ngram, o.lookup);
+  if (draft_length_ == 0) draft_length_ = o.lookup;
+  // One-token matches draft noise: two at least (one when --lookup-ngram is 1).
+  std::vector<int> draft =
+      lookup_draft(history_, o.lookup_ngram, draft_length_, std::min(2, o.lookup_ngram));
   // Room in the context for the pending token and the draft, and no drafting past the
   // reply's last token.
   int room = s_.ctx() - s_.pos() - 1;
@@ -55,6 +65,8 @@ bool Generator::verify_drafts() {
   // The cache keeps the pending token and the accepted drafts; the last choice is fed
   // by the next step.
   s_.truncate(n0 + static_cast<int>(j) + 1);
+  draft_length_ = next_draft_length(draft_length_, static_cast<int>(draft.size()),
+                                    static_cast<int>(j), o.lookup);
   logits_ = nullptr;
   return true;
 }
