@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "runtime/generation.h"
 #include "runtime/session.h"
+#include "runtime/session_file.h"
 #include "runtime/speculative.h"
 #include "test_util.h"
 
@@ -163,6 +164,10 @@ TEST(Speculative, SessionsRefuseWhatTheyCannotCutBack) {
   o.overflow = ContextOverflow::kShift;
   o.cache.key_rope = kv::KeyRope::kPre;
   EXPECT_THROW(Session(m, o), Error);
+  // KV files hold rings of the streaming size: a session with longer ones neither saves
+  // nor loads one.
+  test::TempDir dir;
+  EXPECT_THROW(save_session(s, {1, 2, 3, 4}, 4, 0.0, dir.file("s.kv")), Error);
   GenerationOptions go;
   go.lookup = 5;  // more than the session's rewind
   Session t(m, session_for(test::format_named("kivi2"), 4));
