@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
+#include "grammar/json_schema_rules.h"
 
 namespace kivi::runtime {
 
@@ -86,22 +87,6 @@ std::optional<std::vector<std::pair<std::string, std::string_view>>> object_memb
     }
     return out;
   }
-}
-
-// A GBNF literal of ASCII text.
-std::string literal(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -203,12 +188,14 @@ std::string tool_calls_gbnf(ToolSyntax s, const std::vector<ToolFunction>& tools
                                  ? "{\"name\": \"" + t.name + "\", \"parameters\": "
                                  : "<tool_call>\n{\"name\": \"" + t.name + "\", \"arguments\": ";
     const std::string tail = s == ToolSyntax::kLlama3 ? "}" : "}\n</tool_call>";
-    calls += std::string(calls.empty() ? "" : " | ") + literal(head) + " " + prefix + "root " +
-             literal(tail);
+    calls += std::string(calls.empty() ? "" : " | ") +
+             grammar::schema_rules::gbnf_literal(head, "") + " " + prefix + "root " +
+             grammar::schema_rules::gbnf_literal(tail, "");
   }
   if (calls.empty()) fail("no tool function named '%s'", only.c_str());
   std::string root = "root ::= call";
-  if (s == ToolSyntax::kHermes && parallel) root += " (\"\\n\" call)*";
+  if (s == ToolSyntax::kHermes && parallel)
+    root += " (" + grammar::schema_rules::gbnf_literal("\n", "") + " call)*";
   return root + "\ncall ::= " + calls + "\n" + rules;
 }
 
