@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "attn/prefill.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threadpool.h"
@@ -280,6 +281,27 @@ std::vector<int> generate_alone(const model::Model& m, const kv::CacheConfig& cc
   return out;
 }
 
+// generate_alone for a request with ignore_eos: the end tokens are never sampled.
+std::vector<int> generate_alone_ignoring_eos(const model::Model& m, const kv::CacheConfig& cc,
+                                             const std::vector<int>& prompt, int n,
+                                             const runtime::SamplerOptions& so) {
+  runtime::SessionOptions o;
+  o.forward.prefill = attn::PrefillMode::kStream;
+  o.threads = 1;
+  o.cache = cc;
+  o.ctx = 512;
+  runtime::Session s(m, o);
+  runtime::Sampler sampler(so, m.config().vocab_size);
+  sampler.ban({m.tokenizer().eos_id(), m.tokenizer().bos_id()});
+  std::vector<int> out;
+  const float* logits = s.prefill(prompt);
+  for (int i = 0; i < n; ++i) {
+    out.push_back(sampler.sample(logits));
+    if (i + 1 < n) logits = s.decode(out.back());
+  }
+  return out;
+}
+
 struct Outcome {
   std::vector<int> tokens;
   std::string text;
@@ -505,7 +527,10 @@ SchedulerOptions kivi2_options(int parallel, int queue) {
   return o;
 }
 
-TEST(Scheduler, AdmissionNeverOvercommitsAndTheQueueIsBounded) {
+// Blocks on demand: admission takes a prompt's blocks, each step the blocks the next
+// tokens need; the pool is never overcommitted and a full one preempts the newest
+// sequence, which comes back later and still reaches max_tokens.
+TEST(Scheduler, ThePoolIsNeverOvercommittedAndTheQueueIsBounded) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
   const auto& tk = m.tokenizer();
@@ -515,7 +540,8 @@ TEST(Scheduler, AdmissionNeverOvercommitsAndTheQueueIsBounded) {
   EXPECT_EQ(sched.stats().blocks_total, 5);
   GenerationRequest r;
   r.prompt = tk.encode(kTexts[0], true);
-  // 2 blocks each: at most 2 sequences at a time (different prompts: no shared blocks).
+  // 2 blocks each at the end: three at once do not fit (different prompts: no shared
+  // blocks), so one is preempted.
   r.ignore_eos = true;
   r.max_tokens = 200;
   std::shared_ptr<RequestHandle> h;
@@ -548,17 +574,78 @@ TEST(Scheduler, AdmissionNeverOvercommitsAndTheQueueIsBounded) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   });
-  for (auto& x : hs) EXPECT_EQ(follow(x).reason, FinishReason::kLength);
+  for (auto& x : hs) {
+    const Outcome out = follow(x);
+    EXPECT_EQ(out.reason, FinishReason::kLength);
+    EXPECT_EQ(out.completion_tokens, 200);
+  }
   done = true;
   watch.join();
-  EXPECT_LE(max_active, 2);
+  EXPECT_EQ(max_active, 3);  // each prompt takes one block at first
   wait_for_empty_pool(sched);
-  EXPECT_EQ(sched.stats().rejected_queue_full, static_cast<uint64_t>(full));
+  const auto st = sched.stats();
+  EXPECT_EQ(st.rejected_queue_full, static_cast<uint64_t>(full));
+  EXPECT_GE(st.preemptions, 1u);
+  EXPECT_GT(st.recomputed_tokens, 0u);
+  EXPECT_EQ(st.admitted, 3u);  // a preempted sequence is not admitted twice
   // A request that could never fit the pool is refused at once.
   SchedulerOptions tiny = o;
   tiny.kv_budget_tokens = 128;
   Scheduler t(m, tiny);
   EXPECT_EQ(t.submit(r, &h), Scheduler::Submit::kOverBudget);
+}
+
+// Preempted sequences come back with their sampler and tokens: with the token-by-token
+// prefill (which rebuilds the cache decoding built, bit for bit) every request gives
+// exactly what it gives alone, greedy and sampled, in every cache format.
+TEST(Scheduler, PreemptedSequencesGiveTheTokensTheyGiveAlone) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto& tk = m.tokenizer();
+  for (const auto& cc : cache_cases()) {
+    SchedulerOptions o;
+    o.forward.prefill = attn::PrefillMode::kStream;
+    o.parallel = 4;
+    o.ctx = 512;
+    o.queue = 8;
+    o.prefill_chunk = 32;
+    o.cache = cc.cache;
+    o.threads = 1;
+    o.kv_budget_tokens = 3 * 128;  // what one sequence needs: the others are preempted
+    Scheduler sched(m, o);
+    const int n = 4;
+    std::vector<std::vector<int>> expected(n);
+    std::vector<Outcome> got(n);
+    std::vector<GenerationRequest> rs(n);
+    for (int i = 0; i < n; ++i) {
+      GenerationRequest& r = rs[i];
+      r.prompt = tk.encode(kTexts[i], true);
+      r.max_tokens = 300 - 40 * i;
+      r.ignore_eos = true;
+      if (i % 2 == 1) {
+        r.sampling.temperature = 0.9f;
+        r.sampling.top_k = 40;
+        r.sampling.seed = 77 + i;
+      }
+      expected[i] = generate_alone_ignoring_eos(m, cc.cache, r.prompt, r.max_tokens, r.sampling);
+    }
+    sched.pause();  // all start together
+    std::vector<std::thread> clients;
+    for (int i = 0; i < n; ++i) {
+      std::shared_ptr<RequestHandle> h;
+      ASSERT_EQ(sched.submit(rs[i], &h), Scheduler::Submit::kQueued) << cc.name;
+      clients.emplace_back([&, i, h] { got[i] = follow(h); });
+    }
+    sched.resume();
+    for (auto& t : clients) t.join();
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(got[i].tokens, expected[i]) << cc.name << " request " << i;
+      EXPECT_EQ(got[i].reason, FinishReason::kLength) << cc.name;
+    }
+    wait_for_empty_pool(sched);
+    EXPECT_GE(sched.stats().preemptions, 1u) << cc.name << ": " << sched.stats().blocks_total
+                                             << " blocks of " << sched.stats().block_tokens;
+  }
 }
 
 TEST(Scheduler, CancelledRequestsFreeTheirBlocksAtOnce) {

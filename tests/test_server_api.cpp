@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attn/prefill.h"
@@ -439,6 +440,49 @@ TEST(ServerApi, ChatTurnsResumeFromThePrefixCache) {
     }
     EXPECT_GT(buckets, 10) << name;
   }
+}
+
+// A pool smaller than the context: a chat request without max_tokens may run to the
+// pool's end (not a 400), and several at once share the pool, the newest preempted when
+// it runs dry; all of them finish.
+TEST(ServerApi, ChatWithoutMaxTokensFitsAPoolSmallerThanTheContext) {
+  KIVI_REQUIRE_MODEL();
+  runtime::SchedulerOptions so = test::kivi2_options(3, 4);
+  so.kv_budget_tokens = 3 * 128;  // 384 tokens, the context 512
+  TestServer s(so);
+  const json body = {
+      {"messages", json::array({{{"role", "user"}, {"content", "Tell me a story about a cat."}}})},
+      {"ignore_eos", true},
+      {"temperature", 0}};
+  std::vector<json> replies(3);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c = s.client();
+      c.set_read_timeout(300);
+      replies[i] = post_json(c, "/v1/chat/completions", body);
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (const json& r : replies) {
+    ASSERT_TRUE(r.contains("usage")) << r.dump();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "length") << r.dump();
+    EXPECT_EQ(r["usage"]["total_tokens"].get<int>(), 384) << r.dump();
+    EXPECT_EQ(r["choices"][0]["message"]["content"],
+              replies[0]["choices"][0]["message"]["content"]);
+  }
+  httplib::Client c = s.client();
+  const std::string metrics = c.Get("/metrics")->body;
+  const size_t at = metrics.find("\nkivi_preemptions_total ");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GE(std::stoi(metrics.substr(at + 24)), 1) << metrics;
+  // Asking for more than the pool holds is still refused at once.
+  json more = body;
+  more["max_tokens"] = 400;
+  auto r = c.Post("/v1/chat/completions", more.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("kv_budget_exceeded"), std::string::npos) << r->body;
 }
 
 // The events of a streamed response, parsed, up to [DONE].

@@ -226,7 +226,8 @@ int cmd_bench_serve(int argc, char** argv) {
           .kv("kv_bytes_peak_seen", r.kv_bytes_peak_seen)
           .kv("queue_depth_peak", r.queue_depth_peak)
           .kv("active_peak", r.active_peak)
-          .kv("blocks_shared_peak", r.blocks_shared_peak);
+          .kv("blocks_shared_peak", r.blocks_shared_peak)
+          .kv("preemptions", r.preemptions);
       j.end_object();
     } else {
       j.key("server").null();
@@ -276,9 +277,9 @@ int cmd_bench_serve(int argc, char** argv) {
     if (r.metrics) {
       std::printf(
           "  server: %.0f admitted, queue depth peak %.0f, active peak %.0f, KV peak %s (seen "
-          "%s), shared blocks peak %.0f\n",
+          "%s), shared blocks peak %.0f, %.0f preempted\n",
           r.admitted, r.queue_depth_peak, r.active_peak, sys::human_bytes(r.kv_bytes_peak).c_str(),
-          sys::human_bytes(r.kv_bytes_peak_seen).c_str(), r.blocks_shared_peak);
+          sys::human_bytes(r.kv_bytes_peak_seen).c_str(), r.blocks_shared_peak, r.preemptions);
     } else {
       std::printf("  server: /metrics not readable\n");
     }

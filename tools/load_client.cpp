@@ -208,6 +208,7 @@ ServerSample scrape_metrics(const std::string& text) {
                   : name == "kivi_kv_blocks_used"         ? &s.blocks_used
                   : name == "kivi_kv_blocks_shared"       ? &s.blocks_shared
                   : name == "kivi_kv_blocks_peak"         ? &s.blocks_peak
+                  : name == "kivi_preemptions_total"      ? &s.preemptions
                                                           : nullptr;
     if (dst) {
       *dst = v;
@@ -364,6 +365,7 @@ LoadReport run_load(const LoadOptions& o) {
     rep.server_generated_tokens = after.generated_tokens - before.generated_tokens;
     rep.kv_bytes_peak = after.kv_bytes_peak;
     rep.kv_blocks_peak = after.blocks_peak;
+    rep.preemptions = after.preemptions - before.preemptions;
     std::lock_guard<std::mutex> lock(mon.mu);
     rep.kv_bytes_peak_seen = mon.kv_bytes;
     rep.queue_depth_peak = mon.queue_depth;

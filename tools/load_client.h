@@ -67,7 +67,7 @@ Percentiles percentiles(std::vector<double> v);
 struct ServerSample {
   bool ok = false;
   double admitted = 0, generated_tokens = 0, kv_bytes = 0, kv_bytes_peak = 0, queue_depth = 0,
-         active = 0, blocks_used = 0, blocks_shared = 0, blocks_peak = 0;
+         active = 0, blocks_used = 0, blocks_shared = 0, blocks_peak = 0, preemptions = 0;
 };
 ServerSample scrape_metrics(const std::string& prometheus_text);
 
@@ -85,6 +85,7 @@ struct LoadReport {
   // From /metrics: deltas over the run, peaks seen during it.
   bool metrics = false;
   double admitted = 0, server_generated_tokens = 0;
+  double preemptions = 0;    // sequences the server preempted when its pool ran dry
   double kv_bytes_peak = 0;  // the server's peak gauges (since it started)
   double kv_blocks_peak = 0;
   double kv_bytes_peak_seen = 0, queue_depth_peak = 0, active_peak = 0, blocks_shared_peak = 0;

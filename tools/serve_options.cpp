@@ -70,8 +70,9 @@ void add_serve_options(Args& a) {
   a.add("kv-budget", 0, "SIZE",
         "KV memory shared by all sequences, allocated up front: bytes (8G, 512MiB) or tokens "
         "(65536t, 64Ktok). "
-        "A request starts only when its prompt plus max_tokens fit. Default: --parallel x --ctx "
-        "tokens.");
+        "Sequences take blocks as they grow; when none is left the newest is preempted and "
+        "prefilled again later. A request whose prompt plus max_tokens exceed it is refused. "
+        "Default: --parallel x --ctx tokens.");
   a.add("prefill-chunk", 0, "N",
         "Prompt tokens processed per step (beside the decoding sequences' tokens).", "64");
   a.add("prefix-cache", 0, "on|off",

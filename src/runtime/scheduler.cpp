@@ -155,7 +155,7 @@ Scheduler::Submit Scheduler::submit(GenerationRequest r, std::shared_ptr<Request
     return Submit::kQueueFull;
   }
   auto h = std::make_shared<RequestHandle>(n);
-  queue_.push_back({std::move(r), h, now_seconds()});
+  queue_.push_back({std::move(r), h, now_seconds(), nullptr});
   if (live_.size() >= 2 * static_cast<size_t>(opt_.parallel + opt_.queue)) prune_live_locked();
   live_.push_back(h);
   ++queue_version_;
@@ -256,7 +256,7 @@ bool Scheduler::waits_for_prefill(const std::vector<int>& prompt) const {
   const int B = plan_.block_tokens;
   for (const Slot& s : slots_) {
     if (!s.active() || !s.prefilling()) continue;
-    const size_t n = std::min(prompt.size(), static_cast<size_t>(s.n_prompt));
+    const size_t n = std::min(prompt.size(), static_cast<size_t>(s.prefill_end));
     size_t common = 0;
     while (common < n && s.tokens[common] == prompt[common]) ++common;
     if (static_cast<int>(common) / B > s.cache->blocks_published()) return true;
@@ -269,17 +269,18 @@ bool Scheduler::admit_locked() {
   while (!queue_.empty()) {
     Waiting& w = queue_.front();
     if (w.req->cancelled()) {
-      w.req->finish(FinishReason::kCancelled, 0);
+      w.req->finish(FinishReason::kCancelled, w.preempted ? w.preempted->n_generated : 0);
       ++stats_.cancelled;
       queue_.pop_front();
       continue;
     }
-    if (waits_for_prefill(w.params.prompt)) break;
+    const std::vector<int>& prompt = w.tokens();
+    if (waits_for_prefill(prompt)) break;
     int resume = 0;
-    const int slot = pick_slot(w.params.prompt, &resume);
+    const int slot = pick_slot(prompt, &resume);
     if (slot < 0) break;
     Slot& s = slots_[slot];
-    const int n = static_cast<int>(w.params.prompt.size());
+    const int n = static_cast<int>(prompt.size());
     const int B = plan_.block_tokens;
     int shared = 0, cached = resume;
     if (resume > 0 && resume < s.fed) {
@@ -300,31 +301,46 @@ bool Scheduler::admit_locked() {
         clear_slot(slot);
         ++stats_.prefix_evictions;
       }
-      shared = s.cache->share_prefix(w.params.prompt.data(), n);
+      shared = s.cache->share_prefix(prompt.data(), n);
       // Start after the shared blocks when they hold the whole state, leaving at least
       // the prompt's last token to feed.
       if (opt_.prefix_cache && s.cache->resumes_at_blocks())
         cached = std::min(shared * B, (n - 1) / B * B);
       s.cache->assume_shared(cached);
       note({kShare, slot, n});
-      note_tokens(w.params.prompt.data(), n);
+      note_tokens(prompt.data(), n);
       note({shared, cached});
     }
-    // Kept sequences give their blocks up, least recently used first, when this one
-    // needs them.
-    bool reserved = s.cache->reserve(n + w.params.max_tokens);
-    while (!reserved && evict_one(slot)) reserved = s.cache->reserve(n + w.params.max_tokens);
-    note({kReserve, slot, n + w.params.max_tokens, reserved ? 1 : 0});
+    // The prompt and the first generated token; kept sequences give their blocks up,
+    // least recently used first, when this one needs them.
+    const int need = std::min(n + 1, opt_.ctx);
+    bool reserved = s.cache->reserve(need);
+    while (!reserved && evict_one(slot)) reserved = s.cache->reserve(need);
+    note({kReserve, slot, need, reserved ? 1 : 0});
     if (!reserved) {
       if (resume == 0) clear_slot(slot);  // a kept sequence stays kept
       break;  // first come, first served: later requests wait behind this one
     }
+    s.tokens.assign(prompt.begin(), prompt.end());  // before `prompt` moves with w.params
     s.params = std::move(w.params);
     s.req = std::move(w.req);
     s.submitted = w.submitted;
-    queue_.pop_front();  // w is gone from here on
-    s.tokens.assign(s.params.prompt.begin(), s.params.prompt.end());
     s.fed = cached;
+    s.prefill_end = n;
+    if (w.preempted) {
+      // A preempted sequence resumes where it was: its cache is prefilled again.
+      Preempted& p = *w.preempted;
+      s.gen = std::move(p.gen);
+      s.n_prompt = p.n_prompt;
+      s.n_generated = p.n_generated;
+      s.order = p.order;
+      s.first_token = p.first_token;
+      stats_.recomputed_tokens += static_cast<uint64_t>(n - cached);
+      queue_.pop_front();  // w is gone from here on
+      any = true;
+      continue;
+    }
+    queue_.pop_front();  // w is gone from here on
     s.n_prompt = n;
     s.n_generated = 0;
     s.order = next_order_++;
@@ -346,6 +362,59 @@ bool Scheduler::admit_locked() {
     any = true;
   }
   return any;
+}
+
+void Scheduler::grow_locked() {
+  std::vector<int> order;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    if (slots_[i].active() && !slots_[i].prefilling()) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return slots_[a].order < slots_[b].order; });
+  for (const int i : order) {
+    Slot& s = slots_[i];
+    if (!s.active()) continue;  // preempted for an older one
+    const int need = s.fed + 1;
+    for (;;) {
+      const bool ok = s.cache->reserve(need);
+      note({kReserve, i, need, ok ? 1 : 0});
+      if (ok || evict_one(-1)) {
+        if (ok) break;
+        continue;
+      }
+      // The newest active sequence gives its blocks up (this one, when it is the newest).
+      int newest = -1;
+      for (int j = 0; j < static_cast<int>(slots_.size()); ++j) {
+        if (slots_[j].active() && (newest < 0 || slots_[j].order > slots_[newest].order))
+          newest = j;
+      }
+      preempt_locked(newest);
+      if (newest == i) break;
+    }
+  }
+}
+
+void Scheduler::preempt_locked(int i) {
+  Slot& s = slots_[i];
+  auto p = std::make_unique<Preempted>();
+  // The cache holds tokens[0, fed): a decoding sequence has one sampled token more,
+  // which the prefill on its return feeds for the next logits.
+  p->tokens = s.tokens;
+  p->gen = std::move(s.gen);
+  p->n_prompt = s.n_prompt;
+  p->n_generated = s.n_generated;
+  p->order = s.order;
+  p->first_token = s.first_token;
+  Waiting w;
+  w.params = std::move(s.params);
+  w.req = std::move(s.req);
+  w.submitted = s.submitted;
+  w.preempted = std::move(p);
+  queue_.push_front(std::move(w));
+  ++queue_version_;
+  clear_slot(i);
+  s.prefill_end = 0;
+  ++stats_.preemptions;
 }
 
 void Scheduler::end(Slot& s, FinishReason r, const std::string& error) {
@@ -414,6 +483,10 @@ void Scheduler::step() {
   for (Slot& s : slots_) {
     if (s.active() && s.req->cancelled()) end(s, FinishReason::kCancelled);
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    grow_locked();
+  }
   int n = 0;
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
     Slot& s = slots_[i];
@@ -434,9 +507,9 @@ void Scheduler::step() {
     }
     if (best < 0) break;
     Slot& s = slots_[best];
-    const int k = std::min({budget, s.n_prompt - s.fed, max_chunk_});
+    const int k = std::min({budget, s.prefill_end - s.fed, max_chunk_});
     batch_[n] = {s.cache.get(), s.tokens.data() + s.fed, k,
-                 s.fed + k == s.n_prompt ? s.logits.data() : nullptr};
+                 s.fed + k == s.prefill_end ? s.logits.data() : nullptr};
     batch_slot_[n++] = best;
     budget -= k;
   }
@@ -557,7 +630,8 @@ void Scheduler::loop() {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (Waiting& w : queue_) w.req->finish(FinishReason::kCancelled, 0);
+    for (Waiting& w : queue_)
+      w.req->finish(FinishReason::kCancelled, w.preempted ? w.preempted->n_generated : 0);
     queue_.clear();
   }
   publish_stats();

@@ -4,10 +4,19 @@
 // `prefill_chunk` prompt tokens per step over all sequences), in one batched forward
 // pass (model/forward_batch.h). Sequences join and leave between steps.
 //
-// Admission never overcommits memory: a request leaves the queue (first come, first
-// served) only when a sequence slot is free and the pool can reserve blocks for its
-// prompt plus max_tokens (less the blocks of a published identical prefix, which it
-// maps instead). The queue is bounded; a full queue refuses new requests.
+// Blocks on demand: a request leaves the queue (first come, first served) when a
+// sequence slot is free and the pool can reserve blocks for its prompt and first token
+// (less the blocks of a published identical prefix, which it maps instead); a decoding
+// sequence reserves the block its next token needs before each step, so memory follows
+// what sequences hold, not what they may ask for. When the pool runs dry, kept
+// sequences are evicted first; then the newest active sequence is preempted: its blocks
+// go back to the pool and it returns to the head of the queue with its sampler, its
+// stop rule and its tokens so far, to be prefilled again (prompt and generated tokens)
+// when memory frees up. The oldest sequence always grows, and every request alone fits
+// the pool (submit() refuses the rest), so no admitted request fails for lack of
+// memory. With --prefill stream the recomputed cache is the one decoding built, bit for
+// bit, and a preempted sequence gives the tokens it gives alone. The queue is bounded;
+// a full queue refuses new requests.
 //
 // A sequence ends at an end-of-text token (EOS, BOS, or a chat format's end marker), a
 // stop string, max_tokens, or when its client cancels; its reservation goes back to the
@@ -89,6 +98,8 @@ struct SchedulerStats {
   uint64_t submitted = 0, admitted = 0, completed = 0, cancelled = 0, rejected_queue_full = 0,
            errors = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  // Sequences preempted when the pool ran dry, and the tokens prefilled again for them.
+  uint64_t preemptions = 0, recomputed_tokens = 0;
   double tokens_per_second = 0;  // generated, over the last 10 s
   int blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_reserved = 0, blocks_shared = 0;
   int blocks_published = 0, peak_blocks_used = 0, block_tokens = 0;
@@ -149,6 +160,8 @@ class Scheduler {
     GenerationRequest params;
     std::vector<int> tokens;  // prompt, then generated tokens
     int fed = 0;              // tokens in the cache
+    int prefill_end = 0;      // prefilling until fed reaches it (the prompt, or all of
+                              // tokens for a preempted sequence that resumes)
     int n_prompt = 0, n_generated = 0;
     uint64_t order = 0;      // admission order (prefill goes first come, first served)
     uint64_t last_used = 0;  // when a kept sequence ended (least recently used first)
@@ -157,15 +170,26 @@ class Scheduler {
     bool active() const { return req != nullptr; }
     // Ended and kept by the prefix cache: the cache holds tokens[0, fed).
     bool kept() const { return req == nullptr && fed > 0; }
-    bool prefilling() const { return fed < n_prompt; }
+    bool prefilling() const { return fed < prefill_end; }
+  };
+  // What a preempted sequence takes back to the queue: all but its cache.
+  struct Preempted {
+    std::vector<int> tokens;  // prompt, then generated tokens
+    std::unique_ptr<Continuation> gen;
+    int n_prompt = 0, n_generated = 0;
+    uint64_t order = 0;
+    double first_token = 0;
   };
   struct Waiting {
     GenerationRequest params;
     std::shared_ptr<RequestHandle> req;
-    double submitted = 0;  // now_seconds()
+    double submitted = 0;                  // now_seconds()
+    std::unique_ptr<Preempted> preempted;  // set for a sequence that resumes
+    const std::vector<int>& tokens() const { return preempted ? preempted->tokens : params.prompt; }
   };
 
   void loop();
+  // Moves waiting requests into free slots; under mu_. True if any was admitted.
   bool admit_locked();
   // Whether a prompt shares full blocks with a sequence still prefilling that has not
   // published them yet: it then waits for them, to map them rather than compute and
@@ -180,8 +204,13 @@ class Scheduler {
   void clear_slot(int i);
   // Evicts the least recently used kept sequence other than slot `except`; false if none.
   bool evict_one(int except);
-  int prune_live_locked() const;  // under mu_; returns SchedulerStats::cancelling  // moves waiting
-                                  // requests into free slots; under mu_
+  // Reserves the block each decoding sequence's next token needs, oldest first,
+  // evicting kept sequences and then preempting the newest active ones; under mu_.
+  void grow_locked();
+  // Gives slot i's blocks back and puts its sequence at the head of the queue; under mu_.
+  void preempt_locked(int i);
+  // Forgets ended requests; returns SchedulerStats::cancelling. Under mu_.
+  int prune_live_locked() const;
   void step();
   void sample(Slot& s);
   void end(Slot& s, FinishReason r, const std::string& error = "");

@@ -224,6 +224,8 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   ctx.chat = chat_.get();
   ctx.model_id = opt_.model_id;
   ctx.ctx = so.ctx;
+  const runtime::SchedulerStats st = sched.stats();
+  ctx.pool_tokens = static_cast<int64_t>(st.blocks_total) * st.block_tokens;
 
   impl_->add_checks();
   impl_->add_info_routes();

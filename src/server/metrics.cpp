@@ -117,12 +117,19 @@ std::string prometheus_text(const runtime::SchedulerStats& s,
         static_cast<double>(s.generated_tokens));
   w.one("kivi_generated_tokens_per_second", "gauge",
         "Tokens generated per second over the last 10 seconds.", s.tokens_per_second);
+  w.one("kivi_preemptions_total", "counter",
+        "Sequences preempted when the KV pool ran dry (prefilled again on their return).",
+        static_cast<double>(s.preemptions));
+  w.one("kivi_recomputed_tokens_total", "counter",
+        "Tokens prefilled again for preempted sequences.",
+        static_cast<double>(s.recomputed_tokens));
   w.one("kivi_steps_total", "counter", "Batched forward steps run.", static_cast<double>(s.steps));
   w.one("kivi_kv_blocks_total", "gauge", "Blocks in the KV pool.", s.blocks_total, fmt);
   w.one("kivi_kv_blocks_used", "gauge", "Blocks holding tokens of some sequence.", s.blocks_used,
         fmt);
   w.one("kivi_kv_blocks_free", "gauge", "Blocks not holding tokens.", s.blocks_free, fmt);
-  w.one("kivi_kv_blocks_reserved", "gauge", "Free blocks promised to admitted sequences.",
+  w.one("kivi_kv_blocks_reserved", "gauge",
+        "Free blocks promised to active sequences (their prompts and next tokens).",
         s.blocks_reserved, fmt);
   w.one("kivi_kv_blocks_shared", "gauge",
         "Blocks held by more than one sequence (a common prompt prefix).", s.blocks_shared, fmt);

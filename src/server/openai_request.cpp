@@ -353,7 +353,11 @@ ParsedRequest parse_request(Endpoint e, const std::string& body_text, const ApiC
     max_name = "max_completion_tokens";
     max = field(body, max_name);
   }
-  int64_t max_tokens = e == Endpoint::kChat ? ctx.ctx - n_prompt : std::min(16, ctx.ctx - n_prompt);
+  // A chat reply without max_tokens may run to the end of the context, or of the pool
+  // when the pool holds less (one sequence alone must fit it).
+  const int64_t room = ctx.pool_tokens > 0 ? std::min<int64_t>(ctx.ctx, ctx.pool_tokens) : ctx.ctx;
+  int64_t max_tokens = e == Endpoint::kChat ? std::max<int64_t>(1, room - n_prompt)
+                                            : std::min(16, ctx.ctx - n_prompt);
   if (max) max_tokens = integer(*max, max_name, 1, INT32_MAX);
   if (n_prompt + max_tokens > ctx.ctx) {
     throw ApiError(

@@ -28,8 +28,9 @@ enum class Endpoint { kCompletions, kChat };
 struct ApiContext {
   const tok::Tokenizer* tokenizer = nullptr;
   const ChatFormatter* chat = nullptr;
-  std::string model_id;  // the name clients use in `model`
-  int ctx = 0;           // tokens per sequence
+  std::string model_id;     // the name clients use in `model`
+  int ctx = 0;              // tokens per sequence
+  int64_t pool_tokens = 0;  // tokens the KV pool holds; 0: no limit beside ctx
 };
 
 // Most choices one request may ask for (each is a sequence of its own in the batch).
