@@ -294,6 +294,15 @@ TEST(CliErrors, UnknownOptionsAndBadValues) {
   expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --simd avx9000")),
                "unknown or unsupported SIMD target");
   expect_error(run(kivi_cmd("generate " + model_args() + " -p")), "needs a value");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --draft-max 4")),
+               "--draft-max: needs --draft-model");
+  const std::string draft = " --draft-model '" + test::model_path() + "'";
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --lookup 4" + draft)),
+               "--draft-model and --lookup: choose one");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --draft-max 65" + draft)),
+               "--draft-max");
+  expect_error(run(kivi_cmd("generate " + model_args() + " -p hi --draft-model /nonexistent.gguf")),
+               "/nonexistent.gguf");
 }
 
 TEST(CliErrors, SuggestionsAndLlamaCppSpellings) {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/model.h"
 #include "runtime/generation.h"
 #include "runtime/session.h"
 #include "runtime/session_file.h"
@@ -105,6 +106,112 @@ TEST(Speculative, RepliesEqualPlainDecodingForEveryFormat) {
     }
   }
   EXPECT_GT(accepted, 0);
+}
+
+// A draft model: stories260K drafting for itself from a kivi2 cache (it mostly agrees;
+// sampling rejects some drafts), and a random-weight model drafting for another of the
+// same synthetic vocabulary (it mostly disagrees): the replies are plain decoding's, and
+// the draft's cache follows the text through every cut back.
+TEST(DraftModel, RepliesEqualPlainDecoding) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = test::stories();
+  const std::vector<int> prompt = copy_prompt(m.tokenizer());
+  SessionOptions draft_so;
+  draft_so.threads = 1;
+  draft_so.ctx = 512;
+  draft_so.cache.k = draft_so.cache.v = {kv::Format::kKivi2};
+  draft_so.cache.group_size = 32;
+  draft_so.cache.residual = 32;
+  DraftModel self(model::Model::load(test::model_path(), test::tokenizer_path()), m, draft_so, 6);
+  for (const auto& f : test::all_formats()) {
+    for (const float temp : {0.0f, 0.9f}) {
+      GenerationOptions go;
+      go.max_tokens = 100;
+      go.sampler.temperature = temp;
+      go.sampler.seed = 23;
+      const Reply plain = generate(m, session_for(f, 0), prompt, go);
+      go.lookup = 6;
+      go.draft_model = &self;
+      const Reply spec = generate(m, session_for(f, 6), prompt, go);
+      EXPECT_EQ(spec.tokens, plain.tokens) << f.name << " temp " << temp;
+      EXPECT_EQ(spec.text, plain.text) << f.name;
+      EXPECT_LT(spec.steps, plain.steps) << f.name << " temp " << temp;
+      if (temp == 0.0f) {
+        EXPECT_GT(spec.spec.accepted, spec.spec.drafted / 2) << f.name;
+      } else {
+        EXPECT_LT(spec.spec.accepted, spec.spec.drafted) << f.name;
+      }
+    }
+  }
+  test::TempDir dir;
+  model::ModelConfig mc;
+  model::apply_arch_defaults(mc, "llama");
+  mc.n_layers = 2;
+  mc.dim = 64;
+  mc.n_heads = 4;
+  mc.n_kv_heads = 2;
+  mc.hidden_dim = 128;
+  mc.vocab_size = 300;
+  mc.ctx = 256;
+  mc.rope_theta = 10000.0f;
+  const auto target = model::Model::load(test::synth_model(dir, "target", mc, 3), "");
+  mc.n_layers = 1;
+  mc.dim = 32;
+  mc.n_heads = 2;
+  mc.n_kv_heads = 1;
+  draft_so.ctx = 256;
+  DraftModel other(model::Model::load(test::synth_model(dir, "draft", mc, 4), ""), *target,
+                   draft_so, 4);
+  const std::vector<int> p = {1, 17, 42, 99, 17, 42};
+  for (const float temp : {0.0f, 1.0f}) {
+    GenerationOptions go;
+    go.max_tokens = 80;
+    go.sampler.temperature = temp;
+    go.sampler.seed = 5;
+    const test::FormatCase& f16 = test::format_named("f16");
+    SessionOptions so = session_for(f16, 0);
+    so.ctx = 256;
+    const Reply plain = generate(*target, so, p, go);
+    go.lookup = 4;
+    go.draft_model = &other;
+    so.rewind = 4;
+    const Reply spec = generate(*target, so, p, go);
+    EXPECT_EQ(spec.tokens, plain.tokens) << "temp " << temp;
+    EXPECT_GT(spec.spec.rounds, 0);
+  }
+}
+
+TEST(DraftModel, AnotherVocabularyIsRefused) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  model::ModelConfig mc;
+  model::apply_arch_defaults(mc, "llama");
+  mc.n_layers = 1;
+  mc.dim = 32;
+  mc.n_heads = 2;
+  mc.n_kv_heads = 1;
+  mc.hidden_dim = 64;
+  mc.vocab_size = 512;  // stories260K's size, other pieces
+  mc.ctx = 256;
+  mc.rope_theta = 10000.0f;
+  SessionOptions so;
+  so.ctx = 256;
+  const std::string same_size = test::synth_model(dir, "same_size", mc, 1);
+  mc.vocab_size = 300;
+  const std::string smaller = test::synth_model(dir, "smaller", mc, 1);
+  for (const std::string& path : {same_size, smaller}) {
+    try {
+      DraftModel d(model::Model::load(path, ""), test::stories(), so, 4);
+      ADD_FAILURE() << path << " accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("--draft-model"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("not the model's vocabulary"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(path == smaller ? "300 tokens in the draft, 512" : "token "),
+                std::string::npos)
+          << msg;
+    }
+  }
 }
 
 // Cutting back to n tokens leaves the cache feeding n tokens leaves: the next logits

@@ -165,6 +165,7 @@ int cmd_chat(int argc, char** argv) {
       "json", 0,
       "Print one JSON object per turn (prompt token ids, cache positions, reply text and ids, "
       "stop reason) instead of streaming.");
+  add_draft_options(a);
   a.section("KV cache files");
   a.add("kv-save", 0, "FILE",
         "When the chat ends, save the conversation's KV cache, its turn count and the sampler's\n"
@@ -202,11 +203,11 @@ int cmd_chat(int argc, char** argv) {
   const runtime::ChatPrompt chat(tk, a.str("chat-template"));
   note_if_synthetic(*m, "its replies are meaningless");
   // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
-  const std::unique_ptr<runtime::Session> session = on_every_rank([&] {
-    runtime::SessionOptions so = session_options(a, *m);
-    so.rewind = go.lookup;  // speculation cuts rejected drafts back
-    return std::make_unique<runtime::Session>(*m, so);
-  });
+  runtime::SessionOptions so = on_every_rank([&] { return session_options(a, *m); });
+  const std::unique_ptr<runtime::DraftModel> draft = draft_model_option(a, *m, so, go);
+  so.rewind = go.lookup;  // speculation cuts rejected drafts back
+  const std::unique_ptr<runtime::Session> session =
+      on_every_rank([&] { return std::make_unique<runtime::Session>(*m, so); });
   runtime::Session& sess = *session;
   go.end_tokens = chat.end_tokens();
   go.stop = chat.stop_strings();

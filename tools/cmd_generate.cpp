@@ -27,7 +27,8 @@ struct Report {
   bool no_cache = false;
   double t_prefill = 0, t_save = 0, prefill_tps = 0, decode_tps = 0;
   uint64_t kv_saved_bytes = 0, kv_used = 0, kv_reserved = 0;
-  int lookup = 0, steps = 0;  // --lookup's draft size; forward passes after the prefill
+  int lookup = 0, steps = 0;  // the draft size; forward passes after the prefill
+  std::string draft_model;    // --draft-model (drafts from it, not by lookup)
   runtime::Generator::Speculation spec;
 };
 
@@ -78,6 +79,8 @@ void print_json(const Report& r) {
   j.kv("decode_steps", r.steps);
   if (r.lookup > 0) {
     j.key("lookup").begin_object();
+    j.kv("source", r.draft_model.empty() ? "prompt lookup" : "draft model");
+    if (!r.draft_model.empty()) j.kv("draft_model", r.draft_model);
     j.kv("draft", r.lookup).kv("verifications", r.spec.rounds);
     j.kv("drafted", r.spec.drafted).kv("accepted", r.spec.accepted);
     j.kv("acceptance", r.spec.drafted ? double(r.spec.accepted) / r.spec.drafted : 0.0);
@@ -108,9 +111,9 @@ void print_stats(const Report& r) {
       static_cast<unsigned long long>(r.kv_used), static_cast<unsigned long long>(r.kv_reserved));
   if (r.lookup > 0) {
     std::fprintf(stderr,
-                 "[lookup: %d of %d drafted tokens accepted (%.0f%%) in %d verifications; %.2f "
+                 "[%s: %d of %d drafted tokens accepted (%.0f%%) in %d verifications; %.2f "
                  "tokens per decode step]\n",
-                 r.spec.accepted, r.spec.drafted,
+                 r.draft_model.empty() ? "lookup" : "draft model", r.spec.accepted, r.spec.drafted,
                  r.spec.drafted ? 100.0 * r.spec.accepted / r.spec.drafted : 0.0, r.spec.rounds,
                  r.steps ? double(r.n_out) / r.steps : 0.0);
   }
@@ -156,6 +159,7 @@ int cmd_generate(int argc, char** argv) {
   a.add_flag("no-kv-cache", 0,
              "Recompute every position at every step (the reference path; slow).");
   a.add_flag("json", 0, "Print one JSON object (text, token ids, stats) instead of streaming.");
+  add_draft_options(a);
   a.section("KV cache files");
   a.add("kv-save", 0, "FILE",
         "After the prefill of the prompt, save the KV cache (blocks as stored, residual window,\n"
@@ -173,7 +177,7 @@ int cmd_generate(int argc, char** argv) {
   if (!parse_command_line(a, argc, argv)) return 0;  // --help printed
   refuse_distributed(a, {"no-kv-cache"});
   const bool json = a.flag("json");
-  const runtime::GenerationOptions go = generation_options(a);
+  runtime::GenerationOptions go = generation_options(a);
   if (a.flag("no-kv-cache")) {
     refuse_kv_options(a, "--no-kv-cache (it recomputes keys and values, it has no cache)");
     for (const char* o : {"kv-save", "kv-load"}) {
@@ -199,6 +203,9 @@ int cmd_generate(int argc, char** argv) {
   const auto& tk = m->tokenizer();
   // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
   runtime::SessionOptions opt = on_every_rank([&] { return session_options(a, *m); });
+  if (a.flag("no-kv-cache") && a.given("draft-model"))
+    fail("--draft-model: not with --no-kv-cache (drafts are checked against the cache)");
+  const std::unique_ptr<runtime::DraftModel> draft = draft_model_option(a, *m, opt, go);
   opt.rewind = go.lookup;  // speculation cuts rejected drafts back
   const bool no_cache = a.flag("no-kv-cache");
   const int ctx = opt.ctx > 0 ? opt.ctx : cfg.ctx;
@@ -321,6 +328,7 @@ int cmd_generate(int argc, char** argv) {
   r.prefill_tps = prefill_tps;
   r.decode_tps = decode_tps;
   r.lookup = go.lookup;
+  if (draft) r.draft_model = draft->model().path();
   r.steps = n_steps;
   if (gen) r.spec = gen->speculation();
   r.kv_saved_bytes = kv_saved_bytes;

@@ -315,6 +315,42 @@ void add_generation_options(Args& a, bool ignore_eos) {
   a.alias("--temperature", "temp");
 }
 
+void add_draft_options(Args& a) {
+  a.section("Speculative decoding with a draft model");
+  a.add("draft-model", 0, "FILE",
+        "A smaller model of the same vocabulary whose greedy continuation is drafted and checked "
+        "by the model in one batched step; the text is the one plain decoding gives.",
+        "");
+  a.add("draft-max", 0, "N",
+        "Tokens drafted per step at most (1 to 64; the length adapts to what is accepted).", "8");
+  a.add("draft-kv-cache", 0, "FORMAT",
+        "The draft model's cache format (f32, f16, int8, kivi2, kivi4, kivi8).", "f16");
+}
+
+std::unique_ptr<runtime::DraftModel> draft_model_option(const Args& a, const model::Model& target,
+                                                        const runtime::SessionOptions& so,
+                                                        runtime::GenerationOptions& go) {
+  if (!a.given("draft-model")) {
+    for (const char* o : {"draft-max", "draft-kv-cache"}) {
+      if (a.given(o)) fail("--%s: needs --draft-model", o);
+    }
+    return nullptr;
+  }
+  if (go.lookup > 0) fail("--draft-model and --lookup: choose one source of drafts");
+  if (dist::size() > 1 || a.given("dist"))
+    fail("--draft-model: not under --dist (the draft model runs in one process)");
+  const int max = static_cast<int>(a.integer("draft-max", 1, 64));
+  std::unique_ptr<model::Model> d = model::Model::load(a.str("draft-model"), "");
+  runtime::OptionValues v = {{"kv-cache", a.str("draft-kv-cache")},
+                             {"ctx", std::to_string(so.ctx)}};
+  runtime::SessionOptions o = runtime::parse_session_options(v);
+  o.threads = so.threads;
+  auto draft = std::make_unique<runtime::DraftModel>(std::move(d), target, o, max);
+  go.lookup = max;
+  go.draft_model = draft.get();
+  return draft;
+}
+
 runtime::GenerationOptions generation_options(const Args& a) {
   runtime::OptionValues v;
   for (const auto& s : runtime::generation_option_specs()) {

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "runtime/generation.h"
 #include "runtime/session.h"
+#include "runtime/speculative.h"
 
 namespace kivi::tools {
 
@@ -103,6 +104,15 @@ std::string describe_cache(const kv::CacheConfig& c);
 void add_generation_options(Args& a, bool ignore_eos);
 // The generation options given, parsed by the library.
 runtime::GenerationOptions generation_options(const Args& a);
+// Speculative decoding with a draft model: --draft-model FILE, --draft-max N,
+// --draft-kv-cache FORMAT.
+void add_draft_options(Args& a);
+// The draft model --draft-model names, loaded and checked against the model's
+// vocabulary, with a session of the target's context (`so`) in its own cache format; it
+// sets go.lookup (the draft length) and go.draft_model. Null without --draft-model.
+std::unique_ptr<runtime::DraftModel> draft_model_option(const Args& a, const model::Model& target,
+                                                        const runtime::SessionOptions& so,
+                                                        runtime::GenerationOptions& go);
 // Where a data file that ships beside kivi (e.g. tinytales.txt) is looked for, in order:
 // data/ and ../shared/data/ from the working directory, then relative to the binary:
 // ../share/kivi/ (installed) and ../../../shared/data/ (build/bin/kivi in a checkout).

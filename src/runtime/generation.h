@@ -25,6 +25,8 @@
 
 namespace kivi::runtime {
 
+class DraftModel;  // runtime/speculative.h
+
 // Where a lazy grammar starts: free text until `word` appears (anywhere, or only as the
 // reply's first text after white space when `at_start`), then the grammar from the
 // word's first byte on. Empty: the grammar holds from the first token. Text that reaches
@@ -54,6 +56,9 @@ struct GenerationOptions {
   // batched forward. The tokens are those plain decoding gives.
   int lookup = 0;
   int lookup_ngram = 3;
+  // With a draft model, the drafts (still up to `lookup` tokens) are its greedy
+  // continuation instead of a lookup. Not owned; outlives the generation.
+  DraftModel* draft_model = nullptr;
 };
 
 class StopRule {

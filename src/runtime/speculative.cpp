@@ -2,9 +2,80 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+#include "model/model.h"
 #include "runtime/generation.h"
 
 namespace kivi::runtime {
+
+namespace {
+
+// The first difference between two tokenizers' vocabularies, or "" when they agree.
+std::string vocabulary_difference(const tok::Tokenizer& a, const tok::Tokenizer& b) {
+  if (a.vocab_size() != b.vocab_size())
+    return strfmt("%d tokens in the draft, %d in the model", a.vocab_size(), b.vocab_size());
+  if (a.bos_id() != b.bos_id() || a.eos_id() != b.eos_id())
+    return strfmt("BOS/EOS %d/%d in the draft, %d/%d in the model", a.bos_id(), a.eos_id(),
+                  b.bos_id(), b.eos_id());
+  for (int t = 0; t < a.vocab_size(); ++t) {
+    if (a.piece(t) != b.piece(t))
+      return strfmt("token %d is '%s' in the draft, '%s' in the model", t, a.piece(t).c_str(),
+                    b.piece(t).c_str());
+  }
+  return "";
+}
+
+}  // namespace
+
+DraftModel::DraftModel(std::unique_ptr<model::Model> d, const model::Model& target,
+                       SessionOptions o, int max_tokens)
+    : m_(std::move(d)), max_tokens_(max_tokens) {
+  const model::Model& draft = *m_;
+  const std::string diff = vocabulary_difference(draft.tokenizer(), target.tokenizer());
+  if (!diff.empty())
+    fail("--draft-model %s: not the model's vocabulary (%s)", draft.path().c_str(), diff.c_str());
+  if (draft.config().vocab_size != target.config().vocab_size)
+    fail("--draft-model %s: %d logits per token, the model has %d", draft.path().c_str(),
+         draft.config().vocab_size, target.config().vocab_size);
+  if (max_tokens < 1 || max_tokens > 64)
+    fail("--draft-max %d: expected 1 to 64 tokens", max_tokens);
+  o.rewind = std::max(o.rewind, max_tokens);
+  s_ = std::make_unique<Session>(draft, o);
+}
+
+std::vector<int> DraftModel::draft(const std::vector<int>& text, int n) {
+  if (text.empty()) fail("internal: a draft of no text");
+  n = std::min(n, max_tokens_);
+  // Room for the text and n - 1 drafted tokens fed.
+  if (static_cast<int>(text.size()) + n - 1 > s_->ctx())
+    n = s_->ctx() + 1 - static_cast<int>(text.size());
+  if (n < 1) return {};
+  // Keep what the cache shares with the text, short of the text's last token (whose
+  // logits the draft starts from).
+  size_t keep = 0;
+  const size_t limit = std::min(fed_.size(), text.size() - 1);
+  while (keep < limit && fed_[keep] == text[keep]) ++keep;
+  if (keep < fed_.size()) {
+    if (keep == 0 || static_cast<int>(fed_.size() - keep) > s_->options().rewind) {
+      s_->reset();
+      keep = 0;
+    } else {
+      s_->truncate(static_cast<int>(keep));
+    }
+    fed_.resize(keep);
+  }
+  const float* logits = s_->prefill(std::vector<int>(text.begin() + keep, text.end()));
+  fed_.assign(text.begin(), text.end());
+  std::vector<int> out;
+  const int V = m_->config().vocab_size;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(argmax(logits, V));
+    if (i + 1 == n) break;
+    logits = s_->decode(out.back());
+    fed_.push_back(out.back());
+  }
+  return out;
+}
 
 std::vector<int> lookup_draft(const std::vector<int>& text, int ngram, int max_tokens,
                               int min_ngram) {
@@ -33,8 +104,9 @@ bool Generator::verify_drafts() {
   const GenerationOptions& o = cont_.options();
   if (draft_length_ == 0) draft_length_ = o.lookup;
   // One-token matches draft noise: two at least (one when --lookup-ngram is 1).
-  std::vector<int> draft =
-      lookup_draft(history_, o.lookup_ngram, draft_length_, std::min(2, o.lookup_ngram));
+  std::vector<int> draft = o.draft_model ? o.draft_model->draft(history_, draft_length_)
+                                         : lookup_draft(history_, o.lookup_ngram, draft_length_,
+                                                        std::min(2, o.lookup_ngram));
   // Room in the context for the pending token and the draft, and no drafting past the
   // reply's last token.
   int room = s_.ctx() - s_.pos() - 1;

@@ -1,7 +1,9 @@
-// Speculative decoding by prompt lookup (as llama.cpp's lookup decoding and vLLM's n-gram
-// drafting): text that copies from earlier text (code edits, quotes, summaries, a
-// repeated phrase) is guessed from where it occurred before, and the guess is checked by
-// the model in one batched forward instead of one forward per token.
+// Speculative decoding: a cheap guess of the next tokens is checked by the model in one
+// batched forward instead of one forward per token. The guess comes from prompt lookup
+// (as llama.cpp's lookup decoding and vLLM's n-gram drafting: text that copies from
+// earlier text, such as code edits, quotes, summaries or a repeated phrase, is guessed
+// from where it occurred before) or from a small draft model of the same vocabulary
+// (DraftModel: its greedy continuation).
 //
 // A step: the last n tokens (n = lookup_ngram down to 2) are looked up in the text so
 // far; the tokens that followed their latest earlier occurrence are the draft. The
@@ -16,9 +18,34 @@
 // target's distribution without it.)
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "runtime/session.h"
+
 namespace kivi::runtime {
+
+// A draft model: a smaller model of the target's vocabulary, with a session (and cache
+// format) of its own, that drafts its greedy continuation of the text so far. Its cache
+// follows the text: each draft cuts it back to what the text shares with what it fed,
+// and feeds the rest.
+class DraftModel {
+ public:
+  // Throws kivi::Error when the vocabularies differ (size, special tokens or any piece).
+  // `o.rewind` is raised to `max_tokens` (rejected drafts are cut back).
+  DraftModel(std::unique_ptr<model::Model> draft, const model::Model& target, SessionOptions o,
+             int max_tokens);
+  // Up to n (<= max_tokens) tokens continuing `text` (not empty), greedily.
+  std::vector<int> draft(const std::vector<int>& text, int n);
+  const model::Model& model() const { return *m_; }
+  Session& session() { return *s_; }
+
+ private:
+  std::unique_ptr<model::Model> m_;
+  std::unique_ptr<Session> s_;
+  std::vector<int> fed_;  // the tokens in the draft's cache
+  int max_tokens_;
+};
 
 // Up to `max_tokens` tokens that followed the latest earlier occurrence of the last n
 // tokens of `text`, for the largest n from `ngram` down to `min_ngram` that has one;
