@@ -406,6 +406,70 @@ TEST(Scheduler, ConcurrentRequestsGiveTheTokensEachGivesAlone) {
   }
 }
 
+// Speculative decoding by prompt lookup in the steps: prompts the model copies from,
+// decoded together with drafts, give exactly the tokens each gives alone without them
+// (greedy and sampled, every cache format), in fewer steps.
+TEST(Scheduler, LookupDraftsLeaveTheTokensAlone) {
+  KIVI_REQUIRE_MODEL();
+  const auto& m = stories();
+  const auto& tk = m.tokenizer();
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    const std::string t = std::string(kTexts[i]) + " " + kTexts[i + 4];
+    prompts.push_back(tk.encode(t + " " + t + " " + kTexts[i], true));
+  }
+  uint64_t accepted = 0;
+  for (const auto& cc : cache_cases()) {
+    if (cc.cache.share_every > 1 && cc.cache.has_residual()) continue;  // refused below
+    SchedulerOptions o;
+    o.parallel = 4;
+    o.ctx = 512;
+    o.queue = 8;
+    o.prefill_chunk = 32;
+    o.cache = cc.cache;
+    o.threads = 1;
+    o.lookup = 5;
+    Scheduler sched(m, o);
+    const int n = static_cast<int>(prompts.size());
+    std::vector<std::vector<int>> expected(n);
+    std::vector<GenerationRequest> rs(n);
+    for (int i = 0; i < n; ++i) {
+      rs[i].prompt = prompts[i];
+      rs[i].max_tokens = 90;
+      if (i % 2 == 1) {
+        rs[i].sampling.temperature = 0.8f;
+        rs[i].sampling.seed = 40 + i;
+      }
+      expected[i] = generate_alone(m, cc.cache, rs[i].prompt, rs[i].max_tokens, rs[i].sampling);
+    }
+    sched.pause();
+    std::vector<Outcome> got(n);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < n; ++i) {
+      std::shared_ptr<RequestHandle> h;
+      ASSERT_EQ(sched.submit(rs[i], &h), Scheduler::Submit::kQueued);
+      clients.emplace_back([&, i, h] { got[i] = follow(h); });
+    }
+    sched.resume();
+    for (auto& t : clients) t.join();
+    for (int i = 0; i < n; ++i)
+      EXPECT_EQ(got[i].tokens, expected[i]) << cc.name << " request " << i;
+    wait_for_empty_pool(sched);
+    const auto st = sched.stats();
+    EXPECT_GT(st.spec_verifications, 0u) << cc.name;
+    EXPECT_LE(st.spec_accepted, st.spec_drafted) << cc.name;
+    accepted += st.spec_accepted;
+  }
+  EXPECT_GT(accepted, 0u);
+  SchedulerOptions shared;
+  shared.ctx = 512;
+  shared.cache.k = shared.cache.v = {kv::Format::kKivi2};
+  shared.cache.residual = 32;
+  shared.cache.share_every = 2;
+  shared.lookup = 4;
+  EXPECT_THROW(Scheduler(m, shared), Error);
+}
+
 // A shared prompt prefix is stored once, and the outputs do not change.
 // Requests with one prompt arriving together (an n > 1 request's choices): the first
 // prefills it, the others wait for its blocks and map them, and each gives the tokens it

@@ -80,6 +80,14 @@ void add_serve_options(Args& a) {
         "next turn of a chat) and start requests after cached blocks of a shared prompt prefix; "
         "kept caches are evicted, least recently used first, when memory or a slot is needed.",
         "on");
+  a.add("lookup", 0, "N",
+        "Speculative decoding by prompt lookup: each decoding sequence drafts up to N tokens (0 "
+        "= off, at most 64) that followed an earlier occurrence of its latest tokens and checks "
+        "them in its rows of the step. The text is the same; text that repeats earlier text "
+        "takes fewer steps.",
+        "0");
+  a.add("lookup-ngram", 0, "N",
+        "Tokens --lookup matches (the longest of N down to 2 that occurred before).", "3");
   a.add("api-key", 0, "KEY",
         "Require 'Authorization: Bearer KEY' on /v1/* and /metrics. Default: $KIVI_API_KEY.");
   a.add("alias", 0, "NAME",
@@ -132,6 +140,8 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   const std::string pc = a.str("prefix-cache");
   if (pc != "on" && pc != "off") fail("--prefix-cache '%s': expected on or off", pc.c_str());
   s.prefix_cache = pc == "on";
+  s.lookup = static_cast<int>(a.integer("lookup", 0, 64));
+  s.lookup_ngram = static_cast<int>(a.integer("lookup-ngram", 1, 16));
   if (a.given("kv-budget")) {
     const KvBudget b = parse_kv_budget(a.str("kv-budget"));
     s.kv_budget_bytes = b.bytes;
@@ -139,8 +149,7 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   } else {
     // Every slot can hold a whole context, unless that is more than the memory
     // beside the weights: then most of that memory.
-    kv::CacheConfig shaped = runtime::cache_shape_for(m.config(), s.cache, s.ctx);
-    if (s.prefix_cache && shaped.has_residual()) shaped.ring_slack = s.rewind_tokens;
+    const kv::CacheConfig shaped = runtime::scheduler_cache_shape(m.config(), s);
     const runtime::PoolPlan plan = runtime::plan_pool(shaped, s);
     const uint64_t need =
         static_cast<uint64_t>(plan.blocks) * plan.block_bytes + plan.slot_bytes * s.parallel;

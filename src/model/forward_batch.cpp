@@ -20,7 +20,8 @@ BatchForward::BatchForward(const ModelConfig& c, int max_rows, int max_seqs, int
       first_row_(max_seqs_ + 1),
       pos0_(max_seqs_),
       last_(static_cast<size_t>(max_seqs_) * c.dim),
-      logits_(static_cast<size_t>(max_seqs_) * c.vocab_size) {
+      logits_(static_cast<size_t>(max_seqs_) * c.vocab_size),
+      out_rows_(max_seqs_) {
   worker_ws_.reserve(std::max(1, n_threads));
   for (int t = 0; t < std::max(1, n_threads); ++t) {
     worker_ws_.emplace_back(1, c.n_heads, c.n_kv_heads, c.head_dim(), kv_block, ctx);
@@ -46,8 +47,8 @@ void BatchForward::attend(const Model& m, int l, const BatchSequence* seqs, int 
     }
     attn::Params p = ap;
     // A chunk of a prefilling sequence attends over query tiles (attn/prefill.h).
-    if (prefill == attn::PrefillMode::kTiled && n >= attn::kPrefillMinRows && !borrows &&
-        cache.window(l) == 0 && st_.pws.threads() > 0) {
+    if (prefill == attn::PrefillMode::kTiled && !seqs[s].all_logits && n >= attn::kPrefillMinRows &&
+        !borrows && cache.window(l) == 0 && st_.pws.threads() > 0) {
       if (ap.rope) p.rope = ap.rope + static_cast<size_t>(cache.evicted(l)) * c.head_dim();
       attn::append_and_prefill(cache, l, st_.k.data() + static_cast<size_t>(r0) * kvd,
                                st_.v.data() + static_cast<size_t>(r0) * kvd, n,
@@ -82,6 +83,7 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
   for (int s = 0; s < n_seqs; ++s) {
     const BatchSequence& q = seqs[s];
     if (!q.cache || q.n < 1) fail("batch sequence %d has no cache or no tokens", s);
+    if (q.all_logits && !q.logits) fail("batch sequence %d wants every logit but has no buffer", s);
     const int pos0 = q.cache->n_tokens(0);
     if (pos0 + q.n > std::min(q.cache->capacity(), ctx_)) {
       fail("context full: sequence %d holds %d tokens, %d more exceed its context of %d", s, pos0,
@@ -187,23 +189,36 @@ void BatchForward::run(const Model& m, const BatchSequence* seqs, int n_seqs, Th
     ops::add_inplace(st_.x.data(), st_.xb2.data(), rows * dim);
   }
 
-  // The classifier over the last row of each sequence that wants logits, in one product.
+  // The classifier over the last row of each sequence that wants logits (every row of
+  // one that wants all), in one product.
   int n_out = 0;
   for (int s = 0; s < n_seqs; ++s) {
-    if (!seqs[s].logits) continue;
-    const int r = first_row_[s + 1] - 1;
-    ops::rmsnorm(last_.data() + static_cast<size_t>(n_out) * dim,
-                 st_.x.data() + static_cast<size_t>(r) * dim, w.output_norm.data(), dim,
-                 c.norm_eps);
-    ++n_out;
+    if (seqs[s].logits) n_out += seqs[s].all_logits ? seqs[s].n : 1;
   }
   if (n_out == 0) return;
-  classify(m, last_.data(), n_out, logits_.data(), pool);
+  if (n_out > out_rows_) {
+    out_rows_ = n_out;
+    last_.reset(static_cast<size_t>(n_out) * dim);
+    logits_.reset(static_cast<size_t>(n_out) * c.vocab_size);
+  }
   int i = 0;
   for (int s = 0; s < n_seqs; ++s) {
     if (!seqs[s].logits) continue;
-    std::memcpy(seqs[s].logits, logits_.data() + static_cast<size_t>(i++) * c.vocab_size,
-                static_cast<size_t>(c.vocab_size) * sizeof(float));
+    for (int r = seqs[s].all_logits ? first_row_[s] : first_row_[s + 1] - 1; r < first_row_[s + 1];
+         ++r) {
+      ops::rmsnorm(last_.data() + static_cast<size_t>(i++) * dim,
+                   st_.x.data() + static_cast<size_t>(r) * dim, w.output_norm.data(), dim,
+                   c.norm_eps);
+    }
+  }
+  classify(m, last_.data(), n_out, logits_.data(), pool);
+  i = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    if (!seqs[s].logits) continue;
+    const int n = seqs[s].all_logits ? seqs[s].n : 1;
+    std::memcpy(seqs[s].logits, logits_.data() + static_cast<size_t>(i) * c.vocab_size,
+                static_cast<size_t>(n) * c.vocab_size * sizeof(float));
+    i += n;
   }
 }
 

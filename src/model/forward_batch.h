@@ -35,6 +35,9 @@ struct BatchSequence {
   const int* tokens = nullptr;  // [n] tokens at positions cache->n_tokens(0), +1, ...
   int n = 0;
   float* logits = nullptr;  // [vocab]: the logits of the last token, or null to skip
+  // Logits of every token ([n][vocab] at `logits`), each as decoding the tokens one at a
+  // time gives them, bit for bit: the rows attend one by one (a speculative verification).
+  bool all_logits = false;
 };
 
 class BatchForward {
@@ -61,8 +64,9 @@ class BatchForward {
   std::vector<attn::Workspace> worker_ws_;  // [n_threads] for sequence-parallel attention
   std::vector<int> first_row_;              // [max_seqs + 1] first row of each sequence
   std::vector<int> pos0_;                   // [max_seqs] position of each sequence's first row
-  AlignedBuffer<float> last_;               // [max_seqs, dim] normed last rows
-  AlignedBuffer<float> logits_;             // [max_seqs, vocab]
+  AlignedBuffer<float> last_;               // [rows out, dim] normed rows that want logits
+  AlignedBuffer<float> logits_;             // [rows out, vocab]
+  int out_rows_ = 0;                        // rows last_ and logits_ hold
 };
 
 }  // namespace kivi::model

@@ -46,6 +46,18 @@ PoolPlan plan_pool(const kv::CacheConfig& c, const SchedulerOptions& o) {
   return p;
 }
 
+kv::CacheConfig scheduler_cache_shape(const model::ModelConfig& m, const SchedulerOptions& o) {
+  kv::CacheConfig c = cache_shape_for(m, o.cache, o.ctx);
+  // Sliding-window layers keep every block of their sequences in the shared pool (blocks
+  // are shared between sequences by prefix, so none is evicted); attention still reads
+  // only the window (model::BatchForward).
+  c.layer_window.clear();
+  // Kept KIVI caches can be cut back rewind_tokens, and speculation cuts rejected drafts
+  // back: the rings keep that many more rows.
+  if (c.has_residual()) c.ring_slack = std::max(o.prefix_cache ? o.rewind_tokens : 0, o.lookup);
+  return c;
+}
+
 Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
     : m_(m), opt_(o), pool_(o.threads > 0 ? o.threads : hardware_threads()) {
   const auto& c = m.config();
@@ -54,15 +66,15 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   if (opt_.queue < 0) fail("--queue = %d, expected >= 0", opt_.queue);
   if (opt_.prefill_chunk < 1) fail("--prefill-chunk = %d, expected >= 1", opt_.prefill_chunk);
   if (opt_.ctx < 2) fail("--ctx = %d, expected >= 2", opt_.ctx);
-  shaped_ = cache_shape_for(c, opt_.cache, opt_.ctx);
-  // Sliding-window layers keep every block of their sequences in the shared pool (blocks
-  // are shared between sequences by prefix, so none is evicted); attention still reads
-  // only the window (model::BatchForward).
-  shaped_.layer_window.clear();
-  // Kept KIVI caches can be cut back this far: the rings keep that many more rows.
   if (opt_.rewind_tokens < 0 || opt_.rewind_tokens > (1 << 20))
     fail("rewind_tokens = %d, expected 0 to 2^20", opt_.rewind_tokens);
-  if (opt_.prefix_cache && shaped_.has_residual()) shaped_.ring_slack = opt_.rewind_tokens;
+  if (opt_.lookup < 0 || opt_.lookup > 64)
+    fail("--lookup %d: expected 0 to 64 tokens", opt_.lookup);
+  if (opt_.lookup_ngram < 1 || opt_.lookup_ngram > 16)
+    fail("--lookup-ngram %d: expected 1 to 16 tokens", opt_.lookup_ngram);
+  if (opt_.lookup > 0 && opt_.link)
+    fail("--lookup: speculative decoding is not served over ranks yet");
+  shaped_ = scheduler_cache_shape(c, opt_);
   auto tensor_scaled = [](const kv::StreamFormat& f) {
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
   };
@@ -76,10 +88,13 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   max_chunk_ = kv::stored_layers(shaped_) < shaped_.n_layers && shaped_.has_residual()
                    ? 1
                    : opt_.prefill_chunk;
+  if (max_chunk_ == 1 && opt_.lookup > 0)
+    fail("--lookup: KIVI caches shared across layers take one token per step (no drafts)");
   plan_ = plan_pool(shaped_, opt_);
   blocks_ = std::make_unique<kv::BlockPool>(shaped_, plan_.blocks);
-  fwd_ = std::make_unique<model::BatchForward>(c, opt_.parallel + opt_.prefill_chunk, opt_.parallel,
-                                               opt_.ctx, pool_.size(), shaped_.block());
+  fwd_ = std::make_unique<model::BatchForward>(
+      c, opt_.parallel * (1 + opt_.lookup) + opt_.prefill_chunk, opt_.parallel, opt_.ctx,
+      pool_.size(), shaped_.block());
   // vLLM's buckets (seconds).
   stats_.queue_time = stats_.request_latency =
       Histogram({0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
@@ -458,6 +473,10 @@ void Scheduler::sample(Slot& s) {
     end(s, FinishReason::kError, e.what());
     return;
   }
+  emit(s, st, s.logits.data());
+}
+
+void Scheduler::emit(Slot& s, const Continuation::Step& st, const float* logits) {
   if (st.token >= 0) {
     s.tokens.push_back(st.token);
     if (++s.n_generated == 1) {
@@ -468,7 +487,7 @@ void Scheduler::sample(Slot& s) {
   }
   if (st.token >= 0 && s.params.logprobs >= 0) {
     const TokenLogprob lp =
-        token_logprob(s.logits.data(), m_.config().vocab_size, st.token, s.params.logprobs);
+        token_logprob(logits, m_.config().vocab_size, st.token, s.params.logprobs);
     s.req->push(st.text, st.token, s.n_generated, &lp);
   } else if (st.token >= 0 || !st.text.empty()) {
     s.req->push(st.text, st.token, s.n_generated);
@@ -491,7 +510,11 @@ void Scheduler::step() {
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
     Slot& s = slots_[i];
     if (!s.active() || s.prefilling()) continue;
-    batch_[n] = {s.cache.get(), s.tokens.data() + s.fed, 1, s.logits.data()};
+    const int d = opt_.lookup > 0 ? plan_draft(i) : 0;
+    batch_[n] =
+        d > 0 ? model::BatchSequence{s.cache.get(), s.feed.data(), 1 + d, s.all_logits.data(), true}
+              : model::BatchSequence{s.cache.get(), s.tokens.data() + s.fed, 1, s.logits.data(),
+                                     false};
     batch_slot_[n++] = i;
   }
   // Prompt chunks, oldest admission first, within the step's prompt budget.
@@ -532,6 +555,12 @@ void Scheduler::step() {
   int generated = 0;
   for (int j = 0; j < n; ++j) {
     Slot& s = slots_[batch_slot_[j]];
+    if (batch_[j].all_logits) {
+      const int before = s.n_generated;
+      verify(batch_slot_[j], batch_[j].n);
+      generated += s.n_generated - before;
+      continue;
+    }
     s.fed += batch_[j].n;
     s.cache->publish(s.tokens.data());
     if (!batch_[j].logits) continue;

@@ -76,6 +76,11 @@ struct SchedulerOptions {
   int threads = 0;            // 0 = all hardware threads
   bool prefix_cache = false;  // keep ended sequences' caches for later prompts (see above)
   int rewind_tokens = 64;     // with prefix_cache: how far a kept KIVI cache can be cut back
+  // Speculative decoding by prompt lookup (runtime/speculative.h): each decoding
+  // sequence drafts up to `lookup` tokens (0 = off) from its own prompt and reply and
+  // checks them in its row of the step; the tokens are those plain decoding gives.
+  int lookup = 0;
+  int lookup_ngram = 3;
   // Ranks that run every step together: the leader sends its records through the link,
   // followers repeat them. With a link the scheduler waits for start() (leader) or
   // follow() (follower), so that no record is sent before every rank has built its own.
@@ -90,6 +95,10 @@ struct PoolPlan {
   uint64_t slot_bytes = 0;  // one sequence's residual rings and block tables
 };
 PoolPlan plan_pool(const kv::CacheConfig& shaped, const SchedulerOptions& o);
+// The cache configuration every sequence of a scheduler gets: the model's shape, no
+// sliding-window eviction (blocks stay in the pool), and KIVI rings long enough to cut
+// back what the prefix cache and speculation need.
+kv::CacheConfig scheduler_cache_shape(const model::ModelConfig& m, const SchedulerOptions& o);
 
 struct SchedulerStats {
   int parallel = 0, queue_capacity = 0, ctx = 0;
@@ -100,6 +109,8 @@ struct SchedulerStats {
   uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
   // Sequences preempted when the pool ran dry, and the tokens prefilled again for them.
   uint64_t preemptions = 0, recomputed_tokens = 0;
+  // Speculative decoding: verifications run, tokens drafted, drafts accepted.
+  uint64_t spec_verifications = 0, spec_drafted = 0, spec_accepted = 0;
   double tokens_per_second = 0;  // generated, over the last 10 s
   int blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_reserved = 0, blocks_shared = 0;
   int blocks_published = 0, peak_blocks_used = 0, block_tokens = 0;
@@ -167,6 +178,11 @@ class Scheduler {
     uint64_t last_used = 0;  // when a kept sequence ended (least recently used first)
     double submitted = 0, first_token = 0;  // now_seconds() at submit() and the first token
     std::unique_ptr<Continuation> gen;      // sampling, stop rule, text
+    // Speculation: this step's draft, the rows fed (the pending token, then the draft),
+    // their logits, and the next draft's length at most (0: not started).
+    std::vector<int> draft, feed;
+    AlignedBuffer<float> all_logits;
+    int draft_length = 0;
     bool active() const { return req != nullptr; }
     // Ended and kept by the prefix cache: the cache holds tokens[0, fed).
     bool kept() const { return req == nullptr && fed > 0; }
@@ -212,7 +228,17 @@ class Scheduler {
   // Forgets ended requests; returns SchedulerStats::cancelling. Under mu_.
   int prune_live_locked() const;
   void step();
+  // Chooses the next token from `logits` (s.logits by default) and passes it on.
   void sample(Slot& s);
+  // Passes a chosen step to the client: the token, its text and logprobs (from
+  // `logits`), and the end of the sequence when the step ends it.
+  void emit(Slot& s, const Continuation::Step& st, const float* logits);
+  // Speculation (runtime/scheduler_speculate.cpp): the draft of decoding slot i for this
+  // step, with its blocks reserved (0 tokens when there is none or no room), and the
+  // verification of a step's rows: the Continuation chooses while it agrees with the
+  // draft, and the cache is cut back past the first other choice.
+  int plan_draft(int i);
+  void verify(int i, int rows);
   void end(Slot& s, FinishReason r, const std::string& error = "");
   void publish_stats();
   void publish_stats_locked();

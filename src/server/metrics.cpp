@@ -123,6 +123,14 @@ std::string prometheus_text(const runtime::SchedulerStats& s,
   w.one("kivi_recomputed_tokens_total", "counter",
         "Tokens prefilled again for preempted sequences.",
         static_cast<double>(s.recomputed_tokens));
+  w.one("kivi_spec_verifications_total", "counter",
+        "Speculative steps: a sequence's pending token and draft checked together (--lookup).",
+        static_cast<double>(s.spec_verifications));
+  w.one("kivi_spec_draft_tokens_total", "counter", "Tokens drafted by --lookup.",
+        static_cast<double>(s.spec_drafted));
+  w.one("kivi_spec_accepted_tokens_total", "counter",
+        "Drafted tokens the sampler chose itself (each saves a step).",
+        static_cast<double>(s.spec_accepted));
   w.one("kivi_steps_total", "counter", "Batched forward steps run.", static_cast<double>(s.steps));
   w.one("kivi_kv_blocks_total", "gauge", "Blocks in the KV pool.", s.blocks_total, fmt);
   w.one("kivi_kv_blocks_used", "gauge", "Blocks holding tokens of some sequence.", s.blocks_used,
