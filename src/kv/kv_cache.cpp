@@ -100,6 +100,7 @@ void KvCache::clear() {
     for (StreamStore* s : {&L.k, &L.v}) {
       s->n_stored = 0;
       s->ring_shift = 0;
+      s->ring_floor = 0;
       s->tensor_scale = 0.0f;
       s->calibrated = false;
       s->clamped = 0;
@@ -160,7 +161,7 @@ bool KvCache::can_truncate(int n) const {
     // Tokens [stored, min(n_stored, n)) go back to the ring: their rows are there if no
     // later token took their slots.
     if (!is_kivi(s.lay.fmt.format) || stored[i] >= std::min(s.n_stored, n)) continue;
-    if (stored[i] < L.n - s.lay.ring_cap) return false;
+    if (stored[i] < std::max(L.n - s.lay.ring_cap, s.ring_floor)) return false;
   }
   return true;
 }
@@ -578,6 +579,7 @@ void KvCache::drop(int layer, int first, int count) {
   for (StreamStore* s : {&L.k, &L.v}) {
     if (is_kivi(s->lay.fmt.format)) s->n_stored -= count;
     if (s->lay.ring_cap > 0) s->ring_shift = (s->ring_shift + count) % s->lay.ring_cap;
+    s->ring_floor = std::max(0, s->ring_floor - count);
   }
 }
 
@@ -662,7 +664,7 @@ LayerState KvCache::layer_state(int layer) const {
     const StreamStore& s = which == Stream::kKey ? L.k : L.v;
     StreamState& t = which == Stream::kKey ? st.k : st.v;
     t.n_stored = s.n_stored;
-    t.ring_shift = s.ring_shift;
+    t.ring_shift = 0;  // a snapshot's ring is written in token order (kv/snapshot.h)
     t.tensor_scale = s.tensor_scale;
     t.calibrated = s.calibrated ? 1 : 0;
     t.clamped = s.clamped;
@@ -703,10 +705,27 @@ void KvCache::for_each_piece(const Layer& L, Stream which, Part p, int nb,
       }
       break;
     }
-    case Part::kRing:
-      if (s.ring.size())
-        f(reinterpret_cast<uint8_t*>(const_cast<float*>(s.ring.data())), s.ring.bytes());
+    case Part::kRing: {
+      // The last `rows` tokens' rows, token t's at t % rows (kv/snapshot.h).
+      const int rows = snapshot_ring_rows(cfg_, which);
+      if (rows == 0 || !s.ring.size()) break;
+      const size_t row = cfg_.head_dim * sizeof(float);
+      const int first = L.n - rows;
+      for (size_t h = 0; h < H; ++h) {
+        for (int j = 0; j < rows; ++j) {
+          const int t = first + ((j - first) % rows + rows) % rows;
+          if (t < std::max(0, s.ring_floor)) {
+            f(nullptr, row);
+            continue;
+          }
+          const float* src =
+              s.ring.data() +
+              (h * s.lay.ring_cap + static_cast<size_t>(ring_slot(s, t))) * cfg_.head_dim;
+          f(reinterpret_cast<uint8_t*>(const_cast<float*>(src)), row);
+        }
+      }
       break;
+    }
   }
 }
 
@@ -727,7 +746,6 @@ void KvCache::read_part(int layer, Stream s, Part p, int nb,
 uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts],
                           const FileSource* file) {
   if (borrows(layer)) fail("KV cache: layer %d stores no cache", layer);
-  if (shares_pool()) fail("KV cache: a cache in a shared block pool is not restored");
   Layer& L = layers_.at(layer);
   if (L.n != 0) fail("KV cache: layer %d is not empty", layer);
   check_layer_state(cfg_, st, strfmt("KV cache layer %d", layer));
@@ -735,50 +753,87 @@ uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const 
   if (nb > static_cast<int>(L.block_table.size()))
     fail("KV cache: %d blocks restored into layer %d, which maps %zu", nb, layer,
          L.block_table.size());
-  for (int b = 0; b < nb; ++b) {
-    if (L.block_table[b] != b) fail("KV cache: layer %d is not in order for a restore", layer);
-  }
-  const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
-  BlockPool::LayerStorage& P = own_pool_->layer(layer);
   uint64_t mapped = 0;
-  // One head's region: if it is page-aligned (64 KiB or more, kv::head_region_bytes), its
-  // whole pages mapped where the file allows; the rest copied.
-  auto region = [&](AlignedBuffer<uint8_t>& buf, size_t at, const uint8_t* src, size_t n) {
-    size_t done = 0;
-    const size_t whole = n / kPageBytes * kPageBytes;
-    if (file && n >= kPagedRegionMin &&
-        buf.map_file(at, file->fd, static_cast<uint64_t>(src - file->base), whole)) {
-      done = whole;
+  if (shares_pool()) {
+    // Blocks from the pool (every layer's at the first layer restored), filled piece by
+    // piece in the snapshot's order.
+    if (mapped_ < nb && reservation_ < nb - mapped_)
+      fail("KV cache: %d blocks restored without a reservation (%d reserved)", nb, reservation_);
+    map_blocks(st.n);
+    for (Stream which : {Stream::kKey, Stream::kValue}) {
+      for (Part p : {Part::kCodes, Part::kScales, Part::kZeros}) {
+        const uint8_t* src = parts[static_cast<int>(which)][static_cast<int>(p)];
+        if (!src) continue;
+        size_t off = 0;
+        for_each_piece(L, which, p, nb, [&](uint8_t* dst, size_t n) {
+          if (dst) std::memcpy(dst, src + off, n);
+          off += n;
+        });
+      }
     }
-    std::memcpy(buf.data() + at + done, src + done, n - done);
-    mapped += done;
-  };
+  } else {
+    for (int b = 0; b < nb; ++b) {
+      if (L.block_table[b] != b) fail("KV cache: layer %d is not in order for a restore", layer);
+    }
+    const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
+    BlockPool::LayerStorage& P = own_pool_->layer(layer);
+    // One head's region: if it is page-aligned (64 KiB or more, kv::head_region_bytes), its
+    // whole pages mapped where the file allows; the rest copied.
+    auto region = [&](AlignedBuffer<uint8_t>& buf, size_t at, const uint8_t* src, size_t n) {
+      size_t done = 0;
+      const size_t whole = n / kPageBytes * kPageBytes;
+      if (file && n >= kPagedRegionMin &&
+          buf.map_file(at, file->fd, static_cast<uint64_t>(src - file->base), whole)) {
+        done = whole;
+      }
+      std::memcpy(buf.data() + at + done, src + done, n - done);
+      mapped += done;
+    };
+    for (Stream which : {Stream::kKey, Stream::kValue}) {
+      StreamStore& s = which == Stream::kKey ? L.k : L.v;
+      BlockPool::StreamStorage& S = which == Stream::kKey ? P.k : P.v;
+      const int w = static_cast<int>(which);
+      for (Part p : {Part::kCodes, Part::kScales, Part::kZeros}) {
+        const uint8_t* src = parts[w][static_cast<int>(p)];
+        if (!src) continue;
+        AlignedBuffer<uint8_t>& buf = p == Part::kCodes    ? S.codes
+                                      : p == Part::kScales ? S.scales
+                                                           : S.zeros;
+        const size_t stride = p == Part::kCodes ? S.code_head_stride : S.param_head_stride * ps;
+        const size_t used = part_head_bytes(cfg_, which, p, nb),
+                     file_stride = head_region_bytes(used);
+        if (used > 0) {
+          for (size_t h = 0; h < H; ++h) region(buf, h * stride, src + h * file_stride, used);
+        }
+        if (p == Part::kScales && s.lay.shared_params) {  // int8/token, after the heads
+          std::memcpy(buf.data() + H * stride, src + H * file_stride,
+                      static_cast<size_t>(nb) * s.lay.shared_params * ps);
+        }
+      }
+    }
+  }
   for (Stream which : {Stream::kKey, Stream::kValue}) {
     StreamStore& s = which == Stream::kKey ? L.k : L.v;
-    BlockPool::StreamStorage& S = which == Stream::kKey ? P.k : P.v;
-    const int w = static_cast<int>(which);
-    for (Part p : {Part::kCodes, Part::kScales, Part::kZeros}) {
-      const uint8_t* src = parts[w][static_cast<int>(p)];
-      if (!src) continue;
-      AlignedBuffer<uint8_t>& buf = p == Part::kCodes    ? S.codes
-                                    : p == Part::kScales ? S.scales
-                                                         : S.zeros;
-      const size_t stride = p == Part::kCodes ? S.code_head_stride : S.param_head_stride * ps;
-      const size_t used = part_head_bytes(cfg_, which, p, nb),
-                   file_stride = head_region_bytes(used);
-      if (used > 0) {
-        for (size_t h = 0; h < H; ++h) region(buf, h * stride, src + h * file_stride, used);
-      }
-      if (p == Part::kScales && s.lay.shared_params) {  // int8/token, after the heads
-        std::memcpy(buf.data() + H * stride, src + H * file_stride,
-                    static_cast<size_t>(nb) * s.lay.shared_params * ps);
+    const StreamState& t = which == Stream::kKey ? st.k : st.v;
+    // The residual window: the snapshot's last `rows` tokens, token t's row at
+    // (t + shift) % rows there, goes to t % ring_cap here.
+    const int rows = snapshot_ring_rows(cfg_, which);
+    const uint8_t* ring = parts[static_cast<int>(which)][static_cast<int>(Part::kRing)];
+    s.ring_shift = 0;
+    s.ring_floor = std::max(0, st.n - rows);
+    if (rows > 0 && s.ring.size() && ring) {
+      const size_t D = cfg_.head_dim;
+      const float* src = reinterpret_cast<const float*>(ring);
+      for (size_t h = 0; h < static_cast<size_t>(cfg_.n_kv_heads); ++h) {
+        for (int tok = s.ring_floor; tok < st.n; ++tok) {
+          std::memcpy(
+              s.ring.data() + (h * s.lay.ring_cap + static_cast<size_t>(tok % s.lay.ring_cap)) * D,
+              src + (h * rows + static_cast<size_t>((tok + t.ring_shift) % rows)) * D,
+              D * sizeof(float));
+        }
       }
     }
-    if (s.ring.size())  // the residual window
-      std::memcpy(s.ring.data(), parts[w][static_cast<int>(Part::kRing)], s.ring.bytes());
-    const StreamState& t = which == Stream::kKey ? st.k : st.v;
     s.n_stored = t.n_stored;
-    s.ring_shift = t.ring_shift;
     s.tensor_scale = t.tensor_scale;
     s.calibrated = t.calibrated != 0;
     s.clamped = t.clamped;

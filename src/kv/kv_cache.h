@@ -316,12 +316,14 @@ class KvCache {
     int fd = -1;
     const uint8_t* base = nullptr;  // the file's first byte in memory: offset = part - base
   };
-  // Restores a stored layer of an empty cache with its own pool (a session's) from a
-  // snapshot: its state (checked by check_layer_state first) and its parts,
-  // parts[stream][part] of part_bytes(config(), stream, part, ceil(st.n / B))
-  // bytes each. With a file, each head's region of codes, scales and zero points that
-  // starts on a page in the file is mapped in place, copy-on-write, in whole pages (the
-  // pool's heads start on pages when their regions are large); the rest is copied.
+  // Restores a stored layer of an empty cache from a snapshot: its state (checked by
+  // check_layer_state first) and its parts, parts[stream][part] of
+  // part_bytes(config(), stream, part, ceil(st.n / B)) bytes each. A cache with its own
+  // pool (a session's) maps, with a file, each head's region of codes, scales and zero
+  // points that starts on a page in the file in place, copy-on-write, in whole pages (the
+  // pool's heads start on pages when their regions are large), and copies the rest; a
+  // cache in a shared pool draws the blocks (reserve() them first) and copies. The ring
+  // holds the snapshot's rows; a longer ring (ring_slack) cannot cut back before them.
   // Returns the bytes mapped.
   uint64_t restore(int layer, const LayerState& st, const uint8_t* const parts[2][kNumParts],
                    const FileSource* file = nullptr);
@@ -355,7 +357,8 @@ class KvCache {
     }
     int ring_shift =
         0;  // token t's ring slot is (t + ring_shift) % ring_cap (drop() renumbers tokens)
-    int n_stored = 0;  // tokens in blocks
+    int n_stored = 0;    // tokens in blocks
+    int ring_floor = 0;  // tokens before it have no row in the ring (a restored cache)
     float tensor_scale = 0.0f;
     bool calibrated = false;
     int64_t clamped = 0;

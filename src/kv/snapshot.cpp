@@ -74,6 +74,12 @@ size_t part_head_bytes(const CacheConfig& c, Stream s, Part p, int nb) {
   }
 }
 
+int snapshot_ring_rows(const CacheConfig& c, Stream s) {
+  CacheConfig streaming = c;
+  streaming.ring_slack = 0;
+  return s == Stream::kKey ? key_ring_capacity(streaming) : value_ring_capacity(streaming);
+}
+
 size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb) {
   const StreamLayout lay = stream_layout(c, s);
   const size_t H = c.n_kv_heads, D = c.head_dim, n = static_cast<size_t>(nb);
@@ -86,7 +92,7 @@ size_t part_bytes(const CacheConfig& c, Stream s, Part p, int nb) {
     case Part::kScales:
       return heads + n * lay.shared_params * ps;
     case Part::kRing:
-      return static_cast<size_t>(lay.ring_cap) * H * D * sizeof(float);
+      return static_cast<size_t>(snapshot_ring_rows(c, s)) * H * D * sizeof(float);
   }
   return 0;
 }
@@ -99,7 +105,7 @@ void check_layer_state(const CacheConfig& c, const LayerState& s, const std::str
     const StreamState& t = which == Stream::kKey ? s.k : s.v;
     const StreamFormat& f = which == Stream::kKey ? c.k : c.v;
     const char* name = which == Stream::kKey ? "keys" : "values";
-    const int ring = which == Stream::kKey ? key_ring_capacity(c) : value_ring_capacity(c);
+    const int ring = snapshot_ring_rows(c, which);
     // Row formats store every token at once and read n alone; their count may run ahead
     // of n between a drop and the next append.
     const int most_stored = is_kivi(f.format) ? s.n : c.ctx;

@@ -56,21 +56,9 @@ static void refuse_sliding_windows(const Session& s, const char* option) {
   }
 }
 
-// A KV file holds KIVI's residual rings at their streaming size; a session that can cut
-// back (speculative decoding) keeps longer rings, laid out by another modulus.
-static void refuse_rewind(const Session& s, const char* option) {
-  if (s.options().rewind > 0 && s.cache().config().has_residual()) {
-    fail(
-        "%s: not with --lookup on a KIVI cache (its residual rings keep %d more rows than a KV "
-        "file holds)",
-        option, s.options().rewind);
-  }
-}
-
 uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t prefill_tokens,
                       double prefill_seconds, const std::string& path, const ChatRecord* chat) {
   refuse_sliding_windows(s, "--kv-save");
-  refuse_rewind(s, "--kv-save");
   const kv::KvCache& cache = s.cache();
   const kv::CacheConfig& cc = cache.config();
   const KvFileConfig fc = session_file_config(s);
@@ -176,7 +164,6 @@ static void check_shard(const KvFile& f, const model::CpShard* cp, const std::st
 
 LoadedSession load_session(Session& s, const std::string& path) {
   refuse_sliding_windows(s, "--kv-load");
-  refuse_rewind(s, "--kv-load");
   const double t0 = now_seconds();
   io::MappedFile map(path);
   const KvFile f = parse_kv_file(map.data(), map.size(), path);
