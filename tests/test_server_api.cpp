@@ -485,6 +485,121 @@ TEST(ServerApi, ChatWithoutMaxTokensFitsAPoolSmallerThanTheContext) {
   EXPECT_NE(r->body.find("kv_budget_exceeded"), std::string::npos) << r->body;
 }
 
+// Slots: a conversation's cache saved from one server, restored into a fresh one, and
+// continued there with the answer of a server that never stopped (KIVI with a residual
+// window, whose ring the file carries); the files' names and the slots' ids checked.
+TEST(ServerApi, SlotsSaveAndRestoreAConversationAcrossServers) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  runtime::SchedulerOptions so = test::kivi2_options(2, 4);
+  so.prefix_cache = true;
+  so.forward.prefill = attn::PrefillMode::kStream;  // bit for bit: the same answers
+  server::ServerOptions o;
+  o.slot_save_path = dir.path();
+  json messages = json::array({{{"role", "user"}, {"content", "Tell me a story about a cat."}}});
+  auto turn = [&](httplib::Client& c) {
+    return post_json(c, "/v1/chat/completions",
+                     {{"messages", messages}, {"max_tokens", 16}, {"temperature", 0}});
+  };
+  auto post = [](httplib::Client& c, const std::string& path, const json& body) {
+    auto r = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(r) << path;
+    return r;
+  };
+  int saved = 0;
+  {
+    TestServer a(so, o);
+    httplib::Client c = a.client();
+    const json r = turn(c);
+    messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
+    messages.push_back({{"role", "user"}, {"content", "And then?"}});
+    ASSERT_TRUE(a.wait_for([](const runtime::SchedulerStats& st) { return st.active == 0; }));
+    const json slots = json::parse(c.Get("/slots")->body);
+    ASSERT_EQ(slots.size(), 2u) << slots.dump();
+    int id = -1;
+    for (const json& sl : slots) {
+      EXPECT_FALSE(sl["is_processing"].get<bool>());
+      EXPECT_EQ(sl["n_ctx"], 512);
+      if (sl["n_tokens"].get<int>() > 0) id = sl["id"].get<int>();
+    }
+    ASSERT_GE(id, 0) << slots.dump();
+    const json other = error_of(
+        post(c, "/slots/" + std::to_string(1 - id) + "?action=save", {{"filename", "conv.kv"}}));
+    EXPECT_EQ(other["code"], "slot_empty") << other.dump();
+    auto res = post(c, "/slots/" + std::to_string(id) + "?action=save", {{"filename", "conv.kv"}});
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json sv = json::parse(res->body);
+    saved = sv["n_saved"].get<int>();
+    EXPECT_EQ(sv["id_slot"], id);
+    EXPECT_EQ(sv["filename"], "conv.kv");
+    EXPECT_GT(saved, 20);
+    EXPECT_GT(sv["n_written"].get<int64_t>(), 0);
+  }
+  // A server that never stopped: the second turn's answer.
+  std::string expected;
+  {
+    TestServer c0(so);
+    httplib::Client c = c0.client();
+    json first = messages;
+    first.erase(first.end() - 2, first.end());
+    post_json(c, "/v1/chat/completions",
+              {{"messages", first}, {"max_tokens", 16}, {"temperature", 0}});
+    ASSERT_TRUE(c0.wait_for([](const runtime::SchedulerStats& st) { return st.active == 0; }));
+    expected = turn(c)["choices"][0]["message"]["content"].get<std::string>();
+  }
+  TestServer b(so, o);
+  httplib::Client c = b.client();
+  auto res = post(c, "/slots/1?action=restore", {{"filename", "conv.kv"}});
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["n_restored"], saved);
+  EXPECT_EQ(json::parse(c.Get("/slots")->body)[1]["n_tokens"], saved);
+  const json r = turn(c);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], saved) << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["content"], expected);
+  ASSERT_TRUE(b.wait_for([](const runtime::SchedulerStats& st) { return st.active == 0; }));
+  // Erasing frees what a slot kept.
+  int erased = 0;
+  for (int id : {0, 1}) {
+    const json e = json::parse(post(c, "/slots/" + std::to_string(id) + "?action=erase", {})->body);
+    erased += e["n_erased"].get<int>();
+  }
+  EXPECT_GT(erased, saved);
+  for (const json& sl : json::parse(c.Get("/slots")->body)) EXPECT_EQ(sl["n_tokens"], 0);
+  EXPECT_TRUE(b.drained());
+  // Bad requests: one line each, naming the file as the client did.
+  test::write_text(dir.file("bad.kv"), "not a cache");
+  const struct {
+    std::string path;
+    json body;
+    int status;
+    std::string code;
+  } bad[] = {
+      {"/slots/0?action=restore", {{"filename", "../conv.kv"}}, 400, ""},
+      {"/slots/0?action=restore", {{"filename", ".hidden"}}, 400, ""},
+      {"/slots/0?action=restore", json::object(), 400, ""},
+      {"/slots/0?action=restore", {{"filename", "missing.kv"}}, 404, "file_not_found"},
+      {"/slots/0?action=restore", {{"filename", "bad.kv"}}, 400, "invalid_slot_file"},
+      {"/slots/5?action=restore", {{"filename", "conv.kv"}}, 404, "slot_not_found"},
+      {"/slots/0?action=fly", json::object(), 400, ""},
+      {"/slots/0", json::object(), 400, ""},
+  };
+  for (const auto& t : bad) {
+    auto x = post(c, t.path, t.body);
+    EXPECT_EQ(x->status, t.status) << t.path << " " << x->body;
+    const json e = error_of(x);
+    if (!t.code.empty()) {
+      EXPECT_EQ(e["code"], t.code) << x->body;
+    }
+    EXPECT_EQ(x->body.find(dir.path()), std::string::npos) << x->body;
+  }
+  // Without --slot-save-path: listing only.
+  TestServer n(so);
+  httplib::Client cn = n.client();
+  EXPECT_EQ(json::parse(cn.Get("/slots")->body).size(), 2u);
+  const json off = error_of(post(cn, "/slots/0?action=save", {{"filename", "x.kv"}}));
+  EXPECT_EQ(off["code"], "slots_unavailable") << off.dump();
+}
+
 // The events of a streamed response, parsed, up to [DONE].
 std::vector<json> sse_events(const std::string& body) {
   std::vector<json> out;

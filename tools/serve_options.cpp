@@ -1,6 +1,8 @@
 #include "serve_options.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cctype>
@@ -88,6 +90,11 @@ void add_serve_options(Args& a) {
         "0");
   a.add("lookup-ngram", 0, "N",
         "Tokens --lookup matches (the longest of N down to 2 that occurred before).", "3");
+  a.add("slot-save-path", 0, "DIR",
+        "Directory of slot files: POST /slots/ID?action=save|restore with {\"filename\": NAME} "
+        "saves the cache an ended request left in slot ID to DIR/NAME, or restores one into it. "
+        "Default: off.",
+        "");
   a.add("api-key", 0, "KEY",
         "Require 'Authorization: Bearer KEY' on /v1/* and /metrics. Default: $KIVI_API_KEY.");
   a.add("alias", 0, "NAME",
@@ -167,6 +174,18 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   }
   server::ServerOptions& o = c.server;
   o.host = a.str("host");
+  if (a.given("slot-save-path")) {
+    o.slot_save_path = a.str("slot-save-path");
+    struct stat st {};
+    if (o.slot_save_path.empty() || ::stat(o.slot_save_path.c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || ::access(o.slot_save_path.c_str(), W_OK) != 0) {
+      fail("--slot-save-path %s: not a directory this process can write", o.slot_save_path.c_str());
+    }
+    if (!s.prefix_cache)
+      fail("--slot-save-path: slots keep ended requests' caches only with --prefix-cache on");
+    while (o.slot_save_path.size() > 1 && o.slot_save_path.back() == '/')
+      o.slot_save_path.pop_back();
+  }
   o.port = static_cast<int>(a.integer("port", 0, 65535));
   o.api_key = a.given("api-key") ? a.str("api-key") : "";
   if (o.api_key.empty()) {

@@ -123,6 +123,7 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
   stats_.cache_format = shaped_.k == shaped_.v
                             ? kv::describe(shaped_.k)
                             : kv::describe(shaped_.k) + "/" + kv::describe(shaped_.v);
+  publish_stats_locked();  // the slots' list before the first step
   if (!opt_.link) thread_ = std::thread([this] { loop(); });
 }
 
@@ -600,6 +601,16 @@ void Scheduler::publish_stats_locked() {
                         static_cast<uint64_t>(active) * plan_.slot_bytes;
   const double f16 =
       static_cast<double>(tokens) * c.n_layers * 2.0 * c.n_kv_heads * c.head_dim * 2.0;
+  slot_info_.resize(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    SlotInfo& o = slot_info_[i];
+    o.id = static_cast<int>(i);
+    o.processing = s.active();
+    o.tokens = s.fed;
+    o.n_prompt = s.active() ? s.n_prompt : 0;
+    o.n_generated = s.active() ? s.n_generated : 0;
+  }
   stats_.active = active;
   stats_.cached_sequences = kept;
   stats_.cached_blocks = kept_blocks;
@@ -627,6 +638,7 @@ void Scheduler::publish_stats_locked() {
 
 void Scheduler::loop() {
   for (;;) {
+    run_commands();
     bool any_active = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -645,8 +657,9 @@ void Scheduler::loop() {
       if (!any_active) {
         // Idle: wake for a new request, or now and then to drop cancelled ones.
         const uint64_t seen = queue_version_;
-        cv_.wait_for(lock, std::chrono::milliseconds(50),
-                     [&] { return stopping_ || paused_ || queue_version_ != seen; });
+        cv_.wait_for(lock, std::chrono::milliseconds(50), [&] {
+          return stopping_ || paused_ || queue_version_ != seen || !commands_.empty();
+        });
         continue;
       }
     }
@@ -663,6 +676,7 @@ void Scheduler::loop() {
       w.req->finish(FinishReason::kCancelled, w.preempted ? w.preempted->n_generated : 0);
     queue_.clear();
   }
+  run_commands();  // those queued while it stopped
   publish_stats();
   if (opt_.link) {
     note({kStop});

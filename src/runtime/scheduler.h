@@ -44,6 +44,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/error.h"
 #include "core/threadpool.h"
 #include "kv/block_pool.h"
 #include "kv/kv_cache.h"
@@ -157,6 +159,35 @@ class Scheduler {
   void pause();
   void resume();
 
+  // Slots (llama-server's /slots). What each slot holds: a running request, or the cache
+  // an ended one left for the prefix cache (`tokens` of it), or nothing.
+  struct SlotInfo {
+    int id = 0;
+    bool processing = false;
+    int tokens = 0;                     // in its cache
+    int n_prompt = 0, n_generated = 0;  // of the running request
+  };
+  std::vector<SlotInfo> slots() const;
+  // Saving a slot's kept cache to a KV file, restoring one into a slot (it becomes a kept
+  // sequence: a request whose prompt starts with its tokens resumes from it) and erasing
+  // a slot's kept cache. They run on the scheduler's thread between steps and wait for
+  // it; each throws SlotError (a slot that is running, out of range, empty; a pool with no
+  // room) or kivi::Error (the file). Need the prefix cache and one process.
+  struct SlotResult {
+    int tokens = 0;
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  class SlotError : public Error {
+   public:
+    enum Kind { kNoSlot, kBusy, kEmpty, kNoRoom, kOff };
+    SlotError(Kind k, const std::string& m) : Error(m), kind(k) {}
+    Kind kind;
+  };
+  SlotResult save_slot(int id, const std::string& path);
+  SlotResult restore_slot(int id, const std::string& path);
+  SlotResult erase_slot(int id);
+
   // With a link: the leader starts scheduling; a follower repeats the leader's steps
   // until the leader stops, then returns. Throws when a follower's pool answers
   // differently from the leader's (the ranks were given different options).
@@ -205,6 +236,11 @@ class Scheduler {
   };
 
   void loop();
+  // Runs f on the scheduler's thread between steps and waits for it (its exception, if
+  // any, is rethrown here).
+  void on_loop(const std::function<void()>& f);
+  void run_commands();          // on the scheduler's thread
+  Slot& slot_for_file(int id);  // a slot no request runs in, or SlotError
   // Moves waiting requests into free slots; under mu_. True if any was admitted.
   bool admit_locked();
   // Whether a prompt shares full blocks with a sequence still prefilling that has not
@@ -270,6 +306,8 @@ class Scheduler {
   mutable std::mutex mu_;  // queue_, stopping_, counters, stats_
   std::condition_variable cv_;
   std::deque<Waiting> queue_;
+  std::deque<std::function<void()>> commands_;              // on_loop()'s, not yet run
+  std::vector<SlotInfo> slot_info_;                         // as of the last step
   mutable std::vector<std::weak_ptr<RequestHandle>> live_;  // submitted, for `cancelling`
   uint64_t queue_version_ = 0;  // counts submissions, to wake the idle loop
   bool stopping_ = false;

@@ -56,6 +56,53 @@ static void refuse_sliding_windows(const Session& s, const char* option) {
   }
 }
 
+namespace {
+
+// Each stored layer's state and parts, and its block-sparse summaries when the file
+// records them.
+void add_layer_sections(std::vector<KvSectionSource>& sec, const kv::KvCache& cache,
+                        const KvFileConfig& fc, int nb, const sparse::BlockSummaries* summ) {
+  const kv::CacheConfig& cc = cache.config();
+  auto bytes_section = [&](KvSection kind, int layer, std::vector<uint8_t> b) {
+    auto data = std::make_shared<std::vector<uint8_t>>(std::move(b));
+    sec.push_back({static_cast<uint32_t>(kind), layer, data->size(),
+                   [data](const ByteSink& f) { f(data->data(), data->size()); }});
+  };
+  for (int l = 0; l < cc.n_layers; ++l) {
+    if (cache.borrows(l)) continue;
+    std::vector<uint8_t> st(kv::kLayerStateBytes);
+    kv::encode_layer_state(cache.layer_state(l), st.data());
+    bytes_section(KvSection::kLayer, l, std::move(st));
+    for (int w = 0; w < 2; ++w) {
+      for (int q = 0; q < kv::kNumParts; ++q) {
+        const auto stream = static_cast<kv::Stream>(w);
+        const auto part = static_cast<kv::Part>(q);
+        const size_t bytes = kv::part_bytes(cc, stream, part, nb);
+        if (bytes == 0) continue;
+        sec.push_back({static_cast<uint32_t>(KvSection::kPart) + 8 * w + q, l, bytes,
+                       [&cache, l, stream, part, nb](const ByteSink& f) {
+                         cache.read_part(l, stream, part, nb,
+                                         [&](const uint8_t* p, size_t b) { f(p, b); });
+                       }});
+      }
+    }
+    if (summ && fc.summary_kind != 0 && summ->has(l)) {
+      const int done = summ->summarized(l);
+      const size_t per_head =
+          static_cast<size_t>(done / summ->block()) * summ->vectors() * cc.head_dim;
+      sec.push_back({static_cast<uint32_t>(KvSection::kSparse), l,
+                     8 + per_head * cc.n_kv_heads * sizeof(f16_t),
+                     [summ, l, done, per_head, H = cc.n_kv_heads](const ByteSink& f) {
+                       const int32_t head[2] = {done, 0};
+                       f(head, sizeof head);
+                       for (int h = 0; h < H; ++h) f(summ->head(l, h), per_head * sizeof(f16_t));
+                     }});
+    }
+  }
+}
+
+}  // namespace
+
 uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t prefill_tokens,
                       double prefill_seconds, const std::string& path, const ChatRecord* chat) {
   refuse_sliding_windows(s, "--kv-save");
@@ -100,37 +147,7 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
   }
 
   const sparse::BlockSummaries* summ = s.sparse() ? &s.sparse()->summaries() : nullptr;
-  for (int l = 0; l < cc.n_layers; ++l) {
-    if (cache.borrows(l)) continue;
-    std::vector<uint8_t> st(kv::kLayerStateBytes);
-    kv::encode_layer_state(cache.layer_state(l), st.data());
-    bytes_section(KvSection::kLayer, l, std::move(st));
-    for (int w = 0; w < 2; ++w) {
-      for (int q = 0; q < kv::kNumParts; ++q) {
-        const auto stream = static_cast<kv::Stream>(w);
-        const auto part = static_cast<kv::Part>(q);
-        const size_t bytes = kv::part_bytes(cc, stream, part, nb);
-        if (bytes == 0) continue;
-        sec.push_back({static_cast<uint32_t>(KvSection::kPart) + 8 * w + q, l, bytes,
-                       [&cache, l, stream, part, nb](const ByteSink& f) {
-                         cache.read_part(l, stream, part, nb,
-                                         [&](const uint8_t* p, size_t b) { f(p, b); });
-                       }});
-      }
-    }
-    if (summ && fc.summary_kind != 0 && summ->has(l)) {
-      const int done = summ->summarized(l);
-      const size_t per_head =
-          static_cast<size_t>(done / summ->block()) * summ->vectors() * cc.head_dim;
-      sec.push_back({static_cast<uint32_t>(KvSection::kSparse), l,
-                     8 + per_head * cc.n_kv_heads * sizeof(f16_t),
-                     [summ, l, done, per_head, H = cc.n_kv_heads](const ByteSink& f) {
-                       const int32_t head[2] = {done, 0};
-                       f(head, sizeof head);
-                       for (int h = 0; h < H; ++h) f(summ->head(l, h), per_head * sizeof(f16_t));
-                     }});
-    }
-  }
+  add_layer_sections(sec, cache, fc, nb, summ);
   KvFileHeader h;
   h.fingerprint = cache_model_fingerprint(s.model());
   h.n_tokens = n;
@@ -199,6 +216,63 @@ LoadedSession load_session(Session& s, const std::string& path) {
   for (int i = 0; i < 4; ++i) r.chat.rng[i] = f.chat_rng[i];
   r.load_seconds = now_seconds() - t0;
   return r;
+}
+
+uint64_t save_cache(const model::Model& m, const kv::KvCache& cache, const std::vector<int>& tokens,
+                    const std::string& path) {
+  const kv::CacheConfig& cc = cache.config();
+  int first = 0;
+  while (first < cc.n_layers && cache.borrows(first)) ++first;
+  const int n = cache.n_tokens(first), B = cc.block(), nb = (n + B - 1) / B;
+  if (static_cast<int>(tokens.size()) != n)
+    fail("internal: %zu tokens saved with a cache of %d", tokens.size(), n);
+  KvFileConfig fc;
+  fc.cache = cc;
+  std::vector<KvSectionSource> sec;
+  auto bytes_section = [&](KvSection kind, std::vector<uint8_t> b) {
+    auto data = std::make_shared<std::vector<uint8_t>>(std::move(b));
+    sec.push_back({static_cast<uint32_t>(kind), -1, data->size(),
+                   [data](const ByteSink& f) { f(data->data(), data->size()); }});
+  };
+  bytes_section(KvSection::kConfig, encode_config(fc));
+  bytes_section(KvSection::kSession, std::vector<uint8_t>(24, 0));
+  std::vector<uint8_t> tok(tokens.size() * 4);
+  if (!tokens.empty()) std::memcpy(tok.data(), tokens.data(), tok.size());
+  bytes_section(KvSection::kTokens, std::move(tok));
+  add_layer_sections(sec, cache, fc, nb, nullptr);
+  KvFileHeader h;
+  h.fingerprint = cache_model_fingerprint(m);
+  h.n_tokens = n;
+  return write_kv_file(path, h, sec);
+}
+
+CacheFile open_cache_file(const model::Model& m, const kv::CacheConfig& here,
+                          const std::string& path) {
+  CacheFile c;
+  c.map = std::make_unique<io::MappedFile>(path);
+  c.file = parse_kv_file(c.map->data(), c.map->size(), path);
+  const KvFile& f = c.file;
+  KvFileConfig h;
+  h.cache = here;
+  check_kv_file(f, cache_model_fingerprint(m), h, here.ctx, m.config().vocab_size);
+  const char* nm = path.c_str();
+  if (f.shard.ranks > 0)
+    fail("%s: a shard of --dist cp=%d, not a whole context", nm, f.shard.ranks);
+  if (f.position_offset != 0 || f.dropped != 0)
+    fail(
+        "%s: saved after its context shifted (%lld tokens dropped); it continues only in a session "
+        "with the same policy",
+        nm, static_cast<long long>(f.dropped));
+  if (f.n_tokens < 1) fail("%s: holds no tokens", nm);
+  if (static_cast<int>(f.tokens.size()) != f.n_tokens)
+    fail("%s: %d tokens in its cache but %zu token ids", nm, f.n_tokens, f.tokens.size());
+  return c;
+}
+
+std::vector<int> restore_cache(kv::KvCache& cache, const CacheFile& c) {
+  const kv::KvCache::FileSource source{c.map->fd(), c.map->data()};
+  for (const KvFileLayer& L : c.file.layers) cache.restore(L.layer, L.state, L.parts, &source);
+  return c.file.tokens;
 }
 
 }  // namespace kivi::runtime

@@ -12,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "io/mapped_file.h"
 #include "runtime/kv_file.h"
 #include "runtime/session.h"
 
@@ -54,6 +56,25 @@ struct LoadedSession {
   bool is_chat = false;       // saved by kivi chat: `chat` holds its record
   ChatRecord chat;
 };
+
+// A cache outside a session (a server slot's, in a shared block pool): saved with the
+// stop policy and no sparse summaries, `tokens` being exactly the tokens it holds, so
+// that a session or another slot continues it. Returns the bytes written.
+uint64_t save_cache(const model::Model& m, const kv::KvCache& cache, const std::vector<int>& tokens,
+                    const std::string& path);
+// A KV file opened, parsed and checked against a model and a cache configuration (the
+// stop policy, the whole context, its tokens all in the cache) before anything is
+// restored from it.
+struct CacheFile {
+  std::unique_ptr<io::MappedFile> map;
+  KvFile file;
+  int n_tokens() const { return file.n_tokens; }
+};
+CacheFile open_cache_file(const model::Model& m, const kv::CacheConfig& here,
+                          const std::string& path);
+// Restores an opened file into an empty cache (in a shared pool: with the file's blocks
+// reserved). Returns its tokens.
+std::vector<int> restore_cache(kv::KvCache& cache, const CacheFile& f);
 
 // Resets the session and loads the cache saved in `path`. Throws kivi::Error with one
 // line naming the file and the problem (another model, configuration or version, a

@@ -21,6 +21,7 @@
 #include "server/api_error.h"
 #include "server/token_api.h"
 #include "server/embeddings.h"
+#include "server/slots.h"
 #include "server/connection.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -59,10 +60,11 @@ void send_error(httplib::Response& res, const ApiError& e) {
 // Counters are kept per route, not per path, so that clients cannot grow them.
 std::string route_of(const httplib::Request& req) {
   for (const char* r : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                        "/metrics", "/tokenize", "/detokenize"}) {
+                        "/metrics", "/tokenize", "/detokenize", "/slots"}) {
     if (req.path == r) return r;
   }
   if (req.path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (req.path.rfind("/slots/", 0) == 0) return "/slots/{id}";
   return "other";
 }
 
@@ -185,6 +187,7 @@ class HttpServer::Impl {
   void add_info_routes();  // /health, /metrics, /v1/models, /tokenize, /detokenize
   void add_generation_routes(const ApiContext& ctx);  // completions and chat completions
   void add_embedding_routes(const ApiContext& ctx);   // /v1/embeddings
+  void add_slot_routes();                             // /slots (server/slots.h)
   void add_error_handlers();  // error objects for the library's own statuses; counters
 
  private:
@@ -231,6 +234,7 @@ HttpServer::HttpServer(Scheduler& sched, const ServerOptions& o) : sched_(sched)
   impl_->add_info_routes();
   impl_->add_generation_routes(ctx);
   impl_->add_embedding_routes(ctx);
+  impl_->add_slot_routes();
   impl_->add_error_handlers();
 }
 
@@ -268,7 +272,7 @@ void HttpServer::Impl::add_checks() {
     }
     if (s_.opt_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (req.path.rfind("/v1/", 0) != 0 && req.path != "/metrics" && req.path != "/tokenize" &&
-        req.path != "/detokenize")
+        req.path != "/detokenize" && req.path.rfind("/slots", 0) != 0)
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     // The scheme is case-insensitive (RFC 7235): "bearer KEY" is accepted too.
@@ -570,6 +574,23 @@ void HttpServer::Impl::add_embedding_routes(const ApiContext& ctx) {
       send_error(res, e);
     } catch (const Error& e) {
       send_error(res, ApiError(500, std::string("embedding failed: ") + e.what()));
+    }
+  });
+}
+
+void HttpServer::Impl::add_slot_routes() {
+  const int ctx = s_.sched_.options().ctx;
+  http.Get("/slots", [this, ctx](const httplib::Request&, httplib::Response& res) {
+    res.set_content(slots_body(s_.sched_.slots(), ctx), "application/json");
+  });
+  http.Post(R"(/slots/(\d{1,9}))", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      const int id = std::stoi(req.matches[1]);
+      res.set_content(slot_action(s_.sched_, id, req.get_param_value("action"), req.body,
+                                  s_.opt_.slot_save_path),
+                      "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
     }
   });
 }

@@ -40,6 +40,7 @@ struct ServerOptions {
   int keep_alive_s = 5;          // an idle connection between requests
   int http_threads = 0;          // 0: slots + min(queue, 256) + 8
   std::string pooling = "mean";  // embeddings: "mean" or "last" (server/embeddings.h)
+  std::string slot_save_path;    // slot files (server/slots.h); "" = saving slots is off
 };
 
 class HttpServer {
