@@ -20,6 +20,7 @@
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/session.h"
+#include "runtime/speculative.h"
 #include "runtime/text_stream.h"
 #include "test_util.h"
 
@@ -406,13 +407,21 @@ TEST(Scheduler, ConcurrentRequestsGiveTheTokensEachGivesAlone) {
   }
 }
 
-// Speculative decoding by prompt lookup in the steps: prompts the model copies from,
-// decoded together with drafts, give exactly the tokens each gives alone without them
-// (greedy and sampled, every cache format), in fewer steps.
-TEST(Scheduler, LookupDraftsLeaveTheTokensAlone) {
+// Speculative decoding in the steps, by prompt lookup and with a draft model: prompts the
+// model copies from, decoded together with drafts, give exactly the tokens each gives
+// alone without them (greedy and sampled, every cache format).
+TEST(Scheduler, DraftsLeaveTheTokensAlone) {
   KIVI_REQUIRE_MODEL();
   const auto& m = stories();
   const auto& tk = m.tokenizer();
+  // The draft model: stories260K itself from a kivi2 cache (it mostly agrees).
+  runtime::SessionOptions dso;
+  dso.threads = 1;
+  dso.ctx = 512;
+  dso.cache.k = dso.cache.v = {kv::Format::kKivi2};
+  dso.cache.residual = 32;
+  const auto draft = std::make_shared<const runtime::DraftModel>(
+      model::Model::load(test::model_path(), test::tokenizer_path()), m, dso, 4);
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 4; ++i) {
     const std::string t = std::string(kTexts[i]) + " " + kTexts[i + 4];
@@ -420,45 +429,54 @@ TEST(Scheduler, LookupDraftsLeaveTheTokensAlone) {
   }
   uint64_t accepted = 0;
   for (const auto& cc : cache_cases()) {
-    if (cc.cache.share_every > 1 && cc.cache.has_residual()) continue;  // refused below
-    SchedulerOptions o;
-    o.parallel = 4;
-    o.ctx = 512;
-    o.queue = 8;
-    o.prefill_chunk = 32;
-    o.cache = cc.cache;
-    o.threads = 1;
-    o.lookup = 5;
-    Scheduler sched(m, o);
-    const int n = static_cast<int>(prompts.size());
-    std::vector<std::vector<int>> expected(n);
-    std::vector<GenerationRequest> rs(n);
-    for (int i = 0; i < n; ++i) {
-      rs[i].prompt = prompts[i];
-      rs[i].max_tokens = 90;
-      if (i % 2 == 1) {
-        rs[i].sampling.temperature = 0.8f;
-        rs[i].sampling.seed = 40 + i;
+    for (const bool with_model : {false, true}) {
+      if (cc.cache.share_every > 1 && cc.cache.has_residual()) continue;  // refused below
+      SchedulerOptions o;
+      o.parallel = 4;
+      o.ctx = 512;
+      o.queue = 8;
+      o.prefill_chunk = 32;
+      o.cache = cc.cache;
+      o.threads = 1;
+      if (with_model) {
+        o.draft = draft;
+      } else {
+        o.lookup = 5;
       }
-      expected[i] = generate_alone(m, cc.cache, rs[i].prompt, rs[i].max_tokens, rs[i].sampling);
+      Scheduler sched(m, o);
+      const int n = static_cast<int>(prompts.size());
+      std::vector<std::vector<int>> expected(n);
+      std::vector<GenerationRequest> rs(n);
+      for (int i = 0; i < n; ++i) {
+        rs[i].prompt = prompts[i];
+        rs[i].max_tokens = 90;
+        if (i % 2 == 1) {
+          rs[i].sampling.temperature = 0.8f;
+          rs[i].sampling.seed = 40 + i;
+        }
+        expected[i] = generate_alone(m, cc.cache, rs[i].prompt, rs[i].max_tokens, rs[i].sampling);
+      }
+      sched.pause();
+      std::vector<Outcome> got(n);
+      std::vector<std::thread> clients;
+      for (int i = 0; i < n; ++i) {
+        std::shared_ptr<RequestHandle> h;
+        ASSERT_EQ(sched.submit(rs[i], &h), Scheduler::Submit::kQueued);
+        clients.emplace_back([&, i, h] { got[i] = follow(h); });
+      }
+      sched.resume();
+      for (auto& t : clients) t.join();
+      for (int i = 0; i < n; ++i)
+        EXPECT_EQ(got[i].tokens, expected[i]) << cc.name << " request " << i;
+      wait_for_empty_pool(sched);
+      const auto st = sched.stats();
+      EXPECT_GT(st.spec_verifications, 0u) << cc.name;
+      EXPECT_LE(st.spec_accepted, st.spec_drafted) << cc.name;
+      if (with_model) {
+        EXPECT_GT(st.spec_accepted, 0u) << cc.name;  // the same model drafts
+      }
+      accepted += st.spec_accepted;
     }
-    sched.pause();
-    std::vector<Outcome> got(n);
-    std::vector<std::thread> clients;
-    for (int i = 0; i < n; ++i) {
-      std::shared_ptr<RequestHandle> h;
-      ASSERT_EQ(sched.submit(rs[i], &h), Scheduler::Submit::kQueued);
-      clients.emplace_back([&, i, h] { got[i] = follow(h); });
-    }
-    sched.resume();
-    for (auto& t : clients) t.join();
-    for (int i = 0; i < n; ++i)
-      EXPECT_EQ(got[i].tokens, expected[i]) << cc.name << " request " << i;
-    wait_for_empty_pool(sched);
-    const auto st = sched.stats();
-    EXPECT_GT(st.spec_verifications, 0u) << cc.name;
-    EXPECT_LE(st.spec_accepted, st.spec_drafted) << cc.name;
-    accepted += st.spec_accepted;
   }
   EXPECT_GT(accepted, 0u);
   SchedulerOptions shared;

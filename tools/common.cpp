@@ -319,7 +319,8 @@ void add_draft_options(Args& a) {
   a.section("Speculative decoding with a draft model");
   a.add("draft-model", 0, "FILE",
         "A smaller model of the same vocabulary whose greedy continuation is drafted and checked "
-        "by the model in one batched step; the text is the one plain decoding gives.",
+        "by the model in one batched step; the text is the one plain decoding gives (the "
+        "server gives each slot a session of it).",
         "");
   a.add("draft-max", 0, "N",
         "Tokens drafted per step at most (1 to 64; the length adapts to what is accepted).", "8");

@@ -113,6 +113,7 @@ void add_serve_options(Args& a) {
   a.add("timeout", 0, "S",
         "Seconds a client may take to send a request or to read a response before it is dropped.",
         "10");
+  add_draft_options(a);
 }
 
 static std::string model_id(const model::Model& m) {
@@ -149,6 +150,9 @@ ServeConfig serve_config(const Args& a, const model::Model& m) {
   s.prefix_cache = pc == "on";
   s.lookup = static_cast<int>(a.integer("lookup", 0, 64));
   s.lookup_ngram = static_cast<int>(a.integer("lookup-ngram", 1, 16));
+  runtime::GenerationOptions drafting;
+  drafting.lookup = s.lookup;  // --draft-model refuses --lookup
+  s.draft = draft_model_option(a, m, so, drafting);
   if (a.given("kv-budget")) {
     const KvBudget b = parse_kv_budget(a.str("kv-budget"));
     s.kv_budget_bytes = b.bytes;

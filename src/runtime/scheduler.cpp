@@ -54,7 +54,8 @@ kv::CacheConfig scheduler_cache_shape(const model::ModelConfig& m, const Schedul
   c.layer_window.clear();
   // Kept KIVI caches can be cut back rewind_tokens, and speculation cuts rejected drafts
   // back: the rings keep that many more rows.
-  if (c.has_residual()) c.ring_slack = std::max(o.prefix_cache ? o.rewind_tokens : 0, o.lookup);
+  const int draft = o.draft ? o.draft->max_tokens() : o.lookup;
+  if (c.has_residual()) c.ring_slack = std::max(o.prefix_cache ? o.rewind_tokens : 0, draft);
   return c;
 }
 
@@ -72,8 +73,12 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
     fail("--lookup %d: expected 0 to 64 tokens", opt_.lookup);
   if (opt_.lookup_ngram < 1 || opt_.lookup_ngram > 16)
     fail("--lookup-ngram %d: expected 1 to 16 tokens", opt_.lookup_ngram);
+  if (opt_.draft) {
+    if (opt_.lookup > 0) fail("--draft-model and --lookup: choose one source of drafts");
+    opt_.lookup = opt_.draft->max_tokens();  // the draft length from here on
+  }
   if (opt_.lookup > 0 && opt_.link)
-    fail("--lookup: speculative decoding is not served over ranks yet");
+    fail("--lookup, --draft-model: speculative decoding is not served over ranks yet");
   shaped_ = scheduler_cache_shape(c, opt_);
   auto tensor_scaled = [](const kv::StreamFormat& f) {
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
@@ -109,6 +114,10 @@ Scheduler::Scheduler(const model::Model& m, const SchedulerOptions& o)
     s.cache = std::make_unique<kv::KvCache>(*blocks_, opt_.ctx);
     s.logits.reset(static_cast<size_t>(c.vocab_size));
     s.tokens.reserve(opt_.ctx + 1);
+    if (opt_.draft) {
+      s.drafter = std::make_unique<DraftModel>(opt_.draft->shared_model(), m, opt_.draft->options(),
+                                               opt_.draft->max_tokens());
+    }
   }
   batch_.resize(opt_.parallel);
   batch_slot_.resize(opt_.parallel);
@@ -343,6 +352,7 @@ bool Scheduler::admit_locked() {
     s.submitted = w.submitted;
     s.fed = cached;
     s.prefill_end = n;
+    s.draft_length = 0;  // speculation starts afresh in this slot
     if (w.preempted) {
       // A preempted sequence resumes where it was: its cache is prefilled again.
       Preempted& p = *w.preempted;

@@ -62,6 +62,7 @@
 #include "runtime/histogram.h"
 #include "runtime/request.h"
 #include "runtime/generation.h"
+#include "runtime/speculative.h"
 #include "runtime/step_link.h"
 
 namespace kivi::runtime {
@@ -83,6 +84,9 @@ struct SchedulerOptions {
   // checks them in its row of the step; the tokens are those plain decoding gives.
   int lookup = 0;
   int lookup_ngram = 3;
+  // Or drafts from a draft model (--draft-model): every slot drafts with a session of
+  // its own like this one's (same model, cache format, draft length); not with lookup.
+  std::shared_ptr<const DraftModel> draft;
   // Ranks that run every step together: the leader sends its records through the link,
   // followers repeat them. With a link the scheduler waits for start() (leader) or
   // follow() (follower), so that no record is sent before every rank has built its own.
@@ -214,6 +218,7 @@ class Scheduler {
     std::vector<int> draft, feed;
     AlignedBuffer<float> all_logits;
     int draft_length = 0;
+    std::unique_ptr<DraftModel> drafter;  // with SchedulerOptions::draft
     bool active() const { return req != nullptr; }
     // Ended and kept by the prefix cache: the cache holds tokens[0, fed).
     bool kept() const { return req == nullptr && fed > 0; }

@@ -1,5 +1,6 @@
 // Speculative decoding in the scheduler's steps (runtime/scheduler.h, runtime/speculative.h):
-// a decoding sequence feeds its pending token and a lookup draft in one row group of the
+// a decoding sequence feeds its pending token and a draft (a lookup, or its slot's draft
+// model's greedy continuation) in one row group of the
 // step, whose every row's logits equal decoding's (model::BatchSequence::all_logits); its
 // Continuation chooses from them in turn while it agrees with the draft, and the cache is
 // cut back to the tokens kept.
@@ -17,8 +18,10 @@ int Scheduler::plan_draft(int i) {
   // Room after the pending token in the context, and no drafting past max_tokens.
   const int room = std::min(opt_.ctx - s.fed - 1, s.params.max_tokens - s.n_generated);
   if (room < 1) return 0;
-  s.draft = lookup_draft(s.tokens, opt_.lookup_ngram, std::min(s.draft_length, room),
-                         std::min(2, opt_.lookup_ngram));
+  const int most = std::min(s.draft_length, room);
+  s.draft = s.drafter
+                ? s.drafter->draft(s.tokens, most)
+                : lookup_draft(s.tokens, opt_.lookup_ngram, most, std::min(2, opt_.lookup_ngram));
   const int d = static_cast<int>(s.draft.size());
   if (d == 0) return 0;
   // The draft's blocks, if the pool has them (a draft never preempts anyone).

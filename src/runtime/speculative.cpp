@@ -27,7 +27,7 @@ std::string vocabulary_difference(const tok::Tokenizer& a, const tok::Tokenizer&
 
 }  // namespace
 
-DraftModel::DraftModel(std::unique_ptr<model::Model> d, const model::Model& target,
+DraftModel::DraftModel(std::shared_ptr<const model::Model> d, const model::Model& target,
                        SessionOptions o, int max_tokens)
     : m_(std::move(d)), max_tokens_(max_tokens) {
   const model::Model& draft = *m_;

@@ -33,15 +33,18 @@ class DraftModel {
  public:
   // Throws kivi::Error when the vocabularies differ (size, special tokens or any piece).
   // `o.rewind` is raised to `max_tokens` (rejected drafts are cut back).
-  DraftModel(std::unique_ptr<model::Model> draft, const model::Model& target, SessionOptions o,
-             int max_tokens);
+  DraftModel(std::shared_ptr<const model::Model> draft, const model::Model& target,
+             SessionOptions o, int max_tokens);
   // Up to n (<= max_tokens) tokens continuing `text` (not empty), greedily.
   std::vector<int> draft(const std::vector<int>& text, int n);
   const model::Model& model() const { return *m_; }
+  const std::shared_ptr<const model::Model>& shared_model() const { return m_; }
+  int max_tokens() const { return max_tokens_; }
+  const SessionOptions& options() const { return s_->options(); }
   Session& session() { return *s_; }
 
  private:
-  std::unique_ptr<model::Model> m_;
+  std::shared_ptr<const model::Model> m_;  // shared by the server's slots' drafts
   std::unique_ptr<Session> s_;
   std::vector<int> fed_;  // the tokens in the draft's cache
   int max_tokens_;
