@@ -348,6 +348,22 @@ Outcome follow(const std::shared_ptr<RequestHandle>& h, int cancel_after = -1) {
   }
 }
 
+// Submits every request while the scheduler is held, so that they start together, and
+// follows each from a thread of its own.
+std::vector<Outcome> run_together(Scheduler& sched, const std::vector<GenerationRequest>& rs) {
+  sched.pause();
+  std::vector<Outcome> got(rs.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    std::shared_ptr<RequestHandle> h;
+    EXPECT_EQ(sched.submit(rs[i], &h), Scheduler::Submit::kQueued) << "request " << i;
+    if (h) clients.emplace_back([&got, i, h] { got[i] = follow(h); });
+  }
+  sched.resume();
+  for (auto& t : clients) t.join();
+  return got;
+}
+
 void wait_for_empty_pool(const Scheduler& s) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < end) {
@@ -472,18 +488,11 @@ TEST(Scheduler, DraftsLeaveTheTokensAlone) {
         }
         expected[i] = generate_alone(m, cc.cache, rs[i].prompt, rs[i].max_tokens, rs[i].sampling);
       }
-      sched.pause();
-      std::vector<Outcome> got(n);
-      std::vector<std::thread> clients;
+      const std::vector<Outcome> got = run_together(sched, rs);
       for (int i = 0; i < n; ++i) {
-        std::shared_ptr<RequestHandle> h;
-        ASSERT_EQ(sched.submit(rs[i], &h), Scheduler::Submit::kQueued);
-        clients.emplace_back([&, i, h] { got[i] = follow(h); });
+        EXPECT_EQ(got[i].tokens, expected[i])
+            << cc.name << (with_model ? " draft model" : " lookup") << " request " << i;
       }
-      sched.resume();
-      for (auto& t : clients) t.join();
-      for (int i = 0; i < n; ++i)
-        EXPECT_EQ(got[i].tokens, expected[i]) << cc.name << " request " << i;
       wait_for_empty_pool(sched);
       const auto st = sched.stats();
       EXPECT_GT(st.spec_verifications, 0u) << cc.name;
@@ -713,7 +722,6 @@ TEST(Scheduler, PreemptedSequencesGiveTheTokensTheyGiveAlone) {
     Scheduler sched(m, o);
     const int n = 4;
     std::vector<std::vector<int>> expected(n);
-    std::vector<Outcome> got(n);
     std::vector<GenerationRequest> rs(n);
     for (int i = 0; i < n; ++i) {
       GenerationRequest& r = rs[i];
@@ -727,15 +735,7 @@ TEST(Scheduler, PreemptedSequencesGiveTheTokensTheyGiveAlone) {
       }
       expected[i] = generate_alone_ignoring_eos(m, cc.cache, r.prompt, r.max_tokens, r.sampling);
     }
-    sched.pause();  // all start together
-    std::vector<std::thread> clients;
-    for (int i = 0; i < n; ++i) {
-      std::shared_ptr<RequestHandle> h;
-      ASSERT_EQ(sched.submit(rs[i], &h), Scheduler::Submit::kQueued) << cc.name;
-      clients.emplace_back([&, i, h] { got[i] = follow(h); });
-    }
-    sched.resume();
-    for (auto& t : clients) t.join();
+    const std::vector<Outcome> got = run_together(sched, rs);
     for (int i = 0; i < n; ++i) {
       EXPECT_EQ(got[i].tokens, expected[i]) << cc.name << " request " << i;
       EXPECT_EQ(got[i].reason, FinishReason::kLength) << cc.name;

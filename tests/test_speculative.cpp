@@ -4,6 +4,7 @@
 // back itself against streaming; and the options a session refuses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -108,6 +109,21 @@ TEST(Speculative, RepliesEqualPlainDecodingForEveryFormat) {
   EXPECT_GT(accepted, 0);
 }
 
+// A small llama shape of `layers` layers, `dim` wide (head_dim 16), for random models.
+model::ModelConfig small_llama(int layers, int dim, int vocab) {
+  model::ModelConfig mc;
+  model::apply_arch_defaults(mc, "llama");
+  mc.n_layers = layers;
+  mc.dim = dim;
+  mc.n_heads = dim / 16;
+  mc.n_kv_heads = std::max(1, dim / 32);
+  mc.hidden_dim = 2 * dim;
+  mc.vocab_size = vocab;
+  mc.ctx = 256;
+  mc.rope_theta = 10000.0f;
+  return mc;
+}
+
 // A draft model: stories260K drafting for itself from a kivi2 cache (it mostly agrees;
 // sampling rejects some drafts), and a random-weight model drafting for another of the
 // same synthetic vocabulary (it mostly disagrees): the replies are plain decoding's, and
@@ -144,24 +160,12 @@ TEST(DraftModel, RepliesEqualPlainDecoding) {
     }
   }
   test::TempDir dir;
-  model::ModelConfig mc;
-  model::apply_arch_defaults(mc, "llama");
-  mc.n_layers = 2;
-  mc.dim = 64;
-  mc.n_heads = 4;
-  mc.n_kv_heads = 2;
-  mc.hidden_dim = 128;
-  mc.vocab_size = 300;
-  mc.ctx = 256;
-  mc.rope_theta = 10000.0f;
-  const auto target = model::Model::load(test::synth_model(dir, "target", mc, 3), "");
-  mc.n_layers = 1;
-  mc.dim = 32;
-  mc.n_heads = 2;
-  mc.n_kv_heads = 1;
+  const auto target =
+      model::Model::load(test::synth_model(dir, "target", small_llama(2, 64, 300), 3), "");
   draft_so.ctx = 256;
-  DraftModel other(model::Model::load(test::synth_model(dir, "draft", mc, 4), ""), *target,
-                   draft_so, 4);
+  DraftModel other(
+      model::Model::load(test::synth_model(dir, "draft", small_llama(1, 32, 300), 4), ""), *target,
+      draft_so, 4);
   const std::vector<int> p = {1, 17, 42, 99, 17, 42};
   for (const float temp : {0.0f, 1.0f}) {
     GenerationOptions go;
@@ -184,16 +188,7 @@ TEST(DraftModel, RepliesEqualPlainDecoding) {
 TEST(DraftModel, AnotherVocabularyIsRefused) {
   KIVI_REQUIRE_MODEL();
   test::TempDir dir;
-  model::ModelConfig mc;
-  model::apply_arch_defaults(mc, "llama");
-  mc.n_layers = 1;
-  mc.dim = 32;
-  mc.n_heads = 2;
-  mc.n_kv_heads = 1;
-  mc.hidden_dim = 64;
-  mc.vocab_size = 512;  // stories260K's size, other pieces
-  mc.ctx = 256;
-  mc.rope_theta = 10000.0f;
+  model::ModelConfig mc = small_llama(1, 32, 512);  // stories260K's vocabulary size, other pieces
   SessionOptions so;
   so.ctx = 256;
   const std::string same_size = test::synth_model(dir, "same_size", mc, 1);

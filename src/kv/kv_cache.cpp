@@ -714,7 +714,7 @@ void KvCache::for_each_piece(const Layer& L, Stream which, Part p, int nb,
       for (size_t h = 0; h < H; ++h) {
         for (int j = 0; j < rows; ++j) {
           const int t = first + ((j - first) % rows + rows) % rows;
-          if (t < std::max(0, s.ring_floor)) {
+          if (t < s.ring_floor) {  // before the window (t < 0), or never in this ring
             f(nullptr, row);
             continue;
           }

@@ -404,10 +404,8 @@ void Scheduler::grow_locked() {
     for (;;) {
       const bool ok = s.cache->reserve(need);
       note({kReserve, i, need, ok ? 1 : 0});
-      if (ok || evict_one(-1)) {
-        if (ok) break;
-        continue;
-      }
+      if (ok) break;
+      if (evict_one(-1)) continue;
       // The newest active sequence gives its blocks up (this one, when it is the newest).
       int newest = -1;
       for (int j = 0; j < static_cast<int>(slots_.size()); ++j) {

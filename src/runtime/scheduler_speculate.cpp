@@ -18,10 +18,8 @@ int Scheduler::plan_draft(int i) {
   // Room after the pending token in the context, and no drafting past max_tokens.
   const int room = std::min(opt_.ctx - s.fed - 1, s.params.max_tokens - s.n_generated);
   if (room < 1) return 0;
-  const int most = std::min(s.draft_length, room);
-  s.draft = s.drafter
-                ? s.drafter->draft(s.tokens, most)
-                : lookup_draft(s.tokens, opt_.lookup_ngram, most, std::min(2, opt_.lookup_ngram));
+  s.draft =
+      make_draft(s.drafter.get(), s.tokens, opt_.lookup_ngram, std::min(s.draft_length, room));
   const int d = static_cast<int>(s.draft.size());
   if (d == 0) return 0;
   // The draft's blocks, if the pool has them (a draft never preempts anyone).
@@ -42,11 +40,7 @@ void Scheduler::verify(int i, int rows) {
   std::vector<Continuation::Step> steps;
   int j = 0;
   try {
-    for (;; ++j) {
-      const Continuation::Step st = s.gen->next(s.all_logits.data() + j * V);
-      steps.push_back(st);
-      if (st.done || j == d || st.token != s.draft[j]) break;
-    }
+    j = accept_drafts(*s.gen, s.all_logits.data(), V, s.draft, &steps);
   } catch (const Error& e) {  // a grammar that cannot go on (too ambiguous)
     s.fed = n0 + rows;
     end(s, FinishReason::kError, e.what());

@@ -58,21 +58,40 @@ static void refuse_sliding_windows(const Session& s, const char* option) {
 
 namespace {
 
+using Sections = std::vector<KvSectionSource>;
+
+// A section whose bytes are at hand.
+void add_bytes(Sections& sec, KvSection kind, int layer, std::vector<uint8_t> b) {
+  auto data = std::make_shared<std::vector<uint8_t>>(std::move(b));
+  sec.push_back({static_cast<uint32_t>(kind), layer, data->size(),
+                 [data](const ByteSink& f) { f(data->data(), data->size()); }});
+}
+
+// The sections every file starts with: the configuration, the session record (position
+// offset, dropped tokens, overflows) and the token ids.
+void add_head_sections(Sections& sec, const KvFileConfig& fc, int64_t position_offset,
+                       int64_t dropped, int32_t overflows, const std::vector<int>& tokens) {
+  add_bytes(sec, KvSection::kConfig, -1, encode_config(fc));
+  std::vector<uint8_t> session(24, 0);
+  std::memcpy(session.data(), &position_offset, 8);
+  std::memcpy(session.data() + 8, &dropped, 8);
+  std::memcpy(session.data() + 16, &overflows, 4);
+  add_bytes(sec, KvSection::kSession, -1, std::move(session));
+  std::vector<uint8_t> tok(tokens.size() * 4);
+  if (!tokens.empty()) std::memcpy(tok.data(), tokens.data(), tok.size());
+  add_bytes(sec, KvSection::kTokens, -1, std::move(tok));
+}
+
 // Each stored layer's state and parts, and its block-sparse summaries when the file
 // records them.
-void add_layer_sections(std::vector<KvSectionSource>& sec, const kv::KvCache& cache,
-                        const KvFileConfig& fc, int nb, const sparse::BlockSummaries* summ) {
+void add_layer_sections(Sections& sec, const kv::KvCache& cache, const KvFileConfig& fc, int nb,
+                        const sparse::BlockSummaries* summ) {
   const kv::CacheConfig& cc = cache.config();
-  auto bytes_section = [&](KvSection kind, int layer, std::vector<uint8_t> b) {
-    auto data = std::make_shared<std::vector<uint8_t>>(std::move(b));
-    sec.push_back({static_cast<uint32_t>(kind), layer, data->size(),
-                   [data](const ByteSink& f) { f(data->data(), data->size()); }});
-  };
   for (int l = 0; l < cc.n_layers; ++l) {
     if (cache.borrows(l)) continue;
     std::vector<uint8_t> st(kv::kLayerStateBytes);
     kv::encode_layer_state(cache.layer_state(l), st.data());
-    bytes_section(KvSection::kLayer, l, std::move(st));
+    add_bytes(sec, KvSection::kLayer, l, std::move(st));
     for (int w = 0; w < 2; ++w) {
       for (int q = 0; q < kv::kNumParts; ++q) {
         const auto stream = static_cast<kv::Stream>(w);
@@ -113,29 +132,14 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
   const model::CpShard* cp = s.cp_shard();
   const int n = cp ? cache.position(0) : s.pos(), B = cc.block(), nb = (n + B - 1) / B;
 
-  std::vector<KvSectionSource> sec;
-  auto bytes_section = [&](KvSection kind, int layer, std::vector<uint8_t> b) {
-    auto data = std::make_shared<std::vector<uint8_t>>(std::move(b));
-    sec.push_back({static_cast<uint32_t>(kind), layer, data->size(),
-                   [data](const ByteSink& f) { f(data->data(), data->size()); }});
-  };
-  bytes_section(KvSection::kConfig, -1, encode_config(fc));
-  std::vector<uint8_t> session(24, 0);
-  const int64_t po = s.position_offset(), dropped = s.dropped();
-  const int32_t overflows = s.overflows();
-  std::memcpy(session.data(), &po, 8);
-  std::memcpy(session.data() + 8, &dropped, 8);
-  std::memcpy(session.data() + 16, &overflows, 4);
-  bytes_section(KvSection::kSession, -1, std::move(session));
-  std::vector<uint8_t> tok(tokens.size() * 4);
-  if (!tokens.empty()) std::memcpy(tok.data(), tokens.data(), tok.size());
-  bytes_section(KvSection::kTokens, -1, std::move(tok));
+  Sections sec;
+  add_head_sections(sec, fc, s.position_offset(), s.dropped(), s.overflows(), tokens);
   if (chat) {
     std::vector<uint8_t> c(40, 0);
     const int32_t turns = chat->turns;
     std::memcpy(c.data(), &turns, 4);
     std::memcpy(c.data() + 8, chat->rng, 32);
-    bytes_section(KvSection::kChat, -1, std::move(c));
+    add_bytes(sec, KvSection::kChat, -1, std::move(c));
   }
   if (cp) {
     std::vector<uint8_t> b(24, 0);
@@ -143,7 +147,7 @@ uint64_t save_session(const Session& s, const std::vector<int>& tokens, int64_t 
     const int64_t positions = s.pos();
     std::memcpy(b.data(), v, 16);
     std::memcpy(b.data() + 16, &positions, 8);
-    bytes_section(KvSection::kShard, -1, std::move(b));
+    add_bytes(sec, KvSection::kShard, -1, std::move(b));
   }
 
   const sparse::BlockSummaries* summ = s.sparse() ? &s.sparse()->summaries() : nullptr;
@@ -228,17 +232,8 @@ uint64_t save_cache(const model::Model& m, const kv::KvCache& cache, const std::
     fail("internal: %zu tokens saved with a cache of %d", tokens.size(), n);
   KvFileConfig fc;
   fc.cache = cc;
-  std::vector<KvSectionSource> sec;
-  auto bytes_section = [&](KvSection kind, std::vector<uint8_t> b) {
-    auto data = std::make_shared<std::vector<uint8_t>>(std::move(b));
-    sec.push_back({static_cast<uint32_t>(kind), -1, data->size(),
-                   [data](const ByteSink& f) { f(data->data(), data->size()); }});
-  };
-  bytes_section(KvSection::kConfig, encode_config(fc));
-  bytes_section(KvSection::kSession, std::vector<uint8_t>(24, 0));
-  std::vector<uint8_t> tok(tokens.size() * 4);
-  if (!tokens.empty()) std::memcpy(tok.data(), tokens.data(), tok.size());
-  bytes_section(KvSection::kTokens, std::move(tok));
+  Sections sec;
+  add_head_sections(sec, fc, 0, 0, 0, tokens);
   add_layer_sections(sec, cache, fc, nb, nullptr);
   KvFileHeader h;
   h.fingerprint = cache_model_fingerprint(m);

@@ -65,7 +65,7 @@ std::vector<int> DraftModel::draft(const std::vector<int>& text, int n) {
     fed_.resize(keep);
   }
   const float* logits = s_->prefill(std::vector<int>(text.begin() + keep, text.end()));
-  fed_.assign(text.begin(), text.end());
+  fed_.insert(fed_.end(), text.begin() + keep, text.end());
   std::vector<int> out;
   const int V = m_->config().vocab_size;
   for (int i = 0; i < n; ++i) {
@@ -94,6 +94,19 @@ std::vector<int> lookup_draft(const std::vector<int>& text, int ngram, int max_t
   return {};
 }
 
+std::vector<int> make_draft(DraftModel* model, const std::vector<int>& text, int ngram, int n) {
+  return model ? model->draft(text, n) : lookup_draft(text, ngram, n, std::min(2, ngram));
+}
+
+int accept_drafts(Continuation& c, const float* logits, size_t vocab, const std::vector<int>& draft,
+                  std::vector<Continuation::Step>* steps) {
+  for (size_t j = 0;; ++j) {
+    steps->push_back(c.next(logits + j * vocab));
+    const Continuation::Step& st = steps->back();
+    if (st.done || j == draft.size() || st.token != draft[j]) return static_cast<int>(j);
+  }
+}
+
 int next_draft_length(int length, int drafted, int accepted, int max) {
   if (accepted == drafted) return std::min(max, 2 * length);
   if (accepted == 0) return std::max(1, length / 2);
@@ -103,16 +116,14 @@ int next_draft_length(int length, int drafted, int accepted, int max) {
 bool Generator::verify_drafts() {
   const GenerationOptions& o = cont_.options();
   if (draft_length_ == 0) draft_length_ = o.lookup;
-  // One-token matches draft noise: two at least (one when --lookup-ngram is 1).
-  std::vector<int> draft = o.draft_model ? o.draft_model->draft(history_, draft_length_)
-                                         : lookup_draft(history_, o.lookup_ngram, draft_length_,
-                                                        std::min(2, o.lookup_ngram));
   // Room in the context for the pending token and the draft, and no drafting past the
   // reply's last token.
   int room = s_.ctx() - s_.pos() - 1;
   if (o.max_tokens >= 0) room = std::min(room, o.max_tokens - cont_.generated());
-  if (room < 1 || draft.empty()) return false;
-  if (static_cast<int>(draft.size()) > room) draft.resize(static_cast<size_t>(room));
+  if (room < 1) return false;
+  const std::vector<int> draft =
+      make_draft(o.draft_model, history_, o.lookup_ngram, std::min(draft_length_, room));
+  if (draft.empty()) return false;
   const int n0 = s_.pos();
   std::vector<int> feed = {pending_};
   feed.insert(feed.end(), draft.begin(), draft.end());
@@ -120,25 +131,20 @@ bool Generator::verify_drafts() {
   all_logits_.resize(feed.size() * V);
   s_.verify(feed, all_logits_.data());
   ++decode_steps_;
-  ++spec_.rounds;
-  spec_.drafted += static_cast<int>(draft.size());
-  pending_ = -1;
-  size_t j = 0;
-  for (;; ++j) {
-    const Continuation::Step st = cont_.next(all_logits_.data() + j * V);
+  std::vector<Continuation::Step> steps;
+  const int j = accept_drafts(cont_, all_logits_.data(), V, draft, &steps);
+  for (const Continuation::Step& st : steps) {
     ready_.push_back(st);
     if (st.token >= 0) history_.push_back(st.token);
-    if (st.done || j == draft.size() || st.token != draft[j]) {
-      pending_ = st.token;
-      break;
-    }
-    ++spec_.accepted;
   }
+  pending_ = steps.back().token;
+  ++spec_.rounds;
+  spec_.drafted += static_cast<int>(draft.size());
+  spec_.accepted += j;
   // The cache keeps the pending token and the accepted drafts; the last choice is fed
   // by the next step.
-  s_.truncate(n0 + static_cast<int>(j) + 1);
-  draft_length_ = next_draft_length(draft_length_, static_cast<int>(draft.size()),
-                                    static_cast<int>(j), o.lookup);
+  s_.truncate(n0 + j + 1);
+  draft_length_ = next_draft_length(draft_length_, static_cast<int>(draft.size()), j, o.lookup);
   logits_ = nullptr;
   return true;
 }

@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/generation.h"
 #include "runtime/session.h"
 
 namespace kivi::runtime {
@@ -55,6 +56,18 @@ class DraftModel {
 // empty when none has.
 std::vector<int> lookup_draft(const std::vector<int>& text, int ngram, int max_tokens,
                               int min_ngram = 1);
+
+// The next draft for `text`, at most n tokens: the draft model's continuation when there
+// is one, else a lookup of its last `ngram` tokens (down to 2, or 1 when ngram is 1: a
+// one-token match drafts noise).
+std::vector<int> make_draft(DraftModel* model, const std::vector<int>& text, int ngram, int n);
+
+// The Continuation chooses from the logits of each verified position in turn (rows
+// [0, draft.size()] of `logits`, `vocab` apart) while its choice equals the draft's next
+// token; each step is appended to *steps. Returns the drafts accepted (steps - 1); the last
+// step's token is the one not fed yet.
+int accept_drafts(Continuation& c, const float* logits, size_t vocab, const std::vector<int>& draft,
+                  std::vector<Continuation::Step>* steps);
 
 // The draft length of the next step from the last one's: twice as long after a draft
 // that held whole (up to `max`), one past the accepted tokens after a partial one, half
