@@ -1,5 +1,6 @@
 // The HTTP server in tests: a scheduler and server on a free loopback port, and the
-// error object of a response (test_server.cpp, test_server_api.cpp).
+// error object of a response, streamed requests and their events (test_server*.cpp,
+// test_server_api.cpp).
 #pragma once
 
 #include <httplib.h>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "model/model.h"
 #include "runtime/scheduler.h"
@@ -97,6 +99,44 @@ inline nlohmann::json error_of(const httplib::Result& r) {
   EXPECT_TRUE(e["type"].is_string()) << r->body;
   EXPECT_TRUE(e.contains("param") && e.contains("code")) << r->body;
   return e;
+}
+
+// Parses a stream of server-sent events into their data fields.
+inline std::vector<std::string> sse_data(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t p = 0; (p = s.find("data: ", p)) != std::string::npos;) {
+    const size_t e = s.find("\n\n", p);
+    if (e == std::string::npos) break;
+    out.push_back(s.substr(p + 6, e - p - 6));
+    p = e;
+  }
+  return out;
+}
+
+// A streamed POST: whether it was sent, its status and error, the events' bytes.
+struct Streamed {
+  bool sent = false;
+  int status = 0;
+  httplib::Error err = httplib::Error::Success;
+  std::string sse;
+};
+
+inline Streamed post_streamed(httplib::Client& c, const std::string& path,
+                              const nlohmann::json& body) {
+  Streamed r;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&r](const char* d, size_t n, uint64_t, uint64_t) {
+    r.sse.append(d, n);
+    return true;
+  };
+  httplib::Response res;
+  r.sent = c.send(req, res, r.err);
+  r.status = res.status;
+  return r;
 }
 
 }  // namespace kivi::test

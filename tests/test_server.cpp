@@ -36,7 +36,10 @@ using Clock = std::chrono::steady_clock;
 
 using test::error_of;
 using test::kivi2_options;
+using test::post_streamed;
+using test::sse_data;
 using test::stories;
+using test::Streamed;
 using test::TestServer;
 
 // A raw connection, for what a well-behaved client never sends.
@@ -447,43 +450,6 @@ TEST(Server, FullQueueAnswers503WithRetryAfter) {
   EXPECT_EQ(s.rejected_queue_full, 1u);
   EXPECT_EQ(s.cancelled, 2u);
   EXPECT_EQ(s.completed, 0u);
-}
-
-// Parses a stream of server-sent events into their data fields.
-std::vector<std::string> sse_data(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t p = 0; (p = s.find("data: ", p)) != std::string::npos;) {
-    const size_t e = s.find("\n\n", p);
-    if (e == std::string::npos) break;
-    out.push_back(s.substr(p + 6, e - p - 6));
-    p = e;
-  }
-  return out;
-}
-
-// A streamed POST: whether it was sent, its status and error, the events' bytes.
-struct Streamed {
-  bool sent = false;
-  int status = 0;
-  httplib::Error err = httplib::Error::Success;
-  std::string sse;
-};
-
-Streamed post_streamed(httplib::Client& c, const std::string& path, const json& body) {
-  Streamed r;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&r](const char* d, size_t n, uint64_t, uint64_t) {
-    r.sse.append(d, n);
-    return true;
-  };
-  httplib::Response res;
-  r.sent = c.send(req, res, r.err);
-  r.status = res.status;
-  return r;
 }
 
 // 16 concurrent greedy requests with different prompts give the text each gives alone
@@ -915,106 +881,6 @@ TEST(Server, BenchServeReportsConsistentNumbers) {
     EXPECT_NE(e.exit_code, 0) << bad;
     EXPECT_NE(e.err.find("error"), std::string::npos) << bad << ": " << e.err;
   }
-}
-
-// gpt-oss (harmony): a chat reply's reasoning (the analysis channel) goes to
-// message.reasoning_content and its answer to content, llama-server's fields; the markup
-// goes to neither. On a synthetic gpt-oss model, with the markup tokens favoured by
-// logit_bias so that replies hold some: the chat reply is what runtime/chat.h's split
-// makes of the raw text /v1/completions gives for the same prompt tokens and seed, and a
-// streamed reply's deltas add up to the whole one.
-TEST(Server, HarmonyRepliesSplitReasoningFromContent) {
-  test::TempDir dir;
-  const std::string path = dir.file("oss.gguf");
-  const auto made = test::run(test::kivi_cmd(
-      "synth --arch gpt-oss --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 --ffn 64 "
-      "--experts 4 --experts-used 2 --vocab 600 --ctx 512 -o '" +
-      path + "'"));
-  ASSERT_EQ(made.exit_code, 0) << made.err;
-  const auto model = model::Model::load(path);
-  const tok::Tokenizer& tk = model->tokenizer();
-  // The conversation's tokens: harmony's turns, a reply in the history as the final
-  // channel's message.
-  const server::ChatFormatter chat(tk, "");
-  ASSERT_STREQ(chat.name(), "harmony");
-  EXPECT_TRUE(chat.has_reasoning());
-  const std::vector<server::ChatMessage> messages = {
-      {"system", "be brief"}, {"user", "hello"}, {"assistant", "hi"}, {"user", "again"}};
-  runtime::ChatPrompt turns(tk, "harmony");
-  const std::vector<int> prompt = chat.format(messages).tokens;
-  {
-    std::vector<int> want = turns.user_turn("hello", "be brief", true);
-    const auto tail = tk.encode(
-        "<|channel|>final<|message|>hi<|end|><|start|>user<|message|>again<|end|><|start|>"
-        "assistant",
-        false, false, true);
-    want.insert(want.end(), tail.begin(), tail.end());
-    EXPECT_EQ(prompt, want);  // (the same date: both are today's)
-  }
-  json bias = json::object();
-  for (const char* m : {"<|channel|>", "<|message|>", "<|start|>", "<|end|>"})
-    bias[std::to_string(tk.find_special(m))] = 4;
-  bias[std::to_string(tk.find_special("<|return|>"))] = -100;
-  bias[std::to_string(tk.find_special("<|call|>"))] = -100;
-  server::ServerOptions o;
-  o.model_id = "oss";
-  TestServer s(kivi2_options(2, 4), o, model.get());
-  auto c = s.client();
-  const json params = {{"max_tokens", 48}, {"temperature", 1.0}, {"seed", 5}, {"logit_bias", bias}};
-  json raw_body = params;
-  raw_body["prompt"] = prompt;
-  const auto raw = c.Post("/v1/completions", raw_body.dump(), "application/json");
-  ASSERT_TRUE(raw);
-  ASSERT_EQ(raw->status, 200) << raw->body;
-  const std::string text = json::parse(raw->body)["choices"][0]["text"];
-  EXPECT_NE(text.find("<|"), std::string::npos) << text;  // the markup is rendered
-  const runtime::ReplyParts want = runtime::split_harmony_reply(text);
-  json chat_body = params;
-  chat_body["messages"] = json::array();
-  for (const auto& m : messages)
-    chat_body["messages"].push_back({{"role", m.role}, {"content", m.content}});
-  const auto whole = c.Post("/v1/chat/completions", chat_body.dump(), "application/json");
-  ASSERT_TRUE(whole);
-  ASSERT_EQ(whole->status, 200) << whole->body;
-  const json w = json::parse(whole->body);
-  EXPECT_EQ(w["usage"]["prompt_tokens"], prompt.size());
-  const json& msg = w["choices"][0]["message"];
-  EXPECT_EQ(msg["content"], want.content);
-  EXPECT_EQ(msg.value("reasoning_content", std::string()), want.reasoning);
-  EXPECT_EQ(msg.contains("reasoning_content"), !want.reasoning.empty());
-  EXPECT_EQ(want.content.find("<|"), std::string::npos) << want.content;
-  chat_body["stream"] = true;
-  const Streamed st = post_streamed(c, "/v1/chat/completions", chat_body);
-  ASSERT_TRUE(st.sent);
-  ASSERT_EQ(st.status, 200);
-  std::string content, reasoning;
-  for (const std::string& d : sse_data(st.sse)) {
-    if (d == "[DONE]") continue;
-    const json e = json::parse(d);
-    ASSERT_FALSE(e.contains("error")) << d;
-    const json& delta = e["choices"][0]["delta"];
-    content += delta.value("content", std::string());
-    reasoning += delta.value("reasoning_content", std::string());
-  }
-  EXPECT_EQ(content, want.content);
-  EXPECT_EQ(reasoning, want.reasoning);
-  EXPECT_TRUE(s.drained());
-}
-
-// The response bodies carry reasoning as llama-server does: message.reasoning_content
-// when there is some, delta.reasoning_content in a stream.
-TEST(Server, ReasoningContentInResponseBodies) {
-  const server::ResponseInfo info{server::Endpoint::kChat, "chatcmpl-x", 7, "m"};
-  const json b = json::parse(server::completion_body(info, "4", "stop", {3, 2}, "2+2=4"));
-  EXPECT_EQ(b["choices"][0]["message"]["content"], "4");
-  EXPECT_EQ(b["choices"][0]["message"]["reasoning_content"], "2+2=4");
-  const json plain = json::parse(server::completion_body(info, "4", "stop", {3, 2}));
-  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning_content"));
-  const std::string ev = server::chunk_reasoning(info, "thinking");
-  ASSERT_EQ(ev.rfind("data: ", 0), 0u);
-  const json e = json::parse(ev.substr(6));
-  EXPECT_EQ(e["object"], "chat.completion.chunk");
-  EXPECT_EQ(e["choices"][0]["delta"], (json{{"reasoning_content", "thinking"}}));
 }
 
 }  // namespace

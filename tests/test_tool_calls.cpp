@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <ctime>
 #include <random>
 
 #include "bpe_fixture.h"
@@ -330,6 +332,262 @@ TEST(LazyGrammar, StartsAtTheTriggerAndEndsWithTheGrammar) {
   first.insert(first.end(), hi.begin(), hi.end());
   const std::string held = run({"<tool_call>", true}, first);
   EXPECT_TRUE(follows_grammar(held, "<tool_call>")) << held;
+}
+
+// harmony (gpt-oss): the goldens are the text gpt-oss's chat template writes
+// (build_system_message with tools, the developer message's render_tool_namespace, tool
+// messages as "functions.NAME to=assistant" with the result |tojson), written out by hand;
+// a call in the history is written as the model writes it (OpenAI's harmony guide).
+tok::Tokenizer harmony_tokenizer() {
+  return tok::parse_hf_tokenizer(test::harmony_tokenizer_json().dump(),
+                                 R"({"eos_token": "<|return|>"})", "harmony.json")
+      .tokenizer("harmony.json");
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+TEST(ToolPrompt, HarmonyWritesTheNamespaceAndCallMessages) {
+  const tok::Tokenizer tk = harmony_tokenizer();
+  const server::ChatFormatter chat(tk, "harmony");
+  const auto tools = weather_tools();
+  const auto p = chat.format(round_trip(), &tools);
+  const std::string want =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+      "Knowledge cutoff: 2024-06\nCurrent date: " +
+      today() +
+      "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be "
+      "included for every message.\nCalls to these tools must go to the commentary channel: "
+      "'functions'.<|end|>"
+      "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n## functions\n\n"
+      "namespace functions {\n\n// Weather of a city\ntype get_weather = (_: {\ncity: string,\n"
+      "unit: any,\n}) => any;\n\ntype now = () => any;\n\n} // namespace functions<|end|>"
+      "<|start|>user<|message|>Weather in Paris?<|end|>"
+      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+      "<|message|>{\"city\": \"Paris\", \"unit\": \"c\"}<|call|>"
+      "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+      "\"{\\\"temp\\\": 21}\"<|end|>"
+      "<|start|>assistant<|channel|>final<|message|>It is 21 C.<|end|>"
+      "<|start|>user<|message|>And now?<|end|><|start|>assistant";
+  EXPECT_EQ(tk.decode_all(p.tokens), tk.decode_all(tk.encode(want, false, false, true)));
+  EXPECT_EQ(p.tokens, tk.encode(want, false, false, true));
+  // Without a system message the developer message holds the tools alone; two calls in
+  // one assistant message are two call messages, and each result comes from its call.
+  std::vector<server::ChatMessage> two = {
+      {"user", "Go"},
+      {"assistant", "Both.", {{"a", "now", "{}"}, {"b", "get_weather", "{\"city\": \"Rome\"}"}}},
+      {"tool", "12:00"},
+      {"tool", "sun"}};
+  const auto q = chat.format(two, &tools);
+  const std::string head =
+      "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {";
+  const std::string tail =
+      "<|start|>user<|message|>Go<|end|><|start|>assistant<|channel|>analysis<|message|>Both."
+      "<|end|><|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json"
+      "<|message|>{}<|call|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+      "<|constrain|>json<|message|>{\"city\": \"Rome\"}<|call|>"
+      "<|start|>functions.now to=assistant<|channel|>commentary<|message|>\"12:00\"<|end|>"
+      "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sun\"<|end|>"
+      "<|start|>assistant";
+  EXPECT_NE(tk.decode_all(q.tokens).find(head), std::string::npos) << tk.decode_all(q.tokens);
+  const std::vector<int> want_tail = tk.encode(tail, false, false, true);
+  ASSERT_GE(q.tokens.size(), want_tail.size());
+  EXPECT_EQ(std::vector<int>(q.tokens.end() - static_cast<long>(want_tail.size()), q.tokens.end()),
+            want_tail);
+  // A user's text that looks like markup stays text.
+  std::vector<server::ChatMessage> sneaky = {{"user", "<|call|>"}};
+  const auto r = chat.format(sneaky, &tools);
+  EXPECT_EQ(std::count(r.tokens.begin(), r.tokens.end(), tk.find_special("<|call|>")), 0);
+}
+
+TEST(ToolPrompt, HarmonyTypesFollowTheTemplate) {
+  const ordered_json params = ordered_json::parse(R"({"type": "object", "properties": {
+      "q": {"type": "string", "description": "What to find"},
+      "tags": {"type": "array", "items": {"type": "string"}},
+      "n": {"type": "integer", "default": 10},
+      "mode": {"type": "string", "enum": ["fast", "slow"], "default": "fast"},
+      "note": {"type": "string", "nullable": true},
+      "pos": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+              "required": ["x"]},
+      "id": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+      "any": {"type": ["string", "null"]},
+      "flags": {"type": "array", "items": {"type": "boolean"}, "nullable": true},
+      "rows": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+      "free": {}},
+    "required": ["q"]})");
+  EXPECT_EQ(harmony_function_type(params),
+            "(_: {\n// What to find\nq: string,\ntags?: string[],\nn?: number, // default: 10,\n"
+            "mode?: \"fast\" | \"slow\", // default: fast,\nnote?: string | null,\n"
+            "pos?: {\nx: number, y?: number},\nid?: number | string,\nany?: string | null,\n"
+            "flags?: boolean[] | null,\nrows?: number[][],\nfree?: any,\n}) => any");
+  EXPECT_EQ(harmony_function_type(ordered_json::parse(R"({"type": "object"})")), "() => any");
+  EXPECT_EQ(typescript_type(
+                ordered_json::parse(R"({"oneOf": [{"type": "object"}, {"type": "string"}]})")),
+            "any");
+}
+
+TEST(ToolGrammar, HarmonyCallsAreCommentaryMessagesToAFunction) {
+  const auto tools = weather_tools();
+  const std::string g = tool_calls_gbnf(ToolSyntax::kHarmony, tools, "", true);
+  const std::string args = "{\"city\": \"Paris\", \"unit\": \"c\"}";
+  for (const std::string& ok : std::vector<std::string>{
+           "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" + args,
+           " to=functions.get_weather <|constrain|>json<|message|>" + args,
+           " to=functions.now<|channel|>commentary json<|message|>{}",
+           " to=functions.now<|message|>{}"}) {
+    EXPECT_TRUE(sentence(g, ok)) << ok;
+  }
+  for (const std::string& no : std::vector<std::string>{
+           "<|channel|>commentary to=functions.later <|constrain|>json<|message|>{}",
+           "<|channel|>final<|message|>{}",
+           " to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+           " to=functions.now<|message|>{}<|call|>"}) {
+    EXPECT_FALSE(sentence(g, no)) << no;
+  }
+  const std::string named = tool_calls_gbnf(ToolSyntax::kHarmony, tools, "now", true);
+  EXPECT_TRUE(sentence(named, " to=functions.now<|message|>{}"));
+  EXPECT_FALSE(sentence(named, " to=functions.get_weather<|message|>" + args));
+  EXPECT_EQ(tool_call_trigger(ToolSyntax::kHarmony).word, " to=functions.");
+}
+
+TEST(ToolParser, HarmonyCallIsAMessageToAFunction) {
+  const std::string args = "{\"city\": \"Oslo\", \"unit\": \"f\"}";
+  const std::string analysis = "<|channel|>analysis<|message|>Need the weather.<|end|>";
+  check_splits(ToolSyntax::kHarmony,
+               analysis +
+                   "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+                   "<|constrain|>json<|message|>" +
+                   args,
+               analysis, {{"get_weather", args}});
+  check_splits(ToolSyntax::kHarmony, " to=functions.now<|channel|>commentary json<|message|> {} ",
+               "", {{"now", "{}"}});
+  // Not calls: the text is released as written (HarmonyReplyParser reads it after).
+  for (const char* text :
+       {"<|channel|>final<|message|>It is <|sunny|> and <|chan",
+        "<|channel|>commentary to=functions.later <|constrain|>json<|message|>{}",
+        "<|channel|>commentary to=functions.now <|constrain|>json<|message|>[1]",
+        "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{} and more",
+        "<|channel|>commentary to=functions.now json", "plain text, no markup"}) {
+    check_splits(ToolSyntax::kHarmony, text, text, {});
+  }
+  // A history reply parses back to its call.
+  const std::vector<ToolCall> call = {{"", "get_weather", args}};
+  const auto h = parse_tool_calls(ToolSyntax::kHarmony, {"get_weather", "now"},
+                                  reply_with_calls(ToolSyntax::kHarmony, "", call));
+  ASSERT_EQ(h.calls.size(), 1u);
+  EXPECT_EQ(h.calls[0].arguments, args);
+  EXPECT_EQ(h.content, "");
+}
+
+// tool_choice "auto" in harmony: the reasoning is free, the grammar starts at the
+// recipient " to=functions." and holds the rest of the call; the logits favour the text
+// `want` token by token, and a call to an unknown function is turned into a known one.
+TEST(LazyGrammar, HarmonyStartsAtTheRecipient) {
+  const tok::Tokenizer tk = harmony_tokenizer();
+  const auto tools = weather_tools();
+  auto run = [&](const std::string& want_text) {
+    const std::vector<int> want = tk.encode(want_text, false, false, true);
+    GenerationOptions o;
+    o.max_tokens = 400;
+    o.sampler.temperature = 0.0f;
+    o.grammar = std::make_shared<const grammar::Grammar>(
+        grammar::Grammar::parse(tool_calls_gbnf(ToolSyntax::kHarmony, tools, "", false)));
+    o.trigger = tool_call_trigger(ToolSyntax::kHarmony);
+    o.grammar_markup = true;
+    o.end_tokens = {tk.find_special("<|call|>")};
+    Continuation c(tk, o, -1);
+    std::string text;
+    std::vector<float> logits(static_cast<size_t>(tk.vocab_size()));
+    for (size_t i = 0; !c.done(); ++i) {
+      std::fill(logits.begin(), logits.end(), 0.0f);
+      logits[want[std::min(i, want.size() - 1)]] = 10.0f;
+      text += c.next(logits.data()).text;
+    }
+    return text;
+  };
+  const std::string head =
+      "<|channel|>analysis<|message|>use a tool<|end|><|start|>assistant<|channel|>commentary "
+      "to=functions.";
+  const std::string ok = run(head + "now <|constrain|>json<|message|>{}<|call|>");
+  EXPECT_EQ(ok, head + "now <|constrain|>json<|message|>{}");
+  const ReplyWithCalls r = parse_tool_calls(ToolSyntax::kHarmony, {"get_weather", "now"}, ok);
+  ASSERT_EQ(r.calls.size(), 1u) << ok;
+  EXPECT_EQ(r.calls[0].name, "now");
+  EXPECT_EQ(split_harmony_reply(r.content).reasoning, "use a tool");
+  // Before the recipient the text is free ("later" is no function: the grammar refuses it).
+  const std::string other = run(head + "later<|message|>{}<|call|>");
+  EXPECT_EQ(other.rfind(head, 0), 0u) << other;
+  EXPECT_EQ(other.find("later"), std::string::npos) << other;
+  EXPECT_EQ(parse_tool_calls(ToolSyntax::kHarmony, {"get_weather", "now"}, other).calls.size(), 1u)
+      << other;
+  EXPECT_EQ(run("<|channel|>final<|message|>no tools, to=function<|return|>"),
+            "<|channel|>final<|message|>no tools, to=function");
+}
+
+// Random logits through harmony's call grammar on a byte-level vocabulary with harmony's
+// markup: every reply that ends by itself is one call whose arguments follow the schema,
+// and the grammar writes the markup with the control tokens as well as spelled out.
+TEST(ToolGrammar, HarmonySampledRepliesAreWholeCalls) {
+  const tok::Tokenizer tk = harmony_tokenizer();
+  const auto tools = weather_tools();
+  const auto g = std::make_shared<const grammar::Grammar>(
+      grammar::Grammar::parse(tool_calls_gbnf(ToolSyntax::kHarmony, tools, "", false)));
+  const auto trie = std::make_shared<const grammar::VocabTrie>(tk, true);
+  const int message = tk.find_special("<|message|>");
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(tk.vocab_size()));
+  int ended = 0, with_control = 0;
+  for (int run = 0; run < 60; ++run) {
+    GenerationOptions o;
+    o.max_tokens = 300;
+    o.sampler.temperature = 1.0f;
+    o.sampler.seed = static_cast<uint64_t>(run);
+    o.grammar = g;
+    o.vocab_trie = trie;
+    o.grammar_markup = true;
+    o.end_tokens = {tk.find_special("<|call|>")};
+    Continuation c(tk, o, -1);
+    std::string text;
+    bool control = false;
+    while (!c.done()) {
+      for (float& x : logits) x = normal(rng);
+      const Continuation::Step st = c.next(logits.data());
+      control = control || st.token == message;
+      text += st.text;
+    }
+    if (c.reason() == StopReason::kLength) continue;
+    ++ended;
+    with_control += control ? 1 : 0;
+    const auto r = parse_tool_calls(ToolSyntax::kHarmony, {"get_weather", "now"}, text);
+    ASSERT_EQ(r.calls.size(), 1u) << run << ": " << text;
+    EXPECT_EQ(r.content, "") << run;
+    const ordered_json a = ordered_json::parse(r.calls[0].arguments);
+    if (r.calls[0].name == "get_weather") {
+      const std::string city = a["city"].get<std::string>();  // 12 characters at most
+      EXPECT_LE(
+          std::count_if(city.begin(), city.end(), [](char ch) { return (ch & 0xC0) != 0x80; }), 12)
+          << text;
+      EXPECT_TRUE(a["unit"] == "c" || a["unit"] == "f") << text;
+    } else {
+      EXPECT_TRUE(a.empty()) << text;
+    }
+  }
+  EXPECT_GE(ended, 20);
+  EXPECT_GE(with_control, 1);
+  // The plain trie has no markup: the grammar cannot start there.
+  GenerationOptions plain;
+  plain.grammar = g;
+  plain.vocab_trie = std::make_shared<const grammar::VocabTrie>(tk);
+  EXPECT_FALSE(plain.vocab_trie->markup());
+  EXPECT_EQ(plain.vocab_trie->text(message), "");
+  EXPECT_EQ(trie->text(message), "<|message|>");
 }
 
 }  // namespace

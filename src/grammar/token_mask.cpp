@@ -10,11 +10,12 @@ constexpr size_t kCacheEntries = 8;
 constexpr size_t kMaxStates = 1 << 14;  // 16 MiB of transitions at most
 }  // namespace
 
-VocabTrie::VocabTrie(const tok::Tokenizer& tk) : vocab_(tk.vocab_size()) {
+VocabTrie::VocabTrie(const tok::Tokenizer& tk, bool markup)
+    : vocab_(tk.vocab_size()), markup_(markup) {
   texts_.resize(vocab_);
   std::vector<int32_t> order;
   for (int t = 0; t < vocab_; ++t) {
-    texts_[t] = tk.token_text(t);
+    texts_[t] = tk.token_text(t, markup && tk.renders(t));
     if (!texts_[t].empty()) order.push_back(t);
   }
   // Sorted texts make each node's subtree a contiguous run; the trie is built in one pass

@@ -20,9 +20,12 @@ namespace kivi::grammar {
 class VocabTrie {
  public:
   // Every token with text (control, unknown and unused tokens have none and are never
-  // allowed by a grammar; end tokens are decided apart).
-  explicit VocabTrie(const tok::Tokenizer& tk);
+  // allowed by a grammar; end tokens are decided apart). `markup`: the control tokens the
+  // vocabulary renders (harmony's <|channel|>, <|message|>, ...) have their text too, so
+  // that a grammar can write them; text tokens spelling the same bytes match as well.
+  explicit VocabTrie(const tok::Tokenizer& tk, bool markup = false);
   int vocab() const { return vocab_; }
+  bool markup() const { return markup_; }
   const std::string& text(int token) const { return texts_[token]; }
   size_t nodes() const { return nodes_.size(); }
 
@@ -40,6 +43,7 @@ class VocabTrie {
     uint32_t node;
   };
   int vocab_ = 0;
+  bool markup_ = false;
   std::vector<std::string> texts_;
   std::vector<Node> nodes_;
   std::vector<Edge> children_;

@@ -37,10 +37,12 @@ std::string default_tokenizer_path(const std::string& model_path) {
   return "";
 }
 
-std::shared_ptr<const grammar::VocabTrie> Model::vocab_trie() const {
+std::shared_ptr<const grammar::VocabTrie> Model::vocab_trie(bool markup) const {
   if (!tok_) fail("the model has no tokenizer, which a grammar needs");
-  std::call_once(trie_once_, [&] { trie_ = std::make_shared<const grammar::VocabTrie>(*tok_); });
-  return trie_;
+  const int i = markup ? 1 : 0;
+  std::call_once(trie_once_[i],
+                 [&] { trie_[i] = std::make_shared<const grammar::VocabTrie>(*tok_, markup); });
+  return trie_[i];
 }
 
 size_t Model::weight_bytes() const {

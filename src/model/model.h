@@ -70,8 +70,9 @@ class Model {
   const tok::Tokenizer& tokenizer() const { return *tok_; }
   bool has_tokenizer() const { return tok_ != nullptr; }
   // The tokenizer's vocabulary as a byte trie for grammars (grammar/token_mask.h), built
-  // at the first call and shared by every sequence after it.
-  std::shared_ptr<const grammar::VocabTrie> vocab_trie() const;
+  // at the first call and shared by every sequence after it. `markup`: the trie that also
+  // holds the markup tokens the vocabulary renders (grammars of harmony's tool calls).
+  std::shared_ptr<const grammar::VocabTrie> vocab_trie(bool markup = false) const;
   const std::string& path() const { return path_; }
   const std::string& format() const { return format_; }  // "llama2.c" or "gguf"
   const io::GgufFile* gguf() const { return gguf_.get(); }
@@ -98,8 +99,8 @@ class Model {
   std::unique_ptr<io::Llama2cCheckpoint> l2c_;
   std::string path_, format_;
   TpComm* tp_comm_ = nullptr;
-  mutable std::once_flag trie_once_;
-  mutable std::shared_ptr<const grammar::VocabTrie> trie_;
+  mutable std::once_flag trie_once_[2];
+  mutable std::shared_ptr<const grammar::VocabTrie> trie_[2];  // plain, with markup
   std::vector<AlignedBuffer<uint8_t>> owned_;      // column slices copied out of the file
   std::vector<AlignedBuffer<uint8_t>> reordered_;  // Q and K rows of partial rotary heads
 };

@@ -27,7 +27,7 @@ std::string local_date() {
 
 }  // namespace
 
-std::string harmony_system_message(const std::string& yyyy_mm_dd) {
+std::string harmony_system_message(const std::string& yyyy_mm_dd, bool tools) {
   return "You are ChatGPT, a large language model trained by OpenAI.\n"
          "Knowledge cutoff: 2024-06\n"
          "Current date: " +
@@ -35,7 +35,9 @@ std::string harmony_system_message(const std::string& yyyy_mm_dd) {
          "\n\n"
          "Reasoning: medium\n\n"
          "# Valid channels: analysis, commentary, final. Channel must be included for every "
-         "message.";
+         "message." +
+         std::string(
+             tools ? "\nCalls to these tools must go to the commentary channel: 'functions'." : "");
 }
 
 const char* chat_format_name(ChatFormat f) {
@@ -139,7 +141,8 @@ std::vector<std::string> ChatPrompt::stop_strings() const {
 }
 
 std::vector<int> ChatPrompt::user_turn(const std::string& text, const std::string& system,
-                                       bool first, bool after_marker) const {
+                                       bool first, bool after_marker,
+                                       const std::string& tools) const {
   // Markup strings live here so the segments' views stay valid until encoding.
   std::vector<std::string> keep;
   keep.reserve(16);
@@ -199,12 +202,16 @@ std::vector<int> ChatPrompt::user_turn(const std::string& text, const std::strin
     if (!first) markup("<|end|>");
     if (first) {
       markup("<|start|>system<|message|>" +
-             harmony_system_message(date_.empty() ? local_date() : date_) + "<|end|>");
+             harmony_system_message(date_.empty() ? local_date() : date_, !tools.empty()) +
+             "<|end|>");
+      if (!system.empty() || !tools.empty()) markup("<|start|>developer<|message|>");
       if (!system.empty()) {
-        markup("<|start|>developer<|message|># Instructions\n\n");
+        markup("# Instructions\n\n");
         message(system);
-        markup("\n\n<|end|>");
+        markup("\n\n");
       }
+      if (!tools.empty()) message(tools);
+      if (!system.empty() || !tools.empty()) markup("<|end|>");
     }
     markup("<|start|>user<|message|>");
     message(text);

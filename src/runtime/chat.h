@@ -63,9 +63,11 @@ class ChatPrompt {
   // the conversation (BOS as the format or vocabulary wants, then the system message
   // if `system` is not empty); later turns first close the previous reply.
   // plain: `after_marker` says the previous reply ended by writing "\nUser:" itself, so
-  // the turn goes on after it.
+  // the turn goes on after it. harmony: `tools` (runtime/tool_calls.h's tools section)
+  // ends the first turn's developer message, and the system message names the channel
+  // of calls.
   std::vector<int> user_turn(const std::string& text, const std::string& system, bool first,
-                             bool after_marker = false) const;
+                             bool after_marker = false, const std::string& tools = "") const;
   // llama3: tokens of tool results after a reply that called tools: the reply closed,
   // each result in an ipython turn (trimmed), then the assistant's header.
   std::vector<int> ipython_turn(const std::vector<std::string>& results) const;
@@ -96,8 +98,9 @@ class ChatPrompt {
   std::string date_;
 };
 
-// harmony's system message (the template's build_system_message without tools) for a date.
-std::string harmony_system_message(const std::string& yyyy_mm_dd);
+// harmony's system message (the template's build_system_message) for a date, with or
+// without function tools.
+std::string harmony_system_message(const std::string& yyyy_mm_dd, bool tools = false);
 
 // A reply split into what the model reasoned and what it answers.
 struct ReplyParts {

@@ -51,7 +51,9 @@ Continuation::Continuation(const tok::Tokenizer& tk, const GenerationOptions& o,
   if (o.ignore_eos) sampler_.ban(rule_.all(tk.vocab_size()));
   if (o.max_tokens == 0) reason_ = StopReason::kLength;
   if (o.grammar) {
-    trie_ = o.vocab_trie ? o.vocab_trie : std::make_shared<const grammar::VocabTrie>(tk);
+    trie_ = o.vocab_trie && o.vocab_trie->markup() == o.grammar_markup
+                ? o.vocab_trie
+                : std::make_shared<const grammar::VocabTrie>(tk, o.grammar_markup);
     if (trie_->vocab() != tk.vocab_size())
       fail("internal: the grammar's vocabulary trie is of another tokenizer");
     if (o.trigger.word.empty()) {
@@ -137,7 +139,7 @@ namespace {
 // The options with the model's vocabulary trie when a grammar needs one.
 GenerationOptions with_trie(const Session& s, const GenerationOptions& o) {
   GenerationOptions out = o;
-  if (out.grammar && !out.vocab_trie) out.vocab_trie = s.model().vocab_trie();
+  if (out.grammar && !out.vocab_trie) out.vocab_trie = s.model().vocab_trie(out.grammar_markup);
   return out;
 }
 

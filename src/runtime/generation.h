@@ -50,6 +50,9 @@ struct GenerationOptions {
   std::shared_ptr<const grammar::Grammar> grammar;
   std::shared_ptr<const grammar::VocabTrie> vocab_trie;
   GrammarTrigger trigger;  // a lazy grammar (tool calls in free text)
+  // The grammar writes the markup tokens the vocabulary renders (harmony's tool calls):
+  // the vocabulary trie must hold them (grammar::VocabTrie's `markup`).
+  bool grammar_markup = false;
   // Speculative decoding by prompt lookup (a Generator's; runtime/speculative.h): each
   // step drafts up to `lookup` tokens (0 = off) that followed the latest earlier
   // occurrence of the last `lookup_ngram` (down to 1) tokens and verifies them in one

@@ -110,6 +110,7 @@ GenerationOptions GenerationRequest::options() const {
   o.end_tokens = end_tokens;
   o.grammar = grammar;
   o.trigger = grammar_trigger;
+  o.grammar_markup = grammar_markup;
   return o;
 }
 

@@ -41,6 +41,7 @@ struct GenerationRequest {
   int logprobs = -1;              // >= 0: each token's log-probability and that many alternatives
   std::shared_ptr<const grammar::Grammar> grammar;  // structured output: the reply's grammar
   GrammarTrigger grammar_trigger;  // where the grammar starts (tool calls); empty: at once
+  bool grammar_markup = false;     // the grammar writes markup tokens (harmony's tool calls)
   // The same, as the generation options every front end uses (runtime/generation.h).
   GenerationOptions options() const;
 };

@@ -373,7 +373,8 @@ bool Scheduler::admit_locked() {
     stats_.queue_time.observe(now_seconds() - s.submitted);
     GenerationOptions go = s.params.options();
     if (go.grammar) {
-      go.vocab_trie = m_.vocab_trie();  // built at the first request with a grammar
+      // Built at the first request with a grammar (of its kind).
+      go.vocab_trie = m_.vocab_trie(go.grammar_markup);
     }
     s.gen = std::make_unique<Continuation>(m_.tokenizer(), go, s.params.prompt.back());
     s.gen->sampler().observe_prompt(s.params.prompt);

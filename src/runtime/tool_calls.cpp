@@ -7,6 +7,7 @@
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 #include "grammar/json_schema_rules.h"
+#include "runtime/tool_calls_harmony.h"
 
 namespace kivi::runtime {
 
@@ -92,9 +93,7 @@ std::optional<std::vector<std::pair<std::string, std::string_view>>> object_memb
 }  // namespace
 
 ToolSyntax tool_syntax(ChatFormat f) {
-  if (f == ChatFormat::kHarmony) {
-    fail("tool calls are not supported with the harmony chat format (gpt-oss)");
-  }
+  if (f == ChatFormat::kHarmony) return ToolSyntax::kHarmony;
   return f == ChatFormat::kLlama3 ? ToolSyntax::kLlama3 : ToolSyntax::kHermes;
 }
 
@@ -125,6 +124,7 @@ std::string python_json(const ordered_json& v) {
 }
 
 std::string tools_instructions(ToolSyntax s, const std::vector<ToolFunction>& tools) {
+  if (s == ToolSyntax::kHarmony) return harmony_tools_section(tools);
   std::string out;
   if (s == ToolSyntax::kLlama3) {
     out =
@@ -149,6 +149,7 @@ std::string tools_instructions(ToolSyntax s, const std::vector<ToolFunction>& to
 std::string reply_with_calls(ToolSyntax s, const std::string& content,
                              const std::vector<ToolCall>& calls) {
   if (calls.empty()) return content;
+  if (s == ToolSyntax::kHarmony) return harmony_calls_text(content, calls);
   const auto name = [](const ToolCall& c) { return ordered_json(c.name).dump(-1, ' ', false); };
   if (s == ToolSyntax::kLlama3) {
     return "{\"name\": " + name(calls[0]) + ", \"parameters\": " + calls[0].arguments + "}";
@@ -171,6 +172,7 @@ std::string tool_results_text(const std::vector<std::string>& results) {
 std::string tool_calls_gbnf(ToolSyntax s, const std::vector<ToolFunction>& tools,
                             const std::string& only, bool parallel) {
   std::string rules, calls;
+  std::vector<std::string> names, arg_roots;  // harmony
   for (size_t i = 0; i < tools.size(); ++i) {
     const ToolFunction& t = tools[i];
     if (!only.empty() && t.name != only) continue;
@@ -184,6 +186,8 @@ std::string tool_calls_gbnf(ToolSyntax s, const std::vector<ToolFunction>& tools
     }
     const std::string prefix = "f" + std::to_string(i) + "-";
     rules += grammar::prefix_rule_names(args, prefix);
+    names.push_back(t.name);
+    arg_roots.push_back(prefix + "root");
     const std::string head = s == ToolSyntax::kLlama3
                                  ? "{\"name\": \"" + t.name + "\", \"parameters\": "
                                  : "<tool_call>\n{\"name\": \"" + t.name + "\", \"arguments\": ";
@@ -193,6 +197,7 @@ std::string tool_calls_gbnf(ToolSyntax s, const std::vector<ToolFunction>& tools
              grammar::schema_rules::gbnf_literal(tail, "");
   }
   if (calls.empty()) fail("no tool function named '%s'", only.c_str());
+  if (s == ToolSyntax::kHarmony) return harmony_calls_root(names, arg_roots) + rules;
   std::string root = "root ::= call";
   if (s == ToolSyntax::kHermes && parallel)
     root += " (" + grammar::schema_rules::gbnf_literal("\n", "") + " call)*";
@@ -201,11 +206,12 @@ std::string tool_calls_gbnf(ToolSyntax s, const std::vector<ToolFunction>& tools
 
 GrammarTrigger tool_call_trigger(ToolSyntax s) {
   if (s == ToolSyntax::kLlama3) return {"{", true};
+  if (s == ToolSyntax::kHarmony) return {" to=functions.", false};
   return {std::string(kOpen), false};
 }
 
 ToolCallParser::ToolCallParser(ToolSyntax s, std::vector<std::string> names)
-    : s_(s), names_(std::move(names)) {}
+    : s_(s), names_(std::move(names)), in_header_(s == ToolSyntax::kHarmony) {}
 
 bool ToolCallParser::known(const std::string& name) const {
   return std::find(names_.begin(), names_.end(), name) != names_.end();
@@ -214,6 +220,7 @@ bool ToolCallParser::known(const std::string& name) const {
 std::string ToolCallParser::push(std::string_view text) {
   held_ += text;
   if (in_calls_) return {};
+  if (s_ == ToolSyntax::kHarmony) return push_harmony();
   std::string out;
   if (s_ == ToolSyntax::kLlama3) {
     if (!decided_) {
@@ -284,6 +291,7 @@ bool ToolCallParser::parse_calls(std::string_view text) {
     return true;
   };
   calls_.clear();
+  if (s_ == ToolSyntax::kHarmony) return parse_harmony_call(text);
   if (s_ == ToolSyntax::kLlama3) return read_call(trim(text));
   size_t i = skip_space(text, 0);
   while (i < text.size()) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/reply_reader.h"
 #include "server/api_error.h"
 #include "server/token_api.h"
 #include "server/embeddings.h"
@@ -96,12 +97,11 @@ std::vector<runtime::ToolCall> with_ids(std::vector<runtime::ToolCall> calls) {
 }
 
 // One choice's sequence and what its text still owes the client: log-probabilities of
-// tokens not yet sent (they go with the next chunk of answer text, or the last), and for
-// a chat format whose replies carry reasoning (harmony) the parser that splits it.
+// tokens not yet sent (they go with the next chunk of answer text, or the last), and the
+// reader that takes tool calls out and splits reasoning (harmony) from the answer.
 struct ChoiceState {
   std::shared_ptr<RequestHandle> handle;
-  std::unique_ptr<runtime::HarmonyReplyParser> reasoning;
-  std::unique_ptr<runtime::ToolCallParser> tools;  // a reply that may hold tool calls
+  std::unique_ptr<runtime::ReplyReader> reader;
   bool logprobs = false;
   Logprobs pending;
   bool finished = false;
@@ -381,9 +381,9 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
     for (int i = 0; i < p.n; ++i) {
       ChoiceState& c = st->choices[i];
       c.handle = handles[i];
-      if (split_reasoning) c.reasoning = std::make_unique<runtime::HarmonyReplyParser>();
-      if (p.tools.active())
-        c.tools = std::make_unique<runtime::ToolCallParser>(p.tool_syntax, p.tools.names());
+      c.reader = std::make_unique<runtime::ReplyReader>(
+          split_reasoning, p.tool_syntax,
+          p.tools.active() ? p.tools.names() : std::vector<std::string>{});
       c.logprobs = want_logprobs;
       c.pending.tokenizer = ctx.tokenizer;
     }
@@ -429,17 +429,12 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
           send_error(res, ApiError(503, "The server is shutting down"));
           return;
         }
-        runtime::ReplyParts parts;
-        std::vector<runtime::ToolCall> calls;
-        if (split_reasoning) {
-          parts = runtime::split_harmony_reply(texts[i]);
-        } else if (ChoiceState& c = st->choices[i]; c.tools) {
-          parts.content = c.tools->push(texts[i]);
-          parts.content += c.tools->finish();
-          calls = with_ids(c.tools->calls());
-        } else {
-          parts.content = std::move(texts[i]);
-        }
+        runtime::ReplyReader& reader = *st->choices[i].reader;
+        runtime::ReplyParts parts = reader.push(texts[i]);
+        const runtime::ReplyParts rest = reader.finish();
+        parts.reasoning += rest.reasoning;
+        parts.content += rest.content;
+        const std::vector<runtime::ToolCall> calls = with_ids(reader.calls());
         out[i] =
             Choice{std::move(parts.content), calls.empty() ? finish_name(u.reason) : "tool_calls",
                    std::move(parts.reasoning), want_logprobs ? &st->choices[i].pending : nullptr,
@@ -462,30 +457,22 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
               if (!write(chunk_role(st->info, i))) return false;
           }
           // New text of choice i as chunks: reasoning and answer apart when the format
-          // splits them.
+          // splits them, and the calls at the end.
           Logprobs lp;
           auto write_text = [&](int i, const std::string& text, bool last) {
             ChoiceState& c = st->choices[i];
-            if (c.tools) {
-              std::string content = c.tools->push(text);  // (before finish: sequenced)
-              if (last) content += c.tools->finish();
-              return (content.empty() ||
-                      write(chunk_text(st->info, content, c.take_logprobs(lp), i))) &&
-                     (!last || c.tools->calls().empty() ||
-                      write(chunk_tool_calls(st->info, with_ids(c.tools->calls()), i)));
-            }
-            if (!c.reasoning)
-              return text.empty() || write(chunk_text(st->info, text, c.take_logprobs(lp), i));
-            runtime::ReplyParts parts = c.reasoning->push(text);
+            runtime::ReplyParts parts = c.reader->push(text);
             if (last) {
-              const runtime::ReplyParts rest = c.reasoning->finish();
+              const runtime::ReplyParts rest = c.reader->finish();
               parts.reasoning += rest.reasoning;
               parts.content += rest.content;
             }
             return (parts.reasoning.empty() ||
                     write(chunk_reasoning(st->info, parts.reasoning, i))) &&
                    (parts.content.empty() ||
-                    write(chunk_text(st->info, parts.content, c.take_logprobs(lp), i)));
+                    write(chunk_text(st->info, parts.content, c.take_logprobs(lp), i))) &&
+                   (!last || c.reader->calls().empty() ||
+                    write(chunk_tool_calls(st->info, with_ids(c.reader->calls()), i)));
           };
           for (;;) {
             bool all = true;
@@ -507,7 +494,7 @@ void HttpServer::Impl::add_generation_routes(const ApiContext& ctx) {
                   return finish_stream(
                       *st, sink, sse_error(ApiError(503, "The server is shutting down").json()));
                 }
-                const bool called = c.tools && !c.tools->calls().empty();
+                const bool called = !c.reader->calls().empty();
                 if (!write(chunk_finish(st->info, called ? "tool_calls" : finish_name(u.reason),
                                         c.pending.items.empty() ? nullptr : c.take_logprobs(lp),
                                         i)))

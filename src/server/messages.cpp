@@ -106,10 +106,14 @@ ChatFormatter::Prompt ChatFormatter::format(const std::vector<ChatMessage>& mess
   const runtime::ToolSyntax syntax =
       offer || any_calls ? tool_syntax() : runtime::ToolSyntax::kHermes;
   const bool llama3 = syntax == runtime::ToolSyntax::kLlama3 && (offer || any_calls);
+  const bool harmony = syntax == runtime::ToolSyntax::kHarmony;
   std::string first_user_head;  // llama3: the tools, at the head of the first user message
+  std::string harmony_tools;    // harmony: the developer message's tools section
   if (offer) {
     const std::string tools_text = runtime::tools_instructions(syntax, *tools);
-    if (syntax == runtime::ToolSyntax::kLlama3) {
+    if (harmony) {
+      harmony_tools = tools_text;
+    } else if (syntax == runtime::ToolSyntax::kLlama3) {
       t.system = runtime::llama3_tools_system() + (t.system.empty() ? "" : "\n" + t.system);
       first_user_head = tools_text;
     } else {
@@ -145,14 +149,18 @@ ChatFormatter::Prompt ChatFormatter::format(const std::vector<ChatMessage>& mess
   for (size_t i = 0; i < t.turns.size(); ++i) {
     const Turn& x = t.turns[i];
     std::vector<int> part;
-    if (x.kind == Turn::kAssistant) {
+    if (x.kind == Turn::kAssistant && harmony && !x.calls.empty()) {
+      part = runtime::harmony_reply_with_calls(tk_, x.text, x.calls);
+    } else if (x.kind == Turn::kAssistant) {
       // A reply in the history: its text as the model would have written it (the next
       // turn closes it with the end marker).
       part = chat_->history_reply(text_of(x, i));
     } else if (x.kind == Turn::kTool && llama3) {
       part = chat_->ipython_turn(x.results);
+    } else if (x.kind == Turn::kTool && harmony) {
+      part = runtime::harmony_tool_results(tk_, t.turns[i - 1].calls, x.results);
     } else {
-      part = chat_->user_turn(text_of(x, i), t.system, i == 0);
+      part = chat_->user_turn(text_of(x, i), t.system, i == 0, false, harmony_tools);
     }
     p.tokens.insert(p.tokens.end(), part.begin(), part.end());
   }

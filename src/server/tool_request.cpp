@@ -197,6 +197,7 @@ void constrain_to_tools(const ToolsRequest& t, runtime::ToolSyntax syntax,
   }
   if (t.choice == ToolsRequest::Choice::kAuto)
     gen.grammar_trigger = runtime::tool_call_trigger(syntax);
+  gen.grammar_markup = syntax == runtime::ToolSyntax::kHarmony;
 }
 
 }  // namespace kivi::server

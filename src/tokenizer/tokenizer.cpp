@@ -494,6 +494,10 @@ std::string Tokenizer::decode(int prev, int token) const {
   return s;
 }
 
+bool Tokenizer::renders(int token) const {
+  return std::binary_search(rendered_.begin(), rendered_.end(), token);
+}
+
 std::string Tokenizer::token_text(int token, bool special) const {
   if (token < 0 || token >= vocab_size()) return std::string();
   const TokenType t = types_[token];

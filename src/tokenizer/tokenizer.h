@@ -107,6 +107,8 @@ class Tokenizer {
   // nothing otherwise; byte-level pieces give their bytes (possibly part of a UTF-8
   // character: see StreamDecoder).
   std::string token_text(int token, bool special = false) const;
+  // Whether `token` is a control token that decodes to its text (harmony's markup).
+  bool renders(int token) const;
 
   TokenizerKind kind() const {
     return bpe_ ? TokenizerKind::kByteLevelBpe : TokenizerKind::kSentencePiece;
