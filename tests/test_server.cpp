@@ -323,6 +323,7 @@ TEST(Server, ContentLengthIsJudgedBeforeTheBody) {
       {"Content-Length: 5\r\nContent-Length: 6\r\n", "HTTP/1.1 400"},
       {"Content-Length: -5\r\n", "HTTP/1.1 400"},
       {"Content-Length: 99999999999\r\n", "HTTP/1.1 413"},
+      {"Content-Length: 5x\r\n", "HTTP/1.1 400"},
   };
   for (const auto& [headers, status] : cases) {
     const int fd = connect_to(srv.port());
@@ -336,6 +337,7 @@ TEST(Server, ContentLengthIsJudgedBeforeTheBody) {
     close(fd);
     EXPECT_EQ(got.rfind(status, 0), 0u) << headers << ": " << got;
     EXPECT_NE(got.find("\"error\""), std::string::npos) << got;
+    EXPECT_EQ(got.find("HTTP error"), std::string::npos) << got;  // a message that says why
     EXPECT_LT(secs, 5.0) << headers;
   }
 }

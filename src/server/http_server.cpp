@@ -599,6 +599,17 @@ void HttpServer::Impl::add_error_handlers() {
       case 413:
         msg = "The request body is too large";
         break;
+      case 400:
+        msg =
+            "The HTTP request could not be read: a malformed request line or header, or a body "
+            "without Content-Length or chunked transfer encoding";
+        break;
+      case 414:
+        msg = "The request URL is too long";
+        break;
+      case 431:
+        msg = "The request headers are too large";
+        break;
       case 499:
         return;
       default:
