@@ -57,7 +57,9 @@ int cmd_bench_matvec(int argc, char** argv) {
   a.add("batch", 0, "N", "Tokens per call (1 = matrix-vector).", "1");
   a.add("rounds", 0, "N", "Rounds (each: one probe pass, then every type's calls).", "10");
   a.add("calls", 0, "N", "Timed calls per type and round.", "8");
-  a.add("footprint", 0, "MIB", "Bytes of copies per type (past the last-level cache).", "256");
+  a.add("footprint", 0, "MIB",
+        "Bytes of copies per type, past the last-level cache (0: twice its size, at least 256).",
+        "0");
   add_threads_options(a);
   a.add("simd", 0, "TARGET", "Force a SIMD target (avx3, avx2, sse4, scalar).");
   a.add_flag("no-probe", 0, "Skip the bandwidth probe.");
@@ -71,7 +73,8 @@ int cmd_bench_matvec(int argc, char** argv) {
   const int batch = static_cast<int>(a.integer("batch", 1, 4096));
   const int rounds = static_cast<int>(a.integer("rounds", 1, 100000));
   const int calls = static_cast<int>(a.integer("calls", 1, 100000));
-  const uint64_t footprint = static_cast<uint64_t>(a.integer("footprint", 1, 1 << 20)) << 20;
+  uint64_t footprint = static_cast<uint64_t>(a.integer("footprint", 0, 1 << 20)) << 20;
+  if (footprint == 0) footprint = std::max<uint64_t>(256u << 20, 2 * sys::last_level_cache_bytes());
   const int threads = threads_option(a);
 
   std::vector<Case> cases;

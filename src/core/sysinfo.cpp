@@ -23,6 +23,15 @@ uint64_t available_memory_bytes() {
   return 0;
 }
 
+uint64_t last_level_cache_bytes() {
+  long best = 0;
+  for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long v = sysconf(name);
+    if (v > best) best = v;
+  }
+  return static_cast<uint64_t>(best);
+}
+
 double load_average() {
   std::ifstream f("/proc/loadavg");
   double v = -1;

@@ -9,6 +9,9 @@ namespace kivi::sys {
 // MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
 uint64_t available_memory_bytes();
 
+// The largest cache level's size in bytes (the L3 on x86), or 0 if unknown.
+uint64_t last_level_cache_bytes();
+
 // The 1-minute load average from /proc/loadavg, or -1 if unknown (benchmarks on a
 // shared machine report it beside their numbers).
 double load_average();
