@@ -15,7 +15,12 @@ std::vector<Scheduler::SlotInfo> Scheduler::slots() const {
 }
 
 void Scheduler::on_loop(const std::function<void()>& f) {
-  auto task = std::make_shared<std::packaged_task<void()>>(f);
+  // The slots' list is published before the caller hears back, so that a GET /slots
+  // after a save, restore or erase sees what it did.
+  auto task = std::make_shared<std::packaged_task<void()>>([this, &f] {
+    f();
+    publish_stats();
+  });
   std::future<void> done = task->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -33,7 +38,6 @@ void Scheduler::run_commands() {
     todo.swap(commands_);
   }
   for (auto& f : todo) f();
-  if (!todo.empty()) publish_stats();
 }
 
 Scheduler::Slot& Scheduler::slot_for_file(int id) {
