@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "tokenizer/hf_tokenizer.h"
+
 namespace kivi::test {
 
 // The GPT-2 alphabet written out independently of tokenizer/unicode.cpp.
@@ -124,6 +126,13 @@ inline nlohmann::json harmony_tokenizer_json() {
                               {"<|message|>", true},
                               {"<|call|>", true}},
                              kGpt4oRegex);
+}
+
+// That vocabulary as a tokenizer, with `config` as its tokenizer_config.json.
+inline tok::Tokenizer harmony_tokenizer(
+    const std::string& config = R"({"eos_token": "<|return|>"})") {
+  return tok::parse_hf_tokenizer(harmony_tokenizer_json().dump(), config, "harmony.json")
+      .tokenizer("harmony.json");
 }
 
 // The chat vocabulary of the chat tests: a few merges and both formats' special tokens.

@@ -167,10 +167,7 @@ std::string harmony_preamble(const std::string& date) {
          "message.<|end|>";
 }
 
-tok::Tokenizer harmony_tokenizer(const std::string& config = R"({"eos_token": "<|return|>"})") {
-  return tok::parse_hf_tokenizer(test::harmony_tokenizer_json().dump(), config, "harmony.json")
-      .tokenizer("harmony.json");
-}
+using test::harmony_tokenizer;
 
 std::string error_of(const std::function<void()>& f) {
   try {

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -25,6 +26,19 @@ using test::sse_data;
 using test::Streamed;
 using test::TestServer;
 
+// A small synthetic gpt-oss model (o200k_harmony-like vocabulary of 600) in `dir`, or
+// null (with a test failure) when kivi synth fails.
+std::unique_ptr<model::Model> gpt_oss(const test::TempDir& dir, int ctx) {
+  const std::string path = dir.file("oss.gguf");
+  const auto made = test::run(test::kivi_cmd(
+      "synth --arch gpt-oss --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 --ffn 64 "
+      "--experts 4 --experts-used 2 --vocab 600 --ctx " +
+      std::to_string(ctx) + " -o '" + path + "'"));
+  EXPECT_EQ(made.exit_code, 0) << made.err;
+  if (made.exit_code != 0) return nullptr;
+  return model::Model::load(path);
+}
+
 // gpt-oss (harmony): a chat reply's reasoning (the analysis channel) goes to
 // message.reasoning_content and its answer to content, llama-server's fields; the markup
 // goes to neither. On a synthetic gpt-oss model, with the markup tokens favoured by
@@ -33,13 +47,8 @@ using test::TestServer;
 // streamed reply's deltas add up to the whole one.
 TEST(Server, HarmonyRepliesSplitReasoningFromContent) {
   test::TempDir dir;
-  const std::string path = dir.file("oss.gguf");
-  const auto made = test::run(test::kivi_cmd(
-      "synth --arch gpt-oss --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 --ffn 64 "
-      "--experts 4 --experts-used 2 --vocab 600 --ctx 512 -o '" +
-      path + "'"));
-  ASSERT_EQ(made.exit_code, 0) << made.err;
-  const auto model = model::Model::load(path);
+  const auto model = gpt_oss(dir, 512);
+  ASSERT_TRUE(model);
   const tok::Tokenizer& tk = model->tokenizer();
   // The conversation's tokens: harmony's turns, a reply in the history as the final
   // channel's message.
@@ -117,13 +126,8 @@ TEST(Server, HarmonyRepliesSplitReasoningFromContent) {
 // prompted as runtime/tool_calls.h writes harmony's history.
 TEST(Server, HarmonyToolCallsFollowTheirSchemas) {
   test::TempDir dir;
-  const std::string path = dir.file("oss.gguf");
-  const auto made = test::run(test::kivi_cmd(
-      "synth --arch gpt-oss --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 --ffn 64 "
-      "--experts 4 --experts-used 2 --vocab 600 --ctx 1024 -o '" +
-      path + "'"));
-  ASSERT_EQ(made.exit_code, 0) << made.err;
-  const auto model = model::Model::load(path);
+  const auto model = gpt_oss(dir, 1024);
+  ASSERT_TRUE(model);
   server::ServerOptions o;
   o.model_id = "oss";
   runtime::SchedulerOptions so = kivi2_options(2, 4);

@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <ctime>
 #include <random>
 
 #include "bpe_fixture.h"
@@ -338,20 +337,7 @@ TEST(LazyGrammar, StartsAtTheTriggerAndEndsWithTheGrammar) {
 // (build_system_message with tools, the developer message's render_tool_namespace, tool
 // messages as "functions.NAME to=assistant" with the result |tojson), written out by hand;
 // a call in the history is written as the model writes it (OpenAI's harmony guide).
-tok::Tokenizer harmony_tokenizer() {
-  return tok::parse_hf_tokenizer(test::harmony_tokenizer_json().dump(),
-                                 R"({"eos_token": "<|return|>"})", "harmony.json")
-      .tokenizer("harmony.json");
-}
-
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
+using test::harmony_tokenizer;
 
 TEST(ToolPrompt, HarmonyWritesTheNamespaceAndCallMessages) {
   const tok::Tokenizer tk = harmony_tokenizer();
@@ -361,7 +347,7 @@ TEST(ToolPrompt, HarmonyWritesTheNamespaceAndCallMessages) {
   const std::string want =
       "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
       "Knowledge cutoff: 2024-06\nCurrent date: " +
-      today() +
+      test::local_date() +
       "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be "
       "included for every message.\nCalls to these tools must go to the commentary channel: "
       "'functions'.<|end|>"
@@ -419,13 +405,13 @@ TEST(ToolPrompt, HarmonyTypesFollowTheTemplate) {
       "any": {"type": ["string", "null"]},
       "flags": {"type": "array", "items": {"type": "boolean"}, "nullable": true},
       "rows": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-      "free": {}},
+      "free": {}, "odd": {"type": "string", "nullable": "yes"}},
     "required": ["q"]})");
   EXPECT_EQ(harmony_function_type(params),
             "(_: {\n// What to find\nq: string,\ntags?: string[],\nn?: number, // default: 10,\n"
             "mode?: \"fast\" | \"slow\", // default: fast,\nnote?: string | null,\n"
             "pos?: {\nx: number, y?: number},\nid?: number | string,\nany?: string | null,\n"
-            "flags?: boolean[] | null,\nrows?: number[][],\nfree?: any,\n}) => any");
+            "flags?: boolean[] | null,\nrows?: number[][],\nfree?: any,\nodd?: string,\n}) => any");
   EXPECT_EQ(harmony_function_type(ordered_json::parse(R"({"type": "object"})")), "() => any");
   EXPECT_EQ(typescript_type(
                 ordered_json::parse(R"({"oneOf": [{"type": "object"}, {"type": "string"}]})")),

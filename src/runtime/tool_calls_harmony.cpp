@@ -40,7 +40,7 @@ std::string result_json(const std::string& result) { return python_json(ordered_
 std::string typescript_type(const ordered_json& s) {
   if (!s.is_object()) return "any";
   const ordered_json* type = s.contains("type") ? &s["type"] : nullptr;
-  const bool nullable = s.value("nullable", false) == true;
+  const bool nullable = s.contains("nullable") && s["nullable"] == true;
   if (type && *type == "array") {
     std::string out = "any[]";
     if (s.contains("items") && s["items"].is_object()) {
