@@ -162,6 +162,13 @@ INSTANTIATE_TEST_SUITE_P(
                            kv::Int8Granularity::kHead, kv::KeyRope::kPost, kv::KeyFlush::kGroup},
                       Case{"kivi2_pre_rope", "kivi2", "kivi2", 32, 32, kv::Int8Granularity::kHead,
                            kv::KeyRope::kPre},
+                      Case{"tq3", "tq3", "tq3"},
+                      Case{"kivi2_pre_rope_tq2_5", "kivi2", "tq2.5", 32, 32,
+                           kv::Int8Granularity::kHead, kv::KeyRope::kPre},
+                      Case{"tq4_sparse_quest", "tq4", "tq2", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kQuest},
+                      Case{"tq3_window", "tq3", "tq3", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kOff, 128},
                       // Every selection kind, so that every summary kind is written and read.
                       Case{"f16_sparse_quest", "f16", "f16", 32, 32, kv::Int8Granularity::kHead,
                            kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kQuest},
@@ -242,7 +249,7 @@ TEST(KvFile, HostileAndMismatchedFilesAreRefusedWithOneLine) {
   f = good;
   f[8] = 1;  // version
   reseal(f);
-  expect_refused(f, options(c), "version 1; this build reads version 2");
+  expect_refused(f, options(c), "version 1; this build reads version 3");
   f = good;
   f[16] ^= 1;  // the model fingerprint
   reseal(f);
@@ -283,6 +290,32 @@ TEST(KvFile, HostileAndMismatchedFilesAreRefusedWithOneLine) {
   std::memcpy(f.data() + off, &bad, 4);
   reseal(f);
   expect_refused(f, options(c), "outside the vocabulary");
+}
+
+// tq caches: the file records the rotation seed and the codebooks' fingerprints; a session
+// with another seed, or a file whose codebooks are not this build's, is refused by name.
+TEST(KvFile, TqFilesNameTheirRotationSeedAndCodebooks) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  const std::string path = dir.file("tq.kv");
+  const Case c{"tq3", "tq3", "tq2.5"};
+  {
+    Session a(stories(), options(c));
+    a.prefill(long_prompt());
+    runtime::save_session(a, long_prompt(), 10, 0.1, path);
+  }
+  const std::vector<uint8_t> good = test::read_file(path);
+  ASSERT_EQ(load_error(good, options(c)), "");
+  SessionOptions other = options(c);
+  other.cache.rotation_seed = 12345;
+  expect_refused(good, other, "rotation seed (low half): 0x6b697669 in the file, 0x00003039 here");
+  // The config section (section 0) holds 32-bit fields; the 24th is the key codebook.
+  std::vector<uint8_t> f = good;
+  uint64_t off;
+  std::memcpy(&off, f.data() + 64 + 8, 8);
+  f[off + 4 * 23] ^= 1;
+  reseal(f);
+  expect_refused(f, options(c), "key codebook fingerprint");
 }
 
 // Rank 0 of two context shards in one process: the other shard is empty (the prompt

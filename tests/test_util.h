@@ -207,6 +207,9 @@ inline std::vector<FormatCase> all_formats() {
       {"K kivi4 / V kivi2", sf(Format::kKivi4), sf(Format::kKivi2)},
       {"K int8 / V kivi4", sf(Format::kInt8), sf(Format::kKivi4)},
       {"K f16 / V kivi2", sf(Format::kF16), sf(Format::kKivi2)},
+      {"tq3", sf(Format::kTq3), sf(Format::kTq3)},
+      {"K tq4 / V tq2", sf(Format::kTq4), sf(Format::kTq2)},
+      {"K kivi2 / V tq2.5", sf(Format::kKivi2), sf(Format::kTq25)},
   };
 }
 

@@ -110,7 +110,9 @@ void add_kv_options(Args& a, bool allow_list) {
   a.alias("--cache-type-v", "kv-cache-v");
   if (allow_list) {
     a.replace("kv-cache", "LIST",
-              "Comma-separated cache formats. Formats: f32, f16, int8, kivi2, kivi4, kivi8.", "");
+              "Comma-separated cache formats. Formats: f32, f16, int8, kivi2, kivi4, kivi8, tq2, "
+              "tq2.5, tq3, tq3.5, tq4.",
+              "");
   }
 }
 

@@ -37,6 +37,17 @@ def dequantize_values(codes: U8, scales: Params, zeros: Params, bits: int = 2, g
     """(codes, scales, zeros) of quantize_values -> values float32 [..., T, D]."""
 
 
+def quantize_tq(x: ArrayLike, format: str = "tq3", layer: int = 0, rotation_seed: int = 1802073705,
+                scale_dtype: str = "f16") -> Tuple[U8, Params]:
+    """Rows [..., H, T, D] -> (codes [..., H, T, row_bytes], scales [..., H, T]) in a rotated
+    vector format (tq2, tq2.5, tq3, tq3.5, tq4), head h rotated as layer `layer`'s head h."""
+
+
+def dequantize_tq(codes: U8, scales: Params, format: str = "tq3", head_dim: int = 128, layer: int = 0,
+                  rotation_seed: int = 1802073705) -> F32:
+    """(codes, scales) of quantize_tq -> rows float32 [..., H, T, D]."""
+
+
 # ---- the streaming cache --------------------------------------------------------------------
 
 class Cache:

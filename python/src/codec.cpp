@@ -6,7 +6,12 @@
 //   values: codes [..., T, W] u8 (plain rows; the cache interleaves them by quads of tokens),
 //           scales and zeros [..., T, D/Gc] with Gc = min(G, D), the cache's channel group
 // W = D * bits / 8. Parameters are float16 or float32 arrays (scale_dtype).
+// kivi.quantize_tq / dequantize_tq: the rotated vector formats of kv/tq.h on [..., H, T, D],
+// head h rotated by the (layer, h) rotation of the cache's base seed: codes [..., H, T, row
+// bytes] and scales [..., H, T], the bytes a cache of that layer stores for those rows.
 #include "kv/codec.h"
+#include "kv/rotation.h"
+#include "kv/tq.h"
 
 #include <algorithm>
 #include <cstring>
@@ -27,7 +32,10 @@ struct Lead {
 Lead leading(const pb::array& a, int tail, const char* what) {
   if (a.ndim() < tail) {
     fail("%s: expected at least %d dimensions ([..., %s]), got %d", what, tail,
-         tail == 2 ? "T, D" : "?", static_cast<int>(a.ndim()));
+         tail == 2   ? "T, D"
+         : tail == 3 ? "H, T, D"
+                     : "?",
+         static_cast<int>(a.ndim()));
   }
   Lead l;
   for (int i = 0; i < a.ndim() - tail; ++i) {
@@ -190,6 +198,87 @@ F32Array dequantize_values(pb::array codes, pb::array scales, pb::array zeros, i
   return out;
 }
 
+// The tq codec of a format name ("tq3", "tq2.5", ...) for rows of D.
+const kv::TqCodec& tq_of(const std::string& format, int D, const char* what) {
+  const kv::Format f = kv::parse_format(format, what);
+  if (!kv::is_tq(f))
+    fail("%s: format %s is not a tq format (tq2, tq2.5, tq3, tq3.5, tq4)", what, format.c_str());
+  if (D < 4) fail("%s: head_dim %d, the tq formats need 4 or more", what, D);
+  return *kv::tq_codec(f, D);
+}
+
+pb::tuple quantize_tq(F32Array x, const std::string& format, int layer, uint64_t rotation_seed,
+                      const std::string& scale_dtype) {
+  const char* what = "quantize_tq";
+  const kv::ParamType pt = param_type_of(scale_dtype);
+  const Lead l = leading(x, 3, what);
+  const int H = to_int(x.shape(x.ndim() - 3), "quantize_tq: heads");
+  const int T = to_int(x.shape(x.ndim() - 2), "quantize_tq: tokens");
+  const int D = to_int(x.shape(x.ndim() - 1), "quantize_tq: head_dim");
+  if (layer < 0) fail("%s: layer = %d, expected >= 0", what, layer);
+  const kv::TqCodec& tq = tq_of(format, D, what);
+  const int64_t W = static_cast<int64_t>(tq.row_bytes());
+  pb::array codes = new_array(pb::dtype::of<uint8_t>(), with_tail(l, {H, T, W}));
+  pb::array scales = new_array(param_dtype(pt), with_tail(l, {H, T}));
+  {
+    pb::gil_scoped_release nogil;
+    std::vector<float> tmp(D);
+    uint8_t* c = static_cast<uint8_t*>(codes.mutable_data());
+    for (int h = 0; h < H; ++h) {
+      const kv::HadamardRotation rot(D, kv::rotation_seed(rotation_seed, layer, h));
+      for (int64_t s = 0; s < l.count; ++s) {
+        for (int t = 0; t < T; ++t) {
+          const size_t row = (static_cast<size_t>(s) * H + h) * T + t;
+          const float sc = tq.encode(x.data() + row * D, rot, c + row * W, tmp.data());
+          kv::store_param(scales.mutable_data(), row, sc, pt);
+        }
+      }
+    }
+  }
+  return pb::make_tuple(codes, scales);
+}
+
+F32Array dequantize_tq(pb::array codes, pb::array scales, const std::string& format, int head_dim,
+                       int layer, uint64_t rotation_seed) {
+  const char* what = "dequantize_tq";
+  const kv::ParamType pt = param_type_of(scales, what);
+  scales = pb::array::ensure(scales, pb::array::c_style);
+  codes = contiguous_codes(codes, what);
+  const kv::TqCodec& tq = tq_of(format, head_dim, what);
+  const int64_t W = static_cast<int64_t>(tq.row_bytes());
+  const Lead lc = leading(codes, 3, what), lp = leading(scales, 2, what);
+  check_lead(lc, lp, what);
+  const int H = to_int(scales.shape(scales.ndim() - 2), "dequantize_tq: heads");
+  const int T = to_int(scales.shape(scales.ndim() - 1), "dequantize_tq: tokens");
+  if (codes.shape(codes.ndim() - 3) != H || codes.shape(codes.ndim() - 2) != T ||
+      codes.shape(codes.ndim() - 1) != W) {
+    fail(
+        "%s: codes have shape [..., %lld, %lld, %lld]; %d heads of %d tokens of %s at head_dim "
+        "%d need [..., %d, %d, %lld]",
+        what, static_cast<long long>(codes.shape(codes.ndim() - 3)),
+        static_cast<long long>(codes.shape(codes.ndim() - 2)),
+        static_cast<long long>(codes.shape(codes.ndim() - 1)), H, T, format.c_str(), head_dim, H, T,
+        static_cast<long long>(W));
+  }
+  if (layer < 0) fail("%s: layer = %d, expected >= 0", what, layer);
+  F32Array out(with_tail(lc, {H, T, head_dim}));
+  {
+    pb::gil_scoped_release nogil;
+    const uint8_t* c = static_cast<const uint8_t*>(codes.data());
+    float* o = out.mutable_data();
+    for (int h = 0; h < H; ++h) {
+      const kv::HadamardRotation rot(head_dim, kv::rotation_seed(rotation_seed, layer, h));
+      for (int64_t s = 0; s < lc.count; ++s) {
+        for (int t = 0; t < T; ++t) {
+          const size_t row = (static_cast<size_t>(s) * H + h) * T + t;
+          tq.decode(c + row * W, kv::load_param(scales.data(), row, pt), rot, o + row * head_dim);
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_codec(pb::module_& m) {
@@ -220,6 +309,20 @@ v: float array [..., T, D]. Returns (codes, scales, zeros):
   m.def("dequantize_values", &dequantize_values, "codes"_a, "scales"_a, "zeros"_a, "bits"_a = 2,
         "group_size"_a = 32,
         "Inverse of quantize_values: code * scale + zero in float32, [..., T, D].");
+  m.def("quantize_tq", &quantize_tq, "x"_a, "format"_a = "tq3", "layer"_a = 0,
+        "rotation_seed"_a = kv::kDefaultRotationSeed, "scale_dtype"_a = "f16",
+        R"(Codes rows in a rotated vector format (tq2, tq2.5, tq3, tq3.5, tq4).
+
+x: float array [..., H, T, D] (for example [B, H, T, D] keys or values of one layer).
+Head h is rotated by the Hadamard rotation of (layer, h) derived from rotation_seed (the
+cache's --kv-rotation-seed), each rotated coordinate gets the index of its nearest
+Lloyd-Max centroid, and each row one scale |x|^2 / <Rx, centroids>. Returns (codes, scales):
+  codes   uint8 [..., H, T, row_bytes], a little-endian bit stream per row, exactly the bytes
+          the C++ cache stores for these rows in that layer;
+  scales  float16 or float32 (scale_dtype) [..., H, T].)");
+  m.def("dequantize_tq", &dequantize_tq, "codes"_a, "scales"_a, "format"_a = "tq3",
+        "head_dim"_a = 128, "layer"_a = 0, "rotation_seed"_a = kv::kDefaultRotationSeed,
+        "Inverse of quantize_tq: scale * R^T centroids in float32, [..., H, T, D].");
 }
 
 }  // namespace kivi::py

@@ -40,6 +40,11 @@ static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bo
     return;
   }
   const uint8_t* row = s.row(t, h);
+  if (s.tq) {  // one scale per token and head; codes in the head's rotated space
+    const float sc = kv::load_param(s.scales, s.param_base(t, h) + t % s.block, s.param_type);
+    s.tq->decode(row, sc, s.rotations[h], out);
+    return;
+  }
   switch (s.fmt.format) {
     case Format::kF32: {
       const float* r = reinterpret_cast<const float*>(row);

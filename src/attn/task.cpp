@@ -55,12 +55,16 @@ struct Task {
   float* zp;                 // [D] key group zero points
   float* vs;                 // [kTile][D/Gc] per-token parameters (value scales, int8 group scales)
   float* vz;                 // [kTile][D/Gc] value zero points
-  float* rs;                 // [kTile] int8 row scales
+  float* rs;                 // [kTile] int8 row scales, tq row scales
+  float* qr;                 // [rep][D] tq keys: the scaled query rotated as the head's keys
+  float* orot;               // [rep][D] tq values: the rotated weighted sum
   bool fast_int8_k = false;  // fast int8 keys (int16 query in kbuf, scales in q16_scale)
   bool fast_kivi_v = false;  // fast KIVI values (weights in vbuf, temporaries in kbuf)
   bool group_kivi_k = false;  // KIVI keys by the group kernels (query and partial group in kbuf)
   bool wide_k = false;        // ... with 512-bit vectors
   bool pre_rope = false;      // keys stored before RoPE: staged in kbuf and rotated
+  bool tq_k = false;          // tq keys scored in the rotated space (against qr)
+  bool tq_v = false;          // tq values summed in the rotated space (into orot)
   float q16_scale[kMaxFastInt8Heads + 4];
 
   explicit Task(const TaskArgs& args)
@@ -82,8 +86,12 @@ struct Task {
     vs = a.scratch + L.vs;
     vz = a.scratch + L.vz;
     rs = a.scratch + L.rs;
+    qr = a.scratch + L.qr;
+    orot = a.scratch + L.orot;
     assert(D % 8 == 0 && a.t1 - a.t0 <= ld);
     pre_rope = a.rope != nullptr;
+    tq_k = K.tq != nullptr && !pre_rope;
+    tq_v = V.tq != nullptr;
 #ifdef KIVI_X86
     const bool fast = a.precision == Precision::kFast;
     const int kbits = kv::format_bits(K.fmt.format), vbits = kv::format_bits(V.fmt.format);
@@ -117,6 +125,13 @@ void StartTask(const Task& k) {
     o[k.D] = -std::numeric_limits<float>::infinity();
     o[k.D + 1] = 0.0f;
   }
+  // tq: the query rotated once per head (q . k = Rq . Rk); the rotated value sum from 0.
+  const size_t n_rows = static_cast<size_t>(k.rep) * k.D;
+  if (k.tq_k) {
+    std::memcpy(k.qr, k.qn, n_rows * sizeof(float));
+    for (int r = 0; r < k.rep; ++r) k.K.rotations[k.h].forward(k.qr + static_cast<size_t>(r) * k.D);
+  }
+  if (k.tq_v) std::fill(k.orot, k.orot + n_rows, 0.0f);
 }
 
 // Adds the byte ranges the task reads from one stream, in reading order: its stored
@@ -169,6 +184,11 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   const kv::StreamView& K = k.K;
   const int D = k.D, rep = k.rep, h = k.h;
   float* St = k.scores(t0);
+  if (k.tq_k) {  // centroid rows in the rotated space against the rotated query
+    StageTqRotated(K, h, t0, n, k.kbuf, k.rs);
+    DotRows(k.qr, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
+    return;
+  }
   switch (K.fmt.format) {
     case kv::Format::kF32:
       DotRows(k.qn, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, St,
@@ -208,20 +228,27 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   }
 }
 
-// Scores of the residual keys [r0, r1) (full-precision rows; the ring may wrap).
-// Before RoPE, the rows are copied into kbuf and rotated first (at most a tile).
+// Scores of the residual keys [r0, r1) (full-precision rows, at most a tile). Where the
+// ring wraps inside the range, the rows are gathered into kbuf first, so that the scores
+// are computed over one run whatever the ring's length (the kernels' rounding depends on
+// where a run starts): a cache that keeps more ring rows for cutting back scores the same
+// bits. Before RoPE, the rows are copied into kbuf and rotated first.
 void ScoreResidual(const Task& k, const kv::StreamView& st, int r0, int r1, Prefetcher& pf) {
-  while (r0 < r1) {
-    const int e = st.ring_run_end(r0, r1);
-    const float* rows = st.residual_row(r0, k.h);
-    if (k.pre_rope) {
-      std::memcpy(k.kbuf, rows, static_cast<size_t>(e - r0) * k.D * sizeof(float));
-      RotateRows(k.kbuf, e - r0, k.D, k.a.rope + static_cast<size_t>(r0) * k.D, k.a.rope_style);
-      rows = k.kbuf;
+  if (r0 >= r1) return;
+  const float* rows = st.residual_row(r0, k.h);
+  if (st.ring_run_end(r0, r1) < r1 || k.pre_rope) {
+    const size_t row = static_cast<size_t>(k.D) * sizeof(float);
+    for (int t = r0; t < r1;) {
+      const int e = st.ring_run_end(t, r1);
+      std::memcpy(k.kbuf + static_cast<size_t>(t - r0) * k.D, st.residual_row(t, k.h),
+                  static_cast<size_t>(e - t) * row);
+      t = e;
     }
-    DotRows(k.qn, k.rep, k.D, rows, static_cast<size_t>(k.D), e - r0, k.scores(r0), k.ld, pf);
-    r0 = e;
+    if (k.pre_rope)
+      RotateRows(k.kbuf, r1 - r0, k.D, k.a.rope + static_cast<size_t>(r0) * k.D, k.a.rope_style);
+    rows = k.kbuf;
   }
+  DotRows(k.qn, k.rep, k.D, rows, static_cast<size_t>(k.D), r1 - r0, k.scores(r0), k.ld, pf);
 }
 
 // Every score of the range: the stored KIVI keys group by group first where the group
@@ -263,6 +290,11 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   const kv::StreamView& V = k.V;
   const int D = k.D, rep = k.rep, h = k.h;
   const float* P = k.scores(t0);
+  if (k.tq_v) {  // centroid rows summed in the rotated space, rotated back once (AttendTask)
+    StageTqRotated(V, h, t0, n, k.vbuf, k.rs);
+    AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, k.orot, D, pf);
+    return;
+  }
   switch (V.fmt.format) {
     case kv::Format::kF32:
       AccumRows(P, k.ld, rep, D, reinterpret_cast<const float*>(V.row(t0, h)), V.token_stride / 4,
@@ -386,6 +418,14 @@ void AttendTask(const TaskArgs& a) {
 
   // 3. Values.
   AccumValues(k, pf);
+  if (k.tq_v) {  // o += R^T (the rotated sum): one rotation per query head
+    for (int r = 0; r < k.rep; ++r) {
+      float* orr = k.orot + static_cast<size_t>(r) * k.D;
+      k.V.rotations[k.h].inverse(orr);
+      float* o = a.out + static_cast<size_t>(r) * a.out_stride;
+      for (int i = 0; i < k.D; ++i) o[i] += orr[i];
+    }
+  }
 }
 
 }  // namespace kivi::attn::HWY_NAMESPACE

@@ -71,7 +71,9 @@ struct ScratchLayout {
   size_t zp;    // [D] a key group's zero points
   size_t vs;    // [kTile][D] a tile's per-token parameters: int8/group scales, KIVI value scales
   size_t vz;    // [kTile][D] KIVI value zero points
-  size_t rs;    // [kTile] a tile's row scales (int8)
+  size_t rs;    // [kTile] a tile's row scales (int8, tq)
+  size_t qr;    // [rep][D] the scaled query in the head's rotated space (tq keys)
+  size_t orot;  // [rep][D] the weighted sum of rotated values (tq values)
   size_t end;   // total
 
   ScratchLayout(int rep, int D, int ld) {
@@ -85,7 +87,9 @@ struct ScratchLayout {
     vs = zp + D;
     vz = vs + tile;
     rs = vz + tile;
-    end = rs + kTile;
+    qr = rs + kTile;
+    orot = qr + static_cast<size_t>(rep) * D;
+    end = orot + static_cast<size_t>(rep) * D;
   }
   size_t floats() const { return end; }
 };

@@ -14,7 +14,12 @@ StreamLayout stream_layout(const CacheConfig& c, Stream which) {
   const size_t D = c.head_dim, B = c.block(), cg = c.channel_group();
   StreamLayout s;
   s.fmt = f;
-  if (!is_kivi(f.format)) {
+  if (is_tq(f.format)) {  // bit-stream rows, one scale per token and head
+    s.code_row_bytes = code_row_bytes(f.format, static_cast<int>(D));
+    s.token_stride = s.code_row_bytes;
+    s.head_block_params = B;
+    s.ring_cap = which == Stream::kKey ? key_ring_capacity(c) : value_ring_capacity(c);
+  } else if (!is_kivi(f.format)) {
     const size_t eb = f.format == Format::kF32 ? 4 : f.format == Format::kF16 ? 2 : 1;
     s.code_row_bytes = D * eb;
     s.token_stride = D * eb;

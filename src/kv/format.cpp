@@ -20,6 +20,16 @@ const char* format_name(Format f) {
       return "kivi4";
     case Format::kKivi8:
       return "kivi8";
+    case Format::kTq2:
+      return "tq2";
+    case Format::kTq3:
+      return "tq3";
+    case Format::kTq4:
+      return "tq4";
+    case Format::kTq25:
+      return "tq2.5";
+    case Format::kTq35:
+      return "tq3.5";
   }
   return "?";
 }
@@ -62,8 +72,19 @@ Format parse_format(const std::string& s, const char* option) {
     if (bits == 8) return Format::kKivi8;
     fail("%s %s: KIVI bits '%s' not in {2, 4, 8}", option, s.c_str(), b.c_str());
   }
-  fail("%s: unknown KV cache format '%s' (valid: f32, f16, int8, kivi2, kivi4, kivi8)", option,
-       s.c_str());
+  if (s.rfind("tq", 0) == 0 && s.size() > 2) {
+    const std::string b = s.substr(2);
+    if (b == "2") return Format::kTq2;
+    if (b == "3") return Format::kTq3;
+    if (b == "4") return Format::kTq4;
+    if (b == "2.5") return Format::kTq25;
+    if (b == "3.5") return Format::kTq35;
+    fail("%s %s: tq bits '%s' not in {2, 2.5, 3, 3.5, 4}", option, s.c_str(), b.c_str());
+  }
+  fail(
+      "%s: unknown KV cache format '%s' (valid: f32, f16, int8, kivi2, kivi4, kivi8, tq2, tq2.5, "
+      "tq3, tq3.5, tq4)",
+      option, s.c_str());
 }
 
 Int8Granularity parse_granularity(const std::string& s) {
@@ -106,8 +127,31 @@ int format_bits(Format f) {
       return 4;
     case Format::kKivi8:
       return 8;
+    case Format::kTq2:
+    case Format::kTq25:
+      return 2;
+    case Format::kTq3:
+    case Format::kTq35:
+      return 3;
+    case Format::kTq4:
+      return 4;
   }
   return 32;
+}
+
+double format_code_bits(Format f) {
+  if (f == Format::kTq25 || f == Format::kTq35) return format_bits(f) + 0.25;
+  return format_bits(f);
+}
+
+size_t code_row_bytes(Format f, int head_dim) {
+  const size_t D = static_cast<size_t>(head_dim);
+  if (is_tq(f)) {  // a bit stream: a quarter of the coordinates (rounded down) one bit wider
+    const size_t b = static_cast<size_t>(format_bits(f));
+    const size_t wide = f == Format::kTq25 || f == Format::kTq35 ? D / 4 : 0;
+    return (D * b + wide + 7) / 8;
+  }
+  return D * static_cast<size_t>(format_bits(f)) / 8;
 }
 
 std::string describe(const StreamFormat& s) {
@@ -174,8 +218,8 @@ void CacheConfig::validate() const {
     fail("--group-size = %d is larger than the context (%d tokens); valid range: 1 to %d",
          group_size, ctx, ctx);
   }
+  if (has_residual() && residual < 0) fail("--residual = %d, expected >= 0", residual);
   if (kivi) {
-    if (residual < 0) fail("--residual = %d, expected >= 0", residual);
     if (residual % group_size != 0) {
       fail("--residual = %d must be a multiple of --group-size = %d (valid: 0, %d, %d, ...)",
            residual, group_size, group_size, 2 * group_size);
@@ -189,6 +233,10 @@ void CacheConfig::validate() const {
         fail("%s format %s packs %d values per byte but head_dim = %d is not a multiple of %d",
              which, format_name(s.format), per_byte, head_dim, per_byte);
       }
+    }
+    if (is_tq(s.format) && head_dim < 4) {
+      fail("%s format %s needs head_dim >= 4 (head_dim = %d)", which, format_name(s.format),
+           head_dim);
     }
     const bool channel_grouped =
         (is_kivi(s.format) && which[0] == 'v') ||
@@ -228,12 +276,13 @@ static double param_bytes_per_token_head(const CacheConfig& c, Stream s) {
     if (s == Stream::kKey) return 2.0 * ps * c.head_dim / c.group_size;
     return 2.0 * ps * (c.head_dim / c.channel_group());
   }
+  if (is_tq(f.format)) return ps;  // one scale per token and head
   return 0.0;
 }
 
 double stream_bytes_per_token(const CacheConfig& c, Stream s) {
   const StreamFormat& f = s == Stream::kKey ? c.k : c.v;
-  const double codes = static_cast<double>(c.head_dim) * format_bits(f.format) / 8.0;
+  const double codes = static_cast<double>(code_row_bytes(f.format, c.head_dim));
   return c.n_kv_heads * (codes + param_bytes_per_token_head(c, s));
 }
 
@@ -246,6 +295,7 @@ double bits_per_element(const CacheConfig& c, Stream s) {
 }
 
 int keys_quantized_after(const CacheConfig& c, int n) {
+  if (is_tq(c.k.format)) return std::max(0, n - c.residual);  // token by token, as values
   if (!is_kivi(c.k.format)) return n;
   const int G = c.group_size, R = c.residual;
   if (c.key_flush == KeyFlush::kBatch) {
@@ -258,11 +308,12 @@ int keys_quantized_after(const CacheConfig& c, int n) {
 }
 
 int values_quantized_after(const CacheConfig& c, int n) {
-  if (!is_kivi(c.v.format)) return n;
+  if (!uses_ring(c.v.format)) return n;
   return std::max(0, n - c.residual);
 }
 
 int key_ring_capacity(const CacheConfig& c) {
+  if (is_tq(c.k.format)) return c.residual > 0 ? c.residual + c.ring_slack : 0;
   if (!is_kivi(c.k.format)) return 0;
   const int G = c.group_size, R = c.residual;
   // Whole groups: a flushed group's rows are contiguous in the ring (they start at a
@@ -274,7 +325,7 @@ int key_ring_capacity(const CacheConfig& c) {
 }
 
 int value_ring_capacity(const CacheConfig& c) {
-  return is_kivi(c.v.format) && c.residual > 0 ? c.residual + c.ring_slack : 0;
+  return uses_ring(c.v.format) && c.residual > 0 ? c.residual + c.ring_slack : 0;
 }
 
 // Bytes of stored (non-residual) data for `nq` tokens of one stream, one layer: per head
@@ -288,7 +339,7 @@ static StoredBytes stream_stored(const CacheConfig& c, Stream s, int nq) {
   const StreamFormat& f = s == Stream::kKey ? c.k : c.v;
   const uint64_t D = c.head_dim, ps = param_size(c.param_type), n = static_cast<uint64_t>(nq);
   StoredBytes b;
-  b.head_codes = n * D * format_bits(f.format) / 8;
+  b.head_codes = n * code_row_bytes(f.format, static_cast<int>(D));
   if (f.format == Format::kInt8) {
     switch (f.granularity) {
       case Int8Granularity::kTensor:
@@ -303,6 +354,8 @@ static StoredBytes stream_stored(const CacheConfig& c, Stream s, int nq) {
         b.head_params = n * (D / c.channel_group()) * ps;
         break;
     }
+  } else if (is_tq(f.format)) {
+    b.head_params = n * ps;
   } else if (is_kivi(f.format)) {
     b.param_sets = 2;
     b.head_params =
@@ -346,11 +399,11 @@ uint64_t expected_bytes_used(const CacheConfig& c, int n) {
     if (owners[l] != l) continue;
     // A layer with a window W has evicted the whole stored blocks before the last W tokens.
     const int w = c.window(l);
-    const int64_t stored = std::min(is_kivi(c.k.format) ? nkq : n, is_kivi(c.v.format) ? nvq : n);
+    const int64_t stored = std::min(nkq, nvq);
     const int ev =
         w > 0 ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n - w, stored)) / B * B)
               : 0;
-    const int kq = is_kivi(c.k.format) ? nkq : n, vq = is_kivi(c.v.format) ? nvq : n;
+    const int kq = nkq, vq = nvq;
     uint64_t per_layer = stream_stored_bytes(c, Stream::kKey, kq - ev) +
                          stream_stored_bytes(c, Stream::kValue, vq - ev) +
                          static_cast<uint64_t>(n - kq) * row + static_cast<uint64_t>(n - vq) * row;

@@ -20,8 +20,16 @@ enum class Format : uint8_t {
   kKivi2 = 3,  // KIVI asymmetric 2-bit (keys per channel, values per token) + residual
   kKivi4 = 4,  // KIVI asymmetric 4-bit
   kKivi8 = 5,  // KIVI asymmetric 8-bit (same scheme, for comparison)
+  // Rotated vector quantization (kv/tq.h): per token and head a Hadamard rotation, one
+  // Lloyd-Max code per rotated coordinate and one scale; the split widths give a quarter
+  // of the coordinates one more bit.
+  kTq2 = 6,
+  kTq3 = 7,
+  kTq4 = 8,
+  kTq25 = 9,   // tq2.5: a quarter of the coordinates at 3 bits, the rest at 2
+  kTq35 = 10,  // tq3.5: a quarter at 4 bits, the rest at 3
 };
-inline constexpr int kNumFormats = 6;
+inline constexpr int kNumFormats = 11;
 
 enum class Int8Granularity : uint8_t { kTensor = 0, kToken = 1, kHead = 2, kGroup = 3 };
 enum class KeyFlush : uint8_t { kBatch = 0, kGroup = 1 };
@@ -51,8 +59,16 @@ KeyRope parse_key_rope(const std::string& s);
 inline bool is_kivi(Format f) {
   return f == Format::kKivi2 || f == Format::kKivi4 || f == Format::kKivi8;
 }
-// Bits per stored element (before parameters).
+inline bool is_tq(Format f) { return f >= Format::kTq2 && f <= Format::kTq35; }
+// Formats that keep the most recent tokens in full precision (the residual window R) and
+// quantize them as they leave it.
+inline bool uses_ring(Format f) { return is_kivi(f) || is_tq(f); }
+// Bits per stored element (before parameters), rounded down for the split tq widths.
 int format_bits(Format f);
+// Bits per stored element of the codes, exactly (2.5 for tq2.5).
+double format_code_bits(Format f);
+// Bytes of one token's codes for one head of head_dim channels.
+size_t code_row_bytes(Format f, int head_dim);
 // Throws unless bits is 2, 4 or 8 (the packings the codecs implement).
 void check_bits(int bits);
 
@@ -63,6 +79,8 @@ struct StreamFormat {
   bool operator==(const StreamFormat&) const = default;
 };
 std::string describe(const StreamFormat& s);
+
+inline constexpr uint64_t kDefaultRotationSeed = 0x6b697669u;  // "kivi"
 
 struct CacheConfig {
   // Shape.
@@ -82,6 +100,8 @@ struct CacheConfig {
   ParamType param_type = ParamType::kF16;
   int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G
   KeyRope key_rope = KeyRope::kPost;
+  // tq formats: the base seed of the per-(layer, KV head) Hadamard rotations (kv/rotation.h).
+  uint64_t rotation_seed = kDefaultRotationSeed;
   // Cross-layer sharing: a borrowing layer reads an earlier layer's keys and values
   // instead of storing its own (its K and V projections are skipped).
   int share_every = 1;  // groups of N adjacent layers read the first one's cache
@@ -97,7 +117,7 @@ struct CacheConfig {
   int block() const;
   // Channel group for value / int8-group quantization: min(G, head_dim).
   int channel_group() const;
-  bool has_residual() const { return is_kivi(k.format) || is_kivi(v.format); }
+  bool has_residual() const { return uses_ring(k.format) || uses_ring(v.format); }
   int window(int layer) const {
     return layer < static_cast<int>(layer_window.size()) ? layer_window[layer] : 0;
   }

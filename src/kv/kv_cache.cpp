@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kv/codec.h"
+#include "kv/tq.h"
 #include "ops/ops.h"
 
 namespace kivi::kv {
@@ -40,6 +41,8 @@ void KvCache::init(bool own) {
   n_blocks_ = pool_->n_blocks();
   n_logical_ = (cfg_.ctx + block_ - 1) / block_;
   row_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
+  tq_rows_.reset(static_cast<size_t>(cfg_.n_kv_heads) * cfg_.head_dim);
+  tq_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
   readonly_.assign(n_logical_, 0);
   layers_.resize(cfg_.n_layers);
   owner_ = layer_owners(cfg_);
@@ -52,6 +55,11 @@ void KvCache::init(bool own) {
     L.block_table.assign(L.window > 0 ? L.n_blocks : n_logical_, -1);
     init_stream(L.k, pool_->layer(l).k);
     init_stream(L.v, pool_->layer(l).v);
+    if (L.k.tq || L.v.tq) {
+      L.rot.reserve(cfg_.n_kv_heads);
+      for (int h = 0; h < cfg_.n_kv_heads; ++h)
+        L.rot.emplace_back(cfg_.head_dim, rotation_seed(cfg_.rotation_seed, l, h));
+    }
   }
   // An own pool holds exactly the context's blocks: map them all, in order, for good.
   if (own) {
@@ -68,6 +76,7 @@ void KvCache::init_stream(StreamStore& s, BlockPool::StreamStorage& storage) {
   s.code_stride = storage.code_head_stride;
   s.param_stride = storage.param_head_stride;
   s.ring.reset(static_cast<size_t>(s.lay.ring_cap) * cfg_.n_kv_heads * cfg_.head_dim);
+  s.tq = tq_codec(s.lay.fmt.format, cfg_.head_dim);
 }
 
 void KvCache::map_block(int logical, int32_t physical, bool ro) {
@@ -160,7 +169,7 @@ bool KvCache::can_truncate(int n) const {
     const StreamStore& s = *streams[i];
     // Tokens [stored, min(n_stored, n)) go back to the ring: their rows are there if no
     // later token took their slots.
-    if (!is_kivi(s.lay.fmt.format) || stored[i] >= std::min(s.n_stored, n)) continue;
+    if (!uses_ring(s.lay.fmt.format) || stored[i] >= std::min(s.n_stored, n)) continue;
     if (stored[i] < std::max(L.n - s.lay.ring_cap, s.ring_floor)) return false;
   }
   return true;
@@ -278,6 +287,9 @@ void KvCache::pass(int layer, int pos) {
   if (is_kivi(L.v.lay.fmt.format) && R > 0) {
     StreamStore& s = L.v;
     if (pos - s.n_stored == R && s.n_stored < L.n) flush_value(L, s.n_stored);
+  }
+  for (StreamStore* s : {&L.k, &L.v}) {
+    if (s->tq && R > 0 && pos - s->n_stored == R && s->n_stored < L.n) flush_tq(L, *s, s->n_stored);
   }
 }
 
@@ -401,6 +413,40 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   for (size_t j = 0; j < s.lay.code_row_bytes; ++j) quad[4 * j + slot % 4] = row_tmp_[j];
 }
 
+void KvCache::store_tq(Layer& L, StreamStore& s, int pos, const float* x) {
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+  s.n_stored = pos + 1;
+  if (readonly(pos)) return;  // a published block: it holds these very codes already
+  const size_t pb = static_cast<size_t>(L.block_table[pos / block_]);
+  const int slot = pos % block_;
+  for (int h = 0; h < H; ++h) {
+    const float sc = s.tq->encode(x + static_cast<size_t>(h) * D, L.rot[h],
+                                  s.head_codes(h, pb) + slot * s.lay.token_stride, tq_tmp_.data());
+    store_param(s.scales, s.param_index(h, pb) + slot, sc, cfg_.param_type);
+  }
+}
+
+void KvCache::flush_tq(Layer& L, StreamStore& s, int pos) {
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+  AlignedBuffer<float>& rows = tq_rows_;
+  for (int h = 0; h < H; ++h) {
+    std::memcpy(rows.data() + static_cast<size_t>(h) * D,
+                s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
+                D * sizeof(float));
+  }
+  store_tq(L, s, pos, rows.data());
+}
+
+void KvCache::append_tq(Layer& L, StreamStore& s, int pos, const float* x) {
+  const int H = cfg_.n_kv_heads, D = cfg_.head_dim, R = cfg_.residual;
+  if (R == 0) return store_tq(L, s, pos, x);
+  if (pos - s.n_stored == R) flush_tq(L, s, s.n_stored);  // ring full: oldest goes first
+  for (int h = 0; h < H; ++h) {
+    std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
+                x + static_cast<size_t>(h) * D, D * sizeof(float));
+  }
+}
+
 void KvCache::flush_value(Layer& L, int pos) {
   StreamStore& s = L.v;
   const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
@@ -442,6 +488,8 @@ void KvCache::append(int layer, const float* k, const float* v) {
       const int t = std::max(R + 1, G);
       if (n_res == t) flush_keys(L, s.n_stored, G);
     }
+  } else if (L.k.tq) {
+    append_tq(L, L.k, pos, k);
   } else {
     store_rows(L, L.k, pos, k);
   }
@@ -461,6 +509,8 @@ void KvCache::append(int layer, const float* k, const float* v) {
             v + static_cast<size_t>(h) * D, D * sizeof(float));
       }
     }
+  } else if (L.v.tq) {
+    append_tq(L, L.v, pos, v);
   } else {
     store_rows(L, L.v, pos, v);
   }
@@ -487,7 +537,9 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
   v.block = block_;
   v.per_channel = is_kivi(s.lay.fmt.format) && which == Stream::kKey;
   v.group = v.per_channel ? cfg_.group_size : cgroup_;
-  v.n_stored = is_kivi(s.lay.fmt.format) ? s.n_stored : L.n;
+  v.n_stored = uses_ring(s.lay.fmt.format) ? s.n_stored : L.n;
+  v.tq = s.tq;
+  v.rotations = s.tq ? L.rot.data() : nullptr;
   v.codes = s.codes;
   v.scales = s.scales;
   v.zeros = s.zeros;
@@ -518,8 +570,8 @@ LayerView KvCache::view(int layer) const {
 
 int KvCache::droppable(int layer) const {
   const Layer& L = layers_.at(owner_.at(layer));
-  const int stored = std::min(is_kivi(L.k.lay.fmt.format) ? L.k.n_stored : L.n,
-                              is_kivi(L.v.lay.fmt.format) ? L.v.n_stored : L.n);
+  const int stored = std::min(uses_ring(L.k.lay.fmt.format) ? L.k.n_stored : L.n,
+                              uses_ring(L.v.lay.fmt.format) ? L.v.n_stored : L.n);
   return stored / block_ * block_;
 }
 
@@ -577,7 +629,7 @@ void KvCache::drop(int layer, int first, int count) {
   std::rotate(L.block_table.begin() + b0, L.block_table.begin() + b0 + nb, L.block_table.end());
   L.n -= count;
   for (StreamStore* s : {&L.k, &L.v}) {
-    if (is_kivi(s->lay.fmt.format)) s->n_stored -= count;
+    if (uses_ring(s->lay.fmt.format)) s->n_stored -= count;
     if (s->lay.ring_cap > 0) s->ring_shift = (s->ring_shift + count) % s->lay.ring_cap;
     s->ring_floor = std::max(0, s->ring_floor - count);
   }
@@ -595,7 +647,7 @@ LayerView KvCache::view_prefix(int layer, int n) const {
 
 uint64_t KvCache::stream_bytes_used(const StreamStore& s, Stream which, int n) const {
   const uint64_t H = cfg_.n_kv_heads, D = cfg_.head_dim, ps = param_size(cfg_.param_type);
-  const uint64_t stored = is_kivi(s.lay.fmt.format) ? s.n_stored : static_cast<uint64_t>(n);
+  const uint64_t stored = uses_ring(s.lay.fmt.format) ? s.n_stored : static_cast<uint64_t>(n);
   // Codes and parameters of stored tokens: the per-block sizes of the buffers scaled
   // to the filled part of the blocks.
   uint64_t bytes = stored * H * s.lay.head_block_bytes / block_;

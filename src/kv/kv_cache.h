@@ -57,7 +57,9 @@
 #include "core/aligned.h"
 #include "kv/block_pool.h"
 #include "kv/format.h"
+#include "kv/rotation.h"
 #include "kv/snapshot.h"
+#include "kv/tq.h"
 
 namespace kivi::kv {
 
@@ -85,6 +87,10 @@ struct StreamView {
   size_t token_stride = 0;       // bytes between tokens' rows within a block
   bool quad = false;             // rows interleaved by quads of tokens (KIVI values)
   float tensor_scale = 0.0f;     // int8 tensor granularity
+  // tq formats (kv/tq.h): the codec and each head's rotation ([n_heads]); the scales hold
+  // one scale per token and head ([B] per head and block, as int8/head).
+  const kv::TqCodec* tq = nullptr;
+  const kv::HadamardRotation* rotations = nullptr;
   // Residual segment: tokens [n_stored, n_tokens) in full precision.
   const float* ring = nullptr;  // [H][ring_capacity][D]
   int ring_capacity = 0;
@@ -146,6 +152,9 @@ struct StreamView {
       s.row_bytes = code_row_bytes;
       s.first = param_base(t, h) + static_cast<size_t>(t % block) * (D / group);
       s.count = n * (D / group);
+    } else if (tq) {
+      s.first = param_base(t, h) + static_cast<size_t>(t % block);
+      s.count = n;
     } else if (fmt.format == Format::kInt8) {
       switch (fmt.granularity) {
         case Int8Granularity::kGroup:
@@ -362,15 +371,17 @@ class KvCache {
     float tensor_scale = 0.0f;
     bool calibrated = false;
     int64_t clamped = 0;
+    const TqCodec* tq = nullptr;  // tq formats
   };
   struct Layer {
     int n = 0;
     std::vector<int32_t>
         block_table;  // [n_logical] physical block of each logical one, -1 unmapped
     StreamStore k, v;
-    int n_blocks = 0;  // physical blocks of this layer in the pool
-    int window = 0;    // sliding window (tokens), 0 = none
-    int evicted = 0;   // tokens evicted from the front by the window
+    int n_blocks = 0;                   // physical blocks of this layer in the pool
+    int window = 0;                     // sliding window (tokens), 0 = none
+    int evicted = 0;                    // tokens evicted from the front by the window
+    std::vector<HadamardRotation> rot;  // [H] tq formats: each KV head's rotation
   };
 
   void init(bool own);
@@ -386,6 +397,9 @@ class KvCache {
   void flush_keys(Layer& L, int first, int count);                     // KIVI keys from ring
   void flush_value(Layer& L, int pos);                                 // KIVI value from ring
   void store_value(Layer& L, int pos, int h, const float* v);          // quantize + interleave
+  void store_tq(Layer& L, StreamStore& s, int pos, const float* x);    // tq: one token, every head
+  void flush_tq(Layer& L, StreamStore& s, int pos);                    // tq: one token from ring
+  void append_tq(Layer& L, StreamStore& s, int pos, const float* x);   // tq: streaming rules
   uint64_t stream_bytes_used(const StreamStore& s, Stream which, int n) const;
   // The pieces of a snapshot part (kv/snapshot.h) in order: f(pointer, bytes).
   void for_each_piece(const Layer& L, Stream which, Part p, int nb,
@@ -397,6 +411,8 @@ class KvCache {
   BlockPool* pool_ = nullptr;
   int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;
   AlignedBuffer<uint8_t> row_tmp_;          // one packed row, for interleaving value codes
+  AlignedBuffer<float> tq_rows_;            // [H][D] a token's rows leaving the ring (tq)
+  AlignedBuffer<float> tq_tmp_;             // [D] a row being rotated (tq)
   std::vector<Layer> layers_;               // [n_layers]; borrowing layers' entries hold no storage
   std::vector<int> owner_;                  // [n_layers] layer_owners(cfg_)
   int first_stored_ = 0, last_stored_ = 0;  // layers that store a cache: the first and the last

@@ -108,15 +108,15 @@ void check_layer_state(const CacheConfig& c, const LayerState& s, const std::str
     const int ring = snapshot_ring_rows(c, which);
     // Row formats store every token at once and read n alone; their count may run ahead
     // of n between a drop and the next append.
-    const int most_stored = is_kivi(f.format) ? s.n : c.ctx;
+    const int most_stored = uses_ring(f.format) ? s.n : c.ctx;
     if (t.n_stored < 0 || t.n_stored > most_stored) {
       fail("%s: %d %s stored of %d tokens", what.c_str(), t.n_stored, name, s.n);
     }
-    if (is_kivi(f.format)) {
+    if (uses_ring(f.format)) {
       const int residual = s.n - t.n_stored;
       // The largest residual the flush rules leave after an append (format.h).
       int most = 0;
-      if (which == Stream::kKey) {
+      if (which == Stream::kKey && is_kivi(f.format)) {
         most = c.key_flush == KeyFlush::kBatch ? std::max(R, G) - 1 : std::max(R + 1, G) - 1;
         if (t.n_stored % G != 0) {
           fail("%s: %d keys stored, not whole groups of %d", what.c_str(), t.n_stored, G);

@@ -41,7 +41,10 @@ const std::vector<OptionSpec> kSpecs = {
      "ones block instead of spinning).",
      "", kRun},
     {"kv-cache", 0, "FORMAT",
-     "Cache format for keys and values. Formats: f32, f16, int8, kivi2, kivi4, kivi8.", "f32", kKv},
+     "Cache format for keys and values. Formats: f32, f16, int8, kivi2, kivi4, kivi8, and the "
+     "rotated vector formats tq2, tq2.5, tq3, tq3.5, tq4 (a Hadamard rotation per head, Lloyd-Max "
+     "codes, one scale per token).",
+     "f32", kKv},
     {"kv-cache-k", 0, "FORMAT", "Key format (overrides --kv-cache for keys), e.g. kivi4.", "", kKv},
     {"kv-cache-v", 0, "FORMAT", "Value format (overrides --kv-cache for values), e.g. kivi2.", "",
      kKv},
@@ -54,8 +57,13 @@ const std::vector<OptionSpec> kSpecs = {
      "head_dim) channels.",
      "32", kKv},
     {"residual", 'R', "R",
-     "KIVI residual window: the last R tokens stay in full precision; a multiple of G.", "128",
-     kKv},
+     "Residual window of the KIVI and tq formats: the last R tokens stay in full precision (for "
+     "KIVI a multiple of G).",
+     "128", kKv},
+    {"kv-rotation-seed", 0, "SEED",
+     "tq formats: the base seed of the per-layer, per-head Hadamard rotations (recorded in KV "
+     "files).",
+     "1802073705", kKv},
     {"key-flush", 0, "POLICY",
      "KIVI key flush: batch (quantize all R when the residual reaches R) or group (quantize the "
      "oldest G when it exceeds R).",
@@ -518,6 +526,16 @@ SessionOptions parse_session_options(const OptionValues& given, OptionSpelling s
   c.param_type = kv::parse_param_type(r.str("scale-dtype"));
   c.key_rope = kv::parse_key_rope(r.str("key-rope"));
   c.share_every = r.integer("kv-share", 1, 1 << 16);
+  {
+    const std::string seed = r.str("kv-rotation-seed");
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(seed.c_str(), &end, 10);
+    if (seed.empty() || seed[0] == '-' || *end != '\0' || errno == ERANGE)
+      fail("%s: '%s' is not an unsigned 64-bit integer", r.name("kv-rotation-seed").c_str(),
+           seed.c_str());
+    c.rotation_seed = v;
+  }
   apply_format_spec(r.str("kv-cache"), r.name("kv-cache"), c, gran);
   if (r.given("kv-cache-k") && !r.str("kv-cache-k").empty())
     c.k.format = kv::parse_format(r.str("kv-cache-k"), r.name("kv-cache-k").c_str());

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "kv/block_pool.h"
+#include "kv/tq.h"
 #include "sparse/options.h"
 
 namespace kivi::runtime {
@@ -15,7 +16,7 @@ namespace kivi::runtime {
 namespace {
 
 const char kMagic[8] = {'K', 'I', 'V', 'I', 'K', 'V', 'C', '\0'};
-constexpr int kConfigFields = 21;
+constexpr int kConfigFields = 25;
 
 // One i32 field of the config section: its name, its value and how to print it.
 struct Field {
@@ -41,6 +42,7 @@ std::string show_param(int32_t v) {
 std::string show_rope(int32_t v) {
   return v >= 0 && v < 2 ? kv::key_rope_name(static_cast<kv::KeyRope>(v)) : "?";
 }
+std::string show_hex(int32_t v) { return strfmt("0x%08x", static_cast<uint32_t>(v)); }
 std::string show_overflow(int32_t v) {
   static const char* names[] = {"stop", "shift", "window"};
   return v >= 0 && v < 3 ? names[v] : "?";
@@ -54,6 +56,13 @@ std::vector<Field> fields(const KvFileConfig& f) {
     return s.format == kv::Format::kInt8 ? static_cast<int32_t>(s.granularity) : 0;
   };
   const bool stop = f.overflow == 0;
+  const bool tq = kv::is_tq(c.k.format) || kv::is_tq(c.v.format);
+  const uint64_t seed = tq ? c.rotation_seed : 0;
+  // A tq stream's codebooks by their fingerprint (kv/tq.h), 0 for the other formats.
+  auto codebook = [&](const kv::StreamFormat& s) -> int32_t {
+    const kv::TqCodec* t = kv::tq_codec(s.format, c.head_dim);
+    return t ? static_cast<int32_t>(t->fingerprint()) : 0;
+  };
   std::vector<Field> v = {
       {"layers", c.n_layers, show_int, true},
       {"KV heads", c.n_kv_heads, show_int, true},
@@ -77,6 +86,12 @@ std::vector<Field> fields(const KvFileConfig& f) {
       {"sparse summary kind", f.summary_kind, show_int, false},
       {"sparse summary block", f.summary_block, show_int, false},
       {"share map pairs", static_cast<int32_t>(c.share_map.size()), show_int, true},
+      {"rotation seed (low half)", static_cast<int32_t>(static_cast<uint32_t>(seed)), show_hex,
+       true},
+      {"rotation seed (high half)", static_cast<int32_t>(static_cast<uint32_t>(seed >> 32)),
+       show_hex, true},
+      {"key codebook", codebook(c.k), show_hex, true},
+      {"value codebook", codebook(c.v), show_hex, true},
   };
   for (const auto& [b, o] : c.share_map) {
     v.push_back({"share map borrower", b, show_int, true});
@@ -169,6 +184,8 @@ KvFileConfig decode_config(const uint8_t* p, size_t n, const std::string& name) 
       range(18, "sparse summary kind", 0, static_cast<int>(sparse::SummaryKind::kFixed));
   f.summary_block = range(19, "sparse summary block", 0, 1 << 20);
   const int pairs = range(20, "share map pairs", 0, c.n_layers);
+  c.rotation_seed = static_cast<uint64_t>(static_cast<uint32_t>(v[21])) |
+                    static_cast<uint64_t>(static_cast<uint32_t>(v[22])) << 32;
   if (f.summary_kind != 0 && f.summary_block < 1)
     fail("%s: sparse summaries of blocks of %d tokens", name.c_str(), f.summary_block);
   if (n != static_cast<size_t>(kConfigFields + 2 * pairs) * 4) {
@@ -187,6 +204,15 @@ KvFileConfig decode_config(const uint8_t* p, size_t n, const std::string& name) 
   if (c.block() != c.block_tokens)
     fail("%s: block of %d tokens is not valid for this configuration", name.c_str(),
          c.block_tokens);
+  // tq codes index this build's codebooks: a file written with others would read as noise.
+  for (int s = 0; s < 2; ++s) {
+    const kv::TqCodec* t = kv::tq_codec(s ? c.v.format : c.k.format, c.head_dim);
+    const uint32_t want = t ? t->fingerprint() : 0, got = static_cast<uint32_t>(v[23 + s]);
+    if (got != want) {
+      fail("%s: the %s codebook fingerprint is 0x%08x in the file, 0x%08x in this build",
+           name.c_str(), s ? "value" : "key", got, want);
+    }
+  }
   return f;
 }
 

@@ -31,7 +31,7 @@
 
 namespace kivi::runtime {
 
-inline constexpr uint32_t kKvFileVersion = 2;
+inline constexpr uint32_t kKvFileVersion = 3;
 inline constexpr size_t kKvFileHeaderBytes = 64;
 inline constexpr size_t kKvFileTableEntryBytes = 32;
 inline constexpr size_t kKvFileAlign = 64;

@@ -277,7 +277,7 @@ def write_kv(folder):
                              ("kivi2_sparse_fix.kv", 4, False), ("kivi2_chat.kv", 0, True)):
         sparse = kind != 0
         cfg = [1, H, D, ctx, 3, 0, 3, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0,
-               kind, 16 if sparse else 0, 0]
+               kind, 16 if sparse else 0, 0, 0, 0, 0, 0]
         sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                     (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
                     (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
@@ -294,22 +294,50 @@ def write_kv(folder):
             done = 16
             vecs = 2 if kind == 1 else 1
             sections.append((32, 0, struct.pack("<ii", done, 0) + bytes(H * (done // 16) * vecs * D * 2)))
-        table_end = 64 + 32 * len(sections)
-        offsets, off = [], table_end
-        for _, _, body in sections:
-            off = (off + 63) // 64 * 64
-            offsets.append(off)
-            off += len(body)
-        table = b"".join(struct.pack("<IiQQQ", k, l, o, len(b), checksum(b))
-                         for (k, l, b), o in zip(sections, offsets))
-        head = b"KIVIKVC\0" + struct.pack("<IIQqqdQ", 2, len(sections), 0x1234, n, n, 0.5, off)
-        head += struct.pack("<Q", checksum(head + table))
-        out = bytearray(head + table)
-        for (_, _, body), o in zip(sections, offsets):
-            out += bytes(o - len(out)) + body
-        for mode in (0, 1):
-            with open(os.path.join(folder, "%d_%s" % (mode, name)), "wb") as f:
-                f.write(bytes([mode]) + bytes(out))
+        write_kv_sections(folder, name, sections, n)
+    write_kv_tq(folder)
+
+
+def write_kv_sections(folder, name, sections, n):
+    """Lays out a KV file of these (kind, layer, body) sections and writes both seed modes."""
+    table_end = 64 + 32 * len(sections)
+    offsets, off = [], table_end
+    for _, _, body in sections:
+        off = (off + 63) // 64 * 64
+        offsets.append(off)
+        off += len(body)
+    table = b"".join(struct.pack("<IiQQQ", k, l, o, len(b), checksum(b))
+                     for (k, l, b), o in zip(sections, offsets))
+    head = b"KIVIKVC\0" + struct.pack("<IIQqqdQ", 3, len(sections), 0x1234, n, n, 0.5, off)
+    head += struct.pack("<Q", checksum(head + table))
+    out = bytearray(head + table)
+    for (_, _, body), o in zip(sections, offsets):
+        out += bytes(o - len(out)) + body
+    for mode in (0, 1):
+        with open(os.path.join(folder, "%d_%s" % (mode, name)), "wb") as f:
+            f.write(bytes([mode]) + bytes(out))
+
+
+def write_kv_tq(folder):
+    """A tq seed: one layer, one KV head, head_dim 8, tq3 keys and tq2.5 values, R = 8, blocks
+    of 16, 20 tokens (12 of each stored, 8 in the window), rotation seed 0x6b697669. The config
+    holds each stream's codebook fingerprint (kv/tq.h) as this build computes it at head_dim 8;
+    a build whose codebooks differ refuses the seed at its config, which is still an input."""
+    H, D, B, R, ctx, n = 1, 8, 16, 8, 64, 20
+    tq3, tq25 = 7, 9
+    fp_tq3, fp_tq25 = 2108674478, 1511356768
+    cfg = [1, H, D, ctx, tq3, 0, tq25, 0, 8, R, 0, 0, B, 0, 1, 0, 0, 0, 0, 0, 0,
+           0x6b697669, 0, fp_tq3, fp_tq25]
+    sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
+                (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
+                (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
+    state = struct.pack("<i", n) + struct.pack("<iifiq", 12, 0, 0.0, 0, 0) * 2
+    sections.append((4, 0, state))
+    nb = (n + B - 1) // B
+    for stream, row in ((0, 3), (1, 3)):  # 24 and 18 bits of codes per row: 3 bytes each
+        for part, size in ((0, H * nb * B * row), (1, H * nb * B * 2), (3, R * H * D * 4)):
+            sections.append((16 + 8 * stream + part, 0, bytes((i * 29 + part) % 251 for i in range(size))))
+    write_kv_sections(folder, "tq.kv", sections, n)
 
 
 def main():

@@ -236,5 +236,70 @@ class Threads(unittest.TestCase):
                 np.testing.assert_array_equal(a, b)
 
 
+class Tq(unittest.TestCase):
+    """kivi.quantize_tq / dequantize_tq: shapes, the scale's identity <x', x> = |x|^2, the
+    distortion on random unit vectors, per-(layer, head) rotations, errors."""
+
+    def test_shapes_and_scale_identity(self):
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((2, 3, 5, 64)).astype(np.float32)
+        for fmt, row in (("tq2", 16), ("tq2.5", 18), ("tq3", 24), ("tq3.5", 26), ("tq4", 32)):
+            codes, scales = kivi.quantize_tq(x, fmt, layer=1)
+            self.assertEqual(codes.shape, (2, 3, 5, row))
+            self.assertEqual(codes.dtype, np.uint8)
+            self.assertEqual(scales.shape, (2, 3, 5))
+            self.assertEqual(scales.dtype, np.float16)
+            y = kivi.dequantize_tq(codes, scales, fmt, head_dim=64, layer=1)
+            self.assertEqual(y.shape, x.shape)
+            # s = |x|^2 / <Rx, c>: the reconstruction's product with its row is |x|^2, up to
+            # the f16 rounding of s.
+            self_dot = (y.astype(np.float64) * x).sum(-1)
+            np.testing.assert_allclose(self_dot, (x.astype(np.float64) ** 2).sum(-1), rtol=1.5e-3)
+            again = kivi.quantize_tq(x, fmt, layer=1)
+            np.testing.assert_array_equal(again[0], codes)
+
+    def test_distortion_of_random_unit_vectors(self):
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((16, 200, 128))
+        x = (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+        # The codebooks' mean squared error at d = 128 (kv/lloyd_max.h), with the stored
+        # scale's small change (tests/test_tq.cpp): within 15% above, 5% below.
+        for fmt, mse in (("tq2", 0.1160), ("tq3", 0.03397), ("tq4", 0.009315)):
+            codes, scales = kivi.quantize_tq(x, fmt, scale_dtype="f32")
+            y = kivi.dequantize_tq(codes, scales, fmt, head_dim=128)
+            got = ((y - x) ** 2).sum(-1).mean()
+            self.assertGreater(got, 0.95 * mse, fmt)
+            self.assertLess(got, 1.15 * mse, fmt)
+
+    def test_rotations_depend_on_layer_head_and_seed(self):
+        rng = np.random.default_rng(7)
+        row = rng.standard_normal(32).astype(np.float32)
+        x = np.stack([row, row])[:, None, :]  # two heads, one token, the same row
+        c0, _ = kivi.quantize_tq(x, "tq4")
+        self.assertFalse(np.array_equal(c0[0], c0[1]))  # heads rotate differently
+        c1, _ = kivi.quantize_tq(x, "tq4", layer=3)
+        c2, _ = kivi.quantize_tq(x, "tq4", rotation_seed=99)
+        self.assertFalse(np.array_equal(c0, c1))
+        self.assertFalse(np.array_equal(c0, c2))
+        # Decoding with the wrong layer does not give the row back.
+        y_ok = kivi.dequantize_tq(c1, kivi.quantize_tq(x, "tq4", layer=3)[1], "tq4", 32, layer=3)
+        y_bad = kivi.dequantize_tq(c1, kivi.quantize_tq(x, "tq4", layer=3)[1], "tq4", 32, layer=0)
+        self.assertLess(np.abs(y_ok - x).max(), np.abs(y_bad - x).max())
+
+    def test_errors(self):
+        x = np.zeros((2, 4, 16), np.float32)
+        with self.assertRaisesRegex(kivi.Error, "not a tq format"):
+            kivi.quantize_tq(x, "kivi2")
+        with self.assertRaisesRegex(kivi.Error, "tq bits"):
+            kivi.quantize_tq(x, "tq5")
+        with self.assertRaisesRegex(kivi.Error, "at least 3 dimensions"):
+            kivi.quantize_tq(np.zeros((4, 16), np.float32), "tq3")
+        with self.assertRaisesRegex(kivi.Error, "head_dim 2"):
+            kivi.quantize_tq(np.zeros((1, 1, 2), np.float32), "tq3")
+        codes, scales = kivi.quantize_tq(x, "tq3")
+        with self.assertRaisesRegex(kivi.Error, "codes have shape"):
+            kivi.dequantize_tq(codes, scales, "tq3", head_dim=32)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -3,7 +3,8 @@
 
 For every configuration this runs
     KIVI perplexity -m MODEL -t TOK -f TEXT --kv-cache F --kv-cache-k FK --kv-cache-v FV
-         --group-size G --residual R --key-flush P --scale-dtype S --int8-granularity X --json
+         --group-size G --residual R --key-flush P --scale-dtype S --int8-granularity X
+         --key-rope W --kv-rotation-seed SEED --json
 and llama_ref.perplexity() with the same settings, and checks
   * the scored token counts are identical,
   * |ppl_engine / ppl_reference - 1| <= 0.1% for f32 and <= 0.5% for other configurations,
@@ -16,14 +17,22 @@ the tinytales ppl by up to 0.55% (kivi2 G32 R0), 0.39% (K kivi2 / V kivi4 R32 gr
 0.24% (kivi2 G32 R32 batch), while every other default configuration moves by < 0.1%:
 a single code that lands on the other side of a rounding boundary changes a key by a
 whole quantization step and the difference cascades through later layers and groups.
+tq keys (rotated, Lloyd-Max codes) are less sensitive: with R = 32 the same probe moves
+the ppl by 0.046% (tq3), 0.004% (tq2), 0.002% (tq2.5) (8 and 6 seeds), with R = 16 by
+0.12% (tq2); with no residual window (R = 0) by 0.06% to 0.31% (tq2.5/tq3.5 0.06%, tq4
+0.12%, tq3 0.20%, tq2 0.31%), so tq keys with R = 0 count as chaotic too. (The engine
+still agreed within 0.0005% on every tq configuration measured, R = 0 included.)
 --noise-runs N measures this spread for every configuration (N perturbed reference runs,
 shown in the "noise" column) and then uses max(tolerance, 2 x spread) instead.
 
 A configuration is written as comma-separated key=value pairs:
-    kv=FMT (both) or k=FMT,v=FMT   FMT in f32 f16 int8 kivi2 kivi4 kivi8
-    G=32 R=128 flush=batch|group scale=f16|f32 gran=token|head|group|tensor
+    kv=FMT (both) or k=FMT,v=FMT   FMT in f32 f16 int8 kivi2 kivi4 kivi8 tq2 tq2.5 tq3 tq3.5 tq4
+    G=32 R=128 flush=batch|group scale=f16|f32 gran=token|head|group|tensor rope=post|pre
+    seed=N (tq rotation base seed, --kv-rotation-seed; default 1802073705 = 0x6b697669)
 Unlisted keys take the defaults (G=32, R=128, flush=batch, scale=f16, gran=head),
-e.g. "kv=kivi2,G=64,R=0,flush=group" or "k=int8,v=kivi4,gran=tensor".
+e.g. "kv=kivi2,G=64,R=0,flush=group", "k=int8,v=kivi4,gran=tensor", "kv=tq4,R=32" or
+"k=kivi2,v=tq2.5,rope=pre". R applies to the KIVI and tq formats (a multiple of G only
+where a KIVI format is used); tq quantizes keys and values token by token.
 --list prints the default list; --quick runs a handful of configurations.
 
 The "effect" column is the engine's quantization effect over the reference's:
@@ -61,8 +70,10 @@ NOISE_EPS = 1e-6
 
 
 def is_chaotic(spec):
-    """2-bit keys with a residual window of at most 32 tokens (see the module doc)."""
-    return spec.k_format == "kivi2" and spec.residual <= 32
+    """2-bit KIVI keys with a residual window of at most 32 tokens, or tq keys with no
+    residual window (see the module doc)."""
+    return ((spec.k_format == "kivi2" and spec.residual <= 32) or
+            (spec.k_format in ref.TQ_FORMATS and spec.residual == 0))
 
 
 def default_configs():
@@ -83,11 +94,13 @@ def default_configs():
           "k=int8,v=kivi2,gran=tensor,R=0", "k=f16,v=kivi2", "k=kivi2,v=f16,G=64,R=0"]
     c += ["kv=f32,rope=pre", "kv=f16,rope=pre", "kv=int8,rope=pre", "kv=kivi4,rope=pre", "kv=kivi2,R=32,rope=pre",
           "kv=kivi2,R=128,rope=pre", "kv=kivi2,G=64,R=0,flush=group,rope=pre"]
+    c += ["kv=tq4", "kv=tq3", "kv=tq2.5,R=128", "kv=tq3,R=32", "k=kivi2,v=tq2,rope=pre",
+          "k=kivi4,v=tq3.5,R=32,rope=pre"]
     return c
 
 
 QUICK_CONFIGS = ["kv=f32", "kv=f16", "kv=int8", "kv=kivi4", "kv=kivi2",
-                 "kv=kivi2,G=64,R=0,flush=group", "k=kivi4,v=kivi2,R=32,flush=group"]
+                 "kv=kivi2,G=64,R=0,flush=group", "k=kivi4,v=kivi2,R=32,flush=group", "kv=tq3,R=32"]
 
 
 def parse_config(text):
@@ -115,6 +128,8 @@ def parse_config(text):
             spec.int8_granularity = val
         elif key == "rope":
             spec.key_rope = val
+        elif key == "seed":
+            spec.rotation_seed = int(val, 0)
         else:
             raise ValueError("unknown config key %r (in %r)" % (key, text))
     spec.validate()
@@ -126,14 +141,17 @@ def canonical(spec):
     fm = (spec.k_format, spec.v_format)
     parts = ["kv=%s" % fm[0]] if fm[0] == fm[1] else ["k=%s" % fm[0], "v=%s" % fm[1]]
     kivi = any(f.startswith("kivi") for f in fm)
+    tq = any(f in ref.TQ_FORMATS for f in fm)
     if kivi or (spec.int8_granularity == "group" and "int8" in fm):
         parts.append("G=%d" % spec.group_size)
-    if kivi:
+    if kivi or tq:
         parts.append("R=%d" % spec.residual)
     if spec.k_format.startswith("kivi"):
         parts.append("flush=%s" % spec.key_flush)
-    if kivi or "int8" in fm:
+    if kivi or tq or "int8" in fm:
         parts.append("scale=%s" % spec.scale_dtype)
+    if tq and spec.rotation_seed != ref.DEFAULT_ROTATION_SEED:
+        parts.append("seed=%d" % spec.rotation_seed)
     if "int8" in fm:
         parts.append("gran=%s" % spec.int8_granularity)
     if spec.key_rope == "pre":
@@ -146,7 +164,7 @@ def engine_args(spec):
             "--kv-cache-v", spec.v_format, "--group-size", str(spec.group_size),
             "--residual", str(spec.residual), "--key-flush", spec.key_flush,
             "--scale-dtype", spec.scale_dtype, "--int8-granularity", spec.int8_granularity,
-            "--key-rope", spec.key_rope]
+            "--key-rope", spec.key_rope, "--kv-rotation-seed", str(spec.rotation_seed)]
 
 
 def run_engine(a, spec):

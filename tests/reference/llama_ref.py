@@ -2,7 +2,9 @@
 """Independent numpy reference for Llama inference with a fake-quantized KV cache.
 
 Follows the llama2.c model math and tokenizer, with
-KIVI-style KV cache quantization simulated as it is deployed when streaming.
+KIVI-style KV cache quantization (and the rotated tq formats: a seeded Hadamard rotation
+per layer and KV head, Lloyd-Max codes per coordinate, one scale per token and head)
+simulated as it is deployed when streaming.
 GGUF models (F32/F16/BF16 weights, and MXFP4 experts, gguf_ref.py) of the architectures
 llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and gpt-oss follow the published
 model definitions (Hugging Face transformers' modeling_llama, modeling_qwen2,
@@ -42,13 +44,17 @@ Library:
     forward_logits(model, tokens) -> [n, vocab] float64 (full precision)
     generate_greedy(model, tok, prompt, steps) -> (ids, text)
     perplexity(model, tokens, ctx, kv_spec) -> dict(ppl, mean_nll, nll_stderr, tokens)
-    KVSpec(k_format, v_format, int8_granularity, group_size, residual, key_flush, scale_dtype, mode)
+    KVSpec(k_format, v_format, int8_granularity, group_size, residual, key_flush, scale_dtype,
+           key_rope, mode, rotation_seed)
+    lloyd_max(d, bits), rotation_matrix(d, seed), rotation_seed(base, layer, head),
+    tq_quantize_rows(X, fmt, seed, scale_dtype)   (tq building blocks)
 
 CLI:
     llama_ref.py ppl [--kv-cache F] [--kv-cache-k F --kv-cache-v F] [--group-size G]
                      [--residual R] [--key-flush batch|group] [--scale-dtype f16|f32]
                      [--int8-granularity token|head|group|tensor] [--mode streaming|batched]
-                     [--ctx N] [--json]
+                     [--key-rope post|pre] [--kv-rotation-seed N] [--ctx N] [--json]
+                     (formats: f32 f16 int8 kivi2 kivi4 kivi8 tq2 tq2.5 tq3 tq3.5 tq4)
     llama_ref.py generate -p TEXT -n N
     llama_ref.py logits -p TEXT          (JSON [positions][vocab], BOS prepended)
 """
@@ -587,8 +593,186 @@ def f32_up(x):
 # KV cache formats (fake quantization)
 # ----------------------------------------------------------------------------
 
-FORMATS = ("f32", "f16", "int8", "kivi2", "kivi4", "kivi8")
+TQ_FORMATS = ("tq2", "tq2.5", "tq3", "tq3.5", "tq4")
+FORMATS = ("f32", "f16", "int8", "kivi2", "kivi4", "kivi8") + TQ_FORMATS
 GRANULARITIES = ("token", "head", "group", "tensor")
+DEFAULT_ROTATION_SEED = 0x6b697669   # 1802073705, the engine's --kv-rotation-seed default
+
+
+# ---- tq: rotated vector quantization (a Hadamard rotation per layer and KV head, one
+# Lloyd-Max codebook per coordinate, one scale per token and head). Written from the
+# format's specification; everything in Python ints (64-bit masked) and float64.
+
+MASK64 = (1 << 64) - 1
+GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def splitmix64(z):
+    """splitmix64 finalizer of z + golden gamma, mod 2^64."""
+    z = (z + GOLDEN64) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+class Rng:
+    """The engine's kivi::Rng (xoshiro256** seeded by splitmix64): state word k is
+    splitmix64(seed + k * golden gamma), k = 0..3."""
+
+    def __init__(self, seed):
+        self.s = [splitmix64((seed + k * GOLDEN64) & MASK64) for k in range(4)]
+
+    @staticmethod
+    def _rotl(x, k):
+        return ((x << k) | (x >> (64 - k))) & MASK64
+
+    def next_u64(self):
+        s = self.s
+        result = (self._rotl((s[1] * 5) & MASK64, 7) * 9) & MASK64
+        t = (s[1] << 17) & MASK64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = self._rotl(s[3], 45)
+        return result
+
+
+def rotation_seed(base_seed, layer, kv_head):
+    """Seed of the rotation of one (layer, KV head)."""
+    return splitmix64((base_seed ^ splitmix64(((layer << 32) | kv_head) & MASK64)) & MASK64)
+
+
+def hadamard_blocks(d):
+    """Binary decomposition of d into distinct powers of two, largest first (96 -> [64, 32])."""
+    return [1 << b for b in range(d.bit_length() - 1, -1, -1) if d >> b & 1]
+
+
+def rotation_signs(d, seed):
+    """[d] +-1: coordinate i is -1 where bit i % 64 of the (i // 64)-th next_u64() is 1."""
+    rng = Rng(seed)
+    words = [rng.next_u64() for _ in range((d + 63) // 64)]
+    return np.array([-1.0 if words[i // 64] >> (i % 64) & 1 else 1.0 for i in range(d)])
+
+
+_ROT_CACHE = {}
+
+
+def rotation_matrix(d, seed):
+    """R = blockdiag(H_n1 D_1, H_n2 D_2, ...) [d, d] in float64: y = R @ x. H_n is
+    Sylvester's orthonormal Hadamard matrix, H[i][j] = (-1)^popcount(i & j) / sqrt(n)."""
+    key = (d, seed)
+    if key not in _ROT_CACHE:
+        sg = rotation_signs(d, seed)
+        R = np.zeros((d, d))
+        o = 0
+        for n in hadamard_blocks(d):
+            i = np.arange(n)
+            par = np.array([bin(v).count("1") & 1 for v in (i[:, None] & i[None, :]).ravel()])
+            H = np.where(par.reshape(n, n) == 1, -1.0, 1.0) / math.sqrt(n)
+            R[o:o + n, o:o + n] = H * sg[None, o:o + n]
+            o += n
+        _ROT_CACHE[key] = R
+    return _ROT_CACHE[key]
+
+
+def _cos_power_integral(m, theta):
+    """I_m(theta) = integral_0^theta cos(t)^m dt (m >= 0), by the stable recursion
+    I_k = cos^(k-1) sin / k + (k-1)/k I_(k-2) from I_0 = theta or I_1 = sin(theta)."""
+    theta = np.asarray(theta, dtype=np.float64)
+    c, s = np.cos(theta), np.sin(theta)
+    I, k = (theta.copy(), 0) if m % 2 == 0 else (s.copy(), 1)
+    while k < m:
+        k += 2
+        I = c ** (k - 1) * s / k + (k - 1) / k * I
+    return I
+
+
+def _cell_moments(d, t):
+    """For cell edges t (ascending, in [-1, 1]) of the density f_d(x) = c_d (1-x^2)^((d-3)/2):
+    per cell (probability, first moment, second moment). With x = sin(theta),
+    f_d(x) dx = c_d cos(theta)^(d-2) dtheta, so all three are closed forms in theta."""
+    m = d - 2
+    th = np.arcsin(np.clip(t, -1.0, 1.0))
+    norm = 2.0 * float(_cos_power_integral(m, math.pi / 2))
+    F = _cos_power_integral(m, th)
+    P = np.diff(F) / norm
+    M1 = -np.diff(np.cos(th) ** (m + 1)) / (m + 1) / norm     # sin cos^m = -(cos^(m+1))'/(m+1)
+    M2 = np.diff(F - _cos_power_integral(m + 2, th)) / norm   # sin^2 cos^m = cos^m - cos^(m+2)
+    return P, M1, M2
+
+
+_LLOYD_CACHE = {}
+
+
+def lloyd_max(d, bits):
+    """The b-bit Lloyd-Max quantizer of one coordinate of a uniform random unit vector in
+    R^d (d >= 2): (centroids [2^b] ascending, mean squared error per coordinate).
+    Lloyd's iteration (thresholds at midpoints, centroids the cell means) from a uniform
+    start until the centroids move by < 1e-15 or rounding noise takes over."""
+    key = (d, bits)
+    if key in _LLOYD_CACHE:
+        return _LLOYD_CACHE[key]
+    if d < 2 or bits < 1:
+        raise ValueError("lloyd_max: need d >= 2 and bits >= 1 (d=%d, bits=%d)" % (d, bits))
+    K = 1 << bits
+    a = min(2.5 / math.sqrt(d), 0.9)
+    c = np.linspace(-a, a, K)
+    prev = np.inf
+    for _ in range(100000):
+        t = np.concatenate([[-1.0], (c[1:] + c[:-1]) / 2, [1.0]])
+        P, M1, _ = _cell_moments(d, t)
+        cn = M1 / P
+        cn = (cn - cn[::-1]) / 2            # the optimum is symmetric
+        dc = float(np.abs(cn - c).max())
+        c = cn
+        if dc < 1e-15 or (dc < 1e-13 and dc >= prev):
+            break
+        prev = dc
+    t = np.concatenate([[-1.0], (c[1:] + c[:-1]) / 2, [1.0]])
+    P, M1, M2 = _cell_moments(d, t)
+    mse = float(np.sum(M2 - 2 * c * M1 + c * c * P))
+    _LLOYD_CACHE[key] = (c, mse)
+    return c, mse
+
+
+def tq_bits(fmt, d):
+    """[d] bits per coordinate: b everywhere for tqb; tqb.5: b + 1 for the first d // 4."""
+    b = int(fmt[2])
+    bits = np.full(d, b, dtype=np.int64)
+    if fmt.endswith(".5"):
+        bits[:d // 4] = b + 1
+    return bits
+
+
+def tq_codebook(fmt, d):
+    """[d, Kmax] centroids per coordinate (padded with +inf beyond a coordinate's 2^b_i)."""
+    bits = tq_bits(fmt, d)
+    Kmax = 1 << int(bits.max())
+    C = np.full((d, Kmax), np.inf)
+    for b in set(bits.tolist()):
+        C[bits == b, :1 << b] = lloyd_max(d, b)[0]
+    return C
+
+
+def tq_quantize_rows(X, fmt, seed, scale_dtype):
+    """X [N, d] rows of one (layer, KV head) -> [N, d] as read back: y = R x,
+    code_i = nearest centroid of y_i / |y|, s = |x|^2 / <y, c> (f16 round-to-nearest-even
+    or f32), x' = s R^T c."""
+    N, d = X.shape
+    R = rotation_matrix(d, seed)
+    C = tq_codebook(fmt, d)
+    Y = X @ R.T
+    nrm = np.sqrt((X * X).sum(axis=1))
+    U = Y / np.where(nrm > 0, nrm, 1.0)[:, None]
+    code = np.abs(U[:, :, None] - C[None]).argmin(axis=2)          # [N, d]
+    c = C[np.arange(d)[None, :], code]                              # chosen centroids
+    yc = (Y * c).sum(axis=1)
+    s = np.where(nrm > 0, nrm * nrm / np.where(yc != 0, yc, 1.0), 0.0)
+    s = s.astype(np.float16) if scale_dtype == "f16" else s.astype(np.float32)
+    s = s.astype(np.float64)
+    return s[:, None] * (c @ R)      # R^T c as rows
 
 
 @dataclass
@@ -605,6 +789,7 @@ class KVSpec:
     # chunk appended at once). Only int8 "tensor" differs: its scale comes from the first
     # append batch (BOS alone when streaming, the whole chunk when batched).
     mode: str = "streaming"
+    rotation_seed: int = DEFAULT_ROTATION_SEED   # tq: base seed of the per-(layer, head) rotations
 
     def validate(self):
         for f in (self.k_format, self.v_format):
@@ -620,9 +805,16 @@ class KVSpec:
             raise ValueError("unknown key RoPE position %r" % self.key_rope)
         if self.mode not in ("streaming", "batched"):
             raise ValueError("unknown mode %r" % self.mode)
-        if self.group_size <= 0 or self.residual < 0 or self.residual % self.group_size:
-            raise ValueError("need G > 0, R >= 0 and R %% G == 0 (G=%d, R=%d)"
+        if self.group_size <= 0 or self.residual < 0:
+            raise ValueError("need G > 0 and R >= 0 (G=%d, R=%d)" % (self.group_size, self.residual))
+        # R % G == 0 only where a KIVI format uses key groups (as the engine's CacheConfig);
+        # tq formats quantize token by token.
+        if (self.k_format.startswith("kivi") or self.v_format.startswith("kivi")) \
+                and self.residual % self.group_size:
+            raise ValueError("need R %% G == 0 with a KIVI format (G=%d, R=%d)"
                              % (self.group_size, self.residual))
+        if not 0 <= self.rotation_seed <= MASK64:
+            raise ValueError("rotation seed %r is not a 64-bit unsigned integer" % self.rotation_seed)
 
     def label(self):
         def fmt(f):
@@ -632,8 +824,14 @@ class KVSpec:
             return f
         kf, vf = fmt(self.k_format), fmt(self.v_format)
         s = kf if kf == vf else "K %s V %s" % (kf, vf)
-        if "kivi" in self.k_format or "kivi" in self.v_format:
+        kivi = "kivi" in self.k_format or "kivi" in self.v_format
+        tq = self.k_format in TQ_FORMATS or self.v_format in TQ_FORMATS
+        if kivi:
             s += " G%d R%d %s" % (self.group_size, self.residual, self.key_flush)
+        elif tq:
+            s += " R%d" % self.residual
+        if tq and self.rotation_seed != DEFAULT_ROTATION_SEED:
+            s += " seed%d" % self.rotation_seed
         if self.k_format not in ("f32", "f16") or self.v_format not in ("f32", "f16"):
             s += " s%s" % self.scale_dtype
         if self.key_rope == "pre":
@@ -669,9 +867,9 @@ def _asym(x, mn, mx, bits, scale_dtype):
     return q * scale + zero
 
 
-def fake_quantize(X, fmt, is_key, spec):
-    """X: [T, n_kv, hs] full-precision keys (after RoPE) or values of one layer
-    for one chunk (position 0 = BOS).
+def fake_quantize(X, fmt, is_key, spec, layer=0):
+    """X: [T, n_kv, hs] full-precision keys (after RoPE, or before it with key_rope "pre")
+    or values of layer `layer` (it seeds the tq rotations) for one chunk (position 0 = BOS).
 
     Returns (Xq, nq):
       Xq[j] = the value token j has once it is stored quantized (never changes later);
@@ -737,6 +935,16 @@ def fake_quantize(X, fmt, is_key, spec):
         Xq = _asym(Xg, mn, mx, bits, spec.scale_dtype).reshape(T, nkv, hs)
         nq = np.maximum(0, n - R)
         return Xq, nq
+    if fmt in TQ_FORMATS:
+        # Keys and values alike: each token's row of each head is quantized on its own,
+        # with the rotation of (layer, head); the last R tokens stay exact.
+        if hs < 4:
+            raise ValueError("format %s needs head_dim >= 4 (head_dim = %d)" % (fmt, hs))
+        Xq = np.empty_like(X)
+        for h in range(nkv):
+            seed = rotation_seed(spec.rotation_seed, layer, h)
+            Xq[:, h] = tq_quantize_rows(X[:, h], fmt, seed, spec.scale_dtype)
+        return Xq, np.maximum(0, n - spec.residual)
     raise ValueError("unknown format %r" % fmt)
 
 
@@ -911,8 +1119,8 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
             k = k * (1.0 + eps * gen.standard_normal(k.shape))
             v = v * (1.0 + eps * gen.standard_normal(v.shape))
         if quant:
-            kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec)
-            vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec)
+            kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec, layer=l)
+            vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec, layer=l)
             if pre:
                 k, kq = rot(k, pos), rot(kq, pos)
             o = attention(q, k, v, kq, nk, vq, nv, window=window, scale=m.attn_scale,
@@ -1069,6 +1277,8 @@ def add_kv_args(ap):
     ap.add_argument("--key-flush", default="batch", choices=("batch", "group"))
     ap.add_argument("--scale-dtype", default="f16", choices=("f16", "f32"))
     ap.add_argument("--key-rope", default="post", choices=("post", "pre"))
+    ap.add_argument("--kv-rotation-seed", type=int, default=DEFAULT_ROTATION_SEED,
+                    help="tq formats: base seed of the per-(layer, head) rotations")
     ap.add_argument("--mode", default="streaming", choices=("streaming", "batched"),
                     help="feeding of each chunk (only int8 tensor scales depend on it)")
 
@@ -1077,7 +1287,7 @@ def spec_from_args(a):
     return KVSpec(k_format=a.kv_cache_k or a.kv_cache, v_format=a.kv_cache_v or a.kv_cache,
                   int8_granularity=a.int8_granularity, group_size=a.group_size,
                   residual=a.residual, key_flush=a.key_flush, scale_dtype=a.scale_dtype,
-                  key_rope=a.key_rope, mode=a.mode)
+                  key_rope=a.key_rope, mode=a.mode, rotation_seed=a.kv_rotation_seed)
 
 
 def main(argv=None):

@@ -8,7 +8,13 @@
 4. Streaming: the vectorized fake-quantized forward (masks over a precomputed quantized
    copy of K and V) equals a token-by-token simulation with an explicit cache per layer that
    appends, applies event-driven flush rules and attends, for many KV configurations.
-   The simulator quantizes with its own scalar code (per group, Python floats).
+   The simulator quantizes with its own scalar code (per group, Python floats; tq rows with
+   a butterfly Walsh-Hadamard transform and threshold search instead of the matrix and
+   nearest-centroid search of llama_ref).
+5. tq formats: the Lloyd-Max codebooks (d = 128 mean squared errors of a unit vector, the
+   uniform d = 3 case in closed form, the Lloyd conditions, a Monte Carlo check of the
+   density at d = 8) and the rotation (orthonormal, block structure, Rng words and signs
+   derived by hand from the published splitmix64 seed-0 outputs).
 Exit status 0 when everything passes.
 """
 
@@ -108,6 +114,97 @@ def test_rounding():
           "rounding: representable values unchanged")
 
 
+# ---------------------------------------------------------------------------- tq codebook and rotation
+
+def test_tq_codebook():
+    # d = 128: E||u - Q(u)||^2 = d * per-coordinate mse for b = 1..4
+    want = {1: 0.3609, 2: 0.1160, 3: 0.03397, 4: 0.009315}
+    got = {b: 128 * ref.lloyd_max(128, b)[1] for b in want}
+    worst = max(abs(got[b] / want[b] - 1) for b in want)
+    check(worst < 1e-3, "tq codebook: d=128 unit-vector mse %s (worst rel diff %.1e)"
+          % (" ".join("%.5g" % got[b] for b in sorted(got)), worst))
+    # d = 3: one coordinate of a unit vector in R^3 is uniform on [-1, 1] (Archimedes), so
+    # the optimum is the uniform quantizer: centroids (2k+1)/K - 1, mse (2/K)^2 / 12.
+    bad = 0.0
+    for b in (1, 2, 3, 4):
+        K = 1 << b
+        c, mse = ref.lloyd_max(3, b)
+        bad = max(bad, float(np.abs(c - ((2 * np.arange(K) + 1) / K - 1)).max()),
+                  abs(mse - (2.0 / K) ** 2 / 12))
+    check(bad < 1e-12, "tq codebook: d=3 is the uniform quantizer (max deviation %.1e)" % bad)
+    # Lloyd conditions at d = 8 (the model's head_dim), by independent quadrature in x
+    # (100-point Gauss-Legendre per cell of the unnormalized density (1 - x^2)^(5/2)).
+    d = 8
+    gx, gw = np.polynomial.legendre.leggauss(100)
+    worst = 0.0
+    for b in (2, 3, 4):
+        c, _ = ref.lloyd_max(d, b)
+        t = np.concatenate([[-1.0], (c[1:] + c[:-1]) / 2, [1.0]])
+        for k in range(len(c)):
+            x = (t[k + 1] - t[k]) / 2 * gx + (t[k + 1] + t[k]) / 2
+            f = gw * (1 - x * x) ** ((d - 3) / 2)
+            worst = max(worst, abs(float((f * x).sum() / f.sum()) - c[k]))
+    check(worst < 1e-11, "tq codebook: d=8 centroids are their cells' means (max |diff| %.1e)" % worst)
+    # Monte Carlo: coordinates of uniform random unit vectors in R^8 quantized with the
+    # codebook have the predicted mse (checks the density itself).
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal((200000, d))
+    u = (g / np.linalg.norm(g, axis=1, keepdims=True)).ravel()
+    worst = 0.0
+    for b in (2, 3, 4):
+        c, mse = ref.lloyd_max(d, b)
+        q = c[np.abs(u[:, None] - c[None]).argmin(axis=1)]
+        worst = max(worst, abs(float(np.mean((u - q) ** 2)) / mse - 1))
+    check(worst < 0.01, "tq codebook: d=8 Monte Carlo mse within %.2f%% of the predicted" % (100 * worst))
+
+
+def test_tq_rotation():
+    # Rng by hand. splitmix64 from state 0 (published test vector) gives the xoshiro256**
+    # state s = (0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F,
+    # 0xF88BB8A8724C81EC); the first output is rotl(s1 * 5, 7) * 9 mod 2^64:
+    # s1 * 5 = 0x285B1815289EFDC4 (mod 2^64), rotl 7 = 0x2D8C0A944F7EE214,
+    # * 9 = 0x99EC5F36CB75F2B4. Its low byte 0xB4 = 0b10110100: bits 0..7 = 0,0,1,0,1,1,0,1,
+    # so the signs of coordinates 0..7 for seed 0 are + + - + - - + -.
+    M = (1 << 64) - 1
+    check(ref.splitmix64(0) == 0xE220A8397B1DCDAF and ref.Rng(0).s[3] == 0xF88BB8A8724C81EC,
+          "tq rotation: splitmix64 seeding matches the published seed-0 outputs")
+    check(((0x6E789E6AA1B965F4 * 5) & M) == 0x285B1815289EFDC4 and ref.Rng(0).next_u64() == 0x99EC5F36CB75F2B4,
+          "tq rotation: first xoshiro256** word of Rng(0) is 0x99EC5F36CB75F2B4")
+    sg = ref.rotation_signs(8, 0)
+    check(list(sg) == [1, 1, -1, 1, -1, -1, 1, -1], "tq rotation: signs of Rng(0), d=8: %s" % sg.astype(int).tolist())
+    # d = 96: coordinates 64..95 take bits 0..31 of the second word
+    r = ref.Rng(0)
+    r.next_u64()
+    w1 = r.next_u64()
+    s96 = ref.rotation_signs(96, 0)
+    check(all(s96[64 + i] == (-1.0 if w1 >> i & 1 else 1.0) for i in range(32)) and np.all(s96[:8] == sg),
+          "tq rotation: coordinates 64..95 use the second word (numbered across the vector)")
+    # the per-(layer, head) seed, spelled out
+    base = ref.DEFAULT_ROTATION_SEED
+    check(base == 1802073705 and
+          ref.rotation_seed(base, 0, 0) == ref.splitmix64(base ^ 0xE220A8397B1DCDAF) and
+          ref.rotation_seed(base, 3, 1) == ref.splitmix64(base ^ ref.splitmix64((3 << 32) | 1)) and
+          ref.rotation_seed(base, 3, 1) != ref.rotation_seed(base, 1, 3),
+          "tq rotation: seed = splitmix64(base ^ splitmix64((layer << 32) | head))")
+    worst, ok_blocks = 0.0, True
+    for d, blocks in ((8, [8]), (96, [64, 32]), (128, [128]), (80, [64, 16]), (112, [64, 32, 16])):
+        ok_blocks &= ref.hadamard_blocks(d) == blocks
+        R = ref.rotation_matrix(d, ref.rotation_seed(base, 1, 0))
+        worst = max(worst, float(np.abs(R @ R.T - np.eye(d)).max()))
+        mask = np.zeros((d, d), dtype=bool)
+        o = 0
+        for n in blocks:   # inside a block every entry is +-1/sqrt(n), zero outside
+            ok_blocks &= bool(np.allclose(np.abs(R[o:o + n, o:o + n]), 1 / math.sqrt(n)))
+            mask[o:o + n, o:o + n] = True
+            o += n
+        ok_blocks &= bool(np.all(R[~mask] == 0))
+    check(ok_blocks, "tq rotation: power-of-two blocks, largest first, entries +-1/sqrt(n)")
+    check(worst < 1e-12, "tq rotation: R R^T = I (max |diff| %.1e)" % worst)
+    # R = H D: column j of block k is sign_j times Hadamard column j (row 0 is sign / sqrt(n))
+    R = ref.rotation_matrix(8, 0)
+    check(np.allclose(R[0] * math.sqrt(8), sg), "tq rotation: row 0 of R (d=8, seed 0) = signs / sqrt(8)")
+
+
 # ---------------------------------------------------------------------------- streaming simulator
 
 def s_f16_down(x):
@@ -158,12 +255,60 @@ def s_int8(vals, scale):
             for v in vals]
 
 
+def s_fwht_rotate(x, signs, inverse=False):
+    """Scalar randomized Hadamard transform (signs, then butterflies per power-of-two
+    block, largest first); inverse: butterflies, then signs."""
+    x = [float(v) for v in x]
+    d = len(x)
+    if not inverse:
+        x = [v * sg for v, sg in zip(x, signs)]
+    o, rest = 0, d
+    while rest:
+        n = 1 << (rest.bit_length() - 1)
+        h = 1
+        while h < n:
+            for i in range(o, o + n, 2 * h):
+                for j in range(i, i + h):
+                    a, b = x[j], x[j + h]
+                    x[j], x[j + h] = a + b, a - b
+            h *= 2
+        for i in range(o, o + n):
+            x[i] /= math.sqrt(n)
+        o += n
+        rest -= n
+    if inverse:
+        x = [v * sg for v, sg in zip(x, signs)]
+    return x
+
+
+def s_tq(x, fmt, seed, sd):
+    """Scalar tq quantize-dequantize of one head's row."""
+    d = len(x)
+    signs = ref.rotation_signs(d, seed)
+    y = s_fwht_rotate(x, signs)
+    nrm = math.sqrt(sum(v * v for v in x))
+    if nrm == 0:
+        return [0.0] * d
+    bits = ref.tq_bits(fmt, d)
+    c = []
+    for i in range(d):
+        cb = ref.lloyd_max(d, int(bits[i]))[0]
+        u = y[i] / nrm
+        k = 0
+        while k + 1 < len(cb) and u > (cb[k] + cb[k + 1]) / 2:   # thresholds at midpoints
+            k += 1
+        c.append(float(cb[k]))
+    s = nrm * nrm / sum(a * b for a, b in zip(y, c))
+    s = float(np.float16(s)) if sd == "f16" else float(np.float32(s))
+    return [s * v for v in s_fwht_rotate(c, signs, inverse=True)]
+
+
 class Store:
     """One layer's K or V store: appends one [nkv, hs] vector per token and keeps what
     attention would read (`stored`), applying the flush rules as events."""
 
-    def __init__(self, fmt, is_key, spec, hs):
-        self.fmt, self.is_key, self.spec, self.hs = fmt, is_key, spec, hs
+    def __init__(self, fmt, is_key, spec, hs, layer=0):
+        self.fmt, self.is_key, self.spec, self.hs, self.layer = fmt, is_key, spec, hs, layer
         self.raw, self.stored = [], []
         self.nq = 0               # number of oldest tokens stored quantized (kivi)
         self.tensor_scale = None  # int8 "tensor" scale (first append batch)
@@ -173,7 +318,7 @@ class Store:
         self.raw.append(x.copy())
         nkv, hs = x.shape
         Gc = min(sp.group_size, hs)
-        if fmt == "f32" or fmt.startswith("kivi"):
+        if fmt == "f32" or fmt.startswith("kivi") or fmt in ref.TQ_FORMATS:
             self.stored.append(x.copy())
         elif fmt == "f16":
             self.stored.append(x.astype(np.float16).astype(np.float64))
@@ -197,6 +342,16 @@ class Store:
             self.stored.append(y)
         if fmt.startswith("kivi"):
             self._flush(int(fmt[4:]))
+        elif fmt in ref.TQ_FORMATS:
+            # keys and values: at most R full-precision tokens, the oldest quantized one by one
+            while len(self.raw) - self.nq > sp.residual:
+                x = self.raw[self.nq]
+                y = np.empty_like(x)
+                for h in range(nkv):
+                    seed = ref.rotation_seed(sp.rotation_seed, self.layer, h)
+                    y[h] = s_tq(list(x[h]), fmt, seed, sp.scale_dtype)
+                self.stored[self.nq] = y
+                self.nq += 1
 
     def _flush(self, bits):
         sp = self.spec
@@ -244,8 +399,8 @@ def simulate_stream(model, tokens, spec):
     m = model
     hs, nh, nkv = m.head_size, m.n_heads, m.n_kv_heads
     grp = nh // nkv
-    kst = [Store(spec.k_format, True, spec, hs) for _ in range(m.n_layers)]
-    vst = [Store(spec.v_format, False, spec, hs) for _ in range(m.n_layers)]
+    kst = [Store(spec.k_format, True, spec, hs, l) for l in range(m.n_layers)]
+    vst = [Store(spec.v_format, False, spec, hs, l) for l in range(m.n_layers)]
     out = []
     for t, tid in enumerate(tokens):
         x = m.tok_emb[tid].copy()
@@ -294,6 +449,10 @@ STREAM_CONFIGS = [
     dict(k_format="kivi4", v_format="kivi2", group_size=32, residual=64, key_flush="group"),
     dict(k_format="int8", v_format="kivi4", group_size=16, residual=16),
     dict(k_format="kivi2", v_format="f16", group_size=4, residual=0, key_flush="group"),
+    dict(k_format="tq3", v_format="tq2.5", residual=40),
+    dict(k_format="tq4", v_format="tq3.5", residual=0, scale_dtype="f32", rotation_seed=7),
+    dict(k_format="tq2", v_format="tq3", residual=100),
+    dict(k_format="kivi2", v_format="tq2", group_size=16, residual=32),
 ]
 
 
@@ -327,6 +486,8 @@ def main():
     gen, out = ref.generate_greedy(model, tok, GREEDY_PROMPT, 56)
     check(out == GREEDY_TEXT and len(gen) == 56, "greedy: %d tokens, text %s" % (len(gen), "matches" if out == GREEDY_TEXT else "DIFFERS: %r" % out))
     test_rounding()
+    test_tq_codebook()
+    test_tq_rotation()
     test_streaming(model, tok, text, 140)
     print("time %.1f s" % (time.time() - t0))
     if failures:
