@@ -22,16 +22,24 @@
 HWY_BEFORE_NAMESPACE();
 namespace kivi::attn::HWY_NAMESPACE {
 
+// tq rows [t0, t0 + n) of head h (one block) in the head's rotated space (no rotation
+// back) into out[n][D]; rs: [n] their scales.
+inline void StageTqRotated(const kv::StreamView& s, int h, int t0, int n, float* out, float* rs) {
+  const int D = s.head_dim;
+  LoadParams(s, s.param_base(t0, h) + static_cast<size_t>(t0 % s.block), n, rs);
+  for (int i = 0; i < n; ++i)
+    s.tq->decode_rotated(s.row(t0 + i, h), rs[i], out + static_cast<size_t>(i) * D);
+}
+
 // Stored tokens [t0, t0 + n) of head h (one block) dequantized into out[n][D].
 // ps, pz: [n][D] parameter staging (int8 group scales, KIVI value scales and zero
 // points); sp, zp: [D] (a KIVI key group's); rs: [n] (int8 row scales).
 inline void StageStored(const kv::StreamView& s, int h, int t0, int n, float* out, float* ps,
                         float* pz, float* sp, float* zp, float* rs) {
   const int D = s.head_dim;
-  if (s.tq) {  // tq: each row decoded and rotated back
-    LoadParams(s, s.param_base(t0, h) + static_cast<size_t>(t0 % s.block), n, rs);
-    for (int i = 0; i < n; ++i)
-      s.tq->decode(s.row(t0 + i, h), rs[i], s.rotations[h], out + static_cast<size_t>(i) * D);
+  if (s.tq) {  // tq: the rows in the rotated space, each rotated back
+    StageTqRotated(s, h, t0, n, out, rs);
+    for (int i = 0; i < n; ++i) s.rotations[h].inverse(out + static_cast<size_t>(i) * D);
     return;
   }
   switch (s.fmt.format) {
@@ -72,15 +80,6 @@ inline void StageStored(const kv::StreamView& s, int h, int t0, int n, float* ou
   LoadParams(s, pi, n * NG, pz, true);
   DequantKiviValues(s.quad_row(t0, h), t0 % 4, n, D, bits, Gc, ps, pz, static_cast<size_t>(NG),
                     out);
-}
-
-// tq rows [t0, t0 + n) of head h (one block) in the head's rotated space (no rotation
-// back) into out[n][D]; rs: [n] their scales.
-inline void StageTqRotated(const kv::StreamView& s, int h, int t0, int n, float* out, float* rs) {
-  const int D = s.head_dim;
-  LoadParams(s, s.param_base(t0, h) + static_cast<size_t>(t0 % s.block), n, rs);
-  for (int i = 0; i < n; ++i)
-    s.tq->decode_rotated(s.row(t0 + i, h), rs[i], out + static_cast<size_t>(i) * D);
 }
 
 }  // namespace kivi::attn::HWY_NAMESPACE

@@ -41,7 +41,6 @@ void KvCache::init(bool own) {
   n_blocks_ = pool_->n_blocks();
   n_logical_ = (cfg_.ctx + block_ - 1) / block_;
   row_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
-  tq_rows_.reset(static_cast<size_t>(cfg_.n_kv_heads) * cfg_.head_dim);
   tq_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
   readonly_.assign(n_logical_, 0);
   layers_.resize(cfg_.n_layers);
@@ -386,8 +385,7 @@ void KvCache::flush_keys(Layer& L, int first, int count) {
     const size_t pb = static_cast<size_t>(L.block_table[g0 / block_]);
     const int slot = g0 % block_;
     for (int h = 0; h < H; ++h) {
-      const float* src =
-          s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, g0)) * D;
+      const float* src = ring_row(s, h, g0);
       uint8_t* codes = s.head_codes(h, pb) + slot * s.lay.token_stride;
       const size_t pi = s.param_index(h, pb) + static_cast<size_t>(slot / G) * D;
       quantize_keys(src, 1, G, D, G, bits, cfg_.param_type, codes, s.scales + pi * ps,
@@ -413,47 +411,40 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   for (size_t j = 0; j < s.lay.code_row_bytes; ++j) quad[4 * j + slot % 4] = row_tmp_[j];
 }
 
-void KvCache::store_tq(Layer& L, StreamStore& s, int pos, const float* x) {
-  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+void KvCache::to_ring(StreamStore& s, int pos, const float* x) {
+  const int D = cfg_.head_dim;
+  for (int h = 0; h < cfg_.n_kv_heads; ++h)
+    std::memcpy(ring_row(s, h, pos), x + static_cast<size_t>(h) * D, D * sizeof(float));
+}
+
+void KvCache::store_tq(Layer& L, StreamStore& s, int pos, const float* x, size_t head_stride) {
+  const int H = cfg_.n_kv_heads;
   s.n_stored = pos + 1;
   if (readonly(pos)) return;  // a published block: it holds these very codes already
   const size_t pb = static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
   for (int h = 0; h < H; ++h) {
-    const float sc = s.tq->encode(x + static_cast<size_t>(h) * D, L.rot[h],
+    const float sc = s.tq->encode(x + h * head_stride, L.rot[h],
                                   s.head_codes(h, pb) + slot * s.lay.token_stride, tq_tmp_.data());
     store_param(s.scales, s.param_index(h, pb) + slot, sc, cfg_.param_type);
   }
 }
 
 void KvCache::flush_tq(Layer& L, StreamStore& s, int pos) {
-  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
-  AlignedBuffer<float>& rows = tq_rows_;
-  for (int h = 0; h < H; ++h) {
-    std::memcpy(rows.data() + static_cast<size_t>(h) * D,
-                s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
-                D * sizeof(float));
-  }
-  store_tq(L, s, pos, rows.data());
+  // The heads' ring rows of one token are ring_cap rows apart: coded in place.
+  store_tq(L, s, pos, ring_row(s, 0, pos), static_cast<size_t>(s.lay.ring_cap) * cfg_.head_dim);
 }
 
 void KvCache::append_tq(Layer& L, StreamStore& s, int pos, const float* x) {
-  const int H = cfg_.n_kv_heads, D = cfg_.head_dim, R = cfg_.residual;
-  if (R == 0) return store_tq(L, s, pos, x);
+  const int R = cfg_.residual;
+  if (R == 0) return store_tq(L, s, pos, x, static_cast<size_t>(cfg_.head_dim));
   if (pos - s.n_stored == R) flush_tq(L, s, s.n_stored);  // ring full: oldest goes first
-  for (int h = 0; h < H; ++h) {
-    std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
-                x + static_cast<size_t>(h) * D, D * sizeof(float));
-  }
+  to_ring(s, pos, x);
 }
 
 void KvCache::flush_value(Layer& L, int pos) {
   StreamStore& s = L.v;
-  const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
-  for (int h = 0; h < H; ++h) {
-    store_value(L, pos, h,
-                s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D);
-  }
+  for (int h = 0; h < cfg_.n_kv_heads; ++h) store_value(L, pos, h, ring_row(s, h, pos));
   s.n_stored = pos + 1;
 }
 
@@ -476,10 +467,7 @@ void KvCache::append(int layer, const float* k, const float* v) {
   // Keys.
   if (is_kivi(L.k.lay.fmt.format)) {
     StreamStore& s = L.k;
-    for (int h = 0; h < H; ++h) {
-      std::memcpy(s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
-                  k + static_cast<size_t>(h) * D, D * sizeof(float));
-    }
+    to_ring(s, pos, k);
     const int n_res = pos + 1 - s.n_stored;
     if (cfg_.key_flush == KeyFlush::kBatch) {
       const int r = std::max(R, G);
@@ -503,11 +491,7 @@ void KvCache::append(int layer, const float* k, const float* v) {
       s.n_stored = pos + 1;
     } else {
       if (pos - s.n_stored == R) flush_value(L, s.n_stored);  // ring full: oldest goes first
-      for (int h = 0; h < H; ++h) {
-        std::memcpy(
-            s.ring.data() + (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * D,
-            v + static_cast<size_t>(h) * D, D * sizeof(float));
-      }
+      to_ring(s, pos, v);
     }
   } else if (L.v.tq) {
     append_tq(L, L.v, pos, v);

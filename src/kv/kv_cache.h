@@ -392,14 +392,21 @@ class KvCache {
   static int ring_slot(const StreamStore& s, int pos) {
     return (pos + s.ring_shift) % s.lay.ring_cap;
   }
+  // The ring row of token pos, head h.
+  float* ring_row(StreamStore& s, int h, int pos) const {
+    return s.ring.data() +
+           (static_cast<size_t>(h) * s.lay.ring_cap + ring_slot(s, pos)) * cfg_.head_dim;
+  }
+  void to_ring(StreamStore& s, int pos, const float* x);  // x [H][D] -> token pos's ring rows
   StreamView stream_view(const Layer& L, const StreamStore& s, Stream which) const;
   void store_rows(Layer& L, StreamStore& s, int pos, const float* x);  // row formats, one token
   void flush_keys(Layer& L, int first, int count);                     // KIVI keys from ring
   void flush_value(Layer& L, int pos);                                 // KIVI value from ring
   void store_value(Layer& L, int pos, int h, const float* v);          // quantize + interleave
-  void store_tq(Layer& L, StreamStore& s, int pos, const float* x);    // tq: one token, every head
-  void flush_tq(Layer& L, StreamStore& s, int pos);                    // tq: one token from ring
-  void append_tq(Layer& L, StreamStore& s, int pos, const float* x);   // tq: streaming rules
+  // tq: one token of every head, head h's row at x + h * head_stride.
+  void store_tq(Layer& L, StreamStore& s, int pos, const float* x, size_t head_stride);
+  void flush_tq(Layer& L, StreamStore& s, int pos);                   // tq: one token from ring
+  void append_tq(Layer& L, StreamStore& s, int pos, const float* x);  // tq: streaming rules
   uint64_t stream_bytes_used(const StreamStore& s, Stream which, int n) const;
   // The pieces of a snapshot part (kv/snapshot.h) in order: f(pointer, bytes).
   void for_each_piece(const Layer& L, Stream which, Part p, int nb,
@@ -411,7 +418,6 @@ class KvCache {
   BlockPool* pool_ = nullptr;
   int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;
   AlignedBuffer<uint8_t> row_tmp_;          // one packed row, for interleaving value codes
-  AlignedBuffer<float> tq_rows_;            // [H][D] a token's rows leaving the ring (tq)
   AlignedBuffer<float> tq_tmp_;             // [D] a row being rotated (tq)
   std::vector<Layer> layers_;               // [n_layers]; borrowing layers' entries hold no storage
   std::vector<int> owner_;                  // [n_layers] layer_owners(cfg_)

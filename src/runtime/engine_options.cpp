@@ -526,16 +526,7 @@ SessionOptions parse_session_options(const OptionValues& given, OptionSpelling s
   c.param_type = kv::parse_param_type(r.str("scale-dtype"));
   c.key_rope = kv::parse_key_rope(r.str("key-rope"));
   c.share_every = r.integer("kv-share", 1, 1 << 16);
-  {
-    const std::string seed = r.str("kv-rotation-seed");
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long v = std::strtoull(seed.c_str(), &end, 10);
-    if (seed.empty() || seed[0] == '-' || *end != '\0' || errno == ERANGE)
-      fail("%s: '%s' is not an unsigned 64-bit integer", r.name("kv-rotation-seed").c_str(),
-           seed.c_str());
-    c.rotation_seed = v;
-  }
+  c.rotation_seed = static_cast<uint64_t>(r.integer64("kv-rotation-seed", 0, INT64_MAX));
   apply_format_spec(r.str("kv-cache"), r.name("kv-cache"), c, gran);
   if (r.given("kv-cache-k") && !r.str("kv-cache-k").empty())
     c.k.format = kv::parse_format(r.str("kv-cache-k"), r.name("kv-cache-k").c_str());
