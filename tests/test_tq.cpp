@@ -11,12 +11,15 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "attn/task.h"
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/f16.h"
 #include "core/rng.h"
 #include "kv/kv_cache.h"
 #include "kv/lloyd_max.h"
 #include "kv/tq.h"
+#include "test_util.h"
 
 namespace kivi {
 namespace {
@@ -150,6 +153,37 @@ TEST(TqCodec, CodesAndScalesFollowTheDefinition) {
   for (uint8_t b : codes) EXPECT_EQ(b, 0);
   t.decode(codes.data(), 0.0f, rot, back.data());
   for (float v : back) EXPECT_EQ(v, 0.0f);
+}
+
+// The attention's SIMD decoder (attn/tq-inl.h) against the codec's scalar one, bit for bit, on
+// every target: every format, head sizes whose runs start on a byte or not and end inside a
+// chunk or not, rows apart (stride > row) with the last row ending at the buffer's end (the
+// decoder must not read past it: AddressSanitizer checks).
+TEST(TqCodec, SimdDecoderEqualsTheCodecOnEveryTarget) {
+  Rng r(11);
+  for (const auto& target : test::simd_targets()) {
+    cpu::force_target_bits(target.bits);
+    for (Format f : kTq) {
+      for (int d : {4, 8, 12, 16, 36, 64, 72, 96, 128, 256}) {
+        const kv::TqCodec t(f, d);
+        const kv::HadamardRotation rot(d, 5);
+        const int n = 9;
+        const size_t stride = t.row_bytes() + 3;
+        std::vector<uint8_t> rows((n - 1) * stride + t.row_bytes());
+        std::vector<float> scales(n), tmp(d), want(static_cast<size_t>(n) * d), got(want.size());
+        for (int i = 0; i < n; ++i) {
+          const std::vector<float> x = random_row(r, d);
+          scales[i] = t.encode(x.data(), rot, rows.data() + i * stride, tmp.data());
+          t.decode_rotated(rows.data() + i * stride, scales[i], want.data() + i * d);
+        }
+        attn::decode_tq_rows(t, rows.data(), stride, n, scales.data(), got.data());
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(got[i], want[i]) << target.name << " " << kv::format_name(f) << " d=" << d
+                                     << " row " << i / d << " coordinate " << i % d;
+      }
+    }
+  }
+  cpu::reset_target();
 }
 
 // Random unit vectors, coded: the mean squared error of the reconstruction scaled by the

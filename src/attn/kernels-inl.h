@@ -1,7 +1,7 @@
 // The kernels the task loop (task.cpp) calls, per SIMD target: declared here, defined
-// in the two multi-target translation units kernels_rows.cpp (f32, f16 and int8 rows)
-// and kernels_kivi.cpp (KIVI keys and values). Every translation unit is compiled for
-// the same targets, so task.cpp's code for a target calls that target's kernels.
+// in the multi-target translation units kernels_rows.cpp (f32, f16 and int8 rows),
+// kernels_kivi.cpp (KIVI keys and values) and kernels_tq.cpp (tq rows). Every translation unit is
+// compiled for the same targets, so task.cpp's code for a target calls that target's kernels.
 //
 // Conventions: D is the head size, rep the query heads of one KV head, S[r * ld + i]
 // the score (then the softmax weight) of head r and token i of the range, O + r *
@@ -15,6 +15,7 @@
 #include "attn/prefetch.h"
 #include "core/f16.h"
 #include "kv/kv_cache.h"
+#include "kv/tq.h"
 
 namespace kivi::attn {
 
@@ -111,6 +112,13 @@ void FastKiviValues(const float* P, int ld, int rep, int D, int bits, int Gc, co
                     int t4, int n, const float* vs, const float* vz, float* O, size_t ostride,
                     uint64_t* wq, float* wsc, float* wtmp);
 #endif
+
+// --- tq (kernels_tq.cpp) -------------------------------------------------------------
+
+// Rows i = 0..n) at rows + i * stride with scales rs[i] decoded into the rotated space:
+// out[n][dim] (kv::TqCodec::decode_rotated for every row, bit for bit).
+void DecodeTqRows(const kv::TqCodec& c, const uint8_t* rows, size_t stride, int n, const float* rs,
+                  float* out);
 
 }  // namespace kivi::attn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -25,10 +25,8 @@ namespace kivi::attn::HWY_NAMESPACE {
 // tq rows [t0, t0 + n) of head h (one block) in the head's rotated space (no rotation
 // back) into out[n][D]; rs: [n] their scales.
 inline void StageTqRotated(const kv::StreamView& s, int h, int t0, int n, float* out, float* rs) {
-  const int D = s.head_dim;
   LoadParams(s, s.param_base(t0, h) + static_cast<size_t>(t0 % s.block), n, rs);
-  for (int i = 0; i < n; ++i)
-    s.tq->decode_rotated(s.row(t0 + i, h), rs[i], out + static_cast<size_t>(i) * D);
+  DecodeTqRows(*s.tq, s.row(t0, h), s.token_stride, n, rs, out);
 }
 
 // Stored tokens [t0, t0 + n) of head h (one block) dequantized into out[n][D].

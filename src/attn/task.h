@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "attn/attention.h"
+#include "kv/tq.h"
 
 namespace kivi::attn {
 
@@ -100,6 +101,12 @@ void attend_range(const TaskArgs& a);
 // y[i] = exp(x[i]) for x[i] <= 0 with the softmax's vector exp (0 below -87.3), on the
 // SIMD target chosen at run time. For tests.
 void exp_nonpositive(const float* x, float* y, int n);
+
+// tq rows i = 0..n) at rows + i * stride with scales rs[i] decoded into the rotated space,
+// out[n][dim], on the SIMD target chosen at run time (the staging of the decode task). For
+// tests.
+void decode_tq_rows(const kv::TqCodec& c, const uint8_t* rows, size_t stride, int n,
+                    const float* rs, float* out);
 
 // Kernel variants that tests force so that every one runs on a machine that would
 // otherwise pick another:
