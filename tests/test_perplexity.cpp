@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 namespace kivi {
@@ -87,6 +89,68 @@ TEST(Perplexity, KlDivergenceOrdersTheFormats) {
   EXPECT_GT(f16, 0.0);
 }
 
+// Per-layer precision: a map that gives every layer one format is that format's cache; a mix
+// lands between its formats.
+TEST(Perplexity, PerLayerMapsEqualUniformCachesAndMixesLandBetween) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir t;
+  const std::string lp = t.file("f32.lp");
+  ppl("--kv-cache f32 --save-logits '" + lp + "'");
+  const std::string kb = " -R 32 --kld-base '" + lp + "'";
+  const std::string kivi2 = ppl("--kv-cache kivi2" + kb).out;
+  EXPECT_EQ(field(ppl("--kv-cache-layers '*:kivi2'" + kb).out, "ppl"), field(kivi2, "ppl"));
+  EXPECT_EQ(field(ppl("--kv-cache-layers '0-4:kivi4/tq3'" + kb).out, "ppl"),
+            field(ppl("--kv-cache-k kivi4 --kv-cache-v tq3" + kb).out, "ppl"));
+  const double k2 = field(kivi2, "kld_mean");
+  const double k4 = field(ppl("--kv-cache kivi4" + kb).out, "kld_mean");
+  const auto mix = ppl("--kv-cache-layers '0,3:kivi4;*:kivi2'" + kb).out;
+  EXPECT_LT(field(mix, "kld_mean"), k2);
+  EXPECT_GT(field(mix, "kld_mean"), k4);
+  // Bits per element: the mean of the layers' (2 of 5 layers at kivi4's 5, 3 at kivi2's 3).
+  EXPECT_NEAR(field(mix, "bits_per_element_k"), (2 * 5.0 + 3 * 3.0) / 5, 1e-9);
+  EXPECT_NE(mix.find("layers 0 kivi4, 1-2 kivi2, 3 kivi4, 4 kivi2"), std::string::npos) << mix;
+}
+
+// The sweep on a short text: f32 cells cost nothing, a uniform row is the plain run with
+// that map (KL against a saved f32 run), and the proposal keeps to the budget.
+TEST(Perplexity, KvSensitivitySweep) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir t;
+  const std::vector<uint8_t> all = test::read_file(test::text_path());
+  test::write_text(t.file("short.txt"), std::string(all.begin(), all.begin() + 700));
+  const std::string args = "perplexity -m '" + test::model_path() + "' -t '" +
+                           test::tokenizer_path() + "' -f '" + t.file("short.txt") +
+                           "' -R 16 -G 16 ";
+  const auto r = run(kivi_cmd(args + "--kv-sensitivity f32,kivi2 --kv-budget 8 --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["cells"].size(), 5u * 2 * 2);
+  for (const auto& c : j["cells"]) {
+    if (c["format"] == "f32") {
+      EXPECT_EQ(c["kl"].get<double>(), 0.0) << c;
+    } else {
+      EXPECT_GT(c["kl"].get<double>(), 0.0) << c;
+    }
+  }
+  ASSERT_EQ(j["uniform"].size(), 2u);
+  const auto& u = j["uniform"][1];
+  EXPECT_EQ(u["map"], "*:kivi2");
+  const std::string lp = t.file("f32.lp");
+  ASSERT_EQ(run(kivi_cmd(args + "--save-logits '" + lp + "'")).exit_code, 0);
+  const auto plain =
+      run(kivi_cmd(args + "--kv-cache-layers '*:kivi2' --json --kld-base '" + lp + "'"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_NEAR(u["kl"].get<double>(), field(plain.out, "kld_mean"), 1e-9 * u["kl"].get<double>());
+  EXPECT_EQ(u["ppl"].get<double>(), field(plain.out, "ppl"));
+  const auto& p = j["proposal"];
+  EXPECT_LE(p["bits"].get<double>(), 8.0 + 1e-9);  // (kivi2 alone: 4.5 at head_dim 8)
+  EXPECT_LE(p["predicted_kl"].get<double>(), u["predicted_kl"].get<double>());
+  const auto again =
+      run(kivi_cmd(args + "--kv-cache-layers '" + p["map"].get<std::string>() + "' --json"));
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(field(again.out, "ppl"), p["ppl"].get<double>());
+}
+
 void expect_error(const test::RunResult& r, const std::string& needle) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
@@ -118,6 +182,15 @@ TEST(PerplexityErrors, BadInput) {
   test::write_file(t.file("vocab.lp"), bytes);
   expect_error(run(kivi_cmd(base_args() + "--kld-base '" + t.file("vocab.lp") + "'")),
                "another model");
+  // Per-layer maps and the sweep.
+  expect_error(run(kivi_cmd(base_args() + "--kv-cache-layers '9:kivi4;*:kivi2'")),
+               "names layer 9, but the model has 5 layers");
+  expect_error(run(kivi_cmd(base_args() + "--kv-cache-layers '0-3:kivi4'")),
+               "layer 4 has no format");
+  expect_error(run(kivi_cmd(base_args() + "--kv-budget 3")), "only with --kv-sensitivity");
+  expect_error(run(kivi_cmd(base_args() + "--kv-sensitivity kivi4,f16 --kv-budget 2")),
+               "below the cheapest mix");
+  expect_error(run(kivi_cmd(base_args() + "--kv-sensitivity kivi5")), "KIVI bits '5'");
   test::write_text(t.file("junk.lp"), "not a log-probability file");
   expect_error(run(kivi_cmd(base_args() + "--kld-base '" + t.file("junk.lp") + "'")),
                "not a kivi log-probability file");

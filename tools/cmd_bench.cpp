@@ -32,8 +32,8 @@ std::string short_name(const kv::CacheConfig& c) {
 }
 
 bool is_f32(const kv::CacheConfig& c) {
-  return c.k.format == kv::Format::kF32 && c.v.format == kv::Format::kF32 && c.share_every == 1 &&
-         c.share_map.empty() && c.key_rope == kv::KeyRope::kPost;
+  return !c.mixed() && c.k.format == kv::Format::kF32 && c.v.format == kv::Format::kF32 &&
+         c.share_every == 1 && c.share_map.empty() && c.key_rope == kv::KeyRope::kPost;
 }
 
 // The parameters shared by every format: "G=32, R=128, batch flush, f16 scales".

@@ -57,6 +57,15 @@ int cmd_perplexity(int argc, char** argv) {
         "Compare against log-probabilities saved by --save-logits (the same model, text and --ctx: "
         "the file "
         "records them and a mismatch is an error).");
+  a.add("kv-sensitivity", 0, "FORMATS",
+        "Instead of one run: per layer, the KL divergence against an f32 cache of each format "
+        "(comma-separated, e.g. kivi2,kivi4,tq3) for its keys alone and its values alone, every "
+        "other stream in f32; then each format for every layer. The f32 distributions of all "
+        "scored tokens are kept in memory.");
+  a.add("kv-budget", 0, "BITS",
+        "With --kv-sensitivity: propose a --kv-cache-layers mix of those formats within BITS "
+        "bits per element on average (greedy on the per-stream costs, taken as additive), and "
+        "measure it.");
   a.add_flag(
       "json", 0,
       "Print one JSON object: ppl, mean_nll, nll_stderr, tokens, mode, ... (and kld_* fields).");
@@ -77,8 +86,17 @@ int cmd_perplexity(int argc, char** argv) {
     if (a.given("kld-base")) inputs.push_back(a.str("kld-base"));
     io::check_output_is_not_input(a.str("save-logits"), inputs, "--save-logits");
   }
+  if (a.given("kv-budget") && !a.given("kv-sensitivity"))
+    fail("--kv-budget: only with --kv-sensitivity FORMATS");
   auto m = load_model(a);
   // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
+  if (a.given("kv-sensitivity")) {
+    if (a.given("save-logits") || a.given("kld-base"))
+      fail("--kv-sensitivity: measures against its own f32 run; drop --save-logits/--kld-base");
+    const std::vector<int> tokens = m->tokenizer().encode(text, false);
+    if (tokens.size() < 2) fail("%s: the text has too few tokens", a.str("file").c_str());
+    return report_kv_sensitivity(a, *m, session_options(a, *m), tokens, mode, json);
+  }
   const std::unique_ptr<runtime::Session> session =
       on_every_rank([&] { return std::make_unique<runtime::Session>(*m, session_options(a, *m)); });
   runtime::Session& s = *session;

@@ -11,6 +11,7 @@
 #include "dist/dist.h"
 #include "model/model.h"
 #include "runtime/generation.h"
+#include "runtime/perplexity.h"
 #include "runtime/session.h"
 #include "runtime/speculative.h"
 
@@ -126,6 +127,9 @@ int cmd_info(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
+// kivi perplexity --kv-sensitivity (perplexity_sensitivity.cpp).
+int report_kv_sensitivity(const Args& a, const model::Model& m, const runtime::SessionOptions& opt,
+                          const std::vector<int>& tokens, runtime::EvalMode mode, bool json);
 int cmd_bench(int argc, char** argv);
 int cmd_bench_attn(int argc, char** argv);
 int cmd_bench_batch(int argc, char** argv);

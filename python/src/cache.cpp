@@ -103,8 +103,8 @@ class Cache {
       pb::gil_scoped_release nogil;
       const kv::LayerView view = cache_->view(layer);
       const size_t ps = kv::param_size(c.param_type);
-      const int G = c.group_size, kbits = kv::format_bits(c.k.format),
-                vbits = kv::format_bits(c.v.format);
+      const int G = c.group_size, kbits = kv::format_bits(view.k.fmt.format),
+                vbits = kv::format_bits(view.v.fmt.format);
       const int gc = view.v.group;
       std::vector<uint8_t> row(view.v.code_row_bytes);
       for (int s = 0; s < view.k.n_heads; ++s) {

@@ -55,9 +55,15 @@ static uint64_t stream_block_bytes(const CacheConfig& c, const StreamLayout& s) 
 }
 
 uint64_t BlockPool::bytes_per_block(const CacheConfig& c) {
-  const uint64_t per_layer = stream_block_bytes(c, stream_layout(c, Stream::kKey)) +
-                             stream_block_bytes(c, stream_layout(c, Stream::kValue));
-  return per_layer * static_cast<uint64_t>(stored_layers(c));
+  const std::vector<int> owners = layer_owners(c);
+  uint64_t total = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (owners[l] != l) continue;
+    const CacheConfig one = c.at_layer(l);
+    total += stream_block_bytes(one, stream_layout(one, Stream::kKey)) +
+             stream_block_bytes(one, stream_layout(one, Stream::kValue));
+  }
+  return total;
 }
 
 BlockPool::BlockPool(const CacheConfig& config, int n_blocks) : cfg_(config), n_blocks_(n_blocks) {
@@ -66,10 +72,9 @@ BlockPool::BlockPool(const CacheConfig& config, int n_blocks) : cfg_(config), n_
   if (n_blocks < 1) fail("KV pool: %d blocks, expected at least 1", n_blocks);
   block_ = cfg_.block();
   block_bytes_ = bytes_per_block(cfg_);
-  const bool tensor_scaled =
-      (cfg_.k.format == Format::kInt8 && cfg_.k.granularity == Int8Granularity::kTensor) ||
-      (cfg_.v.format == Format::kInt8 && cfg_.v.granularity == Int8Granularity::kTensor);
-  sharing_ = !tensor_scaled;
+  sharing_ = !cfg_.any_stream([](const StreamFormat& f, bool) {
+    return f.format == Format::kInt8 && f.granularity == Int8Granularity::kTensor;
+  });
   const size_t H = cfg_.n_kv_heads, ps = param_size(cfg_.param_type);
   layers_.resize(cfg_.n_layers);
   layer_blocks_.assign(cfg_.n_layers, n_blocks_);
@@ -81,7 +86,7 @@ BlockPool::BlockPool(const CacheConfig& config, int n_blocks) : cfg_(config), n_
     LayerStorage& L = layers_[l];
     for (Stream which : {Stream::kKey, Stream::kValue}) {
       StreamStorage& s = which == Stream::kKey ? L.k : L.v;
-      s.layout = stream_layout(cfg_, which);
+      s.layout = stream_layout(cfg_.at_layer(l), which);
       // Zeroed: large buffers are fresh maps (zero, committing memory only as tokens are
       // written), small ones are cleared. allocate() zeroes a block again only when it
       // hands it out a second time.

@@ -179,15 +179,42 @@ int layer_blocks(const CacheConfig& c, int layer) {
   const int all = (c.ctx + B - 1) / B;
   const int w = c.window(layer);
   if (w <= 0) return all;
-  const int64_t held = std::max<int64_t>({w, key_ring_capacity(c), value_ring_capacity(c)}) +
+  const CacheConfig one = c.at_layer(layer);
+  const int64_t held = std::max<int64_t>({w, key_ring_capacity(one), value_ring_capacity(one)}) +
                        static_cast<int64_t>(B);
   return static_cast<int>(std::min<int64_t>(all, (held + B - 1) / B));
 }
 
 int CacheConfig::channel_group() const { return std::min(group_size, head_dim); }
 
+CacheConfig CacheConfig::at_layer(int l) const {
+  CacheConfig c = *this;
+  if (mixed()) {
+    c.k = layer_formats.at(static_cast<size_t>(l)).k;
+    c.v = layer_formats.at(static_cast<size_t>(l)).v;
+    c.layer_formats.clear();
+  }
+  return c;
+}
+
+std::vector<CacheConfig::LayerFormats> CacheConfig::formats() const {
+  if (mixed()) return layer_formats;
+  return {LayerFormats{k, v}};
+}
+
+bool CacheConfig::has_residual() const {
+  return any_stream([](const StreamFormat& f, bool) { return uses_ring(f.format); });
+}
+
 void CacheConfig::validate() const {
   if (n_layers < 1) fail("KV cache: n_layers = %d, expected >= 1", n_layers);
+  if (mixed()) {
+    if (static_cast<int>(layer_formats.size()) != n_layers)
+      fail("--kv-cache-layers: %zu layers' formats for a model of %d layers", layer_formats.size(),
+           n_layers);
+    for (int l = 0; l < n_layers; ++l) at_layer(l).validate();
+    return;
+  }
   if (n_kv_heads < 1) fail("KV cache: n_kv_heads = %d, expected >= 1", n_kv_heads);
   if (head_dim < 1 || head_dim > 1024)
     fail("KV cache: head_dim = %d, expected 1 to 1024", head_dim);
@@ -281,6 +308,17 @@ static double param_bytes_per_token_head(const CacheConfig& c, Stream s) {
 }
 
 double stream_bytes_per_token(const CacheConfig& c, Stream s) {
+  if (c.mixed()) {  // the mean over the layers that store a cache
+    const std::vector<int> owners = layer_owners(c);
+    double sum = 0.0;
+    int n = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (owners[l] != l) continue;
+      sum += stream_bytes_per_token(c.at_layer(l), s);
+      ++n;
+    }
+    return sum / std::max(n, 1);
+  }
   const StreamFormat& f = s == Stream::kKey ? c.k : c.v;
   const double codes = static_cast<double>(code_row_bytes(f.format, c.head_dim));
   return c.n_kv_heads * (codes + param_bytes_per_token_head(c, s));
@@ -295,6 +333,7 @@ double bits_per_element(const CacheConfig& c, Stream s) {
 }
 
 int keys_quantized_after(const CacheConfig& c, int n) {
+  if (c.mixed()) fail("keys_quantized_after: a configuration with per-layer formats");
   if (is_tq(c.k.format)) return std::max(0, n - c.residual);  // token by token, as values
   if (!is_kivi(c.k.format)) return n;
   const int G = c.group_size, R = c.residual;
@@ -308,11 +347,17 @@ int keys_quantized_after(const CacheConfig& c, int n) {
 }
 
 int values_quantized_after(const CacheConfig& c, int n) {
+  if (c.mixed()) fail("values_quantized_after: a configuration with per-layer formats");
   if (!uses_ring(c.v.format)) return n;
   return std::max(0, n - c.residual);
 }
 
 int key_ring_capacity(const CacheConfig& c) {
+  if (c.mixed()) {
+    int m = 0;
+    for (int l = 0; l < c.n_layers; ++l) m = std::max(m, key_ring_capacity(c.at_layer(l)));
+    return m;
+  }
   if (is_tq(c.k.format)) return c.residual > 0 ? c.residual + c.ring_slack : 0;
   if (!is_kivi(c.k.format)) return 0;
   const int G = c.group_size, R = c.residual;
@@ -325,6 +370,11 @@ int key_ring_capacity(const CacheConfig& c) {
 }
 
 int value_ring_capacity(const CacheConfig& c) {
+  if (c.mixed()) {
+    int m = 0;
+    for (int l = 0; l < c.n_layers; ++l) m = std::max(m, value_ring_capacity(c.at_layer(l)));
+    return m;
+  }
   return uses_ring(c.v.format) && c.residual > 0 ? c.residual + c.ring_slack : 0;
 }
 
@@ -390,6 +440,21 @@ uint64_t tensor_scale_bytes(const CacheConfig& c) {
 }  // namespace
 
 uint64_t expected_bytes_used(const CacheConfig& c, int n) {
+  if (c.mixed()) {
+    const std::vector<int> owners = layer_owners(c);
+    uint64_t total = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (owners[l] != l) continue;
+      CacheConfig one = c.at_layer(l);  // that layer alone
+      one.n_layers = 1;
+      one.share_every = 1;
+      one.share_map.clear();
+      one.layer_window =
+          c.layer_window.empty() ? std::vector<int>{} : std::vector<int>{c.window(l)};
+      total += expected_bytes_used(one, n);
+    }
+    return total;
+  }
   const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
   const int nkq = keys_quantized_after(c, n), nvq = values_quantized_after(c, n);
   const int B = c.block();
@@ -414,6 +479,21 @@ uint64_t expected_bytes_used(const CacheConfig& c, int n) {
 }
 
 uint64_t expected_bytes_reserved(const CacheConfig& c) {
+  if (c.mixed()) {
+    const std::vector<int> owners = layer_owners(c);
+    uint64_t total = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (owners[l] != l) continue;
+      CacheConfig one = c.at_layer(l);
+      one.n_layers = 1;
+      one.share_every = 1;
+      one.share_map.clear();
+      one.layer_window =
+          c.layer_window.empty() ? std::vector<int>{} : std::vector<int>{c.window(l)};
+      total += expected_bytes_reserved(one);
+    }
+    return total;
+  }
   const int B = c.block();
   const uint64_t row = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim * sizeof(float);
   const std::vector<int> owners = layer_owners(c);

@@ -106,6 +106,16 @@ struct CacheConfig {
   // instead of storing its own (its K and V projections are skipped).
   int share_every = 1;  // groups of N adjacent layers read the first one's cache
   std::vector<std::pair<int, int>> share_map;  // (borrower, owner) pairs, applied after share_every
+  // Per-layer precision: [n_layers] each layer's key and value formats, or empty when every
+  // layer uses k and v. A borrowing layer (cross-layer sharing) reads its owner's.
+  struct LayerFormats {
+    StreamFormat k, v;
+    bool operator==(const LayerFormats&) const = default;
+  };
+  std::vector<LayerFormats> layer_formats;
+  // The map it comes from (--kv-cache-layers, kv/layer_formats.h), applied once the model's
+  // layers are known (runtime::cache_shape_for); empty for none.
+  std::string layer_map;
   // Sliding-window attention (model/config.h): [n_layers] the tokens each layer attends,
   // 0 for the whole context; empty when no layer has a window. A layer with a window
   // holds only layer_blocks() blocks and evicts the blocks that leave its window.
@@ -117,7 +127,19 @@ struct CacheConfig {
   int block() const;
   // Channel group for value / int8-group quantization: min(G, head_dim).
   int channel_group() const;
-  bool has_residual() const { return uses_ring(k.format) || uses_ring(v.format); }
+  bool has_residual() const;
+  // Layer l's configuration: k and v its own formats, layer_formats empty.
+  CacheConfig at_layer(int l) const;
+  // Whether layers differ in format; every (key, value) format pair of the layers.
+  bool mixed() const { return !layer_formats.empty(); }
+  std::vector<LayerFormats> formats() const;
+  // Whether pred(format, is_key) holds for some stream of some layer.
+  template <class Pred>
+  bool any_stream(Pred pred) const {
+    for (const LayerFormats& f : formats())
+      if (pred(f.k, true) || pred(f.v, false)) return true;
+    return false;
+  }
   int window(int layer) const {
     return layer < static_cast<int>(layer_window.size()) ? layer_window[layer] : 0;
   }
@@ -160,7 +182,9 @@ inline uint64_t head_region_bytes(uint64_t bytes) {
 }
 
 // Residual sizes after n appended tokens (KIVI formats; 0 otherwise): the number of
-// keys/values held in full precision and the number quantized.
+// keys/values held in full precision and the number quantized. These and the ring
+// capacities are one layer's: pass at_layer(l) where layers differ in format (the ring
+// capacities of a mixed configuration are the largest of its layers').
 int keys_quantized_after(const CacheConfig& c, int n_tokens);
 int values_quantized_after(const CacheConfig& c, int n_tokens);
 // Ring capacities of the residual buffers.

@@ -160,16 +160,21 @@ void KvCache::release_reservation() {
 }
 
 bool KvCache::can_truncate(int n) const {
-  const Layer& L = layers_[first_stored_];
-  if (cfg_.has_window() || n < 1 || n > L.n || L.evicted != 0) return false;
-  const int stored[2] = {keys_quantized_after(cfg_, n), values_quantized_after(cfg_, n)};
-  const StreamStore* streams[2] = {&L.k, &L.v};
-  for (int i = 0; i < 2; ++i) {
-    const StreamStore& s = *streams[i];
-    // Tokens [stored, min(n_stored, n)) go back to the ring: their rows are there if no
-    // later token took their slots.
-    if (!uses_ring(s.lay.fmt.format) || stored[i] >= std::min(s.n_stored, n)) continue;
-    if (stored[i] < std::max(L.n - s.lay.ring_cap, s.ring_floor)) return false;
+  const Layer& L0 = layers_[first_stored_];
+  if (cfg_.has_window() || n < 1 || n > L0.n || L0.evicted != 0) return false;
+  for (int l = 0; l < cfg_.n_layers; ++l) {  // every layer's streams (formats may differ)
+    if (owner_[l] != l) continue;
+    const Layer& L = layers_[l];
+    const CacheConfig c = cfg_.at_layer(l);
+    const int stored[2] = {keys_quantized_after(c, n), values_quantized_after(c, n)};
+    const StreamStore* streams[2] = {&L.k, &L.v};
+    for (int i = 0; i < 2; ++i) {
+      const StreamStore& s = *streams[i];
+      // Tokens [stored, min(n_stored, n)) go back to the ring: their rows are there if no
+      // later token took their slots.
+      if (!uses_ring(s.lay.fmt.format) || stored[i] >= std::min(s.n_stored, n)) continue;
+      if (stored[i] < std::max(L.n - s.lay.ring_cap, s.ring_floor)) return false;
+    }
   }
   return true;
 }
@@ -179,11 +184,19 @@ bool KvCache::truncate(int n) {
     fail("truncate(%d): the cache (%d tokens) cannot be cut back there", n,
          layers_[first_stored_].n);
   }
-  const int stored_k = keys_quantized_after(cfg_, n), stored_v = values_quantized_after(cfg_, n);
+  // Tokens each layer keeps quantized (formats may differ by layer).
+  std::vector<std::pair<int, int>> stored(cfg_.n_layers, {n, n});
+  int least = n;
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    if (owner_[l] != l) continue;
+    const CacheConfig c = cfg_.at_layer(l);
+    stored[l] = {keys_quantized_after(c, n), values_quantized_after(c, n)};
+    least = std::min({least, stored[l].first, stored[l].second});
+  }
   const int keep = (n + block_ - 1) / block_;  // logical blocks [0, keep) stay
   // Blocks from `first_write` on are written again (new tokens, or re-quantized rows):
   // they must be this cache's own and unpublished.
-  const int first_write = std::min({stored_k, stored_v, n}) / block_;
+  const int first_write = least / block_;
   int copies = 0;
   for (int b = first_write; b < keep; ++b) copies += readonly_[b] || b < published_;
   if (copies > pool_->available_blocks() + reservation_) return false;
@@ -211,8 +224,8 @@ bool KvCache::truncate(int n) {
     if (owner_[l] != l) continue;
     Layer& L = layers_[l];
     L.n = n;
-    L.k.n_stored = std::min(L.k.n_stored, stored_k);
-    L.v.n_stored = std::min(L.v.n_stored, stored_v);
+    L.k.n_stored = std::min(L.k.n_stored, stored[l].first);
+    L.v.n_stored = std::min(L.v.n_stored, stored[l].second);
   }
   return true;
 }
@@ -743,7 +756,8 @@ void KvCache::for_each_piece(const Layer& L, Stream which, Part p, int nb,
     }
     case Part::kRing: {
       // The last `rows` tokens' rows, token t's at t % rows (kv/snapshot.h).
-      const int rows = snapshot_ring_rows(cfg_, which);
+      const int rows =
+          snapshot_ring_rows(cfg_.at_layer(static_cast<int>(&L - layers_.data())), which);
       if (rows == 0 || !s.ring.size()) break;
       const size_t row = cfg_.head_dim * sizeof(float);
       const int first = L.n - rows;
@@ -784,7 +798,8 @@ uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const 
   if (borrows(layer)) fail("KV cache: layer %d stores no cache", layer);
   Layer& L = layers_.at(layer);
   if (L.n != 0) fail("KV cache: layer %d is not empty", layer);
-  check_layer_state(cfg_, st, strfmt("KV cache layer %d", layer));
+  const CacheConfig lc = cfg_.at_layer(layer);  // this layer's formats
+  check_layer_state(lc, st, strfmt("KV cache layer %d", layer));
   const int nb = (st.n + block_ - 1) / block_;
   if (nb > static_cast<int>(L.block_table.size()))
     fail("KV cache: %d blocks restored into layer %d, which maps %zu", nb, layer,
@@ -836,7 +851,7 @@ uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const 
                                       : p == Part::kScales ? S.scales
                                                            : S.zeros;
         const size_t stride = p == Part::kCodes ? S.code_head_stride : S.param_head_stride * ps;
-        const size_t used = part_head_bytes(cfg_, which, p, nb),
+        const size_t used = part_head_bytes(lc, which, p, nb),
                      file_stride = head_region_bytes(used);
         if (used > 0) {
           for (size_t h = 0; h < H; ++h) region(buf, h * stride, src + h * file_stride, used);
@@ -853,7 +868,7 @@ uint64_t KvCache::restore(int layer, const LayerState& st, const uint8_t* const 
     const StreamState& t = which == Stream::kKey ? st.k : st.v;
     // The residual window: the snapshot's last `rows` tokens, token t's row at
     // (t + shift) % rows there, goes to t % ring_cap here.
-    const int rows = snapshot_ring_rows(cfg_, which);
+    const int rows = snapshot_ring_rows(lc, which);
     const uint8_t* ring = parts[static_cast<int>(which)][static_cast<int>(Part::kRing)];
     s.ring_shift = 0;
     s.ring_floor = std::max(0, st.n - rows);

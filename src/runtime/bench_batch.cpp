@@ -29,8 +29,8 @@ kv::CacheConfig shaped(const model::Model& m, const kv::CacheConfig& c, int ctx)
 int blocks_per_sequence(const kv::CacheConfig& s) { return (s.ctx + s.block() - 1) / s.block(); }
 
 bool is_f16(const kv::CacheConfig& c) {
-  return c.k.format == kv::Format::kF16 && c.v.format == kv::Format::kF16 && c.share_every == 1 &&
-         c.share_map.empty() && c.key_rope == kv::KeyRope::kPost;
+  return !c.mixed() && c.k.format == kv::Format::kF16 && c.v.format == kv::Format::kF16 &&
+         c.share_every == 1 && c.share_map.empty() && c.key_rope == kv::KeyRope::kPost;
 }
 
 void check(const BatchBenchConfig& cfg) {

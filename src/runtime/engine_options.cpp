@@ -1,5 +1,7 @@
 #include "runtime/engine_options.h"
 
+#include "kv/layer_formats.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "core/sysinfo.h"
 #include "core/threadpool.h"
 #include "kv/format.h"
+#include "kv/layer_formats.h"
 #include "model/context_parallel.h"
 
 namespace kivi::runtime {
@@ -48,6 +51,11 @@ const std::vector<OptionSpec> kSpecs = {
     {"kv-cache-k", 0, "FORMAT", "Key format (overrides --kv-cache for keys), e.g. kivi4.", "", kKv},
     {"kv-cache-v", 0, "FORMAT", "Value format (overrides --kv-cache for values), e.g. kivi2.", "",
      kKv},
+    {"kv-cache-layers", 0, "MAP",
+     "Per-layer formats, overriding --kv-cache: rules LAYERS:FORMAT separated by ';', LAYERS a "
+     "list of layers and ranges or '*' for the rest, FORMAT one format or KEY/VALUE, e.g. "
+     "\"0,1,15:kivi4;*:kivi2\" or \"0-3:kivi4/kivi2;*:kivi2\". Every layer is covered once.",
+     "", kKv},
     {"int8-granularity", 0, "G",
      "int8 scale granularity: tensor (one per layer and K/V, fixed at the first prefill; later "
      "overflow is clamped and counted), token, head or group.",
@@ -532,6 +540,9 @@ SessionOptions parse_session_options(const OptionValues& given, OptionSpelling s
     c.k.format = kv::parse_format(r.str("kv-cache-k"), r.name("kv-cache-k").c_str());
   if (r.given("kv-cache-v") && !r.str("kv-cache-v").empty())
     c.v.format = kv::parse_format(r.str("kv-cache-v"), r.name("kv-cache-v").c_str());
+  if (r.given("kv-cache-layers")) {
+    c.layer_map = r.str("kv-cache-layers");  // checked against the model's layers
+  }
   if (r.given("kv-share-map"))
     c.share_map = parse_share_map(r.str("kv-share-map"), r.name("kv-share-map"));
 
@@ -552,6 +563,8 @@ kv::CacheConfig cache_shape_for(const model::ModelConfig& c, const kv::CacheConf
   cc.head_dim = c.head_dim();
   cc.ctx = ctx;
   cc.layer_window = c.layer_windows();
+  if (!cc.layer_map.empty())
+    cc.layer_formats = kv::parse_layer_formats(cc.layer_map, cc.n_layers, cc.k.granularity);
   cc.validate();
   return cc;
 }
@@ -623,12 +636,15 @@ ContextChoice resolve_context(const model::Model& m, const SessionOptions& o) {
 }
 
 std::string describe_cache(const kv::CacheConfig& c) {
-  std::string s =
-      c.k == c.v ? kv::describe(c.k) : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
+  std::string s = c.mixed()              ? kv::describe_layer_formats(c)
+                  : !c.layer_map.empty() ? "per layer: " + c.layer_map
+                  : c.k == c.v           ? kv::describe(c.k)
+                                         : "K " + kv::describe(c.k) + " / V " + kv::describe(c.v);
   if (c.has_residual()) {
     s += strfmt(" (G=%d, R=%d, %s flush, %s scales)", c.group_size, c.residual,
                 kv::key_flush_name(c.key_flush), kv::param_type_name(c.param_type));
-  } else if (c.k.format == kv::Format::kInt8 || c.v.format == kv::Format::kInt8) {
+  } else if (c.any_stream(
+                 [](const kv::StreamFormat& f, bool) { return f.format == kv::Format::kInt8; })) {
     s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
   }
   if (c.key_rope == kv::KeyRope::kPre) s += ", keys before RoPE";

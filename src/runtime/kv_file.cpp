@@ -52,6 +52,10 @@ std::string show_overflow(int32_t v) {
 // they never make two equal caches differ.
 std::vector<Field> fields(const KvFileConfig& f) {
   const kv::CacheConfig& c = f.cache;
+  if (c.mixed())
+    fail(
+        "KV files: a cache whose layers differ in format (--kv-cache-layers) is not saved or "
+        "loaded");
   auto gran = [](const kv::StreamFormat& s) {
     return s.format == kv::Format::kInt8 ? static_cast<int32_t>(s.granularity) : 0;
   };

@@ -105,7 +105,8 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
   auto tensor_scaled = [](const kv::StreamFormat& f) {
     return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
   };
-  if (tensor_scaled(cc.k) || tensor_scaled(cc.v)) opt_.max_batch = std::max(opt_.max_batch, ctx_);
+  if (cc.any_stream([&](const kv::StreamFormat& f, bool) { return tensor_scaled(f); }))
+    opt_.max_batch = std::max(opt_.max_batch, ctx_);
   if (opt_.overflow != ContextOverflow::kStop) {
     // Tokens are dropped a block at a time and the sinks kept in whole blocks: blocks of
     // 64 tokens (rounded to whole key groups and value quads) waste less than 128.
@@ -120,7 +121,14 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
       fail("--sinks %d: expected 0 to 512 tokens", opt_.sinks);
     sink_keep_ = (opt_.sinks + B - 1) / B * B;
     const bool post = cc.key_rope == kv::KeyRope::kPost && !c.alibi;
-    const bool rotatable = cc.k.format == kv::Format::kF32 || cc.k.format == kv::Format::kF16;
+    // The first key format that cannot be rotated in place, if any.
+    kv::Format fixed = kv::Format::kF32;
+    cc.any_stream([&](const kv::StreamFormat& f, bool key) {
+      if (!key || f.format == kv::Format::kF32 || f.format == kv::Format::kF16) return false;
+      fixed = f.format;
+      return true;
+    });
+    const bool rotatable = fixed == kv::Format::kF32;
     if (opt_.overflow == ContextOverflow::kShift && post && !rotatable) {
       fail(
           "--context-overflow shift moves tokens to new positions: %s keys stored after RoPE would "
@@ -128,7 +136,7 @@ Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_
           "re-rotated and rounded again; use --key-rope pre (positions then live only in "
           "attention) or the window "
           "policy",
-          kv::format_name(cc.k.format));
+          kv::format_name(fixed));
     }
     if (opt_.overflow == ContextOverflow::kWindow) {
       // The cache holds the sink blocks, the window and one block dropped at a time.
@@ -345,9 +353,9 @@ uint64_t Session::kv_bytes_reserved() const {
 uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache, int ctx,
                        int max_batch, const sparse::Options& sparse) {
   const kv::CacheConfig cc = cache_shape_for(c, cache, ctx);
-  const bool tensor_scaled =
-      (cc.k.format == kv::Format::kInt8 && cc.k.granularity == kv::Int8Granularity::kTensor) ||
-      (cc.v.format == kv::Format::kInt8 && cc.v.granularity == kv::Int8Granularity::kTensor);
+  const bool tensor_scaled = cc.any_stream([](const kv::StreamFormat& f, bool) {
+    return f.format == kv::Format::kInt8 && f.granularity == kv::Int8Granularity::kTensor;
+  });
   const uint64_t b =
       static_cast<uint64_t>(std::max(1, tensor_scaled ? std::max(max_batch, ctx) : max_batch));
   const uint64_t activations =

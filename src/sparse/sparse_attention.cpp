@@ -33,7 +33,9 @@ std::vector<char> summarized_layers(const Options& o, const kv::CacheConfig& c) 
 void check_fits(const Options& o, const kv::CacheConfig& c) {
   o.validate();
   if (!o.enabled()) return;
-  if (kv::is_kivi(c.k.format) && o.block % c.group_size != 0) {
+  const bool kivi_keys = c.any_stream(
+      [](const kv::StreamFormat& f, bool key) { return key && kv::is_kivi(f.format); });
+  if (kivi_keys && o.block % c.group_size != 0) {
     fail(
         "--sparse-block %d: expected a multiple of the KIVI key group G=%d (summaries cover whole "
         "groups)",

@@ -29,10 +29,16 @@ A configuration is written as comma-separated key=value pairs:
     kv=FMT (both) or k=FMT,v=FMT   FMT in f32 f16 int8 kivi2 kivi4 kivi8 tq2 tq2.5 tq3 tq3.5 tq4
     G=32 R=128 flush=batch|group scale=f16|f32 gran=token|head|group|tensor rope=post|pre
     seed=N (tq rotation base seed, --kv-rotation-seed; default 1802073705 = 0x6b697669)
+    layers=MAP (per-layer formats, --kv-cache-layers MAP; replaces kv/k/v)
 Unlisted keys take the defaults (G=32, R=128, flush=batch, scale=f16, gran=head),
 e.g. "kv=kivi2,G=64,R=0,flush=group", "k=int8,v=kivi4,gran=tensor", "kv=tq4,R=32" or
 "k=kivi2,v=tq2.5,rope=pre". R applies to the KIVI and tq formats (a multiple of G only
 where a KIVI format is used); tq quantizes keys and values token by token.
+MAP is written as the engine takes it: rules LAYERS:FORMAT separated by ';', LAYERS '*'
+(the layers no other rule names) or layer numbers and ranges A-B separated by ',',
+FORMAT one format or KEY/VALUE, e.g. "layers=0,4-5:kivi4/tq3;*:kivi2,R=32". The commas of
+a layer list do not end the item: a following piece without '=' continues the map.
+The other keys (G, R, flush, scale, gran, rope, seed) apply to every layer.
 --list prints the default list; --quick runs a handful of configurations.
 
 The "effect" column is the engine's quantization effect over the reference's:
@@ -71,9 +77,10 @@ NOISE_EPS = 1e-6
 
 def is_chaotic(spec):
     """2-bit KIVI keys with a residual window of at most 32 tokens, or tq keys with no
-    residual window (see the module doc)."""
-    return ((spec.k_format == "kivi2" and spec.residual <= 32) or
-            (spec.k_format in ref.TQ_FORMATS and spec.residual == 0))
+    residual window (see the module doc), in any layer."""
+    keys = spec.formats_used()[0]
+    return (("kivi2" in keys and spec.residual <= 32) or
+            (bool(keys & set(ref.TQ_FORMATS)) and spec.residual == 0))
 
 
 def default_configs():
@@ -96,6 +103,9 @@ def default_configs():
           "kv=kivi2,R=128,rope=pre", "kv=kivi2,G=64,R=0,flush=group,rope=pre"]
     c += ["kv=tq4", "kv=tq3", "kv=tq2.5,R=128", "kv=tq3,R=32", "k=kivi2,v=tq2,rope=pre",
           "k=kivi4,v=tq3.5,R=32,rope=pre"]
+    # per-layer formats (stories260K has layers 0-4)
+    c += ["layers=0:kivi4;*:kivi2,R=32", "layers=0-1:kivi4/tq3;*:kivi2/tq2,R=32,rope=pre",
+          "layers=0,4:int8;1-3:kivi2/f16,G=64,R=64,flush=group"]
     return c
 
 
@@ -104,13 +114,21 @@ QUICK_CONFIGS = ["kv=f32", "kv=f16", "kv=int8", "kv=kivi4", "kv=kivi2",
 
 
 def parse_config(text):
-    """'k=kivi4,v=kivi2,G=32,...' -> llama_ref.KVSpec"""
+    """'k=kivi4,v=kivi2,G=32,...' or 'layers=0,3:kivi4;*:kivi2,R=32,...' -> llama_ref.KVSpec"""
     spec = ref.KVSpec()
+    items = []
     for item in filter(None, (x.strip() for x in text.split(","))):
+        if "=" not in item and items and items[-1].startswith("layers="):
+            items[-1] += "," + item   # the next layer of a list in the layer map
+        else:
+            items.append(item)
+    for item in items:
         if "=" not in item:
             raise ValueError("config item %r is not key=value (in %r)" % (item, text))
         key, val = item.split("=", 1)
-        if key == "kv":
+        if key == "layers":
+            spec.layers = val.replace(" ", "")
+        elif key == "kv":
             spec.k_format = spec.v_format = val
         elif key == "k":
             spec.k_format = val
@@ -138,15 +156,21 @@ def parse_config(text):
 
 def canonical(spec):
     """Short name listing only the settings that matter for the formats used."""
-    fm = (spec.k_format, spec.v_format)
-    parts = ["kv=%s" % fm[0]] if fm[0] == fm[1] else ["k=%s" % fm[0], "v=%s" % fm[1]]
+    keys, values = spec.formats_used()
+    fm = keys | values
+    if spec.layers:
+        parts = ["layers=%s" % spec.layers]
+    elif spec.k_format == spec.v_format:
+        parts = ["kv=%s" % spec.k_format]
+    else:
+        parts = ["k=%s" % spec.k_format, "v=%s" % spec.v_format]
     kivi = any(f.startswith("kivi") for f in fm)
     tq = any(f in ref.TQ_FORMATS for f in fm)
     if kivi or (spec.int8_granularity == "group" and "int8" in fm):
         parts.append("G=%d" % spec.group_size)
     if kivi or tq:
         parts.append("R=%d" % spec.residual)
-    if spec.k_format.startswith("kivi"):
+    if any(f.startswith("kivi") for f in keys):
         parts.append("flush=%s" % spec.key_flush)
     if kivi or tq or "int8" in fm:
         parts.append("scale=%s" % spec.scale_dtype)
@@ -160,11 +184,16 @@ def canonical(spec):
 
 
 def engine_args(spec):
-    return ["--kv-cache", spec.k_format, "--kv-cache-k", spec.k_format,
+    # A layer map goes to the engine as written; --kv-cache and --kv-cache-k/-v are passed
+    # as well, and the map must override them.
+    args = ["--kv-cache", spec.k_format, "--kv-cache-k", spec.k_format,
             "--kv-cache-v", spec.v_format, "--group-size", str(spec.group_size),
             "--residual", str(spec.residual), "--key-flush", spec.key_flush,
             "--scale-dtype", spec.scale_dtype, "--int8-granularity", spec.int8_granularity,
             "--key-rope", spec.key_rope, "--kv-rotation-seed", str(spec.rotation_seed)]
+    if spec.layers:
+        args += ["--kv-cache-layers", spec.layers]
+    return args
 
 
 def run_engine(a, spec):
@@ -276,7 +305,7 @@ def main():
     futs = [pool.submit(_ref_run, n, a.ctx, a.mode) for n in names]
     noise_futs = [[pool.submit(_ref_run, n, a.ctx, a.mode, seed)
                    for seed in range(1, a.noise_runs + 1)]
-                  if (s.k_format, s.v_format) != ("f32", "f32") else []
+                  if not s.all_f32() else []
                   for n, s in zip(names, specs)]
 
     engine = {}
@@ -313,7 +342,7 @@ def main():
     print("-" * len(hdr), file=log)
     for n, s, r, nf in zip(names, specs, refs, noise_futs):
         e = engine.get(n)
-        if (s.k_format, s.v_format) == ("f32", "f32"):
+        if s.all_f32():
             tol = a.tol_f32
         elif is_chaotic(s) and not a.strict and not a.noise_runs:
             tol = max(a.tol_quant, TOL_CHAOTIC)
@@ -364,7 +393,7 @@ def main():
             ok = ok_tok and abs(rel) <= tol and ok_eff
             status = "ok" if ok else ("FAIL tokens %s != %d" % (e.get("tokens"), r["tokens"]) if not ok_tok
                                       else "FAIL effect" if not ok_eff else "FAIL")
-            if ok and tol > a.tol_quant and (s.k_format, s.v_format) != ("f32", "f32"):
+            if ok and tol > a.tol_quant and not s.all_f32():
                 status = "ok (chaotic)" if not a.noise_runs else "ok (noise)"
             if not ok:
                 failures.append("%s: %s (engine %.6f, reference %.6f, rel %+.4f%%, tol %.2f%%, effect %s, "

@@ -45,7 +45,8 @@ Library:
     generate_greedy(model, tok, prompt, steps) -> (ids, text)
     perplexity(model, tokens, ctx, kv_spec) -> dict(ppl, mean_nll, nll_stderr, tokens)
     KVSpec(k_format, v_format, int8_granularity, group_size, residual, key_flush, scale_dtype,
-           key_rope, mode, rotation_seed)
+           key_rope, mode, rotation_seed, layers)
+    parse_layer_rules(map), layer_formats(map, n_layers)   (per-layer formats)
     lloyd_max(d, bits), rotation_matrix(d, seed), rotation_seed(base, layer, head),
     tq_quantize_rows(X, fmt, seed, scale_dtype)   (tq building blocks)
 
@@ -54,6 +55,7 @@ CLI:
                      [--residual R] [--key-flush batch|group] [--scale-dtype f16|f32]
                      [--int8-granularity token|head|group|tensor] [--mode streaming|batched]
                      [--key-rope post|pre] [--kv-rotation-seed N] [--ctx N] [--json]
+                     [--kv-cache-layers MAP]   (MAP e.g. "0:kivi4;*:kivi2", "0-1:kivi4/tq3;*:kivi2/tq2")
                      (formats: f32 f16 int8 kivi2 kivi4 kivi8 tq2 tq2.5 tq3 tq3.5 tq4)
     llama_ref.py generate -p TEXT -n N
     llama_ref.py logits -p TEXT          (JSON [positions][vocab], BOS prepended)
@@ -599,6 +601,80 @@ GRANULARITIES = ("token", "head", "group", "tensor")
 DEFAULT_ROTATION_SEED = 0x6b697669   # 1802073705, the engine's --kv-rotation-seed default
 
 
+def parse_layer_rules(text):
+    """A per-layer format map (the engine's --kv-cache-layers MAP) -> its rules, checked as
+    far as they can be without the model: [(layers, key format, value format)], layers a
+    sorted tuple of layer numbers or None for '*'.
+
+    MAP is rules separated by ';', each LAYERS:FORMAT. LAYERS is '*' (every layer that no
+    other rule names) or a comma-separated list of layer numbers and ranges A-B (A <= B,
+    both included); FORMAT is one format for keys and values or KEY/VALUE. Spaces around
+    the parts and empty rules are ignored. A layer may be named once, and '*' may appear
+    in one rule."""
+    rules, named, star = [], set(), False
+    for rule in (r.strip() for r in text.split(";")):
+        if not rule:
+            continue
+        if rule.count(":") != 1:
+            raise ValueError("layer rule %r is not LAYERS:FORMAT" % rule)
+        lhs, rhs = (x.strip() for x in rule.split(":"))
+        fmts = [f.strip() for f in rhs.split("/")]
+        if len(fmts) > 2:
+            raise ValueError("format %r in layer rule %r is not FORMAT or KEY/VALUE" % (rhs, rule))
+        for f in fmts:
+            if f not in FORMATS:
+                raise ValueError("unknown KV format %r in layer rule %r" % (f, rule))
+        kf, vf = fmts[0], fmts[-1]
+        if lhs == "*":
+            if star:
+                raise ValueError("'*' appears in two layer rules")
+            star = True
+            rules.append((None, kf, vf))
+            continue
+        layers = []
+        for item in (x.strip() for x in lhs.split(",")):
+            a, dash, b = item.partition("-")
+            if not (a.strip().isdecimal() and (not dash or b.strip().isdecimal())):
+                raise ValueError("%r in layer rule %r is not a layer or a range A-B" % (item, rule))
+            lo, hi = int(a), int(b) if dash else int(a)
+            if lo > hi:
+                raise ValueError("range %r in layer rule %r runs backwards" % (item, rule))
+            for l in range(lo, hi + 1):
+                if l in named:
+                    raise ValueError("layer %d is named by two layer rules" % l)
+                named.add(l)
+                layers.append(l)
+        rules.append((tuple(sorted(layers)), kf, vf))
+    if not rules:
+        raise ValueError("the layer map %r has no rules" % text)
+    return rules
+
+
+def layer_formats(text, n_layers):
+    """[(key format, value format)] for layers 0..n_layers-1 from a per-layer format map
+    (see parse_layer_rules): a named layer takes its rule's formats, every other layer
+    those of the '*' rule. Every layer must be covered, and no rule may name a layer the
+    model does not have."""
+    out = [None] * n_layers
+    rest = None
+    for layers, kf, vf in parse_layer_rules(text):
+        if layers is None:
+            rest = (kf, vf)
+            continue
+        for l in layers:
+            if l >= n_layers:
+                raise ValueError("the layer map names layer %d, but the model has %d layers"
+                                 % (l, n_layers))
+            out[l] = (kf, vf)
+    for l in range(n_layers):
+        if out[l] is None:
+            if rest is None:
+                raise ValueError("layer %d has no format in the layer map (name it, or add "
+                                 "'*:FORMAT' for the rest)" % l)
+            out[l] = rest
+    return out
+
+
 # ---- tq: rotated vector quantization (a Hadamard rotation per layer and KV head, one
 # Lloyd-Max codebook per coordinate, one scale per token and head). Written from the
 # format's specification; everything in Python ints (64-bit masked) and float64.
@@ -790,8 +866,32 @@ class KVSpec:
     # append batch (BOS alone when streaming, the whole chunk when batched).
     mode: str = "streaming"
     rotation_seed: int = DEFAULT_ROTATION_SEED   # tq: base seed of the per-(layer, head) rotations
+    # Per-layer formats (the engine's --kv-cache-layers MAP, see parse_layer_rules); when
+    # set, they replace k_format and v_format in every layer. The other settings stay
+    # common to all layers.
+    layers: str = ""
+
+    def formats(self, n_layers):
+        """[(key format, value format)] of layers 0..n_layers-1."""
+        if self.layers:
+            return layer_formats(self.layers, n_layers)
+        return [(self.k_format, self.v_format)] * n_layers
+
+    def formats_used(self):
+        """(key formats, value formats): the sets of formats some layer may use (with a
+        layer map, those of every rule, '*' included even where it covers no layer)."""
+        if self.layers:
+            rules = parse_layer_rules(self.layers)
+            return {r[1] for r in rules}, {r[2] for r in rules}
+        return {self.k_format}, {self.v_format}
+
+    def all_f32(self):
+        """True when no layer quantizes anything."""
+        ks, vs = self.formats_used()
+        return ks | vs == {"f32"}
 
     def validate(self):
+        ks, vs = self.formats_used()   # parses the layer map, if any
         for f in (self.k_format, self.v_format):
             if f not in FORMATS:
                 raise ValueError("unknown KV format %r" % f)
@@ -809,8 +909,7 @@ class KVSpec:
             raise ValueError("need G > 0 and R >= 0 (G=%d, R=%d)" % (self.group_size, self.residual))
         # R % G == 0 only where a KIVI format uses key groups (as the engine's CacheConfig);
         # tq formats quantize token by token.
-        if (self.k_format.startswith("kivi") or self.v_format.startswith("kivi")) \
-                and self.residual % self.group_size:
+        if any(f.startswith("kivi") for f in ks | vs) and self.residual % self.group_size:
             raise ValueError("need R %% G == 0 with a KIVI format (G=%d, R=%d)"
                              % (self.group_size, self.residual))
         if not 0 <= self.rotation_seed <= MASK64:
@@ -822,17 +921,36 @@ class KVSpec:
                 g = self.int8_granularity
                 return "int8/" + g + ("%d" % self.group_size if g == "group" else "")
             return f
-        kf, vf = fmt(self.k_format), fmt(self.v_format)
-        s = kf if kf == vf else "K %s V %s" % (kf, vf)
-        kivi = "kivi" in self.k_format or "kivi" in self.v_format
-        tq = self.k_format in TQ_FORMATS or self.v_format in TQ_FORMATS
+        if self.layers:
+            def span(layers):   # (0, 1, 2, 4) -> "0-2,4"
+                runs = []
+                for l in layers:
+                    if runs and runs[-1][1] == l - 1:
+                        runs[-1][1] = l
+                    else:
+                        runs.append([l, l])
+                return ",".join("%d" % a if a == b else "%d-%d" % (a, b) for a, b in runs)
+
+            def rule(r):
+                return "%s:%s" % ("*" if r[0] is None else span(r[0]),
+                                  r[1] if r[1] == r[2] else r[1] + "/" + r[2])
+            rules = parse_layer_rules(self.layers)
+            s = "layers " + ";".join(rule(r) for r in rules)
+            if any("int8" in r[1:] for r in rules):
+                s += " " + fmt("int8")
+        else:
+            kf, vf = fmt(self.k_format), fmt(self.v_format)
+            s = kf if kf == vf else "K %s V %s" % (kf, vf)
+        ks, vs = self.formats_used()
+        kivi = any("kivi" in f for f in ks | vs)
+        tq = any(f in TQ_FORMATS for f in ks | vs)
         if kivi:
             s += " G%d R%d %s" % (self.group_size, self.residual, self.key_flush)
         elif tq:
             s += " R%d" % self.residual
         if tq and self.rotation_seed != DEFAULT_ROTATION_SEED:
             s += " seed%d" % self.rotation_seed
-        if self.k_format not in ("f32", "f16") or self.v_format not in ("f32", "f16"):
+        if not (ks | vs) <= {"f32", "f16"}:
             s += " s%s" % self.scale_dtype
         if self.key_rope == "pre":
             s += " keys-pre-RoPE"
@@ -1081,7 +1199,9 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
     nh, nkv = m.n_heads, m.n_kv_heads
     grp = nh // nkv
     pos = np.arange(T)
-    quant = kv_spec is not None and not (kv_spec.k_format == "f32" and kv_spec.v_format == "f32")
+    quant = kv_spec is not None and not kv_spec.all_f32()
+    if quant:
+        fmts = kv_spec.formats(m.n_layers)   # (key, value) format of each layer
     norm_eps = m.rms_eps
 
     x = m.tok_emb[np.asarray(tokens)].copy()        # [T, dim]
@@ -1119,8 +1239,8 @@ def forward_chunk(model, tokens, kv_spec=None, kv_noise=None):
             k = k * (1.0 + eps * gen.standard_normal(k.shape))
             v = v * (1.0 + eps * gen.standard_normal(v.shape))
         if quant:
-            kq, nk = fake_quantize(k, kv_spec.k_format, True, kv_spec, layer=l)
-            vq, nv = fake_quantize(v, kv_spec.v_format, False, kv_spec, layer=l)
+            kq, nk = fake_quantize(k, fmts[l][0], True, kv_spec, layer=l)
+            vq, nv = fake_quantize(v, fmts[l][1], False, kv_spec, layer=l)
             if pre:
                 k, kq = rot(k, pos), rot(kq, pos)
             o = attention(q, k, v, kq, nk, vq, nv, window=window, scale=m.attn_scale,
@@ -1271,6 +1391,8 @@ def add_kv_args(ap):
     ap.add_argument("--kv-cache", default="f32", choices=FORMATS, help="format of K and V")
     ap.add_argument("--kv-cache-k", choices=FORMATS, help="format of K (overrides --kv-cache)")
     ap.add_argument("--kv-cache-v", choices=FORMATS, help="format of V (overrides --kv-cache)")
+    ap.add_argument("--kv-cache-layers", default="", metavar="MAP",
+                    help="per-layer formats, e.g. '0-1:kivi4/kivi2;*:kivi2' (overrides the three above)")
     ap.add_argument("--int8-granularity", default="head", choices=GRANULARITIES)
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--residual", type=int, default=128)
@@ -1287,7 +1409,8 @@ def spec_from_args(a):
     return KVSpec(k_format=a.kv_cache_k or a.kv_cache, v_format=a.kv_cache_v or a.kv_cache,
                   int8_granularity=a.int8_granularity, group_size=a.group_size,
                   residual=a.residual, key_flush=a.key_flush, scale_dtype=a.scale_dtype,
-                  key_rope=a.key_rope, mode=a.mode, rotation_seed=a.kv_rotation_seed)
+                  key_rope=a.key_rope, mode=a.mode, rotation_seed=a.kv_rotation_seed,
+                  layers=a.kv_cache_layers)
 
 
 def main(argv=None):

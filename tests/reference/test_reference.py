@@ -15,6 +15,9 @@
    uniform d = 3 case in closed form, the Lloyd conditions, a Monte Carlo check of the
    density at d = 8) and the rotation (orthonormal, block structure, Rng words and signs
    derived by hand from the published splitmix64 seed-0 outputs).
+6. Per-layer format maps (--kv-cache-layers): layer lists, ranges, '*', KEY/VALUE and
+   the layers each rule covers, and the maps that must be refused (a layer named twice,
+   two '*' rules, an uncovered layer, a layer the model lacks, unknown formats).
 Exit status 0 when everything passes.
 """
 
@@ -394,13 +397,38 @@ class Store:
             self.stored[g0 + i] = out[i]
 
 
+def test_layer_map():
+    got = ref.layer_formats(" 0 : kivi4 ; 3-4,1:int8/tq3 ;; *:kivi2 ;", 6)
+    want = [("kivi4", "kivi4"), ("int8", "tq3"), ("kivi2", "kivi2"), ("int8", "tq3"),
+            ("int8", "tq3"), ("kivi2", "kivi2")]
+    check(got == want, "layer map: lists, ranges, '*', KEY/VALUE, spaces and empty rules")
+    check(ref.layer_formats("0-1:f16;*:tq2", 2) == [("f16", "f16")] * 2,
+          "layer map: '*' may cover no layer")
+    check(ref.KVSpec(k_format="kivi2", layers="*:f32").all_f32(),
+          "layer map: replaces k_format and v_format")
+    bad = [("0:kivi4;0:kivi2;*:f32", 4), ("0-2:kivi4;2:kivi2;*:f32", 4), ("*:kivi4;*:kivi2", 4),
+           ("0:kivi4", 2), ("0-2:kivi4", 2), ("2-1:kivi4;*:f32", 4), ("0:kivi3;*:f32", 4),
+           ("0:kivi4/;*:f32", 4), ("0:kivi4/tq3/f32;*:f32", 4), ("0;*:f32", 4), (":kivi4;*:f32", 4),
+           ("-1:kivi4;*:f32", 4), ("0:kivi4:kivi2;*:f32", 4), ("", 4), (";", 4)]
+    refused = 0
+    for text, n in bad:
+        try:
+            ref.layer_formats(text, n)
+        except ValueError:
+            refused += 1
+        else:
+            print("    accepted %r with %d layers" % (text, n))
+    check(refused == len(bad), "layer map: %d of %d malformed maps refused" % (refused, len(bad)))
+
+
 def simulate_stream(model, tokens, spec):
     """Token-by-token forward with explicit per-layer caches; returns logits [T, vocab]."""
     m = model
     hs, nh, nkv = m.head_size, m.n_heads, m.n_kv_heads
     grp = nh // nkv
-    kst = [Store(spec.k_format, True, spec, hs, l) for l in range(m.n_layers)]
-    vst = [Store(spec.v_format, False, spec, hs, l) for l in range(m.n_layers)]
+    fmts = spec.formats(m.n_layers)
+    kst = [Store(fmts[l][0], True, spec, hs, l) for l in range(m.n_layers)]
+    vst = [Store(fmts[l][1], False, spec, hs, l) for l in range(m.n_layers)]
     out = []
     for t, tid in enumerate(tokens):
         x = m.tok_emb[tid].copy()
@@ -453,6 +481,8 @@ STREAM_CONFIGS = [
     dict(k_format="tq4", v_format="tq3.5", residual=0, scale_dtype="f32", rotation_seed=7),
     dict(k_format="tq2", v_format="tq3", residual=100),
     dict(k_format="kivi2", v_format="tq2", group_size=16, residual=32),
+    # per-layer formats: each layer's cache with its own key and value formats
+    dict(layers="0:kivi4/tq3;2-3:int8/kivi2;*:kivi2/f16", group_size=16, residual=32),
 ]
 
 
@@ -488,6 +518,7 @@ def main():
     test_rounding()
     test_tq_codebook()
     test_tq_rotation()
+    test_layer_map()
     test_streaming(model, tok, text, 140)
     print("time %.1f s" % (time.time() - t0))
     if failures:
