@@ -168,6 +168,21 @@ class Engine(unittest.TestCase):
         self.assertEqual(by_text["tokens"], got["tokens"])
         self.assertLess(abs(by_text["ppl"] / got["ppl"] - 1), 1e-4)
 
+    def test_per_layer_formats(self):
+        # The CLI's --kv-cache-layers as a keyword: the same scores, and its refusals.
+        with tempfile.TemporaryDirectory() as d:
+            path = short_text(d)
+            mix = "0,3:kivi4;*:kivi2"
+            got = kivi.perplexity(self.model, file=path, ctx=128, kv_cache_layers=mix, residual=32)
+            expect = json.loads(cli("perplexity", "-f", path, "--json", "--ctx", "128",
+                                    "--kv-cache-layers", mix, "--residual", "32"))
+        self.assertEqual(json_number(got["ppl"]), expect["ppl"])
+        self.assertEqual(got["kv_cache"], expect["kv_cache"])
+        self.assertIn("layers 0 kivi4, 1-2 kivi2, 3 kivi4, 4 kivi2", got["kv_cache"])
+        with self.assertRaises(kivi.Error) as cm:
+            self.model.session(kv_cache_layers="0-2:kivi4")
+        self.assertIn("--kv-cache-layers: layer 3 has no format", str(cm.exception))
+
     def test_kld_fields(self):
         with tempfile.TemporaryDirectory() as d:
             path = short_text(d)
