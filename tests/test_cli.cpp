@@ -138,9 +138,17 @@ TEST(Cli, InfoDescribesTheModel) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* s : {"llama2.c", "dim              64", "8 query, 4 KV (GQA)",
                         "tokenizer: SentencePiece BPE, 512", "token_embedding",
-                        "KV cache memory at 512 tokens", "kivi2"}) {
+                        "KV cache memory at 512 tokens", "kivi2", "tq3"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   }
+  // A per-layer map is one row, its bits the mean of the layers' (K: 5 and 4 x 3).
+  const auto m = run(kivi_cmd("info " + model_args() + " --kv-cache-layers '0:kivi4;*:kivi2'"));
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_NE(m.out.find("layers 0 kivi4, 1-4 kivi2"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("3.400"), std::string::npos) << m.out;
+  // Commands whose caches are not a model's take no map.
+  expect_error(run(kivi_cmd("bench-attn --ctx 64 --kv-cache-layers '*:kivi2'")),
+               "this command's caches take one format for every layer");
 }
 
 // stories260K converted to GGUF in t; its path.

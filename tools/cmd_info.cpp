@@ -7,6 +7,7 @@
 #include "core/json.h"
 #include "core/sysinfo.h"
 #include "kv/format.h"
+#include "kv/layer_formats.h"
 #include "model/presets.h"
 #include "runtime/engine_options.h"
 
@@ -22,10 +23,12 @@ struct MemRow {
 
 std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int ctx) {
   std::vector<std::string> formats;
-  if (a.given("kv-cache") || a.given("kv-cache-k") || a.given("kv-cache-v")) {
+  if (a.given("kv-cache-layers")) {
+    formats = {""};  // the map's own row
+  } else if (a.given("kv-cache") || a.given("kv-cache-k") || a.given("kv-cache-v")) {
     formats = kv_format_list(a, {"f32"});
   } else {
-    formats = {"f32", "f16", "int8", "kivi4", "kivi2"};
+    formats = {"f32", "f16", "int8", "kivi4", "tq4", "tq3", "kivi2", "tq2"};
   }
   std::vector<MemRow> rows;
   for (const auto& f : formats) {
@@ -35,6 +38,8 @@ std::vector<MemRow> memory_rows(const Args& a, const model::ModelConfig& c, int 
     cc.head_dim = c.head_dim();
     cc.ctx = ctx;
     cc.layer_window = c.layer_windows();  // windowed layers hold only their window
+    if (!cc.layer_map.empty())
+      cc.layer_formats = kv::parse_layer_formats(cc.layer_map, cc.n_layers, cc.k.granularity);
     std::string why;
     try {
       cc.validate();
@@ -398,6 +403,8 @@ int cmd_info(int argc, char** argv) {
   if (r.rows.size() == 1 && !r.rows[0].invalid.empty()) fail("%s", r.rows[0].invalid.c_str());
   kv::CacheConfig f16 = r.rows.front().cfg;
   f16.k = f16.v = {kv::Format::kF16, kv::Int8Granularity::kHead};
+  f16.layer_formats.clear();
+  f16.layer_map.clear();
   kv::CacheConfig f32 = f16;
   f32.k = f32.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
   r.f16_bpt = kv::layer_bytes_per_token(f16) * r.c.n_layers;

@@ -193,6 +193,7 @@ CacheConfig CacheConfig::at_layer(int l) const {
     c.k = layer_formats.at(static_cast<size_t>(l)).k;
     c.v = layer_formats.at(static_cast<size_t>(l)).v;
     c.layer_formats.clear();
+    c.layer_map.clear();
   }
   return c;
 }
@@ -208,6 +209,11 @@ bool CacheConfig::has_residual() const {
 
 void CacheConfig::validate() const {
   if (n_layers < 1) fail("KV cache: n_layers = %d, expected >= 1", n_layers);
+  if (!layer_map.empty() && !mixed()) {
+    fail(
+        "--kv-cache-layers: this command's caches take one format for every layer (use "
+        "--kv-cache, --kv-cache-k, --kv-cache-v)");
+  }
   if (mixed()) {
     if (static_cast<int>(layer_formats.size()) != n_layers)
       fail("--kv-cache-layers: %zu layers' formats for a model of %d layers", layer_formats.size(),
