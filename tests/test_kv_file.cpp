@@ -37,7 +37,8 @@ struct Case {
   kv::KeyRope rope = kv::KeyRope::kPost;
   kv::KeyFlush flush = kv::KeyFlush::kBatch;
   sparse::Kind sparse = sparse::Kind::kOff;
-  int ctx = 256;  // 128: the prompt overflows it (window policy)
+  int ctx = 256;            // 128: the prompt overflows it (window policy)
+  const char* layers = "";  // --kv-cache-layers
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -56,6 +57,7 @@ SessionOptions options(const Case& c, int ctx = 0) {
   o.cache.residual = c.residual;
   o.cache.key_rope = c.rope;
   o.cache.key_flush = c.flush;
+  o.cache.layer_map = c.layers;
   if (c.sparse != sparse::Kind::kOff) {
     o.sparse.kind = c.sparse;
     o.sparse.block = 32;
@@ -163,6 +165,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"kivi2_pre_rope", "kivi2", "kivi2", 32, 32, kv::Int8Granularity::kHead,
                            kv::KeyRope::kPre},
                       Case{"tq3", "tq3", "tq3"},
+                      Case{"per_layer", "f32", "f32", 32, 32, kv::Int8Granularity::kHead,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kOff, 256,
+                           "0:kivi2/tq3;1-2:int8/kivi4;*:tq2.5/f16"},
                       Case{"kivi2_pre_rope_tq2_5", "kivi2", "tq2.5", 32, 32,
                            kv::Int8Granularity::kHead, kv::KeyRope::kPre},
                       Case{"tq4_sparse_quest", "tq4", "tq2", 32, 32, kv::Int8Granularity::kHead,
@@ -249,7 +254,7 @@ TEST(KvFile, HostileAndMismatchedFilesAreRefusedWithOneLine) {
   f = good;
   f[8] = 1;  // version
   reseal(f);
-  expect_refused(f, options(c), "version 1; this build reads version 3");
+  expect_refused(f, options(c), "version 1; this build reads version 4");
   f = good;
   f[16] ^= 1;  // the model fingerprint
   reseal(f);
@@ -316,6 +321,39 @@ TEST(KvFile, TqFilesNameTheirRotationSeedAndCodebooks) {
   f[off + 4 * 23] ^= 1;
   reseal(f);
   expect_refused(f, options(c), "key codebook fingerprint");
+}
+
+// A file of a cache whose layers differ in format names the first layer whose formats differ
+// from the session's; a map giving every layer one pair reads as that pair's uniform cache.
+TEST(KvFile, PerLayerFilesNameTheLayerThatDiffers) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  const std::string path = dir.file("layers.kv");
+  Case c{"mix", "f32", "f32"};
+  c.layers = "0:kivi2/tq3;*:kivi4";
+  {
+    Session a(stories(), options(c));
+    a.prefill(long_prompt());
+    runtime::save_session(a, long_prompt(), 10, 0.1, path);
+  }
+  const std::vector<uint8_t> good = test::read_file(path);
+  ASSERT_EQ(load_error(good, options(c)), "");
+  Case d = c;
+  d.layers = "0:kivi2/tq3;1:kivi4;2:kivi4/kivi2;*:kivi4";
+  expect_refused(good, options(d), "layer 2 value format: kivi4 in the file, kivi2 here");
+  Case u{"uniform", "kivi4", "kivi4"};
+  expect_refused(good, options(u), "per-layer formats: 5 in the file, 0 here");
+  // One pair for every layer: the uniform cache's file.
+  const std::string upath = dir.file("uniform.kv");
+  {
+    Case all = u;
+    all.k = all.v = "f32";
+    all.layers = "*:kivi4";
+    Session a(stories(), options(all));
+    a.prefill(long_prompt());
+    runtime::save_session(a, long_prompt(), 10, 0.1, upath);
+  }
+  EXPECT_EQ(load_error(test::read_file(upath), options(u)), "");
 }
 
 // Rank 0 of two context shards in one process: the other shard is empty (the prompt

@@ -16,11 +16,11 @@ namespace kivi::runtime {
 namespace {
 
 const char kMagic[8] = {'K', 'I', 'V', 'I', 'K', 'V', 'C', '\0'};
-constexpr int kConfigFields = 25;
+constexpr int kConfigFields = 26;
 
 // One i32 field of the config section: its name, its value and how to print it.
 struct Field {
-  const char* name;
+  std::string name;
   int32_t value;
   std::string (*show)(int32_t);
   bool compared;  // part of the cache's identity (the context is checked on its own)
@@ -50,36 +50,58 @@ std::string show_overflow(int32_t v) {
 
 // The fields, normalized: options a format does not use are written as 0, so that
 // they never make two equal caches differ.
+// A cache configuration with per-layer formats written as it reads: one format pair for
+// every layer (a map that gives every layer the same pair) becomes the uniform
+// configuration; a true mix keeps its layers and neutral (f32) stream fields.
+kv::CacheConfig normalized(kv::CacheConfig c) {
+  if (!c.mixed()) return c;
+  const auto& f = c.layer_formats;
+  if (std::all_of(f.begin(), f.end(), [&](const auto& x) { return x == f[0]; })) {
+    c.k = f[0].k;
+    c.v = f[0].v;
+    c.layer_formats.clear();
+  } else {
+    c.k = c.v = {kv::Format::kF32, kv::Int8Granularity::kHead};
+  }
+  c.layer_map.clear();
+  return c;
+}
+
+int32_t granularity_field(const kv::StreamFormat& s) {
+  return s.format == kv::Format::kInt8 ? static_cast<int32_t>(s.granularity) : 0;
+}
+
+// A stream's tq codebooks by their fingerprints (kv/tq.h) over the layers, 0 without tq.
+int32_t codebook_field(const kv::CacheConfig& c, bool key) {
+  uint32_t h = 0;
+  for (const auto& f : c.formats()) {
+    const kv::TqCodec* t = kv::tq_codec((key ? f.k : f.v).format, c.head_dim);
+    if (t) h = (h * 31u + t->fingerprint()) & 0x7fffffffu;
+  }
+  return static_cast<int32_t>(h);
+}
+
+// The fields, normalized: options a format does not use are written as 0, so that
+// they never make two equal caches differ.
 std::vector<Field> fields(const KvFileConfig& f) {
-  const kv::CacheConfig& c = f.cache;
-  if (c.mixed())
-    fail(
-        "KV files: a cache whose layers differ in format (--kv-cache-layers) is not saved or "
-        "loaded");
-  auto gran = [](const kv::StreamFormat& s) {
-    return s.format == kv::Format::kInt8 ? static_cast<int32_t>(s.granularity) : 0;
-  };
+  const kv::CacheConfig c = normalized(f.cache);
   const bool stop = f.overflow == 0;
-  const bool tq = kv::is_tq(c.k.format) || kv::is_tq(c.v.format);
+  const bool tq = c.any_stream([](const kv::StreamFormat& s, bool) { return kv::is_tq(s.format); });
+  const bool kivi_keys = c.any_stream(
+      [](const kv::StreamFormat& s, bool key) { return key && kv::is_kivi(s.format); });
   const uint64_t seed = tq ? c.rotation_seed : 0;
-  // A tq stream's codebooks by their fingerprint (kv/tq.h), 0 for the other formats.
-  auto codebook = [&](const kv::StreamFormat& s) -> int32_t {
-    const kv::TqCodec* t = kv::tq_codec(s.format, c.head_dim);
-    return t ? static_cast<int32_t>(t->fingerprint()) : 0;
-  };
   std::vector<Field> v = {
       {"layers", c.n_layers, show_int, true},
       {"KV heads", c.n_kv_heads, show_int, true},
       {"head dim", c.head_dim, show_int, true},
       {"context", c.ctx, show_int, false},
       {"key format", static_cast<int32_t>(c.k.format), show_format, true},
-      {"key int8 granularity", gran(c.k), show_granularity, true},
+      {"key int8 granularity", granularity_field(c.k), show_granularity, true},
       {"value format", static_cast<int32_t>(c.v.format), show_format, true},
-      {"value int8 granularity", gran(c.v), show_granularity, true},
+      {"value int8 granularity", granularity_field(c.v), show_granularity, true},
       {"group size", c.group_size, show_int, true},
       {"residual", c.has_residual() ? c.residual : 0, show_int, true},
-      {"key flush", kv::is_kivi(c.k.format) ? static_cast<int32_t>(c.key_flush) : 0, show_flush,
-       true},
+      {"key flush", kivi_keys ? static_cast<int32_t>(c.key_flush) : 0, show_flush, true},
       {"parameter type", static_cast<int32_t>(c.param_type), show_param, true},
       {"block tokens", c.block(), show_int, true},
       {"key RoPE", static_cast<int32_t>(c.key_rope), show_rope, true},
@@ -94,12 +116,24 @@ std::vector<Field> fields(const KvFileConfig& f) {
        true},
       {"rotation seed (high half)", static_cast<int32_t>(static_cast<uint32_t>(seed >> 32)),
        show_hex, true},
-      {"key codebook", codebook(c.k), show_hex, true},
-      {"value codebook", codebook(c.v), show_hex, true},
+      {"key codebook", codebook_field(c, true), show_hex, true},
+      {"value codebook", codebook_field(c, false), show_hex, true},
+      {"per-layer formats", static_cast<int32_t>(c.layer_formats.size()), show_int, true},
   };
   for (const auto& [b, o] : c.share_map) {
     v.push_back({"share map borrower", b, show_int, true});
     v.push_back({"share map owner", o, show_int, true});
+  }
+  for (size_t l = 0; l < c.layer_formats.size(); ++l) {
+    const auto& lf = c.layer_formats[l];
+    v.push_back(
+        {strfmt("layer %zu key format", l), static_cast<int32_t>(lf.k.format), show_format, true});
+    v.push_back({strfmt("layer %zu key int8 granularity", l), granularity_field(lf.k),
+                 show_granularity, true});
+    v.push_back({strfmt("layer %zu value format", l), static_cast<int32_t>(lf.v.format),
+                 show_format, true});
+    v.push_back({strfmt("layer %zu value int8 granularity", l), granularity_field(lf.v),
+                 show_granularity, true});
   }
   return v;
 }
@@ -192,13 +226,33 @@ KvFileConfig decode_config(const uint8_t* p, size_t n, const std::string& name) 
                     static_cast<uint64_t>(static_cast<uint32_t>(v[22])) << 32;
   if (f.summary_kind != 0 && f.summary_block < 1)
     fail("%s: sparse summaries of blocks of %d tokens", name.c_str(), f.summary_block);
-  if (n != static_cast<size_t>(kConfigFields + 2 * pairs) * 4) {
-    fail("%s: the config section has %zu bytes, %d share map pairs need %d", name.c_str(), n, pairs,
-         (kConfigFields + 2 * pairs) * 4);
+  const int per_layer = range(25, "per-layer formats", 0, c.n_layers);
+  if (per_layer != 0 && per_layer != c.n_layers)
+    fail("%s: per-layer formats for %d of %d layers", name.c_str(), per_layer, c.n_layers);
+  const int words = kConfigFields + 2 * pairs + 4 * per_layer;
+  if (n != static_cast<size_t>(words) * 4) {
+    fail("%s: the config section has %zu bytes, %d share map pairs and %d layers' formats need %d",
+         name.c_str(), n, pairs, per_layer, words * 4);
   }
   for (int i = 0; i < pairs; ++i) {
     c.share_map.emplace_back(get_i32(p + 4 * (kConfigFields + 2 * i)),
                              get_i32(p + 4 * (kConfigFields + 2 * i + 1)));
+  }
+  for (int l = 0; l < per_layer; ++l) {
+    const uint8_t* q = p + 4 * (kConfigFields + 2 * pairs + 4 * l);
+    auto field = [&](int j, const char* what, int32_t hi) {
+      const int32_t x = get_i32(q + 4 * j);
+      if (x < 0 || x > hi)
+        fail("%s: layer %d's %s = %d in the config, expected 0 to %d", name.c_str(), l, what, x,
+             hi);
+      return x;
+    };
+    kv::CacheConfig::LayerFormats lf;
+    lf.k.format = static_cast<kv::Format>(field(0, "key format", kv::kNumFormats - 1));
+    lf.k.granularity = static_cast<kv::Int8Granularity>(field(1, "key granularity", 3));
+    lf.v.format = static_cast<kv::Format>(field(2, "value format", kv::kNumFormats - 1));
+    lf.v.granularity = static_cast<kv::Int8Granularity>(field(3, "value granularity", 3));
+    c.layer_formats.push_back(lf);
   }
   try {
     c.validate();
@@ -210,8 +264,8 @@ KvFileConfig decode_config(const uint8_t* p, size_t n, const std::string& name) 
          c.block_tokens);
   // tq codes index this build's codebooks: a file written with others would read as noise.
   for (int s = 0; s < 2; ++s) {
-    const kv::TqCodec* t = kv::tq_codec(s ? c.v.format : c.k.format, c.head_dim);
-    const uint32_t want = t ? t->fingerprint() : 0, got = static_cast<uint32_t>(v[23 + s]);
+    const uint32_t want = static_cast<uint32_t>(codebook_field(c, s == 0)),
+                   got = static_cast<uint32_t>(v[23 + s]);
     if (got != want) {
       fail("%s: the %s codebook fingerprint is 0x%08x in the file, 0x%08x in this build",
            name.c_str(), s ? "value" : "key", got, want);
@@ -227,8 +281,13 @@ std::vector<std::string> config_differences(const KvFileConfig& file, const KvFi
   std::vector<std::string> out;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     if (!a[i].compared || a[i].value == b[i].value) continue;
-    out.push_back(strfmt("%s: %s in the file, %s here", a[i].name, a[i].show(a[i].value).c_str(),
-                         b[i].show(b[i].value).c_str()));
+    std::string d = strfmt("%s: %s in the file, %s here", a[i].name.c_str(),
+                           a[i].show(a[i].value).c_str(), b[i].show(b[i].value).c_str());
+    // Per-layer formats on one side only: named first (the stream fields then differ too).
+    if (a[i].name == "per-layer formats")
+      out.insert(out.begin(), std::move(d));
+    else
+      out.push_back(std::move(d));
   }
   return out;
 }
@@ -375,11 +434,12 @@ KvFile parse_kv_file(const uint8_t* data, size_t size, const std::string& name) 
         expect(static_cast<uint32_t>(KvSection::kLayer), l, kv::kLayerStateBytes));
     if (L.state.n != f.n_tokens)
       fail("%s: layer %d holds %d tokens, the header says %d", nm, l, L.state.n, f.n_tokens);
-    kv::check_layer_state(c, L.state, strfmt("%s: layer %d", nm, l));
+    const kv::CacheConfig lc = c.at_layer(l);  // this layer's formats
+    kv::check_layer_state(lc, L.state, strfmt("%s: layer %d", nm, l));
     for (int s = 0; s < 2; ++s) {
       for (int q = 0; q < kv::kNumParts; ++q) {
         const size_t bytes =
-            kv::part_bytes(c, static_cast<kv::Stream>(s), static_cast<kv::Part>(q), nb);
+            kv::part_bytes(lc, static_cast<kv::Stream>(s), static_cast<kv::Part>(q), nb);
         if (bytes == 0) continue;
         L.parts[s][q] = expect(static_cast<uint32_t>(KvSection::kPart) + 8 * s + q, l, bytes);
       }

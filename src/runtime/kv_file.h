@@ -31,7 +31,7 @@
 
 namespace kivi::runtime {
 
-inline constexpr uint32_t kKvFileVersion = 3;
+inline constexpr uint32_t kKvFileVersion = 4;
 inline constexpr size_t kKvFileHeaderBytes = 64;
 inline constexpr size_t kKvFileTableEntryBytes = 32;
 inline constexpr size_t kKvFileAlign = 64;
@@ -53,7 +53,8 @@ enum class KvSection : uint32_t {
 
 // Everything the cache's bits depend on: the cache configuration and the session
 // options that shape it. Written as i32 fields in this order, then the share map's
-// pairs.
+// pairs, then per layer (caches whose layers differ in format) its key format and int8
+// granularity and its value format and granularity.
 struct KvFileConfig {
   kv::CacheConfig cache;      // shape, formats, G, R, flush, param type, block, key RoPE, sharing
   int overflow = 0;           // runtime::ContextOverflow

@@ -96,7 +96,7 @@ void add_layer_sections(Sections& sec, const kv::KvCache& cache, const KvFileCon
       for (int q = 0; q < kv::kNumParts; ++q) {
         const auto stream = static_cast<kv::Stream>(w);
         const auto part = static_cast<kv::Part>(q);
-        const size_t bytes = kv::part_bytes(cc, stream, part, nb);
+        const size_t bytes = kv::part_bytes(cc.at_layer(l), stream, part, nb);
         if (bytes == 0) continue;
         sec.push_back({static_cast<uint32_t>(KvSection::kPart) + 8 * w + q, l, bytes,
                        [&cache, l, stream, part, nb](const ByteSink& f) {

@@ -52,8 +52,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& L : k.layers) {
       for (int s = 0; s < 2; ++s) {
         for (int q = 0; q < kivi::kv::kNumParts; ++q) {
-          const size_t n = kivi::kv::part_bytes(c, static_cast<kivi::kv::Stream>(s),
-                                                static_cast<kivi::kv::Part>(q), nb);
+          const size_t n =
+              kivi::kv::part_bytes(c.at_layer(L.layer), static_cast<kivi::kv::Stream>(s),
+                                   static_cast<kivi::kv::Part>(q), nb);
           if (n == 0) continue;
           if (!L.parts[s][q]) __builtin_trap();
           sum += L.parts[s][q][0] + L.parts[s][q][n - 1];

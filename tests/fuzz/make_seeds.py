@@ -277,7 +277,7 @@ def write_kv(folder):
                              ("kivi2_sparse_fix.kv", 4, False), ("kivi2_chat.kv", 0, True)):
         sparse = kind != 0
         cfg = [1, H, D, ctx, 3, 0, 3, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0,
-               kind, 16 if sparse else 0, 0, 0, 0, 0, 0]
+               kind, 16 if sparse else 0, 0, 0, 0, 0, 0, 0]
         sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                     (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
                     (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
@@ -308,7 +308,7 @@ def write_kv_sections(folder, name, sections, n):
         off += len(body)
     table = b"".join(struct.pack("<IiQQQ", k, l, o, len(b), checksum(b))
                      for (k, l, b), o in zip(sections, offsets))
-    head = b"KIVIKVC\0" + struct.pack("<IIQqqdQ", 3, len(sections), 0x1234, n, n, 0.5, off)
+    head = b"KIVIKVC\0" + struct.pack("<IIQqqdQ", 4, len(sections), 0x1234, n, n, 0.5, off)
     head += struct.pack("<Q", checksum(head + table))
     out = bytearray(head + table)
     for (_, _, body), o in zip(sections, offsets):
@@ -327,7 +327,7 @@ def write_kv_tq(folder):
     tq3, tq25 = 7, 9
     fp_tq3, fp_tq25 = 2108674478, 1511356768
     cfg = [1, H, D, ctx, tq3, 0, tq25, 0, 8, R, 0, 0, B, 0, 1, 0, 0, 0, 0, 0, 0,
-           0x6b697669, 0, fp_tq3, fp_tq25]
+           0x6b697669, 0, fp_tq3, fp_tq25, 0]
     sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                 (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
                 (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
@@ -338,6 +338,38 @@ def write_kv_tq(folder):
         for part, size in ((0, H * nb * B * row), (1, H * nb * B * 2), (3, R * H * D * 4)):
             sections.append((16 + 8 * stream + part, 0, bytes((i * 29 + part) % 251 for i in range(size))))
     write_kv_sections(folder, "tq.kv", sections, n)
+    write_kv_layers(folder)
+
+
+def write_kv_layers(folder):
+    """A seed whose layers differ in format: two layers, one KV head, head_dim 8, G = R = 8,
+    blocks of 16, 20 tokens; layer 0 KIVI 2-bit keys and values (as kivi2.kv), layer 1 tq3 keys
+    and tq2.5 values (as tq.kv). The stream fields hold f32 and the per-layer formats follow
+    the config's fixed fields; each codebook field combines the layers' fingerprints
+    (h = 31 h + fingerprint over the tq layers: here layer 1's alone)."""
+    H, D, B, G, R, ctx, n = 1, 8, 16, 8, 8, 64, 20
+    kivi2, tq3, tq25 = 3, 7, 9
+    fp_tq3, fp_tq25 = 2108674478, 1511356768
+    cfg = [2, H, D, ctx, 0, 0, 0, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0, 0, 0, 0,
+           0x6b697669, 0, fp_tq3, fp_tq25, 2,
+           kivi2, 0, kivi2, 0, tq3, 0, tq25, 0]
+    sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
+                (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
+                (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
+    nb = (n + B - 1) // B
+    # Layer 0: KIVI (16 keys and 12 values stored; codes, scales, zero points, rings).
+    sections.append((4, 0, struct.pack("<i", n) + struct.pack("<iifiq", 16, 0, 0.0, 0, 0) +
+                     struct.pack("<iifiq", 12, 0, 0.0, 0, 0)))
+    codes, params, ring = H * nb * B * D * 2 // 8, H * nb * 16 * 2, 8 * H * D * 4
+    for stream in (0, 1):
+        for part, size in ((0, codes), (1, params), (2, params), (3, ring)):
+            sections.append((16 + 8 * stream + part, 0, bytes((i * 29 + part) % 251 for i in range(size))))
+    # Layer 1: tq (12 of each stored; codes, scales, rings).
+    sections.append((4, 1, struct.pack("<i", n) + struct.pack("<iifiq", 12, 0, 0.0, 0, 0) * 2))
+    for stream in (0, 1):
+        for part, size in ((0, H * nb * B * 3), (1, H * nb * B * 2), (3, R * H * D * 4)):
+            sections.append((16 + 8 * stream + part, 1, bytes((i * 31 + part) % 251 for i in range(size))))
+    write_kv_sections(folder, "layers.kv", sections, n)
 
 
 def main():
