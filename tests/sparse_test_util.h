@@ -31,6 +31,7 @@ inline kv::CacheConfig config_for(const FormatCase& c, int Hkv, int D, int ctx, 
   cfg.head_dim = D;
   cfg.ctx = ctx;
   cfg.k = c.k;
+  cfg.rotate = c.rotate;
   cfg.v = c.v;
   cfg.group_size = G;
   cfg.residual = R;

@@ -42,6 +42,7 @@ std::unique_ptr<kv::KvCache> filled_cache(const FormatCase& c, int Hkv, int D, i
   cfg.head_dim = D;
   cfg.ctx = std::max(n, G);
   cfg.k = c.k;
+  cfg.rotate = c.rotate;
   cfg.v = c.v;
   cfg.group_size = G;
   cfg.residual = R;

@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "kv/codec.h"
 #include "kv/kv_cache.h"
+#include "kv/rotation.h"
 #include "test_util.h"
 
 namespace kivi {
@@ -176,6 +177,77 @@ TEST(KvCache, RowFormatsStoreWhatTheCodecWrites) {
         attn::dequantize_key(view.k, t, h, got.data());
         ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin() + h * D))
             << kv::format_name(f) << " t " << t;
+      }
+    }
+  }
+}
+
+// --kv-rotate hadamard: int8 rows (keys and values) and KIVI values are quantized after the
+// head's rotation (kv/rotation.h, seeded per layer and head) and read back rotated back;
+// KIVI keys are not rotated. The codec applied by hand to R x, then R^T, is the expectation.
+TEST(KvCache, RotatedStreamsStoreTheCodecOfTheRotatedRow) {
+  const int H = 2, D = 16, N = 40;
+  for (auto [kf, vf] : {std::pair{Format::kInt8, Format::kInt8}, {Format::kKivi4, Format::kKivi2}}) {
+    CacheConfig c = config(kf, vf, 8, 0, KeyFlush::kBatch, H, D, 100);
+    c.rotate = kv::KvRotate::kHadamard;
+    c.rotation_seed = 99;
+    kv::KvCache cache(c), plain([&] {
+      CacheConfig p = c;
+      p.rotate = kv::KvRotate::kNone;
+      return p;
+    }());
+    Rng r(5);
+    std::vector<std::vector<float>> X;
+    for (int t = 0; t < N; ++t) {
+      X.push_back(randn(H * D, r));
+      for (int l = 0; l < 2; ++l) {
+        cache.append(l, X.back().data(), X.back().data());
+        plain.append(l, X.back().data(), X.back().data());
+      }
+    }
+    for (int l = 0; l < 2; ++l) {
+      const auto view = cache.view(l), pv = plain.view(l);
+      EXPECT_EQ(view.k.rotated, kf == Format::kInt8);
+      EXPECT_TRUE(view.v.rotated);
+      std::vector<float> got(D), want(D), x(D), p(D);
+      for (int t = 0; t < view.v.n_stored; ++t) {
+        for (int h = 0; h < H; ++h) {
+          const kv::HadamardRotation rot(D, kv::rotation_seed(99, l, h));
+          std::copy(X[t].begin() + h * D, X[t].begin() + (h + 1) * D, x.begin());
+          rot.forward(x.data());
+          // Values: the row rotated, quantized as the format does, rotated back.
+          if (vf == Format::kInt8) {
+            std::vector<int8_t> codes(D);
+            std::vector<uint8_t> sc(8);
+            kv::quantize_int8(x.data(), 1, 1, D, Int8Granularity::kHead, 8, ParamType::kF16,
+                              codes.data(), sc.data());
+            kv::dequantize_int8(codes.data(), sc.data(), 1, 1, D, Int8Granularity::kHead, 8,
+                                ParamType::kF16, want.data());
+          } else {
+            std::vector<uint8_t> codes(D), sc(D * 2), zp(D * 2);
+            kv::quantize_values(x.data(), 1, 1, D, 8, 2, ParamType::kF16, codes.data(), sc.data(),
+                                zp.data());
+            kv::dequantize_values(codes.data(), sc.data(), zp.data(), 1, 1, D, 8, 2,
+                                  ParamType::kF16, want.data());
+          }
+          rot.inverse(want.data());
+          attn::dequantize_value(view.v, t, h, got.data());
+          for (int d = 0; d < D; ++d)
+            ASSERT_NEAR(got[d], want[d], 1e-5f) << "value t " << t << " h " << h << " d " << d;
+          // Keys: int8 rotated like the values; KIVI keys as an unrotated cache holds them.
+          attn::dequantize_key(view.k, t, h, got.data());
+          if (kf == Format::kKivi4) {
+            attn::dequantize_key(pv.k, t, h, p.data());
+            ASSERT_EQ(got, p) << "key t " << t;
+          } else {
+            double err = 0, norm = 0;
+            for (int d = 0; d < D; ++d) {
+              err = std::max(err, std::fabs(double(got[d]) - X[t][h * D + d]));
+              norm = std::max(norm, std::fabs(double(x[d])));
+            }
+            EXPECT_LE(err, norm / 127 * 0.5 * std::sqrt(D) + 1e-5) << "key t " << t;
+          }
+        }
       }
     }
   }

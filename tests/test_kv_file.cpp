@@ -39,6 +39,7 @@ struct Case {
   sparse::Kind sparse = sparse::Kind::kOff;
   int ctx = 256;            // 128: the prompt overflows it (window policy)
   const char* layers = "";  // --kv-cache-layers
+  kv::KvRotate rotate = kv::KvRotate::kNone;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -58,6 +59,7 @@ SessionOptions options(const Case& c, int ctx = 0) {
   o.cache.key_rope = c.rope;
   o.cache.key_flush = c.flush;
   o.cache.layer_map = c.layers;
+  o.cache.rotate = c.rotate;
   if (c.sparse != sparse::Kind::kOff) {
     o.sparse.kind = c.sparse;
     o.sparse.block = 32;
@@ -168,6 +170,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"per_layer", "f32", "f32", 32, 32, kv::Int8Granularity::kHead,
                            kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kOff, 256,
                            "0:kivi2/tq3;1-2:int8/kivi4;*:tq2.5/f16"},
+                      Case{"rotated", "int8", "kivi2", 32, 32, kv::Int8Granularity::kToken,
+                           kv::KeyRope::kPost, kv::KeyFlush::kBatch, sparse::Kind::kOff, 256, "",
+                           kv::KvRotate::kHadamard},
                       Case{"kivi2_pre_rope_tq2_5", "kivi2", "tq2.5", 32, 32,
                            kv::Int8Granularity::kHead, kv::KeyRope::kPre},
                       Case{"tq4_sparse_quest", "tq4", "tq2", 32, 32, kv::Int8Granularity::kHead,
@@ -354,6 +359,28 @@ TEST(KvFile, PerLayerFilesNameTheLayerThatDiffers) {
     runtime::save_session(a, long_prompt(), 10, 0.1, upath);
   }
   EXPECT_EQ(load_error(test::read_file(upath), options(u)), "");
+}
+
+// A file of a rotated cache records the rotation and its seed.
+TEST(KvFile, RotatedFilesNameTheirRotation) {
+  KIVI_REQUIRE_MODEL();
+  test::TempDir dir;
+  const std::string path = dir.file("rot.kv");
+  Case c{"rot", "int8", "kivi2"};
+  c.rotate = kv::KvRotate::kHadamard;
+  {
+    Session a(stories(), options(c));
+    a.prefill(long_prompt());
+    runtime::save_session(a, long_prompt(), 10, 0.1, path);
+  }
+  const std::vector<uint8_t> good = test::read_file(path);
+  ASSERT_EQ(load_error(good, options(c)), "");
+  Case plain = c;
+  plain.rotate = kv::KvRotate::kNone;
+  expect_refused(good, options(plain), "rotation: hadamard in the file, none here");
+  SessionOptions seed = options(c);
+  seed.cache.rotation_seed = 7;
+  expect_refused(good, seed, "rotation seed (low half)");
 }
 
 // Rank 0 of two context shards in one process: the other shard is empty (the prompt

@@ -59,6 +59,7 @@ std::vector<Outcome> run_case(const FormatCase& f, const Case& c, uint64_t seed)
   cfg.head_dim = c.D;
   cfg.ctx = c.history + c.chunk;
   cfg.k = f.k;
+  cfg.rotate = f.rotate;
   cfg.v = f.v;
   cfg.group_size = c.G;
   cfg.residual = c.R;

@@ -39,6 +39,7 @@ SessionOptions session_for(const test::FormatCase& f, int rewind) {
   o.threads = 2;
   o.ctx = 512;
   o.cache.k = f.k;
+  o.cache.rotate = f.rotate;
   o.cache.v = f.v;
   o.cache.group_size = 32;
   o.cache.residual = 32;

@@ -181,6 +181,7 @@ inline double rel_error(const std::vector<float>& a, const std::vector<T>& ref) 
 struct FormatCase {
   std::string name;
   kv::StreamFormat k, v;
+  kv::KvRotate rotate = kv::KvRotate::kNone;  // --kv-rotate
 };
 
 // Every cache format on both streams (each int8 granularity apart), then keys and
@@ -210,6 +211,12 @@ inline std::vector<FormatCase> all_formats() {
       {"tq3", sf(Format::kTq3), sf(Format::kTq3)},
       {"K tq4 / V tq2", sf(Format::kTq4), sf(Format::kTq2)},
       {"K kivi2 / V tq2.5", sf(Format::kKivi2), sf(Format::kTq25)},
+      {"int8/head rotated", sf(Format::kInt8), sf(Format::kInt8), kv::KvRotate::kHadamard},
+      {"int8/group rotated", sf(Format::kInt8, Int8Granularity::kGroup),
+       sf(Format::kInt8, Int8Granularity::kGroup), kv::KvRotate::kHadamard},
+      {"kivi2, values rotated", sf(Format::kKivi2), sf(Format::kKivi2), kv::KvRotate::kHadamard},
+      {"K int8 / V kivi4, rotated", sf(Format::kInt8), sf(Format::kKivi4),
+       kv::KvRotate::kHadamard},
   };
 }
 

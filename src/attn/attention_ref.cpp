@@ -32,6 +32,9 @@ static size_t param_index(const kv::StreamView& s, int t, int h, int d, bool key
   }
 }
 
+// A stored row as stored (rotated streams in the rotated space).
+static void dequantize_stored(const kv::StreamView& s, int t, int h, float* out, bool key);
+
 static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bool key) {
   const int D = s.head_dim;
   if (t >= s.n_stored) {
@@ -39,10 +42,16 @@ static void dequantize_row(const kv::StreamView& s, int t, int h, float* out, bo
     std::copy(r, r + D, out);
     return;
   }
+  dequantize_stored(s, t, h, out, key);
+  if (s.rotated) s.rotations[h].inverse(out);  // back to the original space
+}
+
+static void dequantize_stored(const kv::StreamView& s, int t, int h, float* out, bool key) {
+  const int D = s.head_dim;
   const uint8_t* row = s.row(t, h);
   if (s.tq) {  // one scale per token and head; codes in the head's rotated space
     const float sc = kv::load_param(s.scales, s.param_base(t, h) + t % s.block, s.param_type);
-    s.tq->decode(row, sc, s.rotations[h], out);
+    s.tq->decode_rotated(row, sc, out);
     return;
   }
   switch (s.fmt.format) {

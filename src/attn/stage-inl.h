@@ -29,17 +29,12 @@ inline void StageTqRotated(const kv::StreamView& s, int h, int t0, int n, float*
   DecodeTqRows(*s.tq, s.row(t0, h), s.token_stride, n, rs, out);
 }
 
-// Stored tokens [t0, t0 + n) of head h (one block) dequantized into out[n][D].
-// ps, pz: [n][D] parameter staging (int8 group scales, KIVI value scales and zero
-// points); sp, zp: [D] (a KIVI key group's); rs: [n] (int8 row scales).
-inline void StageStored(const kv::StreamView& s, int h, int t0, int n, float* out, float* ps,
-                        float* pz, float* sp, float* zp, float* rs) {
+// Stored tokens [t0, t0 + n) of head h (one block) dequantized as stored (rotated streams
+// in the rotated space) into out[n][D]; the arguments as StageStored's.
+inline void StageStoredAsStored(const kv::StreamView& s, int h, int t0, int n, float* out,
+                                float* ps, float* pz, float* sp, float* zp, float* rs) {
   const int D = s.head_dim;
-  if (s.tq) {  // tq: the rows in the rotated space, each rotated back
-    StageTqRotated(s, h, t0, n, out, rs);
-    for (int i = 0; i < n; ++i) s.rotations[h].inverse(out + static_cast<size_t>(i) * D);
-    return;
-  }
+  if (s.tq) return StageTqRotated(s, h, t0, n, out, rs);
   switch (s.fmt.format) {
     case kv::Format::kF32:
       StageRows(reinterpret_cast<const float*>(s.row(t0, h)), s.token_stride / 4, n, D, out);
@@ -78,6 +73,17 @@ inline void StageStored(const kv::StreamView& s, int h, int t0, int n, float* ou
   LoadParams(s, pi, n * NG, pz, true);
   DequantKiviValues(s.quad_row(t0, h), t0 % 4, n, D, bits, Gc, ps, pz, static_cast<size_t>(NG),
                     out);
+}
+
+// Stored tokens [t0, t0 + n) of head h (one block) dequantized into out[n][D], in the
+// original space (rotated streams rotated back row by row).
+// ps, pz: [n][D] parameter staging (int8 group scales, KIVI value scales and zero
+// points); sp, zp: [D] (a KIVI key group's); rs: [n] (int8 and tq row scales).
+inline void StageStored(const kv::StreamView& s, int h, int t0, int n, float* out, float* ps,
+                        float* pz, float* sp, float* zp, float* rs) {
+  StageStoredAsStored(s, h, t0, n, out, ps, pz, sp, zp, rs);
+  if (!s.rotated) return;
+  for (int i = 0; i < n; ++i) s.rotations[h].inverse(out + static_cast<size_t>(i) * s.head_dim);
 }
 
 }  // namespace kivi::attn::HWY_NAMESPACE

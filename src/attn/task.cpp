@@ -56,15 +56,15 @@ struct Task {
   float* vs;                 // [kTile][D/Gc] per-token parameters (value scales, int8 group scales)
   float* vz;                 // [kTile][D/Gc] value zero points
   float* rs;                 // [kTile] int8 row scales, tq row scales
-  float* qr;                 // [rep][D] tq keys: the scaled query rotated as the head's keys
-  float* orot;               // [rep][D] tq values: the rotated weighted sum
+  float* qr;                 // [rep][D] rotated keys: the scaled query rotated as the head's keys
+  float* orot;               // [rep][D] rotated values: the rotated weighted sum
   bool fast_int8_k = false;  // fast int8 keys (int16 query in kbuf, scales in q16_scale)
   bool fast_kivi_v = false;  // fast KIVI values (weights in vbuf, temporaries in kbuf)
   bool group_kivi_k = false;  // KIVI keys by the group kernels (query and partial group in kbuf)
   bool wide_k = false;        // ... with 512-bit vectors
   bool pre_rope = false;      // keys stored before RoPE: staged in kbuf and rotated
-  bool tq_k = false;          // tq keys scored in the rotated space (against qr)
-  bool tq_v = false;          // tq values summed in the rotated space (into orot)
+  bool rot_k = false;  // stored keys scored in the rotated space (against qr): tq, rotated int8
+  bool rot_v = false;  // stored values summed in the rotated space (into orot)
   float q16_scale[kMaxFastInt8Heads + 4];
 
   explicit Task(const TaskArgs& args)
@@ -90,8 +90,8 @@ struct Task {
     orot = a.scratch + L.orot;
     assert(D % 8 == 0 && a.t1 - a.t0 <= ld);
     pre_rope = a.rope != nullptr;
-    tq_k = K.tq != nullptr && !pre_rope;
-    tq_v = V.tq != nullptr;
+    rot_k = K.rotated && !pre_rope;  // (before RoPE the staged rows are rotated back)
+    rot_v = V.rotated;
 #ifdef KIVI_X86
     const bool fast = a.precision == Precision::kFast;
     const int kbits = kv::format_bits(K.fmt.format), vbits = kv::format_bits(V.fmt.format);
@@ -125,13 +125,14 @@ void StartTask(const Task& k) {
     o[k.D] = -std::numeric_limits<float>::infinity();
     o[k.D + 1] = 0.0f;
   }
-  // tq: the query rotated once per head (q . k = Rq . Rk); the rotated value sum from 0.
+  // Rotated streams: the query rotated once per head (q . k = Rq . Rk); the rotated value
+  // sum from 0.
   const size_t n_rows = static_cast<size_t>(k.rep) * k.D;
-  if (k.tq_k) {
+  if (k.rot_k) {
     std::memcpy(k.qr, k.qn, n_rows * sizeof(float));
     for (int r = 0; r < k.rep; ++r) k.K.rotations[k.h].forward(k.qr + static_cast<size_t>(r) * k.D);
   }
-  if (k.tq_v) std::fill(k.orot, k.orot + n_rows, 0.0f);
+  if (k.rot_v) std::fill(k.orot, k.orot + n_rows, 0.0f);
 }
 
 // Adds the byte ranges the task reads from one stream, in reading order: its stored
@@ -184,18 +185,19 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   const kv::StreamView& K = k.K;
   const int D = k.D, rep = k.rep, h = k.h;
   float* St = k.scores(t0);
-  if (k.tq_k) {  // centroid rows in the rotated space against the rotated query
+  if (K.tq && k.rot_k) {  // centroid rows in the rotated space against the rotated query
     StageTqRotated(K, h, t0, n, k.kbuf, k.rs);
     DotRows(k.qr, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
     return;
   }
+  const float* q = k.rot_k ? k.qr : k.qn;  // rotated int8 rows: against the rotated query
   switch (K.fmt.format) {
     case kv::Format::kF32:
-      DotRows(k.qn, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, St,
+      DotRows(q, rep, D, reinterpret_cast<const float*>(K.row(t0, h)), K.token_stride / 4, n, St,
               k.ld, pf);
       return;
     case kv::Format::kF16:
-      DotRows(k.qn, rep, D, reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, St,
+      DotRows(q, rep, D, reinterpret_cast<const f16_t*>(K.row(t0, h)), K.token_stride / 2, n, St,
               k.ld, pf);
       return;
     case kv::Format::kInt8: {
@@ -211,18 +213,18 @@ void ScoreStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
       if (K.fmt.granularity != kv::Int8Granularity::kGroup) {
         // One scale per row: the codes are converted inside the dot products and the
         // scores scaled afterwards, so nothing is staged.
-        DotRows(k.qn, rep, D, codes, K.token_stride, n, St, k.ld, pf);
+        DotRows(q, rep, D, codes, K.token_stride, n, St, k.ld, pf);
         for (int r = 0; r < rep; ++r)
           for (int i = 0; i < n; ++i) St[static_cast<size_t>(r) * k.ld + i] *= k.rs[i];
         return;
       }
       DequantInt8(codes, K.token_stride, n, D, nullptr, k.vs, K.group, D / K.group, k.kbuf);
-      DotRows(k.qn, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
+      DotRows(q, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
       return;
     }
     default: {  // KIVI keys the group kernels do not take: staged group by group
       StageStored(K, h, t0, n, k.kbuf, k.vs, k.vz, k.sp, k.zp, k.rs);
-      DotRows(k.qn, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
+      DotRows(q, rep, D, k.kbuf, static_cast<size_t>(D), n, St, k.ld, pf);
       return;
     }
   }
@@ -258,7 +260,7 @@ void ScoreKeys(Task& k, Prefetcher& pf) {
   const kv::StreamView& K = k.K;
 #ifdef KIVI_X86
   if (k.fast_int8_k)
-    PrepareInt8KeyQuery(k.qn, k.rep, k.D, reinterpret_cast<int16_t*>(k.kbuf), k.q16_scale);
+    PrepareInt8KeyQuery(k.rot_k ? k.qr : k.qn, k.rep, k.D, reinterpret_cast<int16_t*>(k.kbuf), k.q16_scale);
   if (k.group_kivi_k && K.n_stored > a.t0) {
     const KeyGroupArgs ka{&K,      a.h,   a.t0,   std::min(a.t1, K.n_stored),
                           k.qn,    k.rep, k.S,    k.ld,
@@ -290,7 +292,10 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   const kv::StreamView& V = k.V;
   const int D = k.D, rep = k.rep, h = k.h;
   const float* P = k.scores(t0);
-  if (k.tq_v) {  // centroid rows summed in the rotated space, rotated back once (AttendTask)
+  // Rotated values are summed in the rotated space, rotated back once (AttendTask).
+  float* const O = k.rot_v ? k.orot : a.out;
+  const size_t os = k.rot_v ? static_cast<size_t>(D) : a.out_stride;
+  if (V.tq && k.rot_v) {  // centroid rows summed in the rotated space, rotated back once (AttendTask)
     StageTqRotated(V, h, t0, n, k.vbuf, k.rs);
     AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, k.orot, D, pf);
     return;
@@ -298,11 +303,11 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   switch (V.fmt.format) {
     case kv::Format::kF32:
       AccumRows(P, k.ld, rep, D, reinterpret_cast<const float*>(V.row(t0, h)), V.token_stride / 4,
-                n, a.out, a.out_stride, pf);
+                n, O, os, pf);
       return;
     case kv::Format::kF16:
       AccumRows(P, k.ld, rep, D, reinterpret_cast<const f16_t*>(V.row(t0, h)), V.token_stride / 2,
-                n, a.out, a.out_stride, pf);
+                n, O, os, pf);
       return;
     case kv::Format::kInt8: {
       const int8_t* codes = reinterpret_cast<const int8_t*>(V.row(t0, h));
@@ -316,12 +321,12 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
           const float* Pr = P + static_cast<size_t>(r) * k.ld;
           for (int i = 0; i < n; ++i) pw[r * kTile + i] = Pr[i] * k.rs[i];
         }
-        AccumRows(pw, kTile, rep, D, codes, V.token_stride, n, a.out, a.out_stride, pf);
+        AccumRows(pw, kTile, rep, D, codes, V.token_stride, n, O, os, pf);
         return;
       }
       DequantInt8(codes, V.token_stride, n, D, k.rs, grp ? k.vs : nullptr, V.group,
                   grp ? D / V.group : 0, k.vbuf);
-      AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
+      AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, O, os, pf);
       return;
     }
     default: {  // KIVI values: per-token parameters per group of Gc channels
@@ -335,22 +340,22 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
         uint64_t* wq = reinterpret_cast<uint64_t*>(k.vbuf);
         float* wsc = k.vbuf + static_cast<size_t>(kTile) * D / 2;
         pf.step(static_cast<size_t>(n));
-        FastKiviValues(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, k.vs, k.vz, a.out,
-                       a.out_stride, wq, wsc, k.kbuf);
+        FastKiviValues(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, k.vs, k.vz, O,
+                       os, wq, wsc, k.kbuf);
         return;
       }
       if (ExactKiviValuesOk(D, vbits, Gc, t0 % 4, n) &&
           static_cast<size_t>(n) * NG * 8 <=
               static_cast<size_t>(kTile) * D) {  // (the 2-bit table fits in kbuf)
         pf.step(static_cast<size_t>(n));
-        AccumKiviExact(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), n, k.vs, k.vz, a.out,
-                       a.out_stride, k.kbuf);
+        AccumKiviExact(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), n, k.vs, k.vz, O,
+                       os, k.kbuf);
         return;
       }
 #endif
       DequantKiviValues(V.quad_row(t0, h), t0 % 4, n, D, vbits, Gc, k.vs, k.vz,
                         static_cast<size_t>(NG), k.vbuf);
-      AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, a.out, a.out_stride, pf);
+      AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, O, os, pf);
       return;
     }
   }
@@ -418,7 +423,7 @@ void AttendTask(const TaskArgs& a) {
 
   // 3. Values.
   AccumValues(k, pf);
-  if (k.tq_v) {  // o += R^T (the rotated sum): one rotation per query head
+  if (k.rot_v) {  // o += R^T (the rotated sum): one rotation per query head
     for (int r = 0; r < k.rep; ++r) {
       float* orr = k.orot + static_cast<size_t>(r) * k.D;
       k.V.rotations[k.h].inverse(orr);

@@ -51,6 +51,13 @@ const char* granularity_name(Int8Granularity g) {
 const char* key_flush_name(KeyFlush k) { return k == KeyFlush::kBatch ? "batch" : "group"; }
 const char* param_type_name(ParamType p) { return p == ParamType::kF16 ? "f16" : "f32"; }
 const char* key_rope_name(KeyRope k) { return k == KeyRope::kPre ? "pre" : "post"; }
+const char* kv_rotate_name(KvRotate r) { return r == KvRotate::kHadamard ? "hadamard" : "none"; }
+
+KvRotate parse_kv_rotate(const std::string& s) {
+  if (s == "none") return KvRotate::kNone;
+  if (s == "hadamard") return KvRotate::kHadamard;
+  fail("--kv-rotate: unknown rotation '%s' (valid: none, hadamard)", s.c_str());
+}
 
 void check_bits(int bits) {
   if (bits != 2 && bits != 4 && bits != 8) {

@@ -41,12 +41,17 @@ enum class Stream : uint8_t { kKey = 0, kValue = 1 };
 // not been smeared across channel pairs by the rotation, and rotates each key by its
 // position when attention reads it.
 enum class KeyRope : uint8_t { kPost = 0, kPre = 1 };
+// --kv-rotate: a seeded randomized Hadamard rotation per layer and KV head applied to int8
+// rows and KIVI values before they are quantized (tq formats always rotate; KIVI keys,
+// quantized per channel, and float rows never do).
+enum class KvRotate : uint8_t { kNone = 0, kHadamard = 1 };
 
 const char* format_name(Format f);
 const char* granularity_name(Int8Granularity g);
 const char* key_flush_name(KeyFlush k);
 const char* param_type_name(ParamType p);
 const char* key_rope_name(KeyRope k);
+const char* kv_rotate_name(KvRotate r);
 inline size_t param_size(ParamType p) { return p == ParamType::kF16 ? 2 : 4; }
 
 // Parsers throw kivi::Error naming the option and listing the valid values.
@@ -55,6 +60,7 @@ Int8Granularity parse_granularity(const std::string& s);
 KeyFlush parse_key_flush(const std::string& s);
 ParamType parse_param_type(const std::string& s);
 KeyRope parse_key_rope(const std::string& s);
+KvRotate parse_kv_rotate(const std::string& s);
 
 inline bool is_kivi(Format f) {
   return f == Format::kKivi2 || f == Format::kKivi4 || f == Format::kKivi8;
@@ -63,6 +69,12 @@ inline bool is_tq(Format f) { return f >= Format::kTq2 && f <= Format::kTq35; }
 // Formats that keep the most recent tokens in full precision (the residual window R) and
 // quantize them as they leave it.
 inline bool uses_ring(Format f) { return is_kivi(f) || is_tq(f); }
+// Whether a stream's stored rows live in its heads' rotated space: tq always; with
+// --kv-rotate hadamard int8 keys and values and KIVI values.
+inline bool is_rotated(Format f, bool key, KvRotate r) {
+  return is_tq(f) ||
+         (r == KvRotate::kHadamard && (f == Format::kInt8 || (!key && is_kivi(f))));
+}
 // Bits per stored element (before parameters), rounded down for the split tq widths.
 int format_bits(Format f);
 // Bits per stored element of the codes, exactly (2.5 for tq2.5).
@@ -100,8 +112,10 @@ struct CacheConfig {
   ParamType param_type = ParamType::kF16;
   int block_tokens = 0;  // tokens per storage block; 0 picks 128 rounded up to a multiple of G
   KeyRope key_rope = KeyRope::kPost;
-  // tq formats: the base seed of the per-(layer, KV head) Hadamard rotations (kv/rotation.h).
+  // tq formats and --kv-rotate: the base seed of the per-(layer, KV head) Hadamard rotations
+  // (kv/rotation.h).
   uint64_t rotation_seed = kDefaultRotationSeed;
+  KvRotate rotate = KvRotate::kNone;
   // Cross-layer sharing: a borrowing layer reads an earlier layer's keys and values
   // instead of storing its own (its K and V projections are skipped).
   int share_every = 1;  // groups of N adjacent layers read the first one's cache

@@ -42,6 +42,7 @@ void KvCache::init(bool own) {
   n_logical_ = (cfg_.ctx + block_ - 1) / block_;
   row_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
   tq_tmp_.reset(static_cast<size_t>(cfg_.head_dim));
+  rot_tmp_.reset(static_cast<size_t>(cfg_.n_kv_heads) * cfg_.head_dim);
   readonly_.assign(n_logical_, 0);
   layers_.resize(cfg_.n_layers);
   owner_ = layer_owners(cfg_);
@@ -52,9 +53,9 @@ void KvCache::init(bool own) {
     L.n_blocks = pool_->layer_blocks(l);
     L.window = cfg_.window(l);
     L.block_table.assign(L.window > 0 ? L.n_blocks : n_logical_, -1);
-    init_stream(L.k, pool_->layer(l).k);
-    init_stream(L.v, pool_->layer(l).v);
-    if (L.k.tq || L.v.tq) {
+    init_stream(L.k, pool_->layer(l).k, true);
+    init_stream(L.v, pool_->layer(l).v, false);
+    if (L.k.rotated || L.v.rotated) {
       L.rot.reserve(cfg_.n_kv_heads);
       for (int h = 0; h < cfg_.n_kv_heads; ++h)
         L.rot.emplace_back(cfg_.head_dim, rotation_seed(cfg_.rotation_seed, l, h));
@@ -67,7 +68,7 @@ void KvCache::init(bool own) {
   clear();
 }
 
-void KvCache::init_stream(StreamStore& s, BlockPool::StreamStorage& storage) {
+void KvCache::init_stream(StreamStore& s, BlockPool::StreamStorage& storage, bool key) {
   s.lay = storage.layout;
   s.codes = storage.codes.data();
   s.scales = storage.scales.data();
@@ -76,6 +77,7 @@ void KvCache::init_stream(StreamStore& s, BlockPool::StreamStorage& storage) {
   s.param_stride = storage.param_head_stride;
   s.ring.reset(static_cast<size_t>(s.lay.ring_cap) * cfg_.n_kv_heads * cfg_.head_dim);
   s.tq = tq_codec(s.lay.fmt.format, cfg_.head_dim);
+  s.rotated = is_rotated(s.lay.fmt.format, key, cfg_.rotate);
 }
 
 void KvCache::map_block(int logical, int32_t physical, bool ro) {
@@ -315,7 +317,15 @@ void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
         s.calibrated)
       return;
     float m = 0.0f;
-    for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(x[i]));
+    if (s.rotated) {  // the rows as they are quantized: rotated
+      const int H = cfg_.n_kv_heads, D = cfg_.head_dim;
+      for (size_t r = 0; r < count / D; ++r) {
+        std::memcpy(tq_tmp_.data(), x + r * D, D * sizeof(float));
+        L.rot[r % H].forward(tq_tmp_.data());
+        for (int i = 0; i < D; ++i) m = std::max(m, std::fabs(tq_tmp_[i]));
+      }
+    }
+    for (size_t i = 0; i < count && !s.rotated; ++i) m = std::max(m, std::fabs(x[i]));
     if (absmax_reduce_) m = absmax_reduce_(m);
     s.tensor_scale = int8_scale(m, cfg_.param_type);
     s.calibrated = true;
@@ -342,6 +352,14 @@ void KvCache::store_rows(Layer& L, StreamStore& s, int pos, const float* x) {
         ops::f32_to_f16_n(x + static_cast<size_t>(h) * D, reinterpret_cast<f16_t*>(dst(h)), D);
       break;
     case Format::kInt8: {
+      if (s.rotated) {  // every head's row rotated first
+        for (int h = 0; h < H; ++h) {
+          float* r = rot_tmp_.data() + static_cast<size_t>(h) * D;
+          std::memcpy(r, x + static_cast<size_t>(h) * D, D * sizeof(float));
+          L.rot[h].forward(r);
+        }
+        x = rot_tmp_.data();
+      }
       const ParamType pt = cfg_.param_type;
       const size_t ps = param_size(pt);
       // Over every head of the model (set_absmax_reduce) when the scale spans them.
@@ -417,6 +435,11 @@ void KvCache::store_value(Layer& L, int pos, int h, const float* v) {
   const size_t pb = static_cast<size_t>(L.block_table[pos / block_]);
   const int slot = pos % block_;
   const size_t pi = s.param_index(h, pb) + static_cast<size_t>(slot) * (D / cgroup_);
+  if (s.rotated) {  // the row rotated first
+    std::memcpy(tq_tmp_.data(), v, D * sizeof(float));
+    L.rot[h].forward(tq_tmp_.data());
+    v = tq_tmp_.data();
+  }
   quantize_values(v, 1, 1, D, cgroup_, bits, cfg_.param_type, row_tmp_.data(), s.scales + pi * ps,
                   s.zeros + pi * ps);
   // Interleave into the token's quad: byte j goes to 4 j + slot % 4.
@@ -536,7 +559,8 @@ StreamView KvCache::stream_view(const Layer& L, const StreamStore& s, Stream whi
   v.group = v.per_channel ? cfg_.group_size : cgroup_;
   v.n_stored = uses_ring(s.lay.fmt.format) ? s.n_stored : L.n;
   v.tq = s.tq;
-  v.rotations = s.tq ? L.rot.data() : nullptr;
+  v.rotated = s.rotated;
+  v.rotations = s.rotated ? L.rot.data() : nullptr;
   v.codes = s.codes;
   v.scales = s.scales;
   v.zeros = s.zeros;

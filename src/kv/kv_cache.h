@@ -87,9 +87,12 @@ struct StreamView {
   size_t token_stride = 0;       // bytes between tokens' rows within a block
   bool quad = false;             // rows interleaved by quads of tokens (KIVI values)
   float tensor_scale = 0.0f;     // int8 tensor granularity
-  // tq formats (kv/tq.h): the codec and each head's rotation ([n_heads]); the scales hold
-  // one scale per token and head ([B] per head and block, as int8/head).
+  // tq formats (kv/tq.h): the codec; the scales hold one scale per token and head ([B] per
+  // head and block, as int8/head).
   const kv::TqCodec* tq = nullptr;
+  // Stored rows in the heads' rotated space (tq, and int8 rows and KIVI values under
+  // --kv-rotate hadamard), each head's rotation ([n_heads]); the residual rows are not.
+  bool rotated = false;
   const kv::HadamardRotation* rotations = nullptr;
   // Residual segment: tokens [n_stored, n_tokens) in full precision.
   const float* ring = nullptr;  // [H][ring_capacity][D]
@@ -372,6 +375,7 @@ class KvCache {
     bool calibrated = false;
     int64_t clamped = 0;
     const TqCodec* tq = nullptr;  // tq formats
+    bool rotated = false;         // stored rows in the heads' rotated space (kv::is_rotated)
   };
   struct Layer {
     int n = 0;
@@ -381,12 +385,12 @@ class KvCache {
     int n_blocks = 0;                   // physical blocks of this layer in the pool
     int window = 0;                     // sliding window (tokens), 0 = none
     int evicted = 0;                    // tokens evicted from the front by the window
-    std::vector<HadamardRotation> rot;  // [H] tq formats: each KV head's rotation
+    std::vector<HadamardRotation> rot;  // [H] each KV head's rotation (rotated streams)
   };
 
   void init(bool own);
   void evict(int layer);  // sliding window: drops the whole blocks before it
-  void init_stream(StreamStore& s, BlockPool::StreamStorage& storage);
+  void init_stream(StreamStore& s, BlockPool::StreamStorage& storage, bool key);
   void map_block(int logical, int32_t physical, bool readonly);
   bool readonly(int pos) const { return readonly_[pos / block_] != 0; }
   static int ring_slot(const StreamStore& s, int pos) {
@@ -418,7 +422,8 @@ class KvCache {
   BlockPool* pool_ = nullptr;
   int block_ = 0, n_blocks_ = 0, n_logical_ = 0, cgroup_ = 0;
   AlignedBuffer<uint8_t> row_tmp_;          // one packed row, for interleaving value codes
-  AlignedBuffer<float> tq_tmp_;             // [D] a row being rotated (tq)
+  AlignedBuffer<float> tq_tmp_;             // [D] a row being rotated (tq, rotated values)
+  AlignedBuffer<float> rot_tmp_;            // [H][D] a token's rows rotated (rotated int8)
   std::vector<Layer> layers_;               // [n_layers]; borrowing layers' entries hold no storage
   std::vector<int> owner_;                  // [n_layers] layer_owners(cfg_)
   int first_stored_ = 0, last_stored_ = 0;  // layers that store a cache: the first and the last

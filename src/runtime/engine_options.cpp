@@ -68,9 +68,15 @@ const std::vector<OptionSpec> kSpecs = {
      "Residual window of the KIVI and tq formats: the last R tokens stay in full precision (for "
      "KIVI a multiple of G).",
      "128", kKv},
+    {"kv-rotate", 0, "R",
+     "none, or hadamard: int8 keys and values and KIVI values are rotated per layer and KV head "
+     "by a seeded randomized Hadamard transform before they are quantized, which spreads "
+     "outlier channels (KIVI keys, quantized per channel, and float rows are not rotated; tq "
+     "formats always are).",
+     "none", kKv},
     {"kv-rotation-seed", 0, "SEED",
-     "tq formats: the base seed of the per-layer, per-head Hadamard rotations (recorded in KV "
-     "files).",
+     "tq formats and --kv-rotate: the base seed of the per-layer, per-head Hadamard rotations "
+     "(recorded in KV files).",
      "1802073705", kKv},
     {"key-flush", 0, "POLICY",
      "KIVI key flush: batch (quantize all R when the residual reaches R) or group (quantize the "
@@ -535,6 +541,7 @@ SessionOptions parse_session_options(const OptionValues& given, OptionSpelling s
   c.key_rope = kv::parse_key_rope(r.str("key-rope"));
   c.share_every = r.integer("kv-share", 1, 1 << 16);
   c.rotation_seed = static_cast<uint64_t>(r.integer64("kv-rotation-seed", 0, INT64_MAX));
+  c.rotate = kv::parse_kv_rotate(r.str("kv-rotate"));
   apply_format_spec(r.str("kv-cache"), r.name("kv-cache"), c, gran);
   if (r.given("kv-cache-k") && !r.str("kv-cache-k").empty())
     c.k.format = kv::parse_format(r.str("kv-cache-k"), r.name("kv-cache-k").c_str());
@@ -648,6 +655,13 @@ std::string describe_cache(const kv::CacheConfig& c) {
     s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
   }
   if (c.key_rope == kv::KeyRope::kPre) s += ", keys before RoPE";
+  const bool rk = c.any_stream([&](const kv::StreamFormat& f, bool key) {
+    return key && !kv::is_tq(f.format) && kv::is_rotated(f.format, true, c.rotate);
+  });
+  const bool rv = c.any_stream([&](const kv::StreamFormat& f, bool key) {
+    return !key && !kv::is_tq(f.format) && kv::is_rotated(f.format, false, c.rotate);
+  });
+  if (rk || rv) s += rk && rv ? ", rotated" : rk ? ", keys rotated" : ", values rotated";
   const std::string sharing = kv::describe_sharing(c);
   if (!sharing.empty()) s += ", shared across " + sharing;
   return s;

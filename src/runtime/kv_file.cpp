@@ -16,7 +16,7 @@ namespace kivi::runtime {
 namespace {
 
 const char kMagic[8] = {'K', 'I', 'V', 'I', 'K', 'V', 'C', '\0'};
-constexpr int kConfigFields = 26;
+constexpr int kConfigFields = 27;
 
 // One i32 field of the config section: its name, its value and how to print it.
 struct Field {
@@ -42,6 +42,7 @@ std::string show_param(int32_t v) {
 std::string show_rope(int32_t v) {
   return v >= 0 && v < 2 ? kv::key_rope_name(static_cast<kv::KeyRope>(v)) : "?";
 }
+std::string show_rotate(int32_t v) { return kv::kv_rotate_name(static_cast<kv::KvRotate>(v)); }
 std::string show_hex(int32_t v) { return strfmt("0x%08x", static_cast<uint32_t>(v)); }
 std::string show_overflow(int32_t v) {
   static const char* names[] = {"stop", "shift", "window"};
@@ -87,9 +88,13 @@ std::vector<Field> fields(const KvFileConfig& f) {
   const kv::CacheConfig c = normalized(f.cache);
   const bool stop = f.overflow == 0;
   const bool tq = c.any_stream([](const kv::StreamFormat& s, bool) { return kv::is_tq(s.format); });
+  // --kv-rotate, where some stream other than tq's is rotated (0 otherwise).
+  const bool rotates = c.any_stream([&](const kv::StreamFormat& s, bool key) {
+    return !kv::is_tq(s.format) && kv::is_rotated(s.format, key, c.rotate);
+  });
   const bool kivi_keys = c.any_stream(
       [](const kv::StreamFormat& s, bool key) { return key && kv::is_kivi(s.format); });
-  const uint64_t seed = tq ? c.rotation_seed : 0;
+  const uint64_t seed = tq || rotates ? c.rotation_seed : 0;
   std::vector<Field> v = {
       {"layers", c.n_layers, show_int, true},
       {"KV heads", c.n_kv_heads, show_int, true},
@@ -119,6 +124,7 @@ std::vector<Field> fields(const KvFileConfig& f) {
       {"key codebook", codebook_field(c, true), show_hex, true},
       {"value codebook", codebook_field(c, false), show_hex, true},
       {"per-layer formats", static_cast<int32_t>(c.layer_formats.size()), show_int, true},
+      {"rotation", rotates ? static_cast<int32_t>(c.rotate) : 0, show_rotate, true},
   };
   for (const auto& [b, o] : c.share_map) {
     v.push_back({"share map borrower", b, show_int, true});
@@ -227,6 +233,7 @@ KvFileConfig decode_config(const uint8_t* p, size_t n, const std::string& name) 
   if (f.summary_kind != 0 && f.summary_block < 1)
     fail("%s: sparse summaries of blocks of %d tokens", name.c_str(), f.summary_block);
   const int per_layer = range(25, "per-layer formats", 0, c.n_layers);
+  c.rotate = static_cast<kv::KvRotate>(range(26, "rotation", 0, 1));
   if (per_layer != 0 && per_layer != c.n_layers)
     fail("%s: per-layer formats for %d of %d layers", name.c_str(), per_layer, c.n_layers);
   const int words = kConfigFields + 2 * pairs + 4 * per_layer;
@@ -283,8 +290,9 @@ std::vector<std::string> config_differences(const KvFileConfig& file, const KvFi
     if (!a[i].compared || a[i].value == b[i].value) continue;
     std::string d = strfmt("%s: %s in the file, %s here", a[i].name.c_str(),
                            a[i].show(a[i].value).c_str(), b[i].show(b[i].value).c_str());
-    // Per-layer formats on one side only: named first (the stream fields then differ too).
-    if (a[i].name == "per-layer formats")
+    // Per-layer formats or a rotation on one side only: named first (the stream fields or
+    // the seed then differ too).
+    if (a[i].name == "per-layer formats" || a[i].name == "rotation")
       out.insert(out.begin(), std::move(d));
     else
       out.push_back(std::move(d));

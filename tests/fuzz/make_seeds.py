@@ -277,7 +277,7 @@ def write_kv(folder):
                              ("kivi2_sparse_fix.kv", 4, False), ("kivi2_chat.kv", 0, True)):
         sparse = kind != 0
         cfg = [1, H, D, ctx, 3, 0, 3, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0,
-               kind, 16 if sparse else 0, 0, 0, 0, 0, 0, 0]
+               kind, 16 if sparse else 0, 0, 0, 0, 0, 0, 0, 0]
         sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                     (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
                     (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
@@ -327,7 +327,7 @@ def write_kv_tq(folder):
     tq3, tq25 = 7, 9
     fp_tq3, fp_tq25 = 2108674478, 1511356768
     cfg = [1, H, D, ctx, tq3, 0, tq25, 0, 8, R, 0, 0, B, 0, 1, 0, 0, 0, 0, 0, 0,
-           0x6b697669, 0, fp_tq3, fp_tq25, 0]
+           0x6b697669, 0, fp_tq3, fp_tq25, 0, 0]
     sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                 (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),
                 (3, -1, struct.pack("<%di" % n, *[(7 * i) % 500 + 1 for i in range(n)]))]
@@ -351,7 +351,7 @@ def write_kv_layers(folder):
     kivi2, tq3, tq25 = 3, 7, 9
     fp_tq3, fp_tq25 = 2108674478, 1511356768
     cfg = [2, H, D, ctx, 0, 0, 0, 0, G, R, 0, 0, B, 0, 1, 0, 0, 0, 0, 0, 0,
-           0x6b697669, 0, fp_tq3, fp_tq25, 2,
+           0x6b697669, 0, fp_tq3, fp_tq25, 2, 0,
            kivi2, 0, kivi2, 0, tq3, 0, tq25, 0]
     sections = [(1, -1, struct.pack("<%di" % len(cfg), *cfg)),
                 (2, -1, struct.pack("<qqii", 0, 0, 0, 0)),

@@ -4,7 +4,7 @@
 For every configuration this runs
     KIVI perplexity -m MODEL -t TOK -f TEXT --kv-cache F --kv-cache-k FK --kv-cache-v FV
          --group-size G --residual R --key-flush P --scale-dtype S --int8-granularity X
-         --key-rope W --kv-rotation-seed SEED --json
+         --key-rope W --kv-rotation-seed SEED --kv-rotate ROT --json
 and llama_ref.perplexity() with the same settings, and checks
   * the scored token counts are identical,
   * |ppl_engine / ppl_reference - 1| <= 0.1% for f32 and <= 0.5% for other configurations,
@@ -28,17 +28,19 @@ shown in the "noise" column) and then uses max(tolerance, 2 x spread) instead.
 A configuration is written as comma-separated key=value pairs:
     kv=FMT (both) or k=FMT,v=FMT   FMT in f32 f16 int8 kivi2 kivi4 kivi8 tq2 tq2.5 tq3 tq3.5 tq4
     G=32 R=128 flush=batch|group scale=f16|f32 gran=token|head|group|tensor rope=post|pre
-    seed=N (tq rotation base seed, --kv-rotation-seed; default 1802073705 = 0x6b697669)
+    seed=N (tq and rot rotation base seed, --kv-rotation-seed; default 1802073705 = 0x6b697669)
+    rot=none|hadamard (--kv-rotate: rotate int8 keys and values and KIVI values per layer
+    and KV head with the tq rotation before quantizing them)
     layers=MAP (per-layer formats, --kv-cache-layers MAP; replaces kv/k/v)
-Unlisted keys take the defaults (G=32, R=128, flush=batch, scale=f16, gran=head),
-e.g. "kv=kivi2,G=64,R=0,flush=group", "k=int8,v=kivi4,gran=tensor", "kv=tq4,R=32" or
-"k=kivi2,v=tq2.5,rope=pre". R applies to the KIVI and tq formats (a multiple of G only
+Unlisted keys take the defaults (G=32, R=128, flush=batch, scale=f16, gran=head, rot=none),
+e.g. "kv=kivi2,G=64,R=0,flush=group", "k=int8,v=kivi4,gran=tensor", "kv=tq4,R=32",
+"k=kivi2,v=tq2.5,rope=pre" or "kv=int8,rot=hadamard". R applies to the KIVI and tq formats (a multiple of G only
 where a KIVI format is used); tq quantizes keys and values token by token.
 MAP is written as the engine takes it: rules LAYERS:FORMAT separated by ';', LAYERS '*'
 (the layers no other rule names) or layer numbers and ranges A-B separated by ',',
 FORMAT one format or KEY/VALUE, e.g. "layers=0,4-5:kivi4/tq3;*:kivi2,R=32". The commas of
 a layer list do not end the item: a following piece without '=' continues the map.
-The other keys (G, R, flush, scale, gran, rope, seed) apply to every layer.
+The other keys (G, R, flush, scale, gran, rope, seed, rot) apply to every layer.
 --list prints the default list; --quick runs a handful of configurations.
 
 The "effect" column is the engine's quantization effect over the reference's:
@@ -106,6 +108,10 @@ def default_configs():
     # per-layer formats (stories260K has layers 0-4)
     c += ["layers=0:kivi4;*:kivi2,R=32", "layers=0-1:kivi4/tq3;*:kivi2/tq2,R=32,rope=pre",
           "layers=0,4:int8;1-3:kivi2/f16,G=64,R=64,flush=group"]
+    # rotated int8 keys and values and KIVI values (--kv-rotate hadamard); KIVI keys stay
+    # unrotated, and in the layer map f16 values and tq keep their own treatment
+    c += ["kv=int8,gran=head,rot=hadamard", "kv=int8,gran=tensor,rot=hadamard",
+          "kv=kivi2,R=32,rot=hadamard", "layers=0:int8;1-2:kivi4/f16;*:kivi2/tq3,R=32,rot=hadamard"]
     return c
 
 
@@ -148,6 +154,8 @@ def parse_config(text):
             spec.key_rope = val
         elif key == "seed":
             spec.rotation_seed = int(val, 0)
+        elif key == "rot":
+            spec.kv_rotate = val
         else:
             raise ValueError("unknown config key %r (in %r)" % (key, text))
     spec.validate()
@@ -174,12 +182,15 @@ def canonical(spec):
         parts.append("flush=%s" % spec.key_flush)
     if kivi or tq or "int8" in fm:
         parts.append("scale=%s" % spec.scale_dtype)
-    if tq and spec.rotation_seed != ref.DEFAULT_ROTATION_SEED:
+    rot = spec.rotates_any()
+    if (tq or rot) and spec.rotation_seed != ref.DEFAULT_ROTATION_SEED:
         parts.append("seed=%d" % spec.rotation_seed)
     if "int8" in fm:
         parts.append("gran=%s" % spec.int8_granularity)
     if spec.key_rope == "pre":
         parts.append("rope=pre")
+    if rot:
+        parts.append("rot=%s" % spec.kv_rotate)
     return ",".join(parts)
 
 
@@ -190,7 +201,8 @@ def engine_args(spec):
             "--kv-cache-v", spec.v_format, "--group-size", str(spec.group_size),
             "--residual", str(spec.residual), "--key-flush", spec.key_flush,
             "--scale-dtype", spec.scale_dtype, "--int8-granularity", spec.int8_granularity,
-            "--key-rope", spec.key_rope, "--kv-rotation-seed", str(spec.rotation_seed)]
+            "--key-rope", spec.key_rope, "--kv-rotation-seed", str(spec.rotation_seed),
+            "--kv-rotate", spec.kv_rotate]
     if spec.layers:
         args += ["--kv-cache-layers", spec.layers]
     return args

@@ -3,8 +3,9 @@
 
 Follows the llama2.c model math and tokenizer, with
 KIVI-style KV cache quantization (and the rotated tq formats: a seeded Hadamard rotation
-per layer and KV head, Lloyd-Max codes per coordinate, one scale per token and head)
-simulated as it is deployed when streaming.
+per layer and KV head, Lloyd-Max codes per coordinate, one scale per token and head; and
+the same rotation applied, with --kv-rotate hadamard, to int8 keys and values and KIVI
+values before they are quantized) simulated as it is deployed when streaming.
 GGUF models (F32/F16/BF16 weights, and MXFP4 experts, gguf_ref.py) of the architectures
 llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and gpt-oss follow the published
 model definitions (Hugging Face transformers' modeling_llama, modeling_qwen2,
@@ -45,17 +46,18 @@ Library:
     generate_greedy(model, tok, prompt, steps) -> (ids, text)
     perplexity(model, tokens, ctx, kv_spec) -> dict(ppl, mean_nll, nll_stderr, tokens)
     KVSpec(k_format, v_format, int8_granularity, group_size, residual, key_flush, scale_dtype,
-           key_rope, mode, rotation_seed, layers)
+           key_rope, mode, rotation_seed, layers, kv_rotate)
     parse_layer_rules(map), layer_formats(map, n_layers)   (per-layer formats)
     lloyd_max(d, bits), rotation_matrix(d, seed), rotation_seed(base, layer, head),
     tq_quantize_rows(X, fmt, seed, scale_dtype)   (tq building blocks)
+    kv_rotated(fmt, is_key, spec), head_rotations(hs, n_kv, spec, layer)   (--kv-rotate)
 
 CLI:
     llama_ref.py ppl [--kv-cache F] [--kv-cache-k F --kv-cache-v F] [--group-size G]
                      [--residual R] [--key-flush batch|group] [--scale-dtype f16|f32]
                      [--int8-granularity token|head|group|tensor] [--mode streaming|batched]
-                     [--key-rope post|pre] [--kv-rotation-seed N] [--ctx N] [--json]
-                     [--kv-cache-layers MAP]   (MAP e.g. "0:kivi4;*:kivi2", "0-1:kivi4/tq3;*:kivi2/tq2")
+                     [--key-rope post|pre] [--kv-rotation-seed N] [--kv-rotate none|hadamard]
+                     [--ctx N] [--json] [--kv-cache-layers MAP]   (MAP e.g. "0:kivi4;*:kivi2", "0-1:kivi4/tq3;*:kivi2/tq2")
                      (formats: f32 f16 int8 kivi2 kivi4 kivi8 tq2 tq2.5 tq3 tq3.5 tq4)
     llama_ref.py generate -p TEXT -n N
     llama_ref.py logits -p TEXT          (JSON [positions][vocab], BOS prepended)
@@ -598,6 +600,7 @@ def f32_up(x):
 TQ_FORMATS = ("tq2", "tq2.5", "tq3", "tq3.5", "tq4")
 FORMATS = ("f32", "f16", "int8", "kivi2", "kivi4", "kivi8") + TQ_FORMATS
 GRANULARITIES = ("token", "head", "group", "tensor")
+ROTATIONS = ("none", "hadamard")     # --kv-rotate
 DEFAULT_ROTATION_SEED = 0x6b697669   # 1802073705, the engine's --kv-rotation-seed default
 
 
@@ -865,11 +868,14 @@ class KVSpec:
     # chunk appended at once). Only int8 "tensor" differs: its scale comes from the first
     # append batch (BOS alone when streaming, the whole chunk when batched).
     mode: str = "streaming"
-    rotation_seed: int = DEFAULT_ROTATION_SEED   # tq: base seed of the per-(layer, head) rotations
+    rotation_seed: int = DEFAULT_ROTATION_SEED   # tq, kv_rotate: base seed of the per-(layer, head) rotations
     # Per-layer formats (the engine's --kv-cache-layers MAP, see parse_layer_rules); when
     # set, they replace k_format and v_format in every layer. The other settings stay
     # common to all layers.
     layers: str = ""
+    # "hadamard": int8 keys and values and KIVI values are stored rotated by the tq rotation
+    # of their (layer, KV head) (see kv_rotated); "none": unrotated. tq formats always rotate.
+    kv_rotate: str = "none"
 
     def formats(self, n_layers):
         """[(key format, value format)] of layers 0..n_layers-1."""
@@ -914,6 +920,14 @@ class KVSpec:
                              % (self.group_size, self.residual))
         if not 0 <= self.rotation_seed <= MASK64:
             raise ValueError("rotation seed %r is not a 64-bit unsigned integer" % self.rotation_seed)
+        if self.kv_rotate not in ROTATIONS:
+            raise ValueError("unknown KV rotation %r" % self.kv_rotate)
+
+    def rotates_any(self):
+        """True when kv_rotate rotates some stream of some layer (an int8 key or value or
+        a KIVI value format is used)."""
+        ks, vs = self.formats_used()
+        return any(kv_rotated(f, True, self) for f in ks) or any(kv_rotated(f, False, self) for f in vs)
 
     def label(self):
         def fmt(f):
@@ -948,7 +962,9 @@ class KVSpec:
             s += " G%d R%d %s" % (self.group_size, self.residual, self.key_flush)
         elif tq:
             s += " R%d" % self.residual
-        if tq and self.rotation_seed != DEFAULT_ROTATION_SEED:
+        if self.rotates_any():
+            s += " rotated"
+        if (tq or self.rotates_any()) and self.rotation_seed != DEFAULT_ROTATION_SEED:
             s += " seed%d" % self.rotation_seed
         if not (ks | vs) <= {"f32", "f16"}:
             s += " s%s" % self.scale_dtype
@@ -985,9 +1001,27 @@ def _asym(x, mn, mx, bits, scale_dtype):
     return q * scale + zero
 
 
+def kv_rotated(fmt, is_key, spec):
+    """True when spec.kv_rotate rotates this stream before it is quantized: int8 keys and
+    values (every granularity) and KIVI values. KIVI keys are quantized per channel across
+    tokens, and a rotation would mix the channels the format keeps apart; f32 and f16 rows
+    are not quantized; tq formats rotate on their own whatever kv_rotate says."""
+    if spec.kv_rotate == "none":
+        return False
+    return fmt == "int8" or (fmt.startswith("kivi") and not is_key)
+
+
+def head_rotations(hs, nkv, spec, layer):
+    """[nkv, hs, hs]: the tq rotation R of each KV head of `layer` (the same seeds:
+    rotation_seed(spec.rotation_seed, layer, head))."""
+    return np.stack([rotation_matrix(hs, rotation_seed(spec.rotation_seed, layer, h))
+                     for h in range(nkv)])
+
+
 def fake_quantize(X, fmt, is_key, spec, layer=0):
     """X: [T, n_kv, hs] full-precision keys (after RoPE, or before it with key_rope "pre")
-    or values of layer `layer` (it seeds the tq rotations) for one chunk (position 0 = BOS).
+    or values of layer `layer` (it seeds the tq rotations and those of kv_rotate) for one
+    chunk (position 0 = BOS).
 
     Returns (Xq, nq):
       Xq[j] = the value token j has once it is stored quantized (never changes later);
@@ -995,7 +1029,23 @@ def fake_quantize(X, fmt, is_key, spec, layer=0):
       nq[t] = number of oldest tokens that are stored quantized when the query at
               position t attends (n = t + 1 tokens appended, then the flush rules).
               The quantized tokens always form a prefix [0, nq[t]).
+
+    With kv_rotate "hadamard" (see kv_rotated) each row x of head h is stored as the
+    format stores y = R_h x: its scales (and KIVI zeros) are those of the rotated row, the
+    int8 tensor scale is calibrated on the rotated rows of the first append batch; the row
+    reads back as R_h^T Q(y). Rows in the residual window are not quantized and stay
+    unrotated, so nq is the format's own.
     """
+    if kv_rotated(fmt, is_key, spec):
+        Rs = head_rotations(X.shape[2], X.shape[1], spec, layer)
+        Y = np.einsum("thj,hij->thi", X, Rs)            # y = R x per head
+        Yq, nq = _fake_quantize_rows(Y, fmt, is_key, spec, layer)
+        return np.einsum("thi,hij->thj", Yq, Rs), nq    # R^T y per head
+    return _fake_quantize_rows(X, fmt, is_key, spec, layer)
+
+
+def _fake_quantize_rows(X, fmt, is_key, spec, layer):
+    """fake_quantize without kv_rotate: X as the format stores it."""
     T, nkv, hs = X.shape
     n = np.arange(1, T + 1)
     G = spec.group_size
@@ -1400,7 +1450,9 @@ def add_kv_args(ap):
     ap.add_argument("--scale-dtype", default="f16", choices=("f16", "f32"))
     ap.add_argument("--key-rope", default="post", choices=("post", "pre"))
     ap.add_argument("--kv-rotation-seed", type=int, default=DEFAULT_ROTATION_SEED,
-                    help="tq formats: base seed of the per-(layer, head) rotations")
+                    help="tq formats and --kv-rotate: base seed of the per-(layer, head) rotations")
+    ap.add_argument("--kv-rotate", default="none", choices=ROTATIONS,
+                    help="hadamard: rotate int8 keys and values and KIVI values before quantizing")
     ap.add_argument("--mode", default="streaming", choices=("streaming", "batched"),
                     help="feeding of each chunk (only int8 tensor scales depend on it)")
 
@@ -1410,7 +1462,7 @@ def spec_from_args(a):
                   int8_granularity=a.int8_granularity, group_size=a.group_size,
                   residual=a.residual, key_flush=a.key_flush, scale_dtype=a.scale_dtype,
                   key_rope=a.key_rope, mode=a.mode, rotation_seed=a.kv_rotation_seed,
-                  layers=a.kv_cache_layers)
+                  layers=a.kv_cache_layers, kv_rotate=a.kv_rotate)
 
 
 def main(argv=None):
