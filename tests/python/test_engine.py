@@ -179,6 +179,14 @@ class Engine(unittest.TestCase):
         self.assertEqual(json_number(got["ppl"]), expect["ppl"])
         self.assertEqual(got["kv_cache"], expect["kv_cache"])
         self.assertIn("layers 0 kivi4, 1-2 kivi2, 3 kivi4, 4 kivi2", got["kv_cache"])
+        # --kv-rotate as a keyword.
+        with tempfile.TemporaryDirectory() as d:
+            path = short_text(d)
+            got = kivi.perplexity(self.model, file=path, ctx=128, kv_cache="int8", kv_rotate="hadamard")
+            expect = json.loads(cli("perplexity", "-f", path, "--json", "--ctx", "128",
+                                    "--kv-cache", "int8", "--kv-rotate", "hadamard"))
+        self.assertEqual(json_number(got["ppl"]), expect["ppl"])
+        self.assertTrue(got["kv_cache"].endswith(", rotated"), got["kv_cache"])
         with self.assertRaises(kivi.Error) as cm:
             self.model.session(kv_cache_layers="0-2:kivi4")
         self.assertIn("--kv-cache-layers: layer 3 has no format", str(cm.exception))
