@@ -187,7 +187,8 @@ TEST(KvCache, RowFormatsStoreWhatTheCodecWrites) {
 // KIVI keys are not rotated. The codec applied by hand to R x, then R^T, is the expectation.
 TEST(KvCache, RotatedStreamsStoreTheCodecOfTheRotatedRow) {
   const int H = 2, D = 16, N = 40;
-  for (auto [kf, vf] : {std::pair{Format::kInt8, Format::kInt8}, {Format::kKivi4, Format::kKivi2}}) {
+  for (auto [kf, vf] :
+       {std::pair{Format::kInt8, Format::kInt8}, {Format::kKivi4, Format::kKivi2}}) {
     CacheConfig c = config(kf, vf, 8, 0, KeyFlush::kBatch, H, D, 100);
     c.rotate = kv::KvRotate::kHadamard;
     c.rotation_seed = 99;

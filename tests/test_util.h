@@ -215,8 +215,7 @@ inline std::vector<FormatCase> all_formats() {
       {"int8/group rotated", sf(Format::kInt8, Int8Granularity::kGroup),
        sf(Format::kInt8, Int8Granularity::kGroup), kv::KvRotate::kHadamard},
       {"kivi2, values rotated", sf(Format::kKivi2), sf(Format::kKivi2), kv::KvRotate::kHadamard},
-      {"K int8 / V kivi4, rotated", sf(Format::kInt8), sf(Format::kKivi4),
-       kv::KvRotate::kHadamard},
+      {"K int8 / V kivi4, rotated", sf(Format::kInt8), sf(Format::kKivi4), kv::KvRotate::kHadamard},
   };
 }
 

@@ -260,7 +260,8 @@ void ScoreKeys(Task& k, Prefetcher& pf) {
   const kv::StreamView& K = k.K;
 #ifdef KIVI_X86
   if (k.fast_int8_k)
-    PrepareInt8KeyQuery(k.rot_k ? k.qr : k.qn, k.rep, k.D, reinterpret_cast<int16_t*>(k.kbuf), k.q16_scale);
+    PrepareInt8KeyQuery(k.rot_k ? k.qr : k.qn, k.rep, k.D, reinterpret_cast<int16_t*>(k.kbuf),
+                        k.q16_scale);
   if (k.group_kivi_k && K.n_stored > a.t0) {
     const KeyGroupArgs ka{&K,      a.h,   a.t0,   std::min(a.t1, K.n_stored),
                           k.qn,    k.rep, k.S,    k.ld,
@@ -295,7 +296,8 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
   // Rotated values are summed in the rotated space, rotated back once (AttendTask).
   float* const O = k.rot_v ? k.orot : a.out;
   const size_t os = k.rot_v ? static_cast<size_t>(D) : a.out_stride;
-  if (V.tq && k.rot_v) {  // centroid rows summed in the rotated space, rotated back once (AttendTask)
+  if (V.tq &&
+      k.rot_v) {  // centroid rows summed in the rotated space, rotated back once (AttendTask)
     StageTqRotated(V, h, t0, n, k.vbuf, k.rs);
     AccumRows(P, k.ld, rep, D, k.vbuf, static_cast<size_t>(D), n, k.orot, D, pf);
     return;
@@ -340,16 +342,15 @@ void AccumStoredTile(Task& k, int t0, int n, Prefetcher& pf) {
         uint64_t* wq = reinterpret_cast<uint64_t*>(k.vbuf);
         float* wsc = k.vbuf + static_cast<size_t>(kTile) * D / 2;
         pf.step(static_cast<size_t>(n));
-        FastKiviValues(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, k.vs, k.vz, O,
-                       os, wq, wsc, k.kbuf);
+        FastKiviValues(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), t0 % 4, n, k.vs, k.vz, O, os,
+                       wq, wsc, k.kbuf);
         return;
       }
       if (ExactKiviValuesOk(D, vbits, Gc, t0 % 4, n) &&
           static_cast<size_t>(n) * NG * 8 <=
               static_cast<size_t>(kTile) * D) {  // (the 2-bit table fits in kbuf)
         pf.step(static_cast<size_t>(n));
-        AccumKiviExact(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), n, k.vs, k.vz, O,
-                       os, k.kbuf);
+        AccumKiviExact(P, k.ld, rep, D, vbits, Gc, V.quad_row(t0, h), n, k.vs, k.vz, O, os, k.kbuf);
         return;
       }
 #endif

@@ -72,8 +72,7 @@ inline bool uses_ring(Format f) { return is_kivi(f) || is_tq(f); }
 // Whether a stream's stored rows live in its heads' rotated space: tq always; with
 // --kv-rotate hadamard int8 keys and values and KIVI values.
 inline bool is_rotated(Format f, bool key, KvRotate r) {
-  return is_tq(f) ||
-         (r == KvRotate::kHadamard && (f == Format::kInt8 || (!key && is_kivi(f))));
+  return is_tq(f) || (r == KvRotate::kHadamard && (f == Format::kInt8 || (!key && is_kivi(f))));
 }
 // Bits per stored element (before parameters), rounded down for the split tq widths.
 int format_bits(Format f);
