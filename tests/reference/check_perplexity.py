@@ -22,6 +22,9 @@ the ppl by 0.046% (tq3), 0.004% (tq2), 0.002% (tq2.5) (8 and 6 seeds), with R = 
 0.12% (tq2); with no residual window (R = 0) by 0.06% to 0.31% (tq2.5/tq3.5 0.06%, tq4
 0.12%, tq3 0.20%, tq2 0.31%), so tq keys with R = 0 count as chaotic too. (The engine
 still agreed within 0.0005% on every tq configuration measured, R = 0 included.)
+Rotated int8 and KIVI values (rot=hadamard) move by 0.0007% (kivi4 R = 128) to 0.048%
+(int8 tensor) under the same probe, by 0.09% with kivi2 keys and R = 32 (4 seeds); the
+engine agreed within 0.018% on each of them.
 --noise-runs N measures this spread for every configuration (N perturbed reference runs,
 shown in the "noise" column) and then uses max(tolerance, 2 x spread) instead.
 
@@ -34,8 +37,10 @@ A configuration is written as comma-separated key=value pairs:
     layers=MAP (per-layer formats, --kv-cache-layers MAP; replaces kv/k/v)
 Unlisted keys take the defaults (G=32, R=128, flush=batch, scale=f16, gran=head, rot=none),
 e.g. "kv=kivi2,G=64,R=0,flush=group", "k=int8,v=kivi4,gran=tensor", "kv=tq4,R=32",
-"k=kivi2,v=tq2.5,rope=pre" or "kv=int8,rot=hadamard". R applies to the KIVI and tq formats (a multiple of G only
-where a KIVI format is used); tq quantizes keys and values token by token.
+"k=kivi2,v=tq2.5,rope=pre" or "kv=int8,rot=hadamard". R applies to the KIVI and tq
+formats (a multiple of G only where a KIVI format is used); tq quantizes keys and values
+token by token. rot leaves KIVI keys, f32, f16 and tq as they are (the name drops it
+where nothing is rotated); the rotated rows take the seed of seed=.
 MAP is written as the engine takes it: rules LAYERS:FORMAT separated by ';', LAYERS '*'
 (the layers no other rule names) or layer numbers and ranges A-B separated by ',',
 FORMAT one format or KEY/VALUE, e.g. "layers=0,4-5:kivi4/tq3;*:kivi2,R=32". The commas of

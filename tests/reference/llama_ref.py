@@ -57,7 +57,8 @@ CLI:
                      [--residual R] [--key-flush batch|group] [--scale-dtype f16|f32]
                      [--int8-granularity token|head|group|tensor] [--mode streaming|batched]
                      [--key-rope post|pre] [--kv-rotation-seed N] [--kv-rotate none|hadamard]
-                     [--ctx N] [--json] [--kv-cache-layers MAP]   (MAP e.g. "0:kivi4;*:kivi2", "0-1:kivi4/tq3;*:kivi2/tq2")
+                     [--ctx N] [--json] [--kv-cache-layers MAP]
+                     (MAP e.g. "0:kivi4;*:kivi2", "0-1:kivi4/tq3;*:kivi2/tq2")
                      (formats: f32 f16 int8 kivi2 kivi4 kivi8 tq2 tq2.5 tq3 tq3.5 tq4)
     llama_ref.py generate -p TEXT -n N
     llama_ref.py logits -p TEXT          (JSON [positions][vocab], BOS prepended)

@@ -10,7 +10,8 @@
    appends, applies event-driven flush rules and attends, for many KV configurations.
    The simulator quantizes with its own scalar code (per group, Python floats; tq rows with
    a butterfly Walsh-Hadamard transform and threshold search instead of the matrix and
-   nearest-centroid search of llama_ref).
+   nearest-centroid search of llama_ref; with --kv-rotate hadamard, int8 rows and KIVI
+   value rows rotated by the same butterflies as they are quantized).
 5. tq formats: the Lloyd-Max codebooks (d = 128 mean squared errors of a unit vector, the
    uniform d = 3 case in closed form, the Lloyd conditions, a Monte Carlo check of the
    density at d = 8) and the rotation (orthonormal, block structure, Rng words and signs
@@ -315,6 +316,21 @@ class Store:
         self.raw, self.stored = [], []
         self.nq = 0               # number of oldest tokens stored quantized (kivi)
         self.tensor_scale = None  # int8 "tensor" scale (first append batch)
+        # --kv-rotate hadamard: int8 rows and KIVI value rows are quantized rotated, with
+        # the signs of the tq rotation of (layer, head); KIVI keys are not rotated
+        self.rotate = spec.kv_rotate == "hadamard" and (
+            fmt == "int8" or (fmt.startswith("kivi") and not is_key))
+        self.signs = None
+
+    def _rotate(self, x, inverse=False):
+        """[nkv, hs] rows rotated per head (inverse: rotated back); unchanged without kv_rotate."""
+        if not self.rotate:
+            return x
+        nkv, hs = x.shape
+        if self.signs is None:
+            self.signs = [ref.rotation_signs(hs, ref.rotation_seed(self.spec.rotation_seed, self.layer, h))
+                          for h in range(nkv)]
+        return np.array([s_fwht_rotate(list(x[h]), self.signs[h], inverse) for h in range(nkv)])
 
     def append(self, x):
         sp, fmt = self.spec, self.fmt
@@ -327,6 +343,7 @@ class Store:
             self.stored.append(x.astype(np.float16).astype(np.float64))
         elif fmt == "int8":
             g = sp.int8_granularity
+            x = self._rotate(x)     # scales (the tensor scale too) come from the rotated row
             y = np.empty_like(x)
             if g == "tensor":
                 if self.tensor_scale is None:  # first append batch = this (BOS) token
@@ -342,7 +359,7 @@ class Store:
                         seg = list(x[h, c0:c0 + width])
                         sc = s_int8_scale(max(abs(v) for v in seg), sp.scale_dtype)
                         y[h, c0:c0 + width] = s_int8(seg, sc)
-            self.stored.append(y)
+            self.stored.append(self._rotate(y, inverse=True))
         if fmt.startswith("kivi"):
             self._flush(int(fmt[4:]))
         elif fmt in ref.TQ_FORMATS:
@@ -376,14 +393,14 @@ class Store:
         else:
             # values: at most R full-precision tokens are kept
             while n - self.nq > R:
-                x = self.raw[self.nq]
+                x = self._rotate(self.raw[self.nq])   # rotated when it leaves the residual window
                 nkv, hs = x.shape
                 Gc = min(G, hs)
                 y = np.empty_like(x)
                 for h in range(nkv):
                     for c0 in range(0, hs, Gc):
                         y[h, c0:c0 + Gc] = s_asym(list(x[h, c0:c0 + Gc]), bits, sp.scale_dtype)
-                self.stored[self.nq] = y
+                self.stored[self.nq] = self._rotate(y, inverse=True)
                 self.nq += 1
 
     def _quant_key_group(self, g0, G, bits):
@@ -483,6 +500,13 @@ STREAM_CONFIGS = [
     dict(k_format="kivi2", v_format="tq2", group_size=16, residual=32),
     # per-layer formats: each layer's cache with its own key and value formats
     dict(layers="0:kivi4/tq3;2-3:int8/kivi2;*:kivi2/f16", group_size=16, residual=32),
+    # --kv-rotate hadamard: int8 keys and values and KIVI values rotated (KIVI keys not)
+    dict(k_format="int8", v_format="int8", int8_granularity="token", kv_rotate="hadamard"),
+    dict(k_format="int8", v_format="int8", int8_granularity="tensor", kv_rotate="hadamard", rotation_seed=7),
+    dict(k_format="int8", v_format="int8", int8_granularity="group", group_size=4, kv_rotate="hadamard"),
+    dict(k_format="kivi2", v_format="kivi4", group_size=16, residual=32, kv_rotate="hadamard"),
+    dict(layers="0:int8/kivi2;1-2:kivi4/f16;*:tq3/kivi8", group_size=16, residual=16,
+         int8_granularity="head", scale_dtype="f32", kv_rotate="hadamard"),
 ]
 
 
@@ -501,6 +525,15 @@ def test_streaming(model, tok, text, n_tokens):
     base = ref.forward_chunk(model, toks, None)
     q = ref.forward_chunk(model, toks, ref.KVSpec("kivi2", "kivi2", residual=0))
     check(float(np.abs(q - base).max()) > 1e-3, "streaming: kivi2 R0 differs from full precision")
+    # kv_rotate moves int8 and KIVI values, and leaves KIVI keys, f16 and tq as they are
+    moved = []
+    for k, v in (("int8", "int8"), ("f32", "kivi4"), ("kivi2", "f16"), ("tq3", "tq2")):
+        plain = ref.forward_chunk(model, toks, ref.KVSpec(k, v, residual=0))
+        rot = ref.forward_chunk(model, toks, ref.KVSpec(k, v, residual=0, kv_rotate="hadamard"))
+        moved.append(float(np.abs(rot - plain).max()))
+    check(min(moved[:2]) > 1e-4 and max(moved[2:]) == 0.0,
+          "streaming: kv_rotate moves int8 and KIVI values (%.1e, %.1e), not KIVI keys or tq (%.1e, %.1e)"
+          % tuple(moved))
 
 
 def main():
