@@ -22,6 +22,76 @@
 
 namespace kivi::tools {
 
+namespace {
+
+// The run's result as one JSON object or a table; ks: the KL statistics with --kld-base.
+void print_perplexity(const Args& a, const model::Model& m, runtime::Session& s,
+                      runtime::EvalMode mode, const runtime::PerplexityResult& r,
+                      const runtime::KldStats* ks, double secs, bool json) {
+  const auto& cc = s.options().cache;
+  const double bits_k = kv::bits_per_element(cc, kv::Stream::kKey),
+               bits_v = kv::bits_per_element(cc, kv::Stream::kValue);
+
+  if (json) {
+    JsonWriter j;
+    j.begin_object();
+    j.kv("ppl", r.ppl)
+        .kv("mean_nll", r.mean_nll)
+        .kv("nll_stderr", r.nll_stderr)
+        .kv("tokens", r.tokens);
+    j.kv("mode", runtime::eval_mode_name(mode)).kv("ctx", s.ctx()).kv("chunks", r.chunks);
+    j.kv("kv_cache", describe_cache(cc))
+        .kv("bits_per_element_k", bits_k)
+        .kv("bits_per_element_v", bits_v);
+    j.kv("int8_clamped", s.cache().clamped());
+    j.kv("seconds", secs).kv("tokens_per_second", r.tokens / secs);
+    if (s.sparse()) {
+      const auto& ss = s.sparse()->stats();
+      j.kv("sparse", sparse::describe(s.options().sparse));
+      j.kv("sparse_attended_fraction",
+           ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
+      j.kv("sparse_select_seconds", ss.select_seconds)
+          .kv("sparse_attend_seconds", ss.attend_seconds);
+    }
+    if (ks) {
+      j.kv("kld_mean", ks->mean)
+          .kv("kld_median", ks->median)
+          .kv("kld_p99", ks->p99)
+          .kv("kld_max", ks->max);
+      j.kv("top1_agree", ks->top1_agree).kv("first_disagree", ks->first_disagree);
+    }
+    j.end_object();
+    std::printf("%s\n", j.str().c_str());
+    return;
+  }
+  std::printf("model        %s\n", m.path().c_str());
+  std::printf("text         %s (%lld tokens, %d chunk%s of up to %d scored tokens)\n",
+              a.str("file").c_str(), static_cast<long long>(r.tokens), r.chunks,
+              r.chunks == 1 ? "" : "s", s.ctx() - 1);
+  std::printf("KV cache     %s, %.3f/%.3f bits per element (K/V)\n", describe_cache(cc).c_str(),
+              bits_k, bits_v);
+  std::printf("mode         %s\n", runtime::eval_mode_name(mode));
+  std::printf("perplexity   %.4f\n", r.ppl);
+  std::printf("mean NLL     %.6f +/- %.6f\n", r.mean_nll, r.nll_stderr);
+  if (s.sparse()) {
+    const auto& ss = s.sparse()->stats();
+    std::printf("sparse       %s: %.1f%% of the tokens attended\n",
+                sparse::describe(s.options().sparse).c_str(),
+                ss.tokens_context ? 100.0 * ss.tokens_attended / ss.tokens_context : 0.0);
+  }
+  if (s.cache().clamped())
+    std::printf("int8 clamped %lld elements\n", static_cast<long long>(s.cache().clamped()));
+  if (ks) {
+    std::printf("KL divergence vs %s: mean %.6g, median %.6g, p99 %.6g, max %.6g\n",
+                a.str("kld-base").c_str(), ks->mean, ks->median, ks->p99, ks->max);
+    std::printf("top-1 agreement %.2f%%, first disagreement at scored token %lld\n", ks->top1_agree,
+                static_cast<long long>(ks->first_disagree));
+  }
+  std::printf("speed        %.1f tokens/s\n", r.tokens / secs);
+}
+
+}  // namespace
+
 int cmd_perplexity(int argc, char** argv) {
   Args a(
       "perplexity",
@@ -57,15 +127,7 @@ int cmd_perplexity(int argc, char** argv) {
         "Compare against log-probabilities saved by --save-logits (the same model, text and --ctx: "
         "the file "
         "records them and a mismatch is an error).");
-  a.add("kv-sensitivity", 0, "FORMATS",
-        "Instead of one run: per layer, the KL divergence against an f32 cache of each format "
-        "(comma-separated, e.g. kivi2,kivi4,tq3) for its keys alone and its values alone, every "
-        "other stream in f32; then each format for every layer. The f32 distributions of all "
-        "scored tokens are kept in memory.");
-  a.add("kv-budget", 0, "BITS",
-        "With --kv-sensitivity: propose a --kv-cache-layers mix of those formats within BITS "
-        "bits per element on average (greedy on the per-stream costs, taken as additive), and "
-        "measure it.");
+  add_kv_sensitivity_options(a);
   a.add_flag(
       "json", 0,
       "Print one JSON object: ppl, mean_nll, nll_stderr, tokens, mode, ... (and kld_* fields).");
@@ -89,22 +151,20 @@ int cmd_perplexity(int argc, char** argv) {
   if (a.given("kv-budget") && !a.given("kv-sensitivity"))
     fail("--kv-budget: only with --kv-sensitivity FORMATS");
   auto m = load_model(a);
-  // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
-  if (a.given("kv-sensitivity")) {
-    if (a.given("save-logits") || a.given("kld-base"))
-      fail("--kv-sensitivity: measures against its own f32 run; drop --save-logits/--kld-base");
-    const std::vector<int> tokens = m->tokenizer().encode(text, false);
-    if (tokens.size() < 2) fail("%s: the text has too few tokens", a.str("file").c_str());
-    return report_kv_sensitivity(a, *m, session_options(a, *m), tokens, mode, json);
-  }
-  const std::unique_ptr<runtime::Session> session =
-      on_every_rank([&] { return std::make_unique<runtime::Session>(*m, session_options(a, *m)); });
-  runtime::Session& s = *session;
   const std::vector<int> tokens = m->tokenizer().encode(text, false);
   if (tokens.size() < 2) {
     fail("%s: the text has %zu token%s; perplexity needs at least 2", a.str("file").c_str(),
          tokens.size(), tokens.size() == 1 ? "" : "s");
   }
+  if (a.given("kv-sensitivity")) {
+    if (a.given("save-logits") || a.given("kld-base"))
+      fail("--kv-sensitivity: measures against its own f32 run; drop --save-logits/--kld-base");
+    return report_kv_sensitivity(a, *m, session_options(a, *m), tokens, mode, json);
+  }
+  // Under mpirun every rank meets a bad option or size at once: one message, from rank 0.
+  const std::unique_ptr<runtime::Session> session =
+      on_every_rank([&] { return std::make_unique<runtime::Session>(*m, session_options(a, *m)); });
+  runtime::Session& s = *session;
   const int V = m->config().vocab_size;
   const uint64_t hash = runtime::hash_tokens(tokens), model_hash = runtime::model_fingerprint(*m);
   std::unique_ptr<runtime::LogprobWriter> writer;
@@ -141,66 +201,7 @@ int cmd_perplexity(int argc, char** argv) {
   bar.finish();
   if (writer) writer->close();
   const auto ks = runtime::summarize_kld(kld, agree);
-  const auto& cc = s.options().cache;
-  const double bits_k = kv::bits_per_element(cc, kv::Stream::kKey),
-               bits_v = kv::bits_per_element(cc, kv::Stream::kValue);
-
-  if (json) {
-    JsonWriter j;
-    j.begin_object();
-    j.kv("ppl", r.ppl)
-        .kv("mean_nll", r.mean_nll)
-        .kv("nll_stderr", r.nll_stderr)
-        .kv("tokens", r.tokens);
-    j.kv("mode", runtime::eval_mode_name(mode)).kv("ctx", s.ctx()).kv("chunks", r.chunks);
-    j.kv("kv_cache", describe_cache(cc))
-        .kv("bits_per_element_k", bits_k)
-        .kv("bits_per_element_v", bits_v);
-    j.kv("int8_clamped", s.cache().clamped());
-    j.kv("seconds", secs).kv("tokens_per_second", r.tokens / secs);
-    if (s.sparse()) {
-      const auto& ss = s.sparse()->stats();
-      j.kv("sparse", sparse::describe(s.options().sparse));
-      j.kv("sparse_attended_fraction",
-           ss.tokens_context ? double(ss.tokens_attended) / ss.tokens_context : 0.0);
-      j.kv("sparse_select_seconds", ss.select_seconds)
-          .kv("sparse_attend_seconds", ss.attend_seconds);
-    }
-    if (reader) {
-      j.kv("kld_mean", ks.mean)
-          .kv("kld_median", ks.median)
-          .kv("kld_p99", ks.p99)
-          .kv("kld_max", ks.max);
-      j.kv("top1_agree", ks.top1_agree).kv("first_disagree", ks.first_disagree);
-    }
-    j.end_object();
-    std::printf("%s\n", j.str().c_str());
-    return 0;
-  }
-  std::printf("model        %s\n", m->path().c_str());
-  std::printf("text         %s (%lld tokens, %d chunk%s of up to %d scored tokens)\n",
-              a.str("file").c_str(), static_cast<long long>(r.tokens), r.chunks,
-              r.chunks == 1 ? "" : "s", s.ctx() - 1);
-  std::printf("KV cache     %s, %.3f/%.3f bits per element (K/V)\n", describe_cache(cc).c_str(),
-              bits_k, bits_v);
-  std::printf("mode         %s\n", runtime::eval_mode_name(mode));
-  std::printf("perplexity   %.4f\n", r.ppl);
-  std::printf("mean NLL     %.6f +/- %.6f\n", r.mean_nll, r.nll_stderr);
-  if (s.sparse()) {
-    const auto& ss = s.sparse()->stats();
-    std::printf("sparse       %s: %.1f%% of the tokens attended\n",
-                sparse::describe(s.options().sparse).c_str(),
-                ss.tokens_context ? 100.0 * ss.tokens_attended / ss.tokens_context : 0.0);
-  }
-  if (s.cache().clamped())
-    std::printf("int8 clamped %lld elements\n", static_cast<long long>(s.cache().clamped()));
-  if (reader) {
-    std::printf("KL divergence vs %s: mean %.6g, median %.6g, p99 %.6g, max %.6g\n",
-                a.str("kld-base").c_str(), ks.mean, ks.median, ks.p99, ks.max);
-    std::printf("top-1 agreement %.2f%%, first disagreement at scored token %lld\n", ks.top1_agree,
-                static_cast<long long>(ks.first_disagree));
-  }
-  std::printf("speed        %.1f tokens/s\n", r.tokens / secs);
+  print_perplexity(a, *m, s, mode, r, reader ? &ks : nullptr, secs, json);
   return 0;
 }
 

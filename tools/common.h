@@ -127,7 +127,8 @@ int cmd_info(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_logits(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
-// kivi perplexity --kv-sensitivity (perplexity_sensitivity.cpp).
+// kivi perplexity --kv-sensitivity (perplexity_sensitivity.cpp): its options, and the sweep.
+void add_kv_sensitivity_options(Args& a);
 int report_kv_sensitivity(const Args& a, const model::Model& m, const runtime::SessionOptions& opt,
                           const std::vector<int>& tokens, runtime::EvalMode mode, bool json);
 int cmd_bench(int argc, char** argv);

@@ -12,6 +12,18 @@
 
 namespace kivi::tools {
 
+void add_kv_sensitivity_options(Args& a) {
+  a.add("kv-sensitivity", 0, "FORMATS",
+        "Instead of one run: per layer, the KL divergence against an f32 cache of each format "
+        "(comma-separated, e.g. kivi2,kivi4,tq3) for its keys alone and its values alone, every "
+        "other stream in f32; then each format for every layer. The f32 distributions of all "
+        "scored tokens are kept in memory.");
+  a.add("kv-budget", 0, "BITS",
+        "With --kv-sensitivity: propose a --kv-cache-layers mix of those formats within BITS "
+        "bits per element on average (greedy on the per-stream costs, taken as additive), and "
+        "measure it.");
+}
+
 int report_kv_sensitivity(const Args& a, const model::Model& m, const runtime::SessionOptions& opt,
                           const std::vector<int>& tokens, runtime::EvalMode mode, bool json) {
   runtime::SensitivityOptions o;

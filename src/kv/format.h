@@ -146,6 +146,12 @@ struct CacheConfig {
   // Whether layers differ in format; every (key, value) format pair of the layers.
   bool mixed() const { return !layer_formats.empty(); }
   std::vector<LayerFormats> formats() const;
+  // Whether --kv-rotate rotates some key (key) or value stream: tq's own rotation aside.
+  bool rotates(bool key) const {
+    return any_stream([&](const StreamFormat& f, bool k) {
+      return k == key && !is_tq(f.format) && is_rotated(f.format, k, rotate);
+    });
+  }
   // Whether pred(format, is_key) holds for some stream of some layer.
   template <class Pred>
   bool any_stream(Pred pred) const {

@@ -324,8 +324,9 @@ void KvCache::calibrate(int layer, const float* k, const float* v, int n) {
         L.rot[r % H].forward(tq_tmp_.data());
         for (int i = 0; i < D; ++i) m = std::max(m, std::fabs(tq_tmp_[i]));
       }
+    } else {
+      for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(x[i]));
     }
-    for (size_t i = 0; i < count && !s.rotated; ++i) m = std::max(m, std::fabs(x[i]));
     if (absmax_reduce_) m = absmax_reduce_(m);
     s.tensor_scale = int8_scale(m, cfg_.param_type);
     s.calibrated = true;

@@ -655,12 +655,7 @@ std::string describe_cache(const kv::CacheConfig& c) {
     s += strfmt(" (%s scales)", kv::param_type_name(c.param_type));
   }
   if (c.key_rope == kv::KeyRope::kPre) s += ", keys before RoPE";
-  const bool rk = c.any_stream([&](const kv::StreamFormat& f, bool key) {
-    return key && !kv::is_tq(f.format) && kv::is_rotated(f.format, true, c.rotate);
-  });
-  const bool rv = c.any_stream([&](const kv::StreamFormat& f, bool key) {
-    return !key && !kv::is_tq(f.format) && kv::is_rotated(f.format, false, c.rotate);
-  });
+  const bool rk = c.rotates(true), rv = c.rotates(false);
   if (rk || rv) s += rk && rv ? ", rotated" : rk ? ", keys rotated" : ", values rotated";
   const std::string sharing = kv::describe_sharing(c);
   if (!sharing.empty()) s += ", shared across " + sharing;

@@ -89,9 +89,7 @@ std::vector<Field> fields(const KvFileConfig& f) {
   const bool stop = f.overflow == 0;
   const bool tq = c.any_stream([](const kv::StreamFormat& s, bool) { return kv::is_tq(s.format); });
   // --kv-rotate, where some stream other than tq's is rotated (0 otherwise).
-  const bool rotates = c.any_stream([&](const kv::StreamFormat& s, bool key) {
-    return !kv::is_tq(s.format) && kv::is_rotated(s.format, key, c.rotate);
-  });
+  const bool rotates = c.rotates(true) || c.rotates(false);
   const bool kivi_keys = c.any_stream(
       [](const kv::StreamFormat& s, bool key) { return key && kv::is_kivi(s.format); });
   const uint64_t seed = tq || rotates ? c.rotation_seed : 0;

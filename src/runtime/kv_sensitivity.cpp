@@ -73,8 +73,8 @@ SensitivityReport kv_sensitivity(const model::Model& m, const SessionOptions& ba
   std::vector<float> base;
 
   // The cache's shape: which layers store a cache, and each format's bits.
-  const int ctx = Session(m, opt).ctx();
-  const kv::CacheConfig shape = cache_shape_for(m.config(), opt.cache, ctx);
+  const kv::CacheConfig shape =
+      cache_shape_for(m.config(), opt.cache, Session::context_for(m, opt));
   const std::vector<int> owners = kv::layer_owners(shape);
   for (int l = 0; l < shape.n_layers; ++l)
     if (owners[l] == l) rep.layers.push_back(l);

@@ -25,7 +25,7 @@ const char* context_overflow_name(ContextOverflow o) {
 
 Session::Session(const model::Model& m, const SessionOptions& opt) : m_(m), opt_(opt) {
   const auto& c = m.config();
-  ctx_ = opt.ctx > 0 ? opt.ctx : c.ctx;
+  ctx_ = context_for(m, opt);
   if (ctx_ > c.ctx && !c.synthetic) {
     fail("--ctx %d is larger than the model's context length %d", ctx_, c.ctx);
   }

@@ -63,6 +63,10 @@ uint64_t session_bytes(const model::ModelConfig& c, const kv::CacheConfig& cache
 class Session {
  public:
   Session(const model::Model& m, const SessionOptions& opt);
+  // The context a session of these options has: --ctx, or the model's.
+  static int context_for(const model::Model& m, const SessionOptions& opt) {
+    return opt.ctx > 0 ? opt.ctx : m.config().ctx;
+  }
 
   const model::Model& model() const { return m_; }
   kv::KvCache& cache() { return *cache_; }
